@@ -1,0 +1,93 @@
+"""Pure policy decisions: what to fire for a due job (misfire), when to retry a failed attempt.
+
+Nothing here does I/O or reads a clock; callers pass ``now`` and a random source, so every
+decision can be tested exactly and both storage backends decide identically.
+"""
+
+from __future__ import annotations
+
+import random
+from datetime import datetime, timedelta
+
+from fastlane.models import Job, MisfireKind, RetryPolicy
+from fastlane.schedules import next_fire_after
+from fastlane.storage.base import Occurrence
+
+# Bounds so a job with a one-second schedule that was paused for a week cannot make one
+# materialisation walk 600k occurrences or write 600k skipped rows.
+MAX_OCCURRENCES_WALKED = 10_000
+MAX_SKIPPED_RECORDED = 1_000
+
+
+def plan_occurrence(job: Job, now: datetime, horizon: datetime) -> Occurrence:
+    """Decide which occurrences of a due job to fire and which to record as skipped.
+
+    Occurrences from ``job.next_fire_at`` up to ``horizon`` are considered. One found more than
+    the misfire grace after its time was *missed* (the node was down, the shard unowned, or the
+    job paused); the job's misfire policy decides what becomes of missed ones:
+
+    - ``fire_once``: one run, for the latest missed occurrence, unless an on-time occurrence
+      fires anyway; the others are skipped;
+    - ``fire_all``: each missed occurrence fires, the latest ``fire_all_cap`` of them;
+    - ``skip``: none fires.
+    """
+    due = job.next_fire_at
+    if due is None:
+        raise ValueError(f"job {job.job_id} has no next_fire_at; it is not due")
+    policy = job.spec.misfire
+    missed: list[datetime] = []
+    on_time: list[datetime] = []
+    occurrence: datetime | None = due
+    walked = 0
+    while occurrence is not None and occurrence <= horizon:
+        (missed if now - occurrence > policy.grace else on_time).append(occurrence)
+        walked += 1
+        if walked >= MAX_OCCURRENCES_WALKED:
+            # Jump over the rest of a very long outage: they count as missed but are not listed.
+            occurrence = next_fire_after(job.spec.schedule, max(occurrence, now - policy.grace))
+            continue
+        occurrence = next_fire_after(job.spec.schedule, occurrence)
+
+    fire: list[datetime]
+    skipped: list[datetime]
+    if not missed:
+        fire, skipped = on_time, []
+    elif policy.kind is MisfireKind.FIRE_ONCE:
+        fire = on_time if on_time else missed[-1:]
+        skipped = missed if on_time else missed[:-1]
+    elif policy.kind is MisfireKind.FIRE_ALL:
+        cap = policy.fire_all_cap
+        fire = missed[-cap:] + on_time
+        skipped = missed[:-cap]
+    else:
+        fire, skipped = on_time, missed
+    return Occurrence(
+        job_id=job.job_id,
+        expected_next_fire_at=due,
+        fire_times=tuple(fire),
+        skipped_times=tuple(skipped[-MAX_SKIPPED_RECORDED:]),
+        next_fire_at=occurrence,
+    )
+
+
+def backoff_delay(policy: RetryPolicy, failed_attempts: int, rng: random.Random) -> timedelta:
+    """Exponential backoff with full jitter: uniform in [0, min(cap, base * 2^(n-1))]."""
+    ceiling = min(policy.backoff_cap, policy.backoff_base * (2 ** max(failed_attempts - 1, 0)))
+    return timedelta(seconds=rng.uniform(0.0, ceiling.total_seconds()))
+
+
+def next_retry_at(
+    policy: RetryPolicy,
+    *,
+    attempts_made: int,
+    first_attempt_at: datetime,
+    now: datetime,
+    rng: random.Random,
+) -> datetime | None:
+    """When the next attempt may start, or None when the retry budget is spent."""
+    if attempts_made >= policy.max_attempts:
+        return None
+    retry_at = now + backoff_delay(policy, attempts_made, rng)
+    if policy.max_retry_time is not None and retry_at - first_attempt_at > policy.max_retry_time:
+        return None
+    return retry_at

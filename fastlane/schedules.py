@@ -1,0 +1,381 @@
+"""Schedules: parsing, validation and fire-time arithmetic. Pure functions, no I/O.
+
+All instants in and out are timezone-aware; results are UTC. Cron expressions are read in an IANA
+zone with Debian/Vixie cron DST semantics:
+
+- an expression with a fixed hour field (anything but a bare ``*``) fires wall-clock times skipped
+  by a spring-forward once, at the first instant after the gap, and repeated wall-clock times only
+  in their first pass;
+- an expression whose hour field is ``*`` follows elapsed time: it fires in both passes of a
+  repeated hour and not at all for times inside a gap.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from functools import cache
+from itertools import islice
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
+
+from croniter import CroniterBadDateError, croniter
+
+from fastlane.errors import ScheduleError, UnknownTimeZone
+from fastlane.models import Schedule, ScheduleKind
+
+MIN_INTERVAL = timedelta(milliseconds=100)
+ZERO = timedelta(0)
+_EXAMPLE_AT = "write e.g. 2027-03-14T07:00:00Z"
+
+# -- time zones --------------------------------------------------------------------------------
+
+
+@cache
+def _known_zones() -> frozenset[str]:
+    # Scanning the zone path is slow; the set does not change while the process runs.
+    return frozenset(available_timezones())
+
+
+def zone(name: str) -> ZoneInfo:
+    """Load an IANA time zone such as ``"America/New_York"``, or ``"UTC"``.
+
+    Raises:
+        UnknownTimeZone: The name is unknown, or a legacy name without a "/" such as ``"EST"``,
+            ``"CET"`` or ``"Japan"``: tzdata has files for some, but abbreviations mean different
+            things to different people, so a schedule must not depend on them.
+    """
+    # Membership in the zone list also keeps out paths such as "posix/..." or "../etc".
+    if (name != "UTC" and "/" not in name) or name not in _known_zones():
+        raise UnknownTimeZone(name)
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        raise UnknownTimeZone(name) from None
+
+
+def local_time(instant: datetime, tz_name: str) -> datetime:
+    """The wall-clock time of ``instant`` in zone ``tz_name`` (aware, with ``fold`` set)."""
+    return _require_aware(instant, "instant").astimezone(zone(tz_name))
+
+
+# -- instants ----------------------------------------------------------------------------------
+
+_RFC3339 = re.compile(r"^(\d{4}-\d{2}-\d{2})[Tt ](\d{2}:\d{2}:\d{2})(\.\d+)?([Zz]|[+-]\d{2}:\d{2})?$")
+
+
+def parse_at(text: str) -> datetime:
+    """Parse an RFC 3339 instant such as ``2027-03-14T07:00:00Z`` into an aware UTC datetime.
+
+    Fractions beyond microseconds are truncated.
+
+    Raises:
+        ScheduleError: On field ``at``, if the text is not RFC 3339 or carries no offset.
+    """
+    match = _RFC3339.match(text.strip())
+    if match is None:
+        raise ScheduleError("at", f"{text!r} is not an RFC 3339 instant; {_EXAMPLE_AT}")
+    day, clock, fraction, offset = match.groups()
+    if offset is None:
+        raise ScheduleError("at", f"{text!r} has no offset; {_EXAMPLE_AT}")
+    fraction = (fraction or "")[:7]  # "." plus at most six digits: datetime's resolution
+    offset = "+00:00" if offset in ("Z", "z") else offset
+    try:
+        parsed = datetime.fromisoformat(f"{day}T{clock}{fraction}{offset}")
+    except ValueError as exc:
+        raise ScheduleError("at", f"{text!r} is not a valid instant: {exc}") from None
+    return parsed.astimezone(UTC)
+
+
+def _require_aware(value: datetime, name: str) -> datetime:
+    # A naive datetime here is a programming error, not bad user input.
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(f"{name} must be timezone-aware, got {value!r}")
+    return value
+
+
+# -- cron expressions --------------------------------------------------------------------------
+
+_NICKNAMES = {
+    "@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *", "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0", "@daily": "0 0 * * *", "@midnight": "0 0 * * *", "@hourly": "0 * * * *",
+}
+_MONTHS = {m: i for i, m in enumerate("jan feb mar apr may jun jul aug sep oct nov dec".split(), 1)}
+_WEEKDAYS = {d: i for i, d in enumerate("sun mon tue wed thu fri sat".split())}
+# (name, lowest, highest, names usable instead of numbers)
+_SPECS: tuple[tuple[str, int, int, dict[str, int]], ...] = (
+    ("second", 0, 59, {}),
+    ("minute", 0, 59, {}),
+    ("hour", 0, 23, {}),
+    ("day_of_month", 1, 31, {}),
+    ("month", 1, 12, _MONTHS),
+    ("day_of_week", 0, 7, _WEEKDAYS),  # 0 and 7 are both Sunday, as in Vixie cron
+)
+_ITEM = re.compile(r"^(?:(\*)|([0-9a-z]+)(?:-([0-9a-z]+))?)(?:/(\d+))?$", re.IGNORECASE)
+_DAYS_IN_MONTH = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)  # February at its longest
+
+
+@dataclass(frozen=True, slots=True)
+class CronExpr:
+    """A validated cron expression.
+
+    Attributes:
+        text: The expression as written, nicknames expanded.
+        fields: ``(second, minute, hour, day_of_month, month, day_of_week)``; second is "0" for 5 fields.
+    """
+
+    text: str
+    fields: tuple[str, str, str, str, str, str]
+
+    @property
+    def hour_is_wildcard(self) -> bool:
+        """True when the hour field is a bare ``*``: the expression follows elapsed time."""
+        return self.fields[2] == "*"
+
+    def iterator(self, start: datetime) -> croniter:
+        """A croniter over naive wall-clock times strictly after the naive ``start``."""
+        # implement_cron_bug: like Vixie cron, day-of-month and day-of-week are ANDed when
+        # either starts with "*" (e.g. "*/2"), ORed only when both are restricted.
+        text = " ".join(self.fields)
+        return croniter(text, start, ret_type=datetime, second_at_beginning=True, implement_cron_bug=True)
+
+
+def _value(token: str, name: str, low: int, high: int, names: dict[str, int]) -> int:
+    if token.isdigit():
+        number = int(token)
+    elif token.lower() in names:
+        number = names[token.lower()]
+    else:
+        raise ScheduleError("cron", f"field {name!r} has an unknown value: {token!r} ({low}-{high})")
+    if not low <= number <= high:
+        raise ScheduleError("cron", f"field {name!r} out of range: {number} ({low}-{high})")
+    return number
+
+
+def _expand(text: str, name: str, low: int, high: int, names: dict[str, int]) -> set[int]:
+    """The values a field matches; raises ScheduleError naming the field on any problem."""
+    values: set[int] = set()
+    for item in text.split(","):
+        match = _ITEM.match(item)
+        if match is None:
+            raise ScheduleError("cron", f"field {name!r} is not understood: {item!r} ({low}-{high})")
+        star, first, last, step_text = match.groups()
+        step = int(step_text) if step_text else 1
+        if star:
+            start, stop = low, high
+        else:
+            start = _value(first, name, low, high, names)
+            stop = _value(last, name, low, high, names) if last else start
+            if step_text and not last:
+                raise ScheduleError("cron", f"field {name!r}: a step needs '*' or a range: {item!r}")
+        if start > stop:
+            raise ScheduleError("cron", f"field {name!r} has a backwards range: {item!r} ({low}-{high})")
+        if not 1 <= step <= high:
+            raise ScheduleError("cron", f"field {name!r} has a bad step: {step} (1-{high})")
+        values.update(range(start, stop + 1, step))
+    return values
+
+
+def parse_cron(expr: str) -> CronExpr:
+    """Parse and validate a cron expression.
+
+    Accepts 5 fields (``min hour dom month dow``), 6 with seconds first (``sec min hour dom month
+    dow``), or a nickname (``@hourly @daily @midnight @weekly @monthly @yearly @annually``). Fields
+    take numbers, ``*``, ``a-b``, ``*/n``, ``a-b/n``, lists, and English month and weekday names.
+
+    Raises:
+        ScheduleError: On field ``cron``, naming the cron field and its allowed range.
+    """
+    text = expr.strip()
+    if text.startswith("@"):
+        if text.lower() not in _NICKNAMES:
+            raise ScheduleError("cron", f"unsupported nickname {text!r}; use one of {', '.join(_NICKNAMES)}")
+        text = _NICKNAMES[text.lower()]
+    parts = text.split()
+    if len(parts) not in (5, 6):
+        raise ScheduleError("cron", f"expected 5 fields (min hour dom month dow) or 6 with seconds first, got {len(parts)}")
+    fields = tuple(parts) if len(parts) == 6 else ("0", *parts)
+    expanded = [_expand(f, *spec) for f, spec in zip(fields, _SPECS, strict=True)]
+    # When day-of-week starts with "*" the day fields are ANDed (see CronExpr.iterator), so only
+    # day-of-month picks days; refuse dates that never exist rather than never fire silently.
+    if fields[5].startswith("*") and not any(d <= _DAYS_IN_MONTH[m - 1] for d in expanded[3] for m in expanded[4]):
+        raise ScheduleError("cron", f"day_of_month {fields[3]!r} never occurs in month {fields[4]!r}")
+    return CronExpr(text=text, fields=fields)  # type: ignore[arg-type]
+
+
+# -- cron iteration across DST -----------------------------------------------------------------
+
+
+def _transition(before: datetime, after: datetime, tz: ZoneInfo) -> datetime:
+    """The first instant in ``(before, after]`` whose UTC offset differs from ``before``'s."""
+    old = before.astimezone(tz).utcoffset()
+    # Whole seconds: candidates and tzdata transitions both fall on whole seconds.
+    low, high = 0, int((after - before).total_seconds())  # offset(low) == old != offset(high)
+    while high - low > 1:
+        middle = (low + high) // 2
+        if (before + timedelta(seconds=middle)).astimezone(tz).utcoffset() == old:
+            low = middle
+        else:
+            high = middle
+    return before + timedelta(seconds=high)
+
+
+def _cron_instants(cron: CronExpr, tz: ZoneInfo, after: datetime) -> Iterator[datetime]:
+    """Fire instants (UTC, strictly increasing) strictly after ``after``."""
+    # A wall-clock candidate c fires at c - offset(c) > after, so start at after + the smallest
+    # offset in play: otherwise the repeated hour's second pass could start before our start.
+    start = after + min((after + timedelta(days=d)).astimezone(tz).utcoffset() or ZERO for d in (0, 1))
+    last = after
+    second_pass: deque[datetime] = deque()  # fold=1 instants: later than every fold=0 one
+    try:
+        for candidate in cron.iterator(start.replace(tzinfo=None)):
+            first = candidate.replace(tzinfo=tz, fold=0).astimezone(UTC)
+            second = candidate.replace(tzinfo=tz, fold=1).astimezone(UTC)
+            if first < second:  # a repeated wall time (fall-back)
+                found = [first]
+                if cron.hour_is_wildcard:
+                    second_pass.append(second)
+            else:
+                # Past the repeated hour, so its second pass comes before this candidate.
+                found = list(second_pass)
+                second_pass.clear()
+                if first == second:
+                    found.append(first)
+                elif not cron.hour_is_wildcard:  # in a gap, where zoneinfo's folds map backwards
+                    found.append(_transition(second, first, tz))
+            for instant in found:
+                if instant > last:  # gap times collapse into one fire at the transition
+                    last = instant
+                    yield instant
+    except CroniterBadDateError:
+        return  # croniter found no further date within its search horizon
+
+
+# -- schedules ---------------------------------------------------------------------------------
+
+_OWN_FIELDS = {
+    ScheduleKind.NOW: (),
+    ScheduleKind.AT: ("at",),
+    ScheduleKind.CRON: ("cron",),
+    ScheduleKind.INTERVAL: ("every", "anchor"),
+}
+
+
+def validate_schedule(s: Schedule) -> None:
+    """Check that a schedule sets exactly the fields of its kind, each valid.
+
+    Raises:
+        ScheduleError: Naming the offending field (``kind``, ``at``, ``cron``, ``timezone``,
+            ``every`` or ``anchor``).
+    """
+    try:
+        kind = ScheduleKind(s.kind)
+    except ValueError:
+        raise ScheduleError("kind", f"unknown schedule kind {s.kind!r} (now, at, cron, interval)") from None
+    for name in ("at", "cron", "every", "anchor"):
+        if name not in _OWN_FIELDS[kind] and getattr(s, name) is not None:
+            raise ScheduleError(name, f"must not be set for a {kind} schedule")
+    if kind != ScheduleKind.CRON and s.timezone != "UTC":
+        raise ScheduleError("timezone", f"only cron schedules take a time zone, got {s.timezone!r}")
+    if kind == ScheduleKind.AT:
+        if s.at is None:
+            raise ScheduleError("at", "is required for an at schedule")
+        _check_aware(s.at, "at")
+    elif kind == ScheduleKind.CRON:
+        if not s.cron:
+            raise ScheduleError("cron", "is required for a cron schedule")
+        parse_cron(s.cron)
+        zone(s.timezone)
+    elif kind == ScheduleKind.INTERVAL:
+        if s.every is None:
+            raise ScheduleError("every", "is required for an interval schedule")
+        if s.every < MIN_INTERVAL:
+            raise ScheduleError("every", f"{s.every.total_seconds()} s is too short (at least 0.1 s)")
+        if s.anchor is not None:
+            _check_aware(s.anchor, "anchor")
+
+
+def _check_aware(value: datetime, name: str) -> None:
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ScheduleError(name, f"{value.isoformat()} has no offset; {_EXAMPLE_AT}")
+
+
+def _interval_fires(s: Schedule, after: datetime) -> Iterator[datetime]:
+    if s.anchor is None:
+        raise ValueError("an interval schedule needs its anchor (the store sets it to created_at)")
+    if s.every is None or s.every <= ZERO:
+        raise ValueError(f"an interval schedule needs a positive 'every', got {s.every!r}")
+    anchor = s.anchor.astimezone(UTC)
+    # timedelta is exact integer microseconds, so anchor + k * every never drifts.
+    k = 0 if after < anchor else (after - anchor) // s.every + 1
+    while True:
+        yield anchor + s.every * k
+        k += 1
+
+
+def _fires(s: Schedule, after: datetime) -> Iterator[datetime]:
+    """Fire times strictly after the aware ``after``, as aware UTC, increasing."""
+    after = _require_aware(after, "after").astimezone(UTC)
+    if s.kind == ScheduleKind.CRON:
+        assert s.cron is not None
+        return _cron_instants(parse_cron(s.cron), zone(s.timezone), after)
+    if s.kind == ScheduleKind.INTERVAL:
+        return _interval_fires(s, after)
+    if s.kind == ScheduleKind.AT and s.at is not None and s.at > after:
+        return iter([s.at.astimezone(UTC)])
+    return iter([])  # "now" has no fire time of its own: it fires at creation
+
+
+def next_fire_after(s: Schedule, after: datetime) -> datetime | None:
+    """The first fire time strictly after ``after``.
+
+    Args:
+        s: A valid schedule; an interval schedule must carry its anchor.
+        after: An aware instant.
+
+    Returns:
+        An aware UTC instant, or None for one-shot kinds (``now``, ``at``) and for cron
+        expressions that never fire again.
+
+    Raises:
+        ValueError: ``after`` is naive, or an interval schedule has no anchor.
+    """
+    if s.is_one_shot:
+        return None
+    return next(_fires(s, after), None)
+
+
+def first_fire(s: Schedule, created_at: datetime) -> datetime | None:
+    """The first fire time of a schedule created at ``created_at``.
+
+    ``now`` fires at creation; ``at`` at its instant, even if past (the misfire policy decides);
+    cron at its first time strictly after creation; interval at its anchor if later than creation,
+    else at the first ``anchor + k * every`` strictly after creation (anchor default: creation).
+    """
+    created_at = _require_aware(created_at, "created_at").astimezone(UTC)
+    if s.kind == ScheduleKind.NOW:
+        return created_at
+    if s.kind == ScheduleKind.AT:
+        return s.at.astimezone(UTC) if s.at is not None else None
+    if s.kind == ScheduleKind.INTERVAL and s.anchor is None:
+        s = replace(s, anchor=created_at)
+    return next_fire_after(s, created_at)
+
+
+def preview(s: Schedule, after: datetime, count: int) -> list[datetime]:
+    """The next ``count`` fire times strictly after ``after``, as aware UTC.
+
+    For ``at``: its instant if later than ``after``. For ``now``, which fires at creation: none.
+    An interval schedule without an anchor is previewed as if anchored at ``after``.
+    """
+    if s.kind == ScheduleKind.INTERVAL and s.anchor is None:
+        s = replace(s, anchor=_require_aware(after, "after"))
+    return list(islice(_fires(s, after), max(count, 0)))
+
+
+__all__ = [
+    "MIN_INTERVAL", "CronExpr", "first_fire", "local_time", "next_fire_after", "parse_at", "parse_cron",
+    "preview", "validate_schedule", "zone",
+]

@@ -1,0 +1,258 @@
+"""The storage contract every backend fulfils with identical behaviour.
+
+Methods speak the domain (materialise runs, acquire shards, record results), never raw SQL.
+Writes made on behalf of a shard take the caller's :class:`~fastlane.models.ShardLease` as a
+*fence*: they happen only if, inside the same transaction and judged by the database clock, the
+lease is still the caller's with the same token. Otherwise they write nothing and raise
+:class:`~fastlane.errors.StaleFence`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Generic, Protocol, TypeVar
+
+from fastlane.errors import ConfigurationError
+from fastlane.models import (
+    AttemptOutcome,
+    Attempt,
+    Job,
+    JobSpec,
+    JobState,
+    Run,
+    RunState,
+    ShardLease,
+)
+
+DEFAULT_SHARD_COUNT = 64
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Occurrence:
+    """What to write for one job whose ``next_fire_at`` has come due.
+
+    ``expected_next_fire_at`` is the value the caller read; the write applies only if the job
+    still has it (and is active), so a job changed, paused or deleted meanwhile is left alone and
+    two racing writers cannot both advance it.
+    """
+
+    job_id: str
+    expected_next_fire_at: datetime
+    fire_times: tuple[datetime, ...]
+    next_fire_at: datetime | None
+    skipped_times: tuple[datetime, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Dispatch:
+    """A run handed to a worker: becomes a new attempt holding a lease."""
+
+    run_id: str
+    lease_token: int
+    worker_id: str
+    node_id: str
+    lease_ttl: timedelta
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Heartbeat:
+    """A worker's sign of life for one attempt; may carry progress and a checkpoint."""
+
+    run_id: str
+    lease_token: int
+    lease_ttl: timedelta
+    progress: float | None = None
+    checkpoint: bytes | None = None
+    started: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptResult:
+    """The outcome a worker reported for one attempt."""
+
+    run_id: str
+    lease_token: int
+    outcome: AttemptOutcome
+    error_code: str | None = None
+    error_message: str | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResultOutcome:
+    """What recording a result did: ``accepted`` is False for a superseded attempt."""
+
+    run: Run
+    accepted: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Page(Generic[T]):
+    items: list[T]
+    next_page_token: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunFilter:
+    job_id: str | None = None
+    states: frozenset[RunState] = field(default_factory=frozenset)
+
+
+class Store(Protocol):
+    """Durable state of a fastlane cluster. All datetimes are aware UTC."""
+
+    url: str
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def migrate(self) -> int:
+        """Apply pending migrations; return the schema version now in force."""
+        ...
+
+    async def close(self) -> None:
+        """Release every connection. Safe to call twice."""
+        ...
+
+    async def db_now(self) -> datetime:
+        """The database clock, which judges every lease."""
+        ...
+
+    async def shard_count(self) -> int: ...
+
+    # -- jobs -----------------------------------------------------------------------------------
+
+    async def create_job(self, spec: JobSpec, *, job_id: str | None = None) -> tuple[Job, bool]:
+        """Create a job, idempotent on ``(tenant, name)``.
+
+        Returns ``(job, True)`` when created, ``(existing, False)`` when a job of that name exists
+        with the same spec, and raises :class:`~fastlane.errors.JobAlreadyExists` when it exists
+        with a different one.
+        """
+        ...
+
+    async def get_job(self, tenant: str, job_id: str) -> Job: ...
+
+    async def list_jobs(
+        self,
+        tenant: str,
+        *,
+        state: JobState | None = None,
+        job_type: str | None = None,
+        limit: int = 100,
+        page_token: str = "",
+    ) -> Page[Job]: ...
+
+    async def update_job(self, tenant: str, job_id: str, spec: JobSpec) -> Job:
+        """Replace a job's spec (name and tenant fixed); a new schedule recomputes ``next_fire_at``."""
+        ...
+
+    async def pause_job(self, tenant: str, job_id: str) -> Job: ...
+
+    async def resume_job(self, tenant: str, job_id: str) -> Job:
+        """Resume a paused job. Occurrences missed meanwhile stay due, for the misfire policy."""
+        ...
+
+    async def delete_job(self, tenant: str, job_id: str) -> None:
+        """Delete a job. Its runs stay in history; queued ones are cancelled."""
+        ...
+
+    # -- the fast lane (shard-scoped) ----------------------------------------------------------
+
+    async def load_due_jobs(
+        self,
+        shard_ids: Collection[int],
+        before: datetime,
+        *,
+        at_or_after: datetime | None = None,
+        limit: int = 100_000,
+    ) -> list[Job]:
+        """Active jobs of these shards with ``at_or_after <= next_fire_at < before``, earliest first."""
+        ...
+
+    async def materialise_runs(self, fence: ShardLease, occurrences: Sequence[Occurrence]) -> list[Run]:
+        """Write runs for due occurrences and advance ``next_fire_at`` in one fenced transaction.
+
+        Returns only the runs actually inserted in state ``scheduled`` (never one that already
+        existed), so only those are dispatched.
+        """
+        ...
+
+    async def pending_runs(self, shard_ids: Collection[int], before: datetime) -> list[Run]:
+        """Runs in state ``scheduled`` (materialised, never or not yet again delivered) due before ``before``."""
+        ...
+
+    async def requeue_expired(self, fence: ShardLease) -> list[Run]:
+        """Fenced: attempts of this shard whose lease expired by the database clock end
+        ``lease_expired``; each run is rescheduled per its retry policy (returned) or ends dead."""
+        ...
+
+    # -- runs -----------------------------------------------------------------------------------
+
+    async def create_manual_run(self, tenant: str, job_id: str) -> Run:
+        """A run of the job due now, outside its schedule (trigger)."""
+        ...
+
+    async def record_dispatches(self, dispatches: Sequence[Dispatch]) -> list[Attempt]:
+        """Start an attempt for each run still ``scheduled``; others are ignored (and not returned)."""
+        ...
+
+    async def record_heartbeats(self, heartbeats: Sequence[Heartbeat]) -> list[str]:
+        """Extend leases; return the run ids whose attempt is no longer current (worker should stop)."""
+        ...
+
+    async def record_results(self, results: Sequence[AttemptResult]) -> list[ResultOutcome]: ...
+
+    async def get_run(self, tenant: str, run_id: str) -> Run: ...
+
+    async def list_runs(
+        self,
+        tenant: str,
+        *,
+        job_id: str | None = None,
+        states: Collection[RunState] = (),
+        limit: int = 100,
+        page_token: str = "",
+    ) -> Page[Run]:
+        """Runs newest first (by scheduled time)."""
+        ...
+
+    async def list_attempts(self, run_id: str) -> list[Attempt]: ...
+
+    # -- shards ---------------------------------------------------------------------------------
+
+    async def acquire_shards(
+        self, owner: str, ttl: timedelta, *, limit: int, shard_ids: Collection[int] | None = None
+    ) -> list[ShardLease]:
+        """Take up to ``limit`` shards that are free or whose lease expired; each token is incremented."""
+        ...
+
+    async def renew_shards(self, leases: Sequence[ShardLease], ttl: timedelta) -> list[ShardLease]:
+        """Extend leases still held (same owner and token, not expired); the rest are lost."""
+        ...
+
+    async def release_shards(self, leases: Sequence[ShardLease]) -> None:
+        """Give shards up at once so another node can take them without waiting for expiry."""
+        ...
+
+    async def list_shards(self) -> list[ShardLease]:
+        """Every shard with its owner ('' when free), token and lease expiry."""
+        ...
+
+
+def open_store(url: str, *, shard_count: int = DEFAULT_SHARD_COUNT) -> Store:
+    """Make a store for ``sqlite:///path`` or ``postgresql://...``; call ``migrate()`` before use."""
+    if url.startswith("sqlite://"):
+        from fastlane.storage.sqlite import SQLiteStore
+
+        return SQLiteStore(url, shard_count=shard_count)
+    if url.startswith(("postgresql://", "postgres://")):
+        from fastlane.storage.postgres import PostgresStore
+
+        return PostgresStore(url, shard_count=shard_count)
+    raise ConfigurationError(
+        f"unsupported database URL {url!r}: use sqlite:///path/to/file.db or postgresql://user@host/db"
+    )

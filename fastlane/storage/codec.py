@@ -1,0 +1,241 @@
+"""Encoding of the parts of a job spec that are stored as one JSON document.
+
+Indexed fields (tenant, name, job type, priority, state, next fire time) have columns of their
+own; schedule and policies travel together as JSON so adding a policy needs no migration.
+Both backends use this module, so they store byte-identical documents.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from typing import Any
+
+import orjson
+
+from fastlane.models import (
+    Attempt,
+    AttemptOutcome,
+    Delivery,
+    Job,
+    JobState,
+    Run,
+    RunState,
+    ShardLease,
+    JobSpec,
+    MisfireKind,
+    MisfirePolicy,
+    OverlapPolicy,
+    RetryPolicy,
+    Schedule,
+    ScheduleKind,
+)
+
+
+def _seconds(delta: timedelta | None) -> float | None:
+    return None if delta is None else delta.total_seconds()
+
+
+def _delta(seconds: float | None) -> timedelta | None:
+    return None if seconds is None else timedelta(seconds=seconds)
+
+
+def _instant(text: str | None) -> datetime | None:
+    return None if text is None else datetime.fromisoformat(text)
+
+
+def schedule_to_dict(schedule: Schedule) -> dict[str, Any]:
+    return {
+        "kind": schedule.kind.value,
+        "at": schedule.at.isoformat() if schedule.at else None,
+        "cron": schedule.cron,
+        "timezone": schedule.timezone,
+        "every": _seconds(schedule.every),
+        "anchor": schedule.anchor.isoformat() if schedule.anchor else None,
+    }
+
+
+def schedule_from_dict(doc: dict[str, Any]) -> Schedule:
+    return Schedule(
+        kind=ScheduleKind(doc["kind"]),
+        at=_instant(doc.get("at")),
+        cron=doc.get("cron"),
+        timezone=doc.get("timezone") or "UTC",
+        every=_delta(doc.get("every")),
+        anchor=_instant(doc.get("anchor")),
+    )
+
+
+def retry_to_dict(retry: RetryPolicy) -> dict[str, Any]:
+    return {
+        "max_attempts": retry.max_attempts,
+        "max_retry_time": _seconds(retry.max_retry_time),
+        "backoff_base": _seconds(retry.backoff_base),
+        "backoff_cap": _seconds(retry.backoff_cap),
+    }
+
+
+def retry_from_dict(doc: dict[str, Any]) -> RetryPolicy:
+    return RetryPolicy(
+        max_attempts=doc["max_attempts"],
+        max_retry_time=_delta(doc.get("max_retry_time")),
+        backoff_base=timedelta(seconds=doc["backoff_base"]),
+        backoff_cap=timedelta(seconds=doc["backoff_cap"]),
+    )
+
+
+def encode_policies(spec: JobSpec) -> bytes:
+    """The JSON document stored beside a job's columns."""
+    return orjson.dumps(
+        {
+            "schedule": schedule_to_dict(spec.schedule),
+            "retry": retry_to_dict(spec.retry),
+            "misfire": {
+                "kind": spec.misfire.kind.value,
+                "grace": _seconds(spec.misfire.grace),
+                "fire_all_cap": spec.misfire.fire_all_cap,
+            },
+            "overlap": spec.overlap.value,
+            "delivery": spec.delivery.value,
+            "timeout": _seconds(spec.timeout),
+            "lease_ttl": _seconds(spec.lease_ttl),
+            "concurrency_key": spec.concurrency_key,
+        },
+        option=orjson.OPT_SORT_KEYS,
+    )
+
+
+def decode_spec(
+    policies: bytes | str,
+    *,
+    tenant: str,
+    name: str,
+    job_type: str,
+    payload: bytes,
+    priority: int,
+) -> JobSpec:
+    doc = orjson.loads(policies)
+    misfire = doc["misfire"]
+    return JobSpec(
+        tenant=tenant,
+        name=name,
+        job_type=job_type,
+        payload=bytes(payload),
+        priority=priority,
+        schedule=schedule_from_dict(doc["schedule"]),
+        retry=retry_from_dict(doc["retry"]),
+        misfire=MisfirePolicy(
+            kind=MisfireKind(misfire["kind"]),
+            grace=timedelta(seconds=misfire["grace"]),
+            fire_all_cap=misfire["fire_all_cap"],
+        ),
+        overlap=OverlapPolicy(doc["overlap"]),
+        delivery=Delivery(doc["delivery"]),
+        timeout=_delta(doc.get("timeout")),
+        lease_ttl=timedelta(seconds=doc["lease_ttl"]),
+        concurrency_key=doc.get("concurrency_key"),
+    )
+
+
+def first_difference(a: JobSpec, b: JobSpec) -> str | None:
+    """The name of the first field where two specs differ (for a precise conflict message)."""
+    for name in ("job_type", "schedule", "payload", "priority", "concurrency_key", "retry",
+                 "misfire", "overlap", "delivery", "timeout", "lease_ttl"):
+        if getattr(a, name) != getattr(b, name):
+            return name
+    return None
+
+
+# -- rows to models ----------------------------------------------------------------------------
+# Backends convert their column types (timestamps above all) first, then build models here.
+
+
+def build_job(row: Mapping[str, Any]) -> Job:
+    return Job(
+        job_id=row["job_id"],
+        shard_id=row["shard_id"],
+        spec=decode_spec(
+            row["policies"],
+            tenant=row["tenant"],
+            name=row["name"],
+            job_type=row["job_type"],
+            payload=row["payload"],
+            priority=row["priority"],
+        ),
+        state=JobState(row["state"]),
+        next_fire_at=row["next_fire_at"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        version=row["version"],
+    )
+
+
+def build_run(row: Mapping[str, Any]) -> Run:
+    return Run(
+        run_id=row["run_id"],
+        job_id=row["job_id"],
+        tenant=row["tenant"],
+        job_type=row["job_type"],
+        shard_id=row["shard_id"],
+        scheduled_for=row["scheduled_for"],
+        available_at=row["available_at"],
+        state=RunState(row["state"]),
+        attempts=row["attempts"],
+        payload=bytes(row["payload"]),
+        priority=row["priority"],
+        manual=bool(row["manual"]),
+        delivery=Delivery(row["delivery"]),
+        lease_ttl=timedelta(milliseconds=row["lease_ttl_ms"]),
+        retry=retry_from_dict(orjson.loads(row["retry"])),
+        first_attempt_at=row["first_attempt_at"],
+        lease_token=row["lease_token"],
+        lease_expires_at=row["lease_expires_at"],
+        worker_id=row["worker_id"],
+        progress=row["progress"],
+        checkpoint=None if row["checkpoint"] is None else bytes(row["checkpoint"]),
+        last_error=row["last_error"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        finished_at=row["finished_at"],
+    )
+
+
+def build_attempt(row: Mapping[str, Any]) -> Attempt:
+    return Attempt(
+        run_id=row["run_id"],
+        attempt=row["attempt"],
+        lease_token=row["lease_token"],
+        worker_id=row["worker_id"],
+        node_id=row["node_id"],
+        outcome=AttemptOutcome(row["outcome"]),
+        dispatched_at=row["dispatched_at"],
+        started_at=row["started_at"],
+        finished_at=row["finished_at"],
+        error_code=row["error_code"],
+        error_message=row["error_message"],
+    )
+
+
+def build_lease(row: Mapping[str, Any]) -> ShardLease:
+    return ShardLease(
+        shard_id=row["shard_id"],
+        owner=row["owner"],
+        token=row["token"],
+        lease_expires_at=row["lease_expires_at"],
+    )
+
+
+def encode_page_token(*parts: object) -> str:
+    return orjson.dumps(list(parts)).hex()
+
+
+def decode_page_token(token: str) -> list[Any]:
+    from fastlane.errors import InvalidArgument
+
+    try:
+        parts = orjson.loads(bytes.fromhex(token))
+    except ValueError as error:
+        raise InvalidArgument("page_token", "is not a token returned by a previous page") from error
+    if not isinstance(parts, list):
+        raise InvalidArgument("page_token", "is not a token returned by a previous page")
+    return parts

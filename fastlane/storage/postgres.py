@@ -1,0 +1,615 @@
+"""The PostgreSQL store (asyncpg): production and multi-node.
+
+Batches are set-based: one statement over ``unnest`` arrays per batch, never a statement per row.
+Leases are judged by ``clock_timestamp()`` (the database clock at the moment of the statement,
+not the start of the transaction).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from collections.abc import AsyncIterator, Collection, Sequence
+from dataclasses import replace
+from datetime import datetime, timedelta
+
+import asyncpg
+
+from fastlane.errors import (
+    ConfigurationError,
+    InvalidArgument,
+    InvalidState,
+    JobAlreadyExists,
+    JobNotFound,
+    RunNotFound,
+    StaleFence,
+    StorageError,
+    StorageUnavailable,
+)
+from fastlane.models import (
+    Attempt,
+    AttemptOutcome,
+    Job,
+    JobSpec,
+    JobState,
+    Run,
+    RunState,
+    ScheduleKind,
+    ShardLease,
+    new_id,
+    shard_of,
+    validate_spec,
+)
+from fastlane.schedules import first_fire
+from fastlane.clock import from_micros, to_micros
+from fastlane.storage import codec, common
+from fastlane.storage.base import (
+    AttemptResult,
+    Dispatch,
+    Heartbeat,
+    Occurrence,
+    Page,
+    ResultOutcome,
+)
+from fastlane.storage.migrations import migrations_for
+from fastlane.storage.transitions import after_attempt
+
+_MIGRATION_LOCK = 7_236_001  # pg_advisory_xact_lock key: one migrator at a time across nodes
+
+_FENCE = """
+    SELECT 1 FROM shards
+    WHERE shard_id = $1 AND owner = $2 AND token = $3 AND lease_expires_at > clock_timestamp()
+    FOR SHARE
+"""
+
+_INSERT_RUNS = """
+    INSERT INTO runs (run_id, job_id, tenant, job_type, shard_id, scheduled_for, available_at, state,
+                      payload, priority, manual, delivery, lease_ttl_ms, retry,
+                      created_at, updated_at, finished_at)
+    SELECT o.run_id, j.job_id, j.tenant, j.job_type, j.shard_id, o.scheduled_for, o.scheduled_for,
+           o.state, j.payload, j.priority, false, j.policies->>'delivery',
+           ((j.policies->>'lease_ttl')::float8 * 1000)::bigint, j.policies->'retry',
+           clock_timestamp(), clock_timestamp(),
+           CASE WHEN o.state = 'skipped' THEN clock_timestamp() END
+    FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::text[]) AS o(run_id, job_id, scheduled_for, state)
+    JOIN jobs j ON j.job_id = o.job_id
+    ON CONFLICT (job_id, scheduled_for) WHERE NOT manual DO NOTHING
+    RETURNING *
+"""
+
+
+class PostgresStore:
+    """Store on PostgreSQL through an asyncpg pool."""
+
+    dialect = "postgres"
+
+    def __init__(self, url: str, *, shard_count: int, pool_size: int = 10, rng: random.Random | None = None) -> None:
+        self.url = url
+        self._requested_shards = shard_count
+        self._pool_size = pool_size
+        self._pool: asyncpg.Pool | None = None
+        self._shard_count: int | None = None
+        self._rng = rng or random.Random()
+
+    # -- plumbing -------------------------------------------------------------------------------
+
+    async def _open(self) -> asyncpg.Pool:
+        if self._pool is None:
+            try:
+                self._pool = await asyncpg.create_pool(
+                    self.url, min_size=1, max_size=self._pool_size, command_timeout=60
+                )
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+                raise StorageUnavailable(f"cannot connect to PostgreSQL: {error}") from error
+        return self._pool
+
+    @contextlib.asynccontextmanager
+    async def _connection(self) -> AsyncIterator[asyncpg.Connection]:
+        pool = await self._open()
+        try:
+            async with pool.acquire() as connection:
+                yield connection
+        except (OSError, asyncpg.ConnectionDoesNotExistError, asyncpg.CannotConnectNowError) as error:
+            raise StorageUnavailable(f"PostgreSQL connection failed: {error}") from error
+        except asyncpg.PostgresError as error:
+            raise StorageError(f"PostgreSQL error: {error}") from error
+
+    @contextlib.asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[asyncpg.Connection]:
+        async with self._connection() as connection, connection.transaction():
+            yield connection
+
+    async def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+
+    async def migrate(self) -> int:
+        async with self._transaction() as db:
+            await db.execute("SELECT pg_advisory_xact_lock($1)", _MIGRATION_LOCK)
+            exists = await db.fetchval("SELECT to_regclass('fastlane_meta') IS NOT NULL")
+            current = 0
+            if exists:
+                current = int(await db.fetchval("SELECT value FROM fastlane_meta WHERE key = 'schema_version'"))
+            migrations = migrations_for(self.dialect)
+            for migration in migrations:
+                if migration.version > current:
+                    await db.execute(migration.sql)
+                    await db.execute(
+                        "INSERT INTO fastlane_meta VALUES ('schema_version', $1) "
+                        "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                        str(migration.version),
+                    )
+            await db.execute(
+                "INSERT INTO fastlane_meta VALUES ('shard_count', $1) ON CONFLICT (key) DO NOTHING",
+                str(self._requested_shards),
+            )
+            count = int(await db.fetchval("SELECT value FROM fastlane_meta WHERE key = 'shard_count'"))
+            await db.execute(
+                "INSERT INTO shards (shard_id) SELECT generate_series(0, $1 - 1) ON CONFLICT DO NOTHING", count
+            )
+            self._shard_count = count
+            return migrations[-1].version if migrations else 0
+
+    async def shard_count(self) -> int:
+        if self._shard_count is None:
+            async with self._connection() as db:
+                value = await db.fetchval("SELECT value FROM fastlane_meta WHERE key = 'shard_count'")
+            if value is None:
+                raise ConfigurationError("the database is not migrated: run `fastlane migrate --db URL`")
+            self._shard_count = int(value)
+        return self._shard_count
+
+    async def db_now(self) -> datetime:
+        async with self._connection() as db:
+            return await db.fetchval("SELECT clock_timestamp()")
+
+    # -- jobs -----------------------------------------------------------------------------------
+
+    async def create_job(self, spec: JobSpec, *, job_id: str | None = None) -> tuple[Job, bool]:
+        validate_spec(spec)
+        job_id = job_id or new_id()
+        shard_id = shard_of(job_id, await self.shard_count())
+        async with self._transaction() as db:
+            now = await db.fetchval("SELECT clock_timestamp()")
+            stored = common.anchor_interval(spec, now)
+            row = await db.fetchrow(
+                """
+                INSERT INTO jobs (job_id, tenant, name, job_type, shard_id, state, next_fire_at, priority,
+                                  payload, policies, created_at, updated_at)
+                VALUES ($1, $2, $3, $4, $5, 'active', $6, $7, $8, $9::jsonb, $10, $10)
+                ON CONFLICT (tenant, name) DO NOTHING
+                RETURNING *
+                """,
+                job_id, spec.tenant, spec.name, spec.job_type, shard_id, first_fire(stored.schedule, now),
+                spec.priority, spec.payload, codec.encode_policies(stored).decode(), now,
+            )
+            if row is not None:
+                return codec.build_job(row), True
+            existing = codec.build_job(
+                await db.fetchrow("SELECT * FROM jobs WHERE tenant = $1 AND name = $2", spec.tenant, spec.name)
+            )
+        return common.idempotent_create(existing, spec), False
+
+    async def get_job(self, tenant: str, job_id: str) -> Job:
+        async with self._connection() as db:
+            row = await db.fetchrow("SELECT * FROM jobs WHERE job_id = $1 AND tenant = $2", job_id, tenant)
+        if row is None:
+            raise JobNotFound(job_id)
+        return codec.build_job(row)
+
+    async def list_jobs(
+        self,
+        tenant: str,
+        *,
+        state: JobState | None = None,
+        job_type: str | None = None,
+        limit: int = 100,
+        page_token: str = "",
+    ) -> Page[Job]:
+        after = codec.decode_page_token(page_token)[0] if page_token else ""
+        async with self._connection() as db:
+            rows = await db.fetch(
+                """
+                SELECT * FROM jobs
+                WHERE tenant = $1 AND job_id > $2
+                  AND ($3::text IS NULL OR state = $3) AND ($4::text IS NULL OR job_type = $4)
+                ORDER BY job_id LIMIT $5
+                """,
+                tenant, after, state.value if state else None, job_type, common.page_limit(limit) + 1,
+            )
+        jobs = [codec.build_job(row) for row in rows]
+        return common.page_of(jobs, limit, lambda job: (job.job_id,))
+
+    async def update_job(self, tenant: str, job_id: str, spec: JobSpec) -> Job:
+        validate_spec(spec)
+        async with self._transaction() as db:
+            row = await db.fetchrow("SELECT * FROM jobs WHERE job_id = $1 AND tenant = $2 FOR UPDATE", job_id, tenant)
+            if row is None:
+                raise JobNotFound(job_id)
+            current = codec.build_job(row)
+            common.check_update(current, spec)
+            now = await db.fetchval("SELECT clock_timestamp()")
+            spec = common.anchor_interval(spec, now)
+            next_fire_at, state = common.rescheduled(current, spec, now)
+            row = await db.fetchrow(
+                """
+                UPDATE jobs SET job_type = $3, priority = $4, payload = $5, policies = $6::jsonb,
+                                next_fire_at = $7, state = $8, version = version + 1, updated_at = $9
+                WHERE job_id = $1 AND tenant = $2
+                RETURNING *
+                """,
+                job_id, tenant, spec.job_type, spec.priority, spec.payload,
+                codec.encode_policies(spec).decode(), next_fire_at, state.value, now,
+            )
+        return codec.build_job(row)
+
+    async def pause_job(self, tenant: str, job_id: str) -> Job:
+        return await self._change_state(tenant, job_id, JobState.ACTIVE, JobState.PAUSED, "pause")
+
+    async def resume_job(self, tenant: str, job_id: str) -> Job:
+        return await self._change_state(tenant, job_id, JobState.PAUSED, JobState.ACTIVE, "resume")
+
+    async def _change_state(self, tenant: str, job_id: str, source: JobState, target: JobState, verb: str) -> Job:
+        async with self._transaction() as db:
+            row = await db.fetchrow("SELECT * FROM jobs WHERE job_id = $1 AND tenant = $2 FOR UPDATE", job_id, tenant)
+            if row is None:
+                raise JobNotFound(job_id)
+            if row["state"] == target.value:
+                return codec.build_job(row)
+            if row["state"] != source.value:
+                raise InvalidState("job", job_id, row["state"], verb)
+            row = await db.fetchrow(
+                "UPDATE jobs SET state = $2, version = version + 1, updated_at = clock_timestamp() "
+                "WHERE job_id = $1 RETURNING *",
+                job_id, target.value,
+            )
+        return codec.build_job(row)
+
+    async def delete_job(self, tenant: str, job_id: str) -> None:
+        async with self._transaction() as db:
+            deleted = await db.fetchval("DELETE FROM jobs WHERE job_id = $1 AND tenant = $2 RETURNING job_id", job_id, tenant)
+            if deleted is None:
+                raise JobNotFound(job_id)
+            await db.execute(
+                "UPDATE runs SET state = 'cancelled', finished_at = clock_timestamp(), updated_at = clock_timestamp(), "
+                "last_error = 'job deleted' WHERE job_id = $1 AND state = 'scheduled'",
+                job_id,
+            )
+
+    # -- the fast lane --------------------------------------------------------------------------
+
+    async def load_due_jobs(
+        self,
+        shard_ids: Collection[int],
+        before: datetime,
+        *,
+        at_or_after: datetime | None = None,
+        limit: int = 100_000,
+    ) -> list[Job]:
+        async with self._connection() as db:
+            rows = await db.fetch(
+                """
+                SELECT * FROM jobs
+                WHERE state = 'active' AND shard_id = ANY($1::int[]) AND next_fire_at < $2
+                  AND ($3::timestamptz IS NULL OR next_fire_at >= $3)
+                ORDER BY next_fire_at LIMIT $4
+                """,
+                list(shard_ids), before, at_or_after, limit,
+            )
+        return [codec.build_job(row) for row in rows]
+
+    async def materialise_runs(self, fence: ShardLease, occurrences: Sequence[Occurrence]) -> list[Run]:
+        async with self._transaction() as db:
+            await self._check_fence(db, fence)
+            advanced = {
+                row["job_id"]
+                for row in await db.fetch(
+                    """
+                    UPDATE jobs j
+                    SET next_fire_at = o.next_fire_at, updated_at = clock_timestamp(),
+                        state = CASE WHEN o.next_fire_at IS NULL THEN 'completed' ELSE j.state END
+                    FROM unnest($1::text[], $2::timestamptz[], $3::timestamptz[]) AS o(job_id, expected, next_fire_at)
+                    WHERE j.job_id = o.job_id AND j.next_fire_at = o.expected
+                      AND j.state = 'active' AND j.shard_id = $4
+                    RETURNING j.job_id
+                    """,
+                    [o.job_id for o in occurrences],
+                    [o.expected_next_fire_at for o in occurrences],
+                    [o.next_fire_at for o in occurrences],
+                    fence.shard_id,
+                )
+            }
+            planned = [
+                (new_id(), o.job_id, instant, state)
+                for o in occurrences
+                if o.job_id in advanced
+                for instants, state in ((o.fire_times, "scheduled"), (o.skipped_times, "skipped"))
+                for instant in instants
+            ]
+            if not planned:
+                return []
+            rows = await db.fetch(_INSERT_RUNS, *map(list, zip(*planned, strict=True)))
+        runs = [codec.build_run(row) for row in rows]
+        return sorted((run for run in runs if run.state is RunState.SCHEDULED), key=lambda run: run.scheduled_for)
+
+    async def pending_runs(self, shard_ids: Collection[int], before: datetime) -> list[Run]:
+        async with self._connection() as db:
+            rows = await db.fetch(
+                "SELECT * FROM runs WHERE state = 'scheduled' AND shard_id = ANY($1::int[]) AND available_at < $2 "
+                "ORDER BY available_at",
+                list(shard_ids), before,
+            )
+        return [codec.build_run(row) for row in rows]
+
+    async def requeue_expired(self, fence: ShardLease) -> list[Run]:
+        async with self._transaction() as db:
+            await self._check_fence(db, fence)
+            rows = await db.fetch(
+                "SELECT * FROM runs WHERE shard_id = $1 AND state IN ('dispatched', 'running') "
+                "AND lease_expires_at < clock_timestamp() ORDER BY lease_expires_at FOR UPDATE SKIP LOCKED",
+                fence.shard_id,
+            )
+            if not rows:
+                return []
+            now = await db.fetchval("SELECT clock_timestamp()")
+            expired = [codec.build_run(row) for row in rows]
+            results = [
+                AttemptResult(run_id=run.run_id, lease_token=run.lease_token or 0, outcome=AttemptOutcome.LEASE_EXPIRED,
+                              error_code="lease_expired", error_message=f"worker {run.worker_id} stopped heartbeating",
+                              finished_at=now)
+                for run in expired
+            ]
+            outcomes = await self._apply_results(db, {run.run_id: run for run in expired}, results, now)
+        return [outcome.run for outcome in outcomes if outcome.run.state is RunState.SCHEDULED]
+
+    async def _check_fence(self, db: asyncpg.Connection, fence: ShardLease) -> None:
+        if await db.fetchval(_FENCE, fence.shard_id, fence.owner, fence.token) is None:
+            raise StaleFence(fence.shard_id, fence.owner, fence.token)
+
+    # -- runs -----------------------------------------------------------------------------------
+
+    async def create_manual_run(self, tenant: str, job_id: str) -> Run:
+        async with self._transaction() as db:
+            job_row = await db.fetchrow("SELECT job_id FROM jobs WHERE job_id = $1 AND tenant = $2", job_id, tenant)
+            if job_row is None:
+                raise JobNotFound(job_id)
+            row = await db.fetchrow(
+                """
+                INSERT INTO runs (run_id, job_id, tenant, job_type, shard_id, scheduled_for, available_at, state,
+                                  payload, priority, manual, delivery, lease_ttl_ms, retry, created_at, updated_at)
+                SELECT $1, j.job_id, j.tenant, j.job_type, j.shard_id, clock_timestamp(), clock_timestamp(),
+                       'scheduled', j.payload, j.priority, true, j.policies->>'delivery',
+                       ((j.policies->>'lease_ttl')::float8 * 1000)::bigint, j.policies->'retry',
+                       clock_timestamp(), clock_timestamp()
+                FROM jobs j WHERE j.job_id = $2
+                RETURNING *
+                """,
+                new_id(), job_id,
+            )
+        return codec.build_run(row)
+
+    async def record_dispatches(self, dispatches: Sequence[Dispatch]) -> list[Attempt]:
+        if not dispatches:
+            return []
+        async with self._transaction() as db:
+            rows = await db.fetch(
+                """
+                WITH started AS (
+                    UPDATE runs r
+                    SET state = 'dispatched', attempts = r.attempts + 1, lease_token = d.lease_token,
+                        lease_expires_at = clock_timestamp() + d.ttl_us * interval '1 microsecond',
+                        worker_id = d.worker_id, updated_at = clock_timestamp(),
+                        first_attempt_at = coalesce(r.first_attempt_at, clock_timestamp())
+                    FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::bigint[])
+                         AS d(run_id, lease_token, worker_id, node_id, ttl_us)
+                    WHERE r.run_id = d.run_id AND r.state = 'scheduled'
+                    RETURNING r.run_id, r.attempts, d.lease_token, d.worker_id, d.node_id
+                )
+                INSERT INTO attempts (run_id, attempt, lease_token, worker_id, node_id, outcome, dispatched_at)
+                SELECT run_id, attempts, lease_token, worker_id, node_id, 'pending', clock_timestamp() FROM started
+                RETURNING *
+                """,
+                [d.run_id for d in dispatches],
+                [d.lease_token for d in dispatches],
+                [d.worker_id for d in dispatches],
+                [d.node_id for d in dispatches],
+                [common.micros_of_delta(d.lease_ttl) for d in dispatches],
+            )
+        return [codec.build_attempt(row) for row in rows]
+
+    async def record_heartbeats(self, heartbeats: Sequence[Heartbeat]) -> list[str]:
+        if not heartbeats:
+            return []
+        async with self._transaction() as db:
+            rows = await db.fetch(
+                """
+                UPDATE runs r
+                SET lease_expires_at = clock_timestamp() + h.ttl_us * interval '1 microsecond',
+                    progress = coalesce(h.progress, r.progress),
+                    checkpoint = coalesce(h.checkpoint, r.checkpoint),
+                    state = CASE WHEN h.started THEN 'running' ELSE r.state END,
+                    updated_at = clock_timestamp()
+                FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::real[], $5::bytea[], $6::bool[])
+                     AS h(run_id, lease_token, ttl_us, progress, checkpoint, started)
+                WHERE r.run_id = h.run_id AND r.lease_token = h.lease_token AND r.state IN ('dispatched', 'running')
+                RETURNING r.run_id, h.started, r.lease_token
+                """,
+                [h.run_id for h in heartbeats],
+                [h.lease_token for h in heartbeats],
+                [common.micros_of_delta(h.lease_ttl) for h in heartbeats],
+                [h.progress for h in heartbeats],
+                [h.checkpoint for h in heartbeats],
+                [h.started for h in heartbeats],
+            )
+            started = [(row["run_id"], row["lease_token"]) for row in rows if row["started"]]
+            if started:
+                await db.execute(
+                    "UPDATE attempts a SET started_at = coalesce(a.started_at, clock_timestamp()) "
+                    "FROM unnest($1::text[], $2::bigint[]) AS s(run_id, lease_token) "
+                    "WHERE a.run_id = s.run_id AND a.lease_token = s.lease_token",
+                    [run_id for run_id, _ in started], [token for _, token in started],
+                )
+        current = {row["run_id"] for row in rows}
+        return [h.run_id for h in heartbeats if h.run_id not in current]
+
+    async def record_results(self, results: Sequence[AttemptResult]) -> list[ResultOutcome]:
+        if not results:
+            return []
+        async with self._transaction() as db:
+            rows = await db.fetch(
+                "SELECT * FROM runs WHERE run_id = ANY($1::text[]) ORDER BY run_id FOR UPDATE",
+                list({r.run_id for r in results}),
+            )
+            now = await db.fetchval("SELECT clock_timestamp()")
+            return await self._apply_results(db, {row["run_id"]: codec.build_run(row) for row in rows}, results, now)
+
+    async def _apply_results(
+        self, db: asyncpg.Connection, runs: dict[str, Run], results: Sequence[AttemptResult], now: datetime
+    ) -> list[ResultOutcome]:
+        run_updates: list[tuple] = []
+        attempt_updates: list[tuple] = []
+        outcomes: list[ResultOutcome] = []
+        for result in results:
+            run = runs.get(result.run_id)
+            if run is None:
+                continue
+            current = run.lease_token == result.lease_token and run.state in (RunState.DISPATCHED, RunState.RUNNING)
+            outcome = result.outcome if current else AttemptOutcome.SUPERSEDED
+            attempt_updates.append((
+                run.run_id, result.lease_token, outcome.value, result.error_code, result.error_message,
+                result.started_at, result.finished_at or now,
+            ))
+            if not current:
+                outcomes.append(ResultOutcome(run=run, accepted=False))
+                continue
+            transition = after_attempt(run, result.outcome, error=result.error_message, now=now, rng=self._rng)
+            run = replace(
+                run, state=transition.state, available_at=transition.available_at, finished_at=transition.finished_at,
+                last_error=transition.last_error, lease_token=None, lease_expires_at=None, updated_at=now,
+            )
+            runs[run.run_id] = run
+            run_updates.append((run.run_id, run.state.value, run.available_at, run.finished_at, run.last_error))
+            outcomes.append(ResultOutcome(run=run, accepted=True))
+        if run_updates:
+            await db.execute(
+                """
+                UPDATE runs r SET state = u.state, available_at = u.available_at, finished_at = u.finished_at,
+                                  last_error = u.last_error, lease_token = NULL, lease_expires_at = NULL,
+                                  updated_at = clock_timestamp()
+                FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::timestamptz[], $5::text[])
+                     AS u(run_id, state, available_at, finished_at, last_error)
+                WHERE r.run_id = u.run_id
+                """,
+                *map(list, zip(*run_updates, strict=True)),
+            )
+        if attempt_updates:
+            await db.execute(
+                """
+                UPDATE attempts a SET outcome = u.outcome, error_code = u.error_code, error_message = u.error_message,
+                                      started_at = coalesce(a.started_at, u.started_at), finished_at = u.finished_at
+                FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::timestamptz[],
+                            $7::timestamptz[])
+                     AS u(run_id, lease_token, outcome, error_code, error_message, started_at, finished_at)
+                WHERE a.run_id = u.run_id AND a.lease_token = u.lease_token
+                """,
+                *map(list, zip(*attempt_updates, strict=True)),
+            )
+        return outcomes
+
+    async def get_run(self, tenant: str, run_id: str) -> Run:
+        async with self._connection() as db:
+            row = await db.fetchrow("SELECT * FROM runs WHERE run_id = $1 AND tenant = $2", run_id, tenant)
+        if row is None:
+            raise RunNotFound(run_id)
+        return codec.build_run(row)
+
+    async def list_runs(
+        self,
+        tenant: str,
+        *,
+        job_id: str | None = None,
+        states: Collection[RunState] = (),
+        limit: int = 100,
+        page_token: str = "",
+    ) -> Page[Run]:
+        before_time, before_id = None, ""
+        if page_token:
+            micros, before_id = codec.decode_page_token(page_token)
+            before_time = from_micros(micros)
+        async with self._connection() as db:
+            rows = await db.fetch(
+                """
+                SELECT * FROM runs
+                WHERE tenant = $1 AND ($2::text IS NULL OR job_id = $2)
+                  AND (cardinality($3::text[]) = 0 OR state = ANY($3::text[]))
+                  AND ($4::timestamptz IS NULL OR (scheduled_for, run_id) < ($4, $5))
+                ORDER BY scheduled_for DESC, run_id DESC LIMIT $6
+                """,
+                tenant, job_id, [s.value for s in states], before_time, before_id, common.page_limit(limit) + 1,
+            )
+        runs = [codec.build_run(row) for row in rows]
+        return common.page_of(runs, limit, lambda run: (to_micros(run.scheduled_for), run.run_id))
+
+    async def list_attempts(self, run_id: str) -> list[Attempt]:
+        async with self._connection() as db:
+            rows = await db.fetch("SELECT * FROM attempts WHERE run_id = $1 ORDER BY attempt", run_id)
+        return [codec.build_attempt(row) for row in rows]
+
+    # -- shards ---------------------------------------------------------------------------------
+
+    async def acquire_shards(
+        self, owner: str, ttl: timedelta, *, limit: int, shard_ids: Collection[int] | None = None
+    ) -> list[ShardLease]:
+        async with self._transaction() as db:
+            rows = await db.fetch(
+                """
+                UPDATE shards SET owner = $1, token = token + 1,
+                                  lease_expires_at = clock_timestamp() + $2 * interval '1 microsecond'
+                WHERE shard_id IN (
+                    SELECT shard_id FROM shards
+                    WHERE (owner = '' OR lease_expires_at IS NULL OR lease_expires_at <= clock_timestamp())
+                      AND ($4::int[] IS NULL OR shard_id = ANY($4::int[]))
+                    ORDER BY shard_id LIMIT $3
+                    FOR UPDATE SKIP LOCKED
+                )
+                RETURNING *
+                """,
+                owner, common.micros_of_delta(ttl), limit, None if shard_ids is None else list(shard_ids),
+            )
+        return sorted((codec.build_lease(row) for row in rows), key=lambda lease: lease.shard_id)
+
+    async def renew_shards(self, leases: Sequence[ShardLease], ttl: timedelta) -> list[ShardLease]:
+        if not leases:
+            return []
+        async with self._transaction() as db:
+            rows = await db.fetch(
+                """
+                UPDATE shards s SET lease_expires_at = clock_timestamp() + $4 * interval '1 microsecond'
+                FROM unnest($1::int[], $2::bigint[]) AS l(shard_id, token)
+                WHERE s.shard_id = l.shard_id AND s.token = l.token AND s.owner = $3
+                  AND s.lease_expires_at > clock_timestamp()
+                RETURNING s.*
+                """,
+                [lease.shard_id for lease in leases], [lease.token for lease in leases], common.single_owner(leases),
+                common.micros_of_delta(ttl),
+            )
+        return sorted((codec.build_lease(row) for row in rows), key=lambda lease: lease.shard_id)
+
+    async def release_shards(self, leases: Sequence[ShardLease]) -> None:
+        if not leases:
+            return
+        async with self._transaction() as db:
+            await db.execute(
+                """
+                UPDATE shards s SET owner = '', lease_expires_at = NULL
+                FROM unnest($1::int[], $2::bigint[]) AS l(shard_id, token)
+                WHERE s.shard_id = l.shard_id AND s.token = l.token AND s.owner = $3
+                """,
+                [lease.shard_id for lease in leases], [lease.token for lease in leases], common.single_owner(leases),
+            )
+
+    async def list_shards(self) -> list[ShardLease]:
+        async with self._connection() as db:
+            rows = await db.fetch("SELECT * FROM shards ORDER BY shard_id")
+        return [codec.build_lease(row) for row in rows]

@@ -1,0 +1,65 @@
+"""Shared fixtures: database URLs for the SQLite and PostgreSQL stores.
+
+PostgreSQL: set FASTLANE_TEST_PG_DSN (a postgresql:// URL with rights to
+CREATE/DROP DATABASE) to use an existing cluster; otherwise one throwaway
+cluster is started for the whole session and removed at its end. Each test
+that asks for ``pg_dsn`` gets a fresh, empty database of its own.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+try:
+    from tests.pgcluster import ThrowawayPostgres, create_database, drop_database, dsn_from_env
+except ImportError:  # tests/ itself on sys.path (pytest's rootdir-less "prepend" import)
+    from pgcluster import ThrowawayPostgres, create_database, drop_database, dsn_from_env
+
+
+@pytest.fixture(scope="session")
+def pg_admin_dsn():
+    """DSN of a cluster where tests may create and drop databases."""
+    dsn = dsn_from_env()
+    if dsn:
+        yield dsn
+        return
+    cluster = ThrowawayPostgres()
+    try:
+        cluster.start()
+        yield cluster.dsn
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+async def pg_dsn(pg_admin_dsn):
+    """DSN of a fresh, empty database ``fl_test_<hex>``, dropped (FORCE) after the test."""
+    name = f"fl_test_{uuid.uuid4().hex}"
+    dsn = await create_database(pg_admin_dsn, name)
+    try:
+        yield dsn
+    finally:
+        await drop_database(pg_admin_dsn, name)
+
+
+@pytest.fixture
+def sqlite_url(tmp_path):
+    """URL of a SQLite database file in the test's temporary directory."""
+    yield f"sqlite:///{tmp_path}/fastlane.db"
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("sqlite", id="sqlite"),
+        pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
+    ]
+)
+def db_url(request):
+    """Store URL; the test runs once per backend. PostgreSQL is only set up for its param."""
+    if request.param == "sqlite":
+        return request.getfixturevalue("sqlite_url")
+    if request.param == "postgres":
+        return request.getfixturevalue("pg_dsn")
+    raise ValueError(f"unknown db_url backend {request.param!r}")

@@ -1,0 +1,406 @@
+"""The Store contract: every test runs against SQLite and PostgreSQL (the ``db_url`` fixture)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from fastlane.errors import InvalidArgument, InvalidState, JobAlreadyExists, JobNotFound, RunNotFound, StaleFence
+from fastlane.models import (
+    AttemptOutcome,
+    JobSpec,
+    JobState,
+    RetryPolicy,
+    RunState,
+    Schedule,
+    ShardLease,
+)
+from fastlane.policies import plan_occurrence
+from fastlane.storage import AttemptResult, Dispatch, Heartbeat, Occurrence, open_store
+
+SHARDS = 4
+TTL = timedelta(seconds=30)
+
+
+@pytest.fixture
+async def store(db_url):
+    store = open_store(db_url, shard_count=SHARDS)
+    await store.migrate()
+    yield store
+    await store.close()
+
+
+@pytest.fixture
+async def second_store(db_url, store):
+    """Another store on the same database: another connection, as another node would have."""
+    other = open_store(db_url, shard_count=SHARDS)
+    yield other
+    await other.close()
+
+
+def spec(name: str = "billing", **changes) -> JobSpec:
+    base = JobSpec(name=name, job_type="billing.run", schedule=Schedule.cron_expr("*/5 * * * *"), payload=b'{"a":1}')
+    return replace(base, **changes)
+
+
+async def own_all(store, owner: str = "node-a") -> dict[int, ShardLease]:
+    leases = await store.acquire_shards(owner, TTL, limit=SHARDS)
+    return {lease.shard_id: lease for lease in leases}
+
+
+async def due_now(store, job_id: str, seconds_ago: float = 0.5) -> None:
+    """Make a job due at once by pointing its schedule at a past instant."""
+    current = await store.get_job("default", job_id)
+    at = datetime.now(UTC) - timedelta(seconds=seconds_ago)
+    await store.update_job("default", job_id, replace(current.spec, schedule=Schedule.at_instant(at)))
+
+
+async def materialise_job(store, leases, job_id: str):
+    job = await store.get_job("default", job_id)
+    now = await store.db_now()
+    occurrence = plan_occurrence(job, now, now)
+    return await store.materialise_runs(leases[job.shard_id], [occurrence])
+
+
+# -- migrations and jobs -----------------------------------------------------------------------
+
+
+async def test_migrate_is_idempotent_and_creates_the_shards(store):
+    assert await store.migrate() == 1
+    shards = await store.list_shards()
+    assert [shard.shard_id for shard in shards] == list(range(SHARDS))
+    assert all(shard.owner == "" and shard.token == 0 for shard in shards)
+
+
+async def test_create_job_is_idempotent_on_tenant_and_name(store):
+    job, created = await store.create_job(spec())
+    again, created_again = await store.create_job(spec())
+    assert created and not created_again
+    assert again.job_id == job.job_id
+    assert job.next_fire_at is not None and job.next_fire_at.minute % 5 == 0
+    other_tenant, created_other = await store.create_job(spec(tenant="acme"))
+    assert created_other and other_tenant.job_id != job.job_id
+
+
+async def test_create_job_with_a_taken_name_and_another_spec_names_the_difference(store):
+    await store.create_job(spec())
+    with pytest.raises(JobAlreadyExists, match="different schedule"):
+        await store.create_job(spec(schedule=Schedule.cron_expr("0 * * * *")))
+
+
+async def test_interval_job_is_idempotent_although_its_anchor_is_filled_in(store):
+    every = spec(schedule=Schedule.interval(timedelta(seconds=10)))
+    job, _ = await store.create_job(every)
+    assert job.spec.schedule.anchor is not None
+    assert job.next_fire_at == job.spec.schedule.anchor + timedelta(seconds=10)
+    again, created = await store.create_job(every)
+    assert not created and again.job_id == job.job_id
+
+
+async def test_jobs_are_invisible_to_other_tenants(store):
+    job, _ = await store.create_job(spec())
+    with pytest.raises(JobNotFound):
+        await store.get_job("acme", job.job_id)
+    with pytest.raises(JobNotFound):
+        await store.delete_job("acme", job.job_id)
+
+
+async def test_list_jobs_pages_and_filters(store):
+    for index in range(5):
+        await store.create_job(spec(f"job-{index}", job_type="a" if index % 2 else "b"))
+    first = await store.list_jobs("default", limit=2)
+    second = await store.list_jobs("default", limit=2, page_token=first.next_page_token)
+    third = await store.list_jobs("default", limit=2, page_token=second.next_page_token)
+    names = [job.name for page in (first, second, third) for job in page.items]
+    assert sorted(names) == [f"job-{index}" for index in range(5)]
+    assert third.next_page_token == ""
+    only_a = await store.list_jobs("default", job_type="a")
+    assert sorted(job.name for job in only_a.items) == ["job-1", "job-3"]
+    with pytest.raises(InvalidArgument, match="page_token"):
+        await store.list_jobs("default", page_token="not-a-token")
+
+
+async def test_update_job_recomputes_next_fire_only_when_the_schedule_changes(store):
+    job, _ = await store.create_job(spec())
+    same_schedule = await store.update_job("default", job.job_id, spec(payload=b"{}"))
+    assert same_schedule.next_fire_at == job.next_fire_at and same_schedule.version == job.version + 1
+    at = datetime(2031, 1, 1, tzinfo=UTC)
+    moved = await store.update_job("default", job.job_id, spec(schedule=Schedule.at_instant(at)))
+    assert moved.next_fire_at == at
+    with pytest.raises(InvalidArgument, match="name"):
+        await store.update_job("default", job.job_id, spec("renamed"))
+
+
+async def test_pause_and_resume_change_state_and_are_idempotent(store):
+    job, _ = await store.create_job(spec())
+    assert (await store.pause_job("default", job.job_id)).state is JobState.PAUSED
+    assert (await store.pause_job("default", job.job_id)).state is JobState.PAUSED
+    assert await store.load_due_jobs(range(SHARDS), datetime(2100, 1, 1, tzinfo=UTC)) == []
+    assert (await store.resume_job("default", job.job_id)).state is JobState.ACTIVE
+
+
+async def test_completed_one_shot_cannot_be_paused(store):
+    leases = await own_all(store)
+    job, _ = await store.create_job(spec(schedule=Schedule.now()))
+    await materialise_job(store, leases, job.job_id)
+    assert (await store.get_job("default", job.job_id)).state is JobState.COMPLETED
+    with pytest.raises(InvalidState, match="completed"):
+        await store.pause_job("default", job.job_id)
+
+
+async def test_delete_job_cancels_its_queued_runs_and_keeps_history(store):
+    leases = await own_all(store)
+    job, _ = await store.create_job(spec())
+    await due_now(store, job.job_id)
+    [run] = await materialise_job(store, leases, job.job_id)
+    await store.delete_job("default", job.job_id)
+    with pytest.raises(JobNotFound):
+        await store.get_job("default", job.job_id)
+    kept = await store.get_run("default", run.run_id)
+    assert kept.state is RunState.CANCELLED and kept.finished_at is not None
+
+
+async def test_load_due_jobs_respects_shards_horizon_and_watermark(store):
+    now = await store.db_now()
+    jobs = []
+    for index in range(12):
+        at = now + timedelta(seconds=index)
+        job, _ = await store.create_job(spec(f"at-{index}", schedule=Schedule.at_instant(at)))
+        jobs.append(job)
+    horizon = now + timedelta(seconds=6)
+    due = await store.load_due_jobs(range(SHARDS), horizon)
+    assert [job.name for job in due] == [f"at-{index}" for index in range(6)]
+    later = await store.load_due_jobs(range(SHARDS), now + timedelta(seconds=9), at_or_after=horizon)
+    assert [job.name for job in later] == [f"at-{index}" for index in range(6, 9)]
+    one_shard = jobs[0].shard_id
+    scoped = await store.load_due_jobs([one_shard], now + timedelta(seconds=20))
+    assert scoped and all(job.shard_id == one_shard for job in scoped)
+    assert len(scoped) == sum(1 for job in jobs if job.shard_id == one_shard)
+
+
+# -- shards and fencing ------------------------------------------------------------------------
+
+
+async def test_acquiring_a_shard_increments_its_token(store, second_store):
+    [first] = await store.acquire_shards("node-a", TTL, limit=1, shard_ids=[2])
+    assert first.owner == "node-a" and first.token == 1
+    assert await second_store.acquire_shards("node-b", TTL, limit=1, shard_ids=[2]) == []
+    await store.release_shards([first])
+    [taken] = await second_store.acquire_shards("node-b", TTL, limit=1, shard_ids=[2])
+    assert taken.owner == "node-b" and taken.token == 2
+
+
+async def test_renew_keeps_the_token_and_extends_the_lease(store):
+    [lease] = await store.acquire_shards("node-a", TTL, limit=1)
+    [renewed] = await store.renew_shards([lease], TTL * 2)
+    assert renewed.token == lease.token
+    assert renewed.lease_expires_at > lease.lease_expires_at
+
+
+async def test_a_lease_expires_by_the_database_clock(store, second_store):
+    ttl = timedelta(milliseconds=600)
+    [lease] = await store.acquire_shards("node-a", ttl, limit=1, shard_ids=[0])
+    db_now = await store.db_now()
+    # The expiry is the database's now plus the TTL, whatever the caller's clock says.
+    assert timedelta(0) < lease.lease_expires_at - db_now <= ttl
+    assert await second_store.acquire_shards("node-b", TTL, limit=1, shard_ids=[0]) == []
+    deadline = asyncio.get_running_loop().time() + 10
+    while not (taken := await second_store.acquire_shards("node-b", TTL, limit=1, shard_ids=[0])):
+        assert asyncio.get_running_loop().time() < deadline, "the lease never expired"
+        await asyncio.sleep(0.05)
+    assert await second_store.db_now() >= lease.lease_expires_at
+    assert taken[0].token == lease.token + 1
+    assert await store.renew_shards([lease], TTL) == []
+
+
+async def test_stale_token_cannot_materialise_runs(store, second_store):
+    leases = await own_all(store)
+    job, _ = await store.create_job(spec())
+    await due_now(store, job.job_id)
+    job = await store.get_job("default", job.job_id)
+    stale = leases[job.shard_id]
+    await store.release_shards([stale])
+    [successor] = await second_store.acquire_shards("node-b", TTL, limit=1, shard_ids=[job.shard_id])
+    assert successor.token == stale.token + 1
+    now = await store.db_now()
+    with pytest.raises(StaleFence) as raised:
+        await store.materialise_runs(stale, [plan_occurrence(job, now, now)])
+    assert raised.value.shard_id == job.shard_id and raised.value.token == stale.token
+    unchanged = await store.get_job("default", job.job_id)
+    assert unchanged.next_fire_at == job.next_fire_at and unchanged.state is JobState.ACTIVE
+    assert (await store.list_runs("default", job_id=job.job_id)).items == []
+
+
+async def test_stale_token_cannot_requeue_expired_runs(store, second_store):
+    leases = await own_all(store)
+    await store.release_shards([leases[1]])
+    await second_store.acquire_shards("node-b", TTL, limit=1, shard_ids=[1])
+    with pytest.raises(StaleFence):
+        await store.requeue_expired(leases[1])
+
+
+async def test_racing_materialisations_create_exactly_one_run(store, second_store):
+    leases = await own_all(store)
+    jobs = []
+    for index in range(20):
+        job, _ = await store.create_job(spec(f"race-{index}"))
+        await due_now(store, job.job_id)
+        jobs.append(await store.get_job("default", job.job_id))
+    now = await store.db_now()
+    by_shard: dict[int, list[Occurrence]] = {}
+    for job in jobs:
+        by_shard.setdefault(job.shard_id, []).append(plan_occurrence(job, now, now))
+    # Both connections believe they hold every shard (same owner and token): only the database decides.
+    results = await asyncio.gather(*(
+        writer.materialise_runs(leases[shard_id], occurrences)
+        for shard_id, occurrences in by_shard.items()
+        for writer in (store, second_store)
+    ))
+    created = [run for runs in results for run in runs]
+    assert sorted(run.job_id for run in created) == sorted(job.job_id for job in jobs)
+    for job in jobs:
+        assert len((await store.list_runs("default", job_id=job.job_id)).items) == 1
+
+
+async def test_materialise_advances_next_fire_and_completes_one_shots(store):
+    leases = await own_all(store)
+    cron_job, _ = await store.create_job(spec())
+    await due_now(store, cron_job.job_id)
+    [run] = await materialise_job(store, leases, cron_job.job_id)
+    assert run.state is RunState.SCHEDULED and run.attempts == 0 and run.payload == b'{"a":1}'
+    assert run.idempotency_key.startswith(f"{cron_job.job_id}:")
+    job = await store.get_job("default", cron_job.job_id)
+    assert job.state is JobState.COMPLETED and job.next_fire_at is None
+    # Materialising the same occurrence again writes nothing: the job no longer has that fire time.
+    now = await store.db_now()
+    again = Occurrence(job_id=job.job_id, expected_next_fire_at=run.scheduled_for, fire_times=(run.scheduled_for,),
+                       next_fire_at=None)
+    assert await store.materialise_runs(leases[job.shard_id], [again]) == []
+    assert now >= run.scheduled_for
+
+
+async def test_skipped_occurrences_are_recorded_but_not_returned(store):
+    leases = await own_all(store)
+    job, _ = await store.create_job(spec(schedule=Schedule.interval(timedelta(seconds=1))))
+    job = await store.get_job("default", job.job_id)
+    start = job.next_fire_at
+    occurrence = Occurrence(
+        job_id=job.job_id, expected_next_fire_at=start, fire_times=(start + timedelta(seconds=2),),
+        skipped_times=(start, start + timedelta(seconds=1)), next_fire_at=start + timedelta(seconds=3),
+    )
+    [fired] = await store.materialise_runs(leases[job.shard_id], [occurrence])
+    assert fired.scheduled_for == start + timedelta(seconds=2)
+    skipped = await store.list_runs("default", job_id=job.job_id, states=[RunState.SKIPPED])
+    assert sorted(run.scheduled_for for run in skipped.items) == [start, start + timedelta(seconds=1)]
+    assert all(run.finished_at is not None for run in skipped.items)
+    assert (await store.get_job("default", job.job_id)).next_fire_at == start + timedelta(seconds=3)
+
+
+# -- runs and attempts -------------------------------------------------------------------------
+
+
+async def scheduled_run(store, **changes):
+    leases = await own_all(store)
+    job, _ = await store.create_job(spec(**changes))
+    await due_now(store, job.job_id)
+    [run] = await materialise_job(store, leases, job.job_id)
+    return leases, run
+
+
+async def test_dispatch_then_success_records_one_attempt(store):
+    _, run = await scheduled_run(store)
+    [attempt] = await store.record_dispatches(
+        [Dispatch(run_id=run.run_id, lease_token=11, worker_id="w1", node_id="n1", lease_ttl=TTL)]
+    )
+    assert attempt.attempt == 1 and attempt.outcome is AttemptOutcome.PENDING and attempt.worker_id == "w1"
+    assert await store.record_heartbeats(
+        [Heartbeat(run_id=run.run_id, lease_token=11, lease_ttl=TTL, progress=0.5, checkpoint=b"cp", started=True)]
+    ) == []
+    running = await store.get_run("default", run.run_id)
+    assert running.state is RunState.RUNNING and running.progress == 0.5 and running.checkpoint == b"cp"
+    [outcome] = await store.record_results(
+        [AttemptResult(run_id=run.run_id, lease_token=11, outcome=AttemptOutcome.SUCCEEDED)]
+    )
+    assert outcome.accepted and outcome.run.state is RunState.SUCCEEDED
+    [attempt] = await store.list_attempts(run.run_id)
+    assert attempt.outcome is AttemptOutcome.SUCCEEDED and attempt.started_at and attempt.finished_at
+    done = await store.get_run("default", run.run_id)
+    assert done.state is RunState.SUCCEEDED and done.attempts == 1 and done.finished_at is not None
+
+
+async def test_a_run_already_dispatched_is_not_dispatched_twice(store):
+    _, run = await scheduled_run(store)
+    first = Dispatch(run_id=run.run_id, lease_token=1, worker_id="w1", node_id="n1", lease_ttl=TTL)
+    second = Dispatch(run_id=run.run_id, lease_token=2, worker_id="w2", node_id="n2", lease_ttl=TTL)
+    assert len(await store.record_dispatches([first])) == 1
+    assert await store.record_dispatches([second]) == []
+    assert await store.record_heartbeats([Heartbeat(run_id=run.run_id, lease_token=2, lease_ttl=TTL)]) == [run.run_id]
+
+
+async def test_retryable_failure_reschedules_and_permanent_failure_kills(store):
+    _, run = await scheduled_run(store, retry=RetryPolicy(max_attempts=2, backoff_base=timedelta(seconds=2)))
+    await store.record_dispatches([Dispatch(run_id=run.run_id, lease_token=1, worker_id="w", node_id="n", lease_ttl=TTL)])
+    [failed] = await store.record_results([AttemptResult(
+        run_id=run.run_id, lease_token=1, outcome=AttemptOutcome.FAILED, error_code="boom", error_message="it broke")])
+    assert failed.run.state is RunState.SCHEDULED and failed.run.last_error == "it broke"
+    now = await store.db_now()
+    assert failed.run.available_at <= now + timedelta(seconds=2)
+    pending = await store.pending_runs(range(SHARDS), now + timedelta(seconds=3))
+    assert [p.run_id for p in pending] == [run.run_id]
+    await store.record_dispatches([Dispatch(run_id=run.run_id, lease_token=2, worker_id="w", node_id="n", lease_ttl=TTL)])
+    [dead] = await store.record_results([AttemptResult(
+        run_id=run.run_id, lease_token=2, outcome=AttemptOutcome.FAILED, error_message="again")])
+    assert dead.run.state is RunState.DEAD
+    attempts = await store.list_attempts(run.run_id)
+    assert [(a.attempt, a.outcome, a.error_code) for a in attempts] == [
+        (1, AttemptOutcome.FAILED, "boom"), (2, AttemptOutcome.FAILED, None)]
+
+
+async def test_permanent_failure_goes_straight_to_dead(store):
+    _, run = await scheduled_run(store)
+    await store.record_dispatches([Dispatch(run_id=run.run_id, lease_token=1, worker_id="w", node_id="n", lease_ttl=TTL)])
+    [outcome] = await store.record_results([AttemptResult(
+        run_id=run.run_id, lease_token=1, outcome=AttemptOutcome.PERMANENT_FAILURE, error_message="bad input")])
+    assert outcome.run.state is RunState.DEAD and outcome.run.attempts == 1
+
+
+async def test_a_superseded_result_is_recorded_but_does_not_change_the_run(store):
+    leases, run = await scheduled_run(store)
+    await store.record_dispatches([Dispatch(run_id=run.run_id, lease_token=1, worker_id="w1", node_id="n",
+                                            lease_ttl=timedelta(milliseconds=200))])
+    await asyncio.sleep(0.3)
+    requeued = await store.requeue_expired(leases[run.shard_id])
+    assert [r.run_id for r in requeued] == [run.run_id] and requeued[0].state is RunState.SCHEDULED
+    await store.record_dispatches([Dispatch(run_id=run.run_id, lease_token=2, worker_id="w2", node_id="n", lease_ttl=TTL)])
+    [late] = await store.record_results(
+        [AttemptResult(run_id=run.run_id, lease_token=1, outcome=AttemptOutcome.SUCCEEDED)])
+    assert not late.accepted
+    current = await store.get_run("default", run.run_id)
+    assert current.state is RunState.DISPATCHED and current.worker_id == "w2" and current.attempts == 2
+    outcomes = [a.outcome for a in await store.list_attempts(run.run_id)]
+    assert outcomes == [AttemptOutcome.SUPERSEDED, AttemptOutcome.PENDING]
+
+
+async def test_manual_runs_use_their_run_id_as_idempotency_key(store):
+    job, _ = await store.create_job(spec())
+    first = await store.create_manual_run("default", job.job_id)
+    second = await store.create_manual_run("default", job.job_id)
+    assert first.manual and first.idempotency_key == first.run_id
+    assert first.run_id != second.run_id
+    with pytest.raises(JobNotFound):
+        await store.create_manual_run("acme", job.job_id)
+
+
+async def test_list_runs_pages_newest_first_and_filters_by_state(store):
+    job, _ = await store.create_job(spec())
+    runs = [await store.create_manual_run("default", job.job_id) for _ in range(5)]
+    first = await store.list_runs("default", job_id=job.job_id, limit=3)
+    second = await store.list_runs("default", job_id=job.job_id, limit=3, page_token=first.next_page_token)
+    listed = [run.run_id for run in first.items + second.items]
+    assert listed == [run.run_id for run in reversed(runs)]
+    assert (await store.list_runs("default", states=[RunState.SUCCEEDED])).items == []
+    with pytest.raises(RunNotFound):
+        await store.get_run("acme", runs[0].run_id)

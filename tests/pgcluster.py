@@ -1,0 +1,329 @@
+"""A throwaway PostgreSQL cluster for the test suite.
+
+No pytest dependency: usable from conftest.py, from benchmarks and from a
+one-off script::
+
+    with ThrowawayPostgres() as pg:
+        print(pg.dsn)
+
+The cluster lives in a fresh temporary directory (data directory, unix socket
+and server log) and listens on a free TCP port on 127.0.0.1 with trust
+authentication and durability switched off. ``stop()`` kills it with
+``pg_ctl stop -m immediate`` and deletes the directory; an atexit hook does the
+same if the caller never gets that far.
+
+PostgreSQL refuses to run as root, so when this process is root every server
+binary is run as the ``postgres`` system user through ``runuser``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.parse
+
+ENV_DSN = "FASTLANE_TEST_PG_DSN"
+SERVER_USER = "postgres"
+
+_LOG_TAIL_LINES = 40
+_START_ATTEMPTS = 3  # the free port can be taken between probing and binding
+
+
+class PostgresClusterError(RuntimeError):
+    """Setting up or tearing down the throwaway cluster failed."""
+
+
+def dsn_from_env() -> str | None:
+    """The DSN of an externally managed cluster, if the environment names one."""
+    return os.environ.get(ENV_DSN)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+@contextlib.contextmanager
+def _adopt_orphans():
+    """Linux: make this process a child subreaper while the body runs.
+
+    ``pg_ctl start`` daemonises the postmaster; once pg_ctl exits the postmaster
+    is reparented to the nearest subreaper, normally PID 1. If PID 1 does not
+    reap (minimal container init, no init at all), every stopped cluster would
+    then linger as a ``<defunct>`` postgres process. Being the subreaper while
+    pg_ctl runs makes the postmaster our child, so ``stop()`` can reap it. The
+    flag only matters at the moment of reparenting, so it is switched off again.
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        enabled = libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        enabled = False
+    try:
+        yield
+    finally:
+        if enabled:
+            libc.prctl(_PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+
+
+def _reap(pid: int, timeout: float = 10.0) -> None:
+    """Collect ``pid``'s exit status if it is our child (see _adopt_orphans)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return  # not our child (no subreaper support) or already reaped
+        if done or time.monotonic() >= deadline:
+            return
+        time.sleep(0.02)
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _tail(path: str, lines: int = _LOG_TAIL_LINES) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError as exc:
+        return f"<no server log: {exc}>"
+
+
+class ThrowawayPostgres:
+    """A private PostgreSQL cluster in a temporary directory."""
+
+    def __init__(self, *, bin_dir: str | None = None, start_timeout: int = 60) -> None:
+        self._bin_dir = bin_dir
+        self._start_timeout = start_timeout
+        self._as_root = os.geteuid() == 0
+        self.base_dir: str | None = None
+        self.port: int | None = None
+        self.dsn: str | None = None
+        self._running = False
+        self._postmaster_pid: int | None = None
+
+    # -- paths -------------------------------------------------------------
+
+    @property
+    def data_dir(self) -> str:
+        assert self.base_dir is not None
+        return os.path.join(self.base_dir, "data")
+
+    @property
+    def log_path(self) -> str:
+        assert self.base_dir is not None
+        return os.path.join(self.base_dir, "log")
+
+    def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
+        return _tail(self.log_path, lines) if self.base_dir else ""
+
+    # -- running commands --------------------------------------------------
+
+    def _argv(self, *args: str) -> list[str]:
+        exe = os.path.join(self._bin_dir, args[0]) if self._bin_dir else args[0]
+        argv = [exe, *args[1:]]
+        if self._as_root:
+            argv = ["runuser", "-u", SERVER_USER, "--", *argv]
+        return argv
+
+    def _run(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        argv = self._argv(*args)
+        # cwd: the server user may not be able to enter the caller's directory.
+        try:
+            return subprocess.run(
+                argv,
+                cwd=self.base_dir,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=True,
+            )
+        except subprocess.CalledProcessError as exc:
+            raise PostgresClusterError(
+                self._describe(argv, f"exit status {exc.returncode}", exc.stdout, exc.stderr)
+            ) from None
+        except subprocess.TimeoutExpired as exc:
+            raise PostgresClusterError(
+                self._describe(argv, f"timed out after {timeout}s", exc.stdout, exc.stderr)
+            ) from None
+        except OSError as exc:
+            raise PostgresClusterError(self._describe(argv, str(exc), "", "")) from None
+
+    def _describe(self, argv, what, stdout, stderr) -> str:
+        def text(v):
+            if isinstance(v, bytes):
+                v = v.decode(errors="replace")
+            return (v or "").strip() or "<empty>"
+
+        return (
+            f"command failed ({what}): {subprocess.list2cmdline(argv)}\n"
+            f"--- stdout ---\n{text(stdout)}\n"
+            f"--- stderr ---\n{text(stderr)}\n"
+            f"--- server log tail ({self.log_path if self.base_dir else '-'}) ---\n"
+            f"{self.log_tail() or '<none>'}"
+        )
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def start(self) -> "ThrowawayPostgres":
+        if self._running:
+            return self
+        self.base_dir = tempfile.mkdtemp(prefix="fastlane-pg-")
+        atexit.register(self.stop)
+        try:
+            if self._as_root:
+                shutil.chown(self.base_dir, user=SERVER_USER, group=SERVER_USER)
+            os.chmod(self.base_dir, 0o700)
+            self._run(
+                "initdb", "-D", self.data_dir, "-U", "postgres", "--auth=trust",
+                "--no-sync", "-E", "UTF8", "--locale=C",
+            )
+            for attempt in range(1, _START_ATTEMPTS + 1):
+                port = _free_port()
+                options = (
+                    f"-c listen_addresses=127.0.0.1 -p {port} -k {self.base_dir} "
+                    "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
+                    "-c max_connections=300 -c shared_buffers=128MB"
+                )
+                try:
+                    with _adopt_orphans():
+                        self._run(
+                            "pg_ctl", "-D", self.data_dir, "-o", options, "-l", self.log_path,
+                            "-w", "-t", str(self._start_timeout), "start",
+                            timeout=self._start_timeout + 30,
+                        )
+                    self._postmaster_pid = self._read_postmaster_pid()
+                    break
+                except PostgresClusterError:
+                    self._kill_postmaster()  # a half-started server must not linger
+                    if attempt == _START_ATTEMPTS or "could not bind" not in self.log_tail():
+                        raise
+            self.port = port
+            self.dsn = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+            self._running = True
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop the server and remove the directory. Safe to call repeatedly."""
+        atexit.unregister(self.stop)
+        if self.base_dir is None:
+            return
+        try:
+            if os.path.exists(os.path.join(self.data_dir, "postmaster.pid")):
+                try:
+                    self._run("pg_ctl", "-D", self.data_dir, "-m", "immediate", "-w", "stop", timeout=60)
+                except PostgresClusterError:
+                    self._kill_postmaster()  # already stopped, or pg_ctl broken
+            if self._postmaster_pid is not None:
+                _reap(self._postmaster_pid)
+        finally:
+            self._postmaster_pid = None
+            shutil.rmtree(self.base_dir, ignore_errors=True)
+            self.base_dir = None
+            self.dsn = None
+            self.port = None
+            self._running = False
+
+    def _read_postmaster_pid(self) -> int | None:
+        try:
+            with open(os.path.join(self.data_dir, "postmaster.pid")) as f:
+                return int(f.readline().strip())
+        except (OSError, ValueError):
+            return None
+
+    def _kill_postmaster(self) -> None:
+        """Last resort: SIGQUIT (immediate shutdown) the postmaster this cluster started."""
+        pid = self._read_postmaster_pid() or self._postmaster_pid
+        if pid is None:
+            return
+        _reap(pid, timeout=0)  # a reaped-and-reused pid must not be signalled
+        try:
+            os.kill(pid, signal.SIGQUIT)
+        except (ProcessLookupError, PermissionError):
+            return
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            _reap(pid, timeout=0)
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return
+            if _is_zombie(pid):
+                return
+            time.sleep(0.05)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        _reap(pid)
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    def __enter__(self) -> "ThrowawayPostgres":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+# -- database helpers (asyncpg) ----------------------------------------------
+
+
+def _quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def dsn_for_database(dsn: str, dbname: str) -> str:
+    """``dsn`` (a postgresql:// URL) with its database replaced by ``dbname``."""
+    parts = urllib.parse.urlsplit(dsn)
+    return urllib.parse.urlunsplit(parts._replace(path="/" + urllib.parse.quote(dbname, safe="")))
+
+
+async def create_database(admin_dsn: str, name: str, template: str | None = None) -> str:
+    """Create database ``name`` through ``admin_dsn``; return a DSN pointing at it."""
+    import asyncpg
+
+    sql = f"CREATE DATABASE {_quote_ident(name)}"
+    if template is not None:
+        sql += f" TEMPLATE {_quote_ident(template)}"
+    conn = await asyncpg.connect(admin_dsn)
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+    return dsn_for_database(admin_dsn, name)
+
+
+async def drop_database(admin_dsn: str, name: str) -> None:
+    """Drop database ``name`` if it exists, terminating any sessions still on it."""
+    import asyncpg
+
+    conn = await asyncpg.connect(admin_dsn)
+    try:
+        await conn.execute(f"DROP DATABASE IF EXISTS {_quote_ident(name)} WITH (FORCE)")
+    finally:
+        await conn.close()
