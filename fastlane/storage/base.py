@@ -173,8 +173,9 @@ class Store(Protocol):
         """Active jobs of these shards with ``at_or_after <= next_fire_at < before``, earliest first."""
         ...
 
-    async def materialise_runs(self, fence: ShardLease, occurrences: Sequence[Occurrence]) -> list[Run]:
-        """Write runs for due occurrences and advance ``next_fire_at`` in one fenced transaction.
+    async def materialise_runs(self, fences: Sequence[ShardLease], occurrences: Sequence[Occurrence]) -> list[Run]:
+        """Write runs for due occurrences and advance ``next_fire_at`` in one transaction fenced
+        on every lease in ``fences``; occurrences of jobs outside those shards are ignored.
 
         Returns only the runs actually inserted in state ``scheduled`` (never one that already
         existed), so only those are dispatched.
@@ -188,6 +189,11 @@ class Store(Protocol):
     async def requeue_expired(self, fence: ShardLease) -> list[Run]:
         """Fenced: attempts of this shard whose lease expired by the database clock end
         ``lease_expired``; each run is rescheduled per its retry policy (returned) or ends dead."""
+        ...
+
+    async def shards_with_expired_leases(self, shard_ids: Collection[int]) -> list[int]:
+        """Which of these shards hold attempts whose lease has expired (a cheap read before
+        the fenced ``requeue_expired``)."""
         ...
 
     # -- runs -----------------------------------------------------------------------------------

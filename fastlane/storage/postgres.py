@@ -56,10 +56,14 @@ from fastlane.storage.transitions import after_attempt
 
 _MIGRATION_LOCK = 7_236_001  # pg_advisory_xact_lock key: one migrator at a time across nodes
 
+# Locks the fenced shard rows FOR SHARE: a takeover (an UPDATE of the row) waits for this
+# transaction, so the fence holds until commit.
 _FENCE = """
-    SELECT 1 FROM shards
-    WHERE shard_id = $1 AND owner = $2 AND token = $3 AND lease_expires_at > clock_timestamp()
-    FOR SHARE
+    SELECT s.shard_id FROM shards s
+    JOIN unnest($1::int[], $2::text[], $3::bigint[]) AS f(shard_id, owner, token)
+      ON s.shard_id = f.shard_id AND s.owner = f.owner AND s.token = f.token
+    WHERE s.lease_expires_at > clock_timestamp()
+    FOR SHARE OF s
 """
 
 _INSERT_RUNS = """
@@ -299,9 +303,9 @@ class PostgresStore:
             )
         return [codec.build_job(row) for row in rows]
 
-    async def materialise_runs(self, fence: ShardLease, occurrences: Sequence[Occurrence]) -> list[Run]:
+    async def materialise_runs(self, fences: Sequence[ShardLease], occurrences: Sequence[Occurrence]) -> list[Run]:
         async with self._transaction() as db:
-            await self._check_fence(db, fence)
+            await self._check_fences(db, fences)
             advanced = {
                 row["job_id"]
                 for row in await db.fetch(
@@ -311,13 +315,13 @@ class PostgresStore:
                         state = CASE WHEN o.next_fire_at IS NULL THEN 'completed' ELSE j.state END
                     FROM unnest($1::text[], $2::timestamptz[], $3::timestamptz[]) AS o(job_id, expected, next_fire_at)
                     WHERE j.job_id = o.job_id AND j.next_fire_at = o.expected
-                      AND j.state = 'active' AND j.shard_id = $4
+                      AND j.state = 'active' AND j.shard_id = ANY($4::int[])
                     RETURNING j.job_id
                     """,
                     [o.job_id for o in occurrences],
                     [o.expected_next_fire_at for o in occurrences],
                     [o.next_fire_at for o in occurrences],
-                    fence.shard_id,
+                    [fence.shard_id for fence in fences],
                 )
             }
             planned = [
@@ -363,9 +367,28 @@ class PostgresStore:
             outcomes = await self._apply_results(db, {run.run_id: run for run in expired}, results, now)
         return [outcome.run for outcome in outcomes if outcome.run.state is RunState.SCHEDULED]
 
+    async def shards_with_expired_leases(self, shard_ids: Collection[int]) -> list[int]:
+        async with self._connection() as db:
+            rows = await db.fetch(
+                "SELECT DISTINCT shard_id FROM runs WHERE state IN ('dispatched', 'running') "
+                "AND shard_id = ANY($1::int[]) AND lease_expires_at < clock_timestamp()",
+                list(shard_ids),
+            )
+        return sorted(row["shard_id"] for row in rows)
+
     async def _check_fence(self, db: asyncpg.Connection, fence: ShardLease) -> None:
-        if await db.fetchval(_FENCE, fence.shard_id, fence.owner, fence.token) is None:
-            raise StaleFence(fence.shard_id, fence.owner, fence.token)
+        await self._check_fences(db, [fence])
+
+    async def _check_fences(self, db: asyncpg.Connection, fences: Sequence[ShardLease]) -> None:
+        held = {
+            row["shard_id"]
+            for row in await db.fetch(
+                _FENCE, [f.shard_id for f in fences], [f.owner for f in fences], [f.token for f in fences]
+            )
+        }
+        for fence in fences:
+            if fence.shard_id not in held:
+                raise StaleFence(fence.shard_id, fence.owner, fence.token)
 
     # -- runs -----------------------------------------------------------------------------------
 
@@ -512,6 +535,7 @@ class PostgresStore:
                             $7::timestamptz[])
                      AS u(run_id, lease_token, outcome, error_code, error_message, started_at, finished_at)
                 WHERE a.run_id = u.run_id AND a.lease_token = u.lease_token
+                  AND (a.outcome IN ('pending', 'lease_expired') OR u.outcome <> 'superseded')
                 """,
                 *map(list, zip(*attempt_updates, strict=True)),
             )

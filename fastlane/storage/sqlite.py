@@ -335,9 +335,10 @@ class SQLiteStore:
             )
         return [codec.build_job(row) for row in rows]
 
-    async def materialise_runs(self, fence: ShardLease, occurrences: Sequence[Occurrence]) -> list[Run]:
+    async def materialise_runs(self, fences: Sequence[ShardLease], occurrences: Sequence[Occurrence]) -> list[Run]:
         async with self._transaction() as db:
-            await _check_fence(db, fence)
+            for fence in fences:
+                await _check_fence(db, fence)
             advanced = {
                 row["job_id"]
                 for row in await _all(
@@ -349,13 +350,13 @@ class SQLiteStore:
                     FROM (SELECT json_extract(value, '$[0]') AS job_id, json_extract(value, '$[1]') AS expected,
                                  json_extract(value, '$[2]') AS next_fire_at FROM json_each(?)) AS o
                     WHERE jobs.job_id = o.job_id AND jobs.next_fire_at = o.expected
-                      AND jobs.state = 'active' AND jobs.shard_id = ?
+                      AND jobs.state = 'active' AND jobs.shard_id IN (SELECT value FROM json_each(?))
                     RETURNING jobs.job_id
                     """,
                     (
                         _json((o.job_id, to_micros(o.expected_next_fire_at), _instant(o.next_fire_at))
                               for o in occurrences),
-                        fence.shard_id,
+                        _json_list(fence.shard_id for fence in fences),
                     ),
                 )
             }
@@ -423,6 +424,16 @@ class SQLiteStore:
             ]
             outcomes = await self._apply_results(db, {run.run_id: run for run in expired}, results, now)
         return [outcome.run for outcome in outcomes if outcome.run.state is RunState.SCHEDULED]
+
+    async def shards_with_expired_leases(self, shard_ids: Collection[int]) -> list[int]:
+        async with self._read() as db:
+            rows = await _all(
+                db,
+                f"SELECT DISTINCT shard_id FROM runs WHERE state IN ('dispatched', 'running') "
+                f"AND shard_id IN (SELECT value FROM json_each(?)) AND lease_expires_at < {NOW}",
+                (_json_list(shard_ids),),
+            )
+        return sorted(row["shard_id"] for row in rows)
 
     # -- runs -----------------------------------------------------------------------------------
 
@@ -553,7 +564,8 @@ class SQLiteStore:
         )
         await db.executemany(
             "UPDATE attempts SET outcome = ?, error_code = ?, error_message = ?, "
-            "started_at = coalesce(started_at, ?), finished_at = ? WHERE run_id = ? AND lease_token = ?",
+            "started_at = coalesce(started_at, ?), finished_at = ? WHERE run_id = ? AND lease_token = ? "
+            "AND (outcome IN ('pending', 'lease_expired') OR ?1 <> 'superseded')",
             attempt_updates,
         )
         return outcomes

@@ -62,7 +62,7 @@ async def materialise_job(store, leases, job_id: str):
     job = await store.get_job("default", job_id)
     now = await store.db_now()
     occurrence = plan_occurrence(job, now, now)
-    return await store.materialise_runs(leases[job.shard_id], [occurrence])
+    return await store.materialise_runs([leases[job.shard_id]], [occurrence])
 
 
 # -- migrations and jobs -----------------------------------------------------------------------
@@ -227,11 +227,29 @@ async def test_stale_token_cannot_materialise_runs(store, second_store):
     assert successor.token == stale.token + 1
     now = await store.db_now()
     with pytest.raises(StaleFence) as raised:
-        await store.materialise_runs(stale, [plan_occurrence(job, now, now)])
+        await store.materialise_runs([stale], [plan_occurrence(job, now, now)])
     assert raised.value.shard_id == job.shard_id and raised.value.token == stale.token
     unchanged = await store.get_job("default", job.job_id)
     assert unchanged.next_fire_at == job.next_fire_at and unchanged.state is JobState.ACTIVE
     assert (await store.list_runs("default", job_id=job.job_id)).items == []
+
+
+async def test_one_stale_fence_refuses_the_whole_batch(store, second_store):
+    leases = await own_all(store)
+    jobs = []
+    for index in range(8):
+        job, _ = await store.create_job(spec(f"multi-{index}"))
+        await due_now(store, job.job_id)
+        jobs.append(await store.get_job("default", job.job_id))
+    shards = sorted({job.shard_id for job in jobs})
+    assert len(shards) > 1
+    await store.release_shards([leases[shards[-1]]])
+    await second_store.acquire_shards("node-b", TTL, limit=1, shard_ids=[shards[-1]])
+    now = await store.db_now()
+    with pytest.raises(StaleFence) as raised:
+        await store.materialise_runs([leases[s] for s in shards], [plan_occurrence(j, now, now) for j in jobs])
+    assert raised.value.shard_id == shards[-1]
+    assert (await store.list_runs("default")).items == []
 
 
 async def test_stale_token_cannot_requeue_expired_runs(store, second_store):
@@ -255,7 +273,7 @@ async def test_racing_materialisations_create_exactly_one_run(store, second_stor
         by_shard.setdefault(job.shard_id, []).append(plan_occurrence(job, now, now))
     # Both connections believe they hold every shard (same owner and token): only the database decides.
     results = await asyncio.gather(*(
-        writer.materialise_runs(leases[shard_id], occurrences)
+        writer.materialise_runs([leases[shard_id]], occurrences)
         for shard_id, occurrences in by_shard.items()
         for writer in (store, second_store)
     ))
@@ -278,7 +296,7 @@ async def test_materialise_advances_next_fire_and_completes_one_shots(store):
     now = await store.db_now()
     again = Occurrence(job_id=job.job_id, expected_next_fire_at=run.scheduled_for, fire_times=(run.scheduled_for,),
                        next_fire_at=None)
-    assert await store.materialise_runs(leases[job.shard_id], [again]) == []
+    assert await store.materialise_runs([leases[job.shard_id]], [again]) == []
     assert now >= run.scheduled_for
 
 
@@ -291,7 +309,7 @@ async def test_skipped_occurrences_are_recorded_but_not_returned(store):
         job_id=job.job_id, expected_next_fire_at=start, fire_times=(start + timedelta(seconds=2),),
         skipped_times=(start, start + timedelta(seconds=1)), next_fire_at=start + timedelta(seconds=3),
     )
-    [fired] = await store.materialise_runs(leases[job.shard_id], [occurrence])
+    [fired] = await store.materialise_runs([leases[job.shard_id]], [occurrence])
     assert fired.scheduled_for == start + timedelta(seconds=2)
     skipped = await store.list_runs("default", job_id=job.job_id, states=[RunState.SKIPPED])
     assert sorted(run.scheduled_for for run in skipped.items) == [start, start + timedelta(seconds=1)]
@@ -382,6 +400,11 @@ async def test_a_superseded_result_is_recorded_but_does_not_change_the_run(store
     assert current.state is RunState.DISPATCHED and current.worker_id == "w2" and current.attempts == 2
     outcomes = [a.outcome for a in await store.list_attempts(run.run_id)]
     assert outcomes == [AttemptOutcome.SUPERSEDED, AttemptOutcome.PENDING]
+    # A result resent after it was recorded does not overwrite the outcome it recorded.
+    await store.record_results([AttemptResult(run_id=run.run_id, lease_token=2, outcome=AttemptOutcome.SUCCEEDED)])
+    await store.record_results([AttemptResult(run_id=run.run_id, lease_token=2, outcome=AttemptOutcome.SUCCEEDED)])
+    outcomes = [a.outcome for a in await store.list_attempts(run.run_id)]
+    assert outcomes == [AttemptOutcome.SUPERSEDED, AttemptOutcome.SUCCEEDED]
 
 
 async def test_manual_runs_use_their_run_id_as_idempotency_key(store):

@@ -1,0 +1,56 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class GetClusterRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ClusterStatus(_message.Message):
+    __slots__ = ("database_time", "nodes", "shards")
+    DATABASE_TIME_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    SHARDS_FIELD_NUMBER: _ClassVar[int]
+    database_time: _timestamp_pb2.Timestamp
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeStatus]
+    shards: _containers.RepeatedCompositeFieldContainer[ShardStatus]
+    def __init__(self, database_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., shards: _Optional[_Iterable[_Union[ShardStatus, _Mapping]]] = ...) -> None: ...
+
+class NodeStatus(_message.Message):
+    __slots__ = ("node_id", "address", "shards_owned", "workers_connected", "clock_offset_ms", "heap_size", "ready_runs", "ready")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    SHARDS_OWNED_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_OFFSET_MS_FIELD_NUMBER: _ClassVar[int]
+    HEAP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    READY_RUNS_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    address: str
+    shards_owned: int
+    workers_connected: int
+    clock_offset_ms: float
+    heap_size: int
+    ready_runs: int
+    ready: bool
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., shards_owned: _Optional[int] = ..., workers_connected: _Optional[int] = ..., clock_offset_ms: _Optional[float] = ..., heap_size: _Optional[int] = ..., ready_runs: _Optional[int] = ..., ready: _Optional[bool] = ...) -> None: ...
+
+class ShardStatus(_message.Message):
+    __slots__ = ("shard_id", "owner", "token", "lease_expires_at")
+    SHARD_ID_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    LEASE_EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    shard_id: int
+    owner: str
+    token: int
+    lease_expires_at: _timestamp_pb2.Timestamp
+    def __init__(self, shard_id: _Optional[int] = ..., owner: _Optional[str] = ..., token: _Optional[int] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...

@@ -1,0 +1,91 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from fastlane._proto import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class JobRef(_message.Message):
+    __slots__ = ("tenant", "job_id")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    job_id: str
+    def __init__(self, tenant: _Optional[str] = ..., job_id: _Optional[str] = ...) -> None: ...
+
+class CreateJobRequest(_message.Message):
+    __slots__ = ("spec",)
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    spec: _common_pb2.JobSpec
+    def __init__(self, spec: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ...) -> None: ...
+
+class CreateJobResponse(_message.Message):
+    __slots__ = ("job", "created")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    job: _common_pb2.Job
+    created: bool
+    def __init__(self, job: _Optional[_Union[_common_pb2.Job, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
+
+class ListJobsRequest(_message.Message):
+    __slots__ = ("tenant", "state", "job_type", "page_size", "page_token")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    JOB_TYPE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    state: str
+    job_type: str
+    page_size: int
+    page_token: str
+    def __init__(self, tenant: _Optional[str] = ..., state: _Optional[str] = ..., job_type: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListJobsResponse(_message.Message):
+    __slots__ = ("jobs", "next_page_token")
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.Job]
+    next_page_token: str
+    def __init__(self, jobs: _Optional[_Iterable[_Union[_common_pb2.Job, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class UpdateJobRequest(_message.Message):
+    __slots__ = ("job_id", "spec")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    spec: _common_pb2.JobSpec
+    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ...) -> None: ...
+
+class DeleteJobResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PreviewScheduleRequest(_message.Message):
+    __slots__ = ("schedule", "after", "count")
+    SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    schedule: _common_pb2.Schedule
+    after: _timestamp_pb2.Timestamp
+    count: int
+    def __init__(self, schedule: _Optional[_Union[_common_pb2.Schedule, _Mapping]] = ..., after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., count: _Optional[int] = ...) -> None: ...
+
+class FireTime(_message.Message):
+    __slots__ = ("utc", "local")
+    UTC_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_FIELD_NUMBER: _ClassVar[int]
+    utc: _timestamp_pb2.Timestamp
+    local: str
+    def __init__(self, utc: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., local: _Optional[str] = ...) -> None: ...
+
+class PreviewScheduleResponse(_message.Message):
+    __slots__ = ("fire_times",)
+    FIRE_TIMES_FIELD_NUMBER: _ClassVar[int]
+    fire_times: _containers.RepeatedCompositeFieldContainer[FireTime]
+    def __init__(self, fire_times: _Optional[_Iterable[_Union[FireTime, _Mapping]]] = ...) -> None: ...

@@ -1,0 +1,163 @@
+import datetime
+
+from google.protobuf import duration_pb2 as _duration_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class WorkerMessage(_message.Message):
+    __slots__ = ("hello", "credit", "heartbeats", "results")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    CREDIT_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEATS_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    hello: Hello
+    credit: CreditGrant
+    heartbeats: Heartbeats
+    results: Results
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., credit: _Optional[_Union[CreditGrant, _Mapping]] = ..., heartbeats: _Optional[_Union[Heartbeats, _Mapping]] = ..., results: _Optional[_Union[Results, _Mapping]] = ...) -> None: ...
+
+class Hello(_message.Message):
+    __slots__ = ("worker_id", "job_types", "credits", "tenant")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_TYPES_FIELD_NUMBER: _ClassVar[int]
+    CREDITS_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    job_types: _containers.RepeatedScalarFieldContainer[str]
+    credits: int
+    tenant: str
+    def __init__(self, worker_id: _Optional[str] = ..., job_types: _Optional[_Iterable[str]] = ..., credits: _Optional[int] = ..., tenant: _Optional[str] = ...) -> None: ...
+
+class CreditGrant(_message.Message):
+    __slots__ = ("credits",)
+    CREDITS_FIELD_NUMBER: _ClassVar[int]
+    credits: int
+    def __init__(self, credits: _Optional[int] = ...) -> None: ...
+
+class Heartbeats(_message.Message):
+    __slots__ = ("beats",)
+    BEATS_FIELD_NUMBER: _ClassVar[int]
+    beats: _containers.RepeatedCompositeFieldContainer[RunHeartbeat]
+    def __init__(self, beats: _Optional[_Iterable[_Union[RunHeartbeat, _Mapping]]] = ...) -> None: ...
+
+class RunHeartbeat(_message.Message):
+    __slots__ = ("run_id", "lease_token", "started", "progress", "checkpoint")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    STARTED_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    lease_token: int
+    started: bool
+    progress: float
+    checkpoint: bytes
+    def __init__(self, run_id: _Optional[str] = ..., lease_token: _Optional[int] = ..., started: _Optional[bool] = ..., progress: _Optional[float] = ..., checkpoint: _Optional[bytes] = ...) -> None: ...
+
+class Results(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[RunResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[RunResult, _Mapping]]] = ...) -> None: ...
+
+class RunResult(_message.Message):
+    __slots__ = ("run_id", "lease_token", "outcome", "error_code", "error_message", "started_at", "finished_at")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    lease_token: int
+    outcome: str
+    error_code: str
+    error_message: str
+    started_at: _timestamp_pb2.Timestamp
+    finished_at: _timestamp_pb2.Timestamp
+    def __init__(self, run_id: _Optional[str] = ..., lease_token: _Optional[int] = ..., outcome: _Optional[str] = ..., error_code: _Optional[str] = ..., error_message: _Optional[str] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class NodeMessage(_message.Message):
+    __slots__ = ("welcome", "assignments", "acks", "cancel")
+    WELCOME_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENTS_FIELD_NUMBER: _ClassVar[int]
+    ACKS_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    welcome: Welcome
+    assignments: Assignments
+    acks: ResultAcks
+    cancel: CancelRuns
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., assignments: _Optional[_Union[Assignments, _Mapping]] = ..., acks: _Optional[_Union[ResultAcks, _Mapping]] = ..., cancel: _Optional[_Union[CancelRuns, _Mapping]] = ...) -> None: ...
+
+class Welcome(_message.Message):
+    __slots__ = ("node_id", "heartbeat_interval")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    heartbeat_interval: _duration_pb2.Duration
+    def __init__(self, node_id: _Optional[str] = ..., heartbeat_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class Assignments(_message.Message):
+    __slots__ = ("assignments",)
+    ASSIGNMENTS_FIELD_NUMBER: _ClassVar[int]
+    assignments: _containers.RepeatedCompositeFieldContainer[Assignment]
+    def __init__(self, assignments: _Optional[_Iterable[_Union[Assignment, _Mapping]]] = ...) -> None: ...
+
+class Assignment(_message.Message):
+    __slots__ = ("run_id", "job_id", "job_type", "tenant", "attempt", "payload", "scheduled_for", "idempotency_key", "lease_token", "lease_ttl", "checkpoint", "timeout", "released_at")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_TYPE_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULED_FOR_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TTL_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_AT_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    job_id: str
+    job_type: str
+    tenant: str
+    attempt: int
+    payload: bytes
+    scheduled_for: _timestamp_pb2.Timestamp
+    idempotency_key: str
+    lease_token: int
+    lease_ttl: _duration_pb2.Duration
+    checkpoint: bytes
+    timeout: _duration_pb2.Duration
+    released_at: _timestamp_pb2.Timestamp
+    def __init__(self, run_id: _Optional[str] = ..., job_id: _Optional[str] = ..., job_type: _Optional[str] = ..., tenant: _Optional[str] = ..., attempt: _Optional[int] = ..., payload: _Optional[bytes] = ..., scheduled_for: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., lease_token: _Optional[int] = ..., lease_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., checkpoint: _Optional[bytes] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., released_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class ResultAcks(_message.Message):
+    __slots__ = ("acks",)
+    ACKS_FIELD_NUMBER: _ClassVar[int]
+    acks: _containers.RepeatedCompositeFieldContainer[ResultAck]
+    def __init__(self, acks: _Optional[_Iterable[_Union[ResultAck, _Mapping]]] = ...) -> None: ...
+
+class ResultAck(_message.Message):
+    __slots__ = ("run_id", "lease_token")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    lease_token: int
+    def __init__(self, run_id: _Optional[str] = ..., lease_token: _Optional[int] = ...) -> None: ...
+
+class CancelRuns(_message.Message):
+    __slots__ = ("runs", "reason")
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    runs: _containers.RepeatedCompositeFieldContainer[ResultAck]
+    reason: str
+    def __init__(self, runs: _Optional[_Iterable[_Union[ResultAck, _Mapping]]] = ..., reason: _Optional[str] = ...) -> None: ...

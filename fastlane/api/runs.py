@@ -1,0 +1,32 @@
+"""RunService: run history."""
+
+from __future__ import annotations
+
+import grpc
+
+from fastlane import wire
+from fastlane._proto import runs_pb2, runs_pb2_grpc
+from fastlane.api.guard import rpc, tenant_of
+from fastlane.models import RunState
+from fastlane.storage import Store
+
+
+class RunServicer(runs_pb2_grpc.RunServiceServicer):
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    @rpc
+    async def ListRuns(self, request: runs_pb2.ListRunsRequest, context: grpc.aio.ServicerContext) -> runs_pb2.ListRunsResponse:
+        states = [wire.enum_value(RunState, state, "states", RunState.SCHEDULED) for state in request.states]
+        page = await self._store.list_runs(
+            tenant_of(request.tenant), job_id=request.job_id or None, states=states,
+            limit=request.page_size or 100, page_token=request.page_token,
+        )
+        return runs_pb2.ListRunsResponse(runs=[wire.run_to_pb(run) for run in page.items],
+                                         next_page_token=page.next_page_token)
+
+    @rpc
+    async def GetRun(self, request: runs_pb2.RunRef, context: grpc.aio.ServicerContext) -> runs_pb2.RunDetail:
+        run = await self._store.get_run(tenant_of(request.tenant), request.run_id)
+        attempts = await self._store.list_attempts(run.run_id)
+        return runs_pb2.RunDetail(run=wire.run_to_pb(run), attempts=[wire.attempt_to_pb(a) for a in attempts])

@@ -1,0 +1,62 @@
+"""Build, start and stop a node's gRPC server with every service, health and reflection."""
+
+from __future__ import annotations
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from fastlane._proto import admin_pb2, admin_pb2_grpc, jobs_pb2, jobs_pb2_grpc, runs_pb2, runs_pb2_grpc
+from fastlane._proto import workers_pb2, workers_pb2_grpc
+from fastlane.api.admin import AdminServicer
+from fastlane.api.jobs import JobServicer
+from fastlane.api.runs import RunServicer
+from fastlane.api.workers import WorkerServicer
+from fastlane.errors import ConfigurationError
+
+SERVICE_NAMES = (
+    jobs_pb2.DESCRIPTOR.services_by_name["JobService"].full_name,
+    runs_pb2.DESCRIPTOR.services_by_name["RunService"].full_name,
+    workers_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name,
+    admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name,
+)
+
+
+class ApiServer:
+    """The gRPC face of a node. Health says NOT_SERVING until :meth:`set_ready`."""
+
+    def __init__(self, listen: str, *, jobs: JobServicer, runs: RunServicer, workers: WorkerServicer,
+                 admin: AdminServicer) -> None:
+        self._server = grpc.aio.server(options=[
+            ("grpc.keepalive_time_ms", 10_000),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+        ])
+        jobs_pb2_grpc.add_JobServiceServicer_to_server(jobs, self._server)
+        runs_pb2_grpc.add_RunServiceServicer_to_server(runs, self._server)
+        workers_pb2_grpc.add_WorkerServiceServicer_to_server(workers, self._server)
+        admin_pb2_grpc.add_AdminServiceServicer_to_server(admin, self._server)
+        self._health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+        reflection.enable_server_reflection((*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server)
+        try:
+            self.port = self._server.add_insecure_port(listen)
+        except RuntimeError as error:
+            raise ConfigurationError(f"cannot listen on {listen}: {error}") from error
+        if self.port == 0:
+            raise ConfigurationError(f"cannot listen on {listen}: the address is in use or invalid")
+
+    async def start(self) -> None:
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self._server.start()
+
+    async def set_ready(self, ready: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
+        await self._set_health(status)
+
+    async def _set_health(self, status: int) -> None:
+        for service in ("", *SERVICE_NAMES):
+            await self._health.set(service, status)
+
+    async def stop(self, grace: float) -> None:
+        await self._server.stop(grace)

@@ -1,0 +1,75 @@
+"""The one table mapping fastlane errors to gRPC status codes, and back for clients."""
+
+from __future__ import annotations
+
+import grpc
+
+from fastlane.errors import (
+    ConfigurationError,
+    Conflict,
+    FastlaneError,
+    InvalidArgument,
+    InvalidState,
+    JobAlreadyExists,
+    NotFound,
+    StaleFence,
+    StorageUnavailable,
+)
+
+# Most specific first: the first matching class decides.
+_TO_STATUS: tuple[tuple[type[FastlaneError], grpc.StatusCode], ...] = (
+    (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
+    (NotFound, grpc.StatusCode.NOT_FOUND),
+    (JobAlreadyExists, grpc.StatusCode.ALREADY_EXISTS),
+    (InvalidState, grpc.StatusCode.FAILED_PRECONDITION),
+    (Conflict, grpc.StatusCode.ABORTED),
+    (StorageUnavailable, grpc.StatusCode.UNAVAILABLE),
+    (StaleFence, grpc.StatusCode.UNAVAILABLE),
+    (ConfigurationError, grpc.StatusCode.FAILED_PRECONDITION),
+)
+
+
+def status_of(error: FastlaneError) -> grpc.StatusCode:
+    for kind, code in _TO_STATUS:
+        if isinstance(error, kind):
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+class RemoteError(FastlaneError):
+    """An error a daemon reported, with its gRPC status code."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        self.code = code
+        super().__init__(f"{code.name}: {message}")
+
+
+class RemoteNotFound(RemoteError):
+    pass
+
+
+class RemoteInvalidArgument(RemoteError):
+    pass
+
+
+class RemoteAlreadyExists(RemoteError):
+    pass
+
+
+class RemoteUnavailable(RemoteError):
+    pass
+
+
+_FROM_STATUS: dict[grpc.StatusCode, type[RemoteError]] = {
+    grpc.StatusCode.NOT_FOUND: RemoteNotFound,
+    grpc.StatusCode.INVALID_ARGUMENT: RemoteInvalidArgument,
+    grpc.StatusCode.ALREADY_EXISTS: RemoteAlreadyExists,
+    grpc.StatusCode.UNAVAILABLE: RemoteUnavailable,
+}
+
+
+def error_from_rpc(error: grpc.RpcError) -> RemoteError:
+    """The client-side exception for a failed call (keeps the daemon's message verbatim)."""
+    code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
+    details = error.details() if hasattr(error, "details") else str(error)
+    return _FROM_STATUS.get(code, RemoteError)(code, details or code.name)

@@ -1,0 +1,65 @@
+"""Daemon settings: one frozen value, validated once, shared by every component of a node."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from fastlane.errors import ConfigurationError
+
+DEFAULT_SERVER = "127.0.0.1:7070"
+DEFAULT_DB_URL = "sqlite:///fastlane.db"
+
+
+def default_node_id() -> str:
+    """The pod name in Kubernetes (HOSTNAME), else host name and process id."""
+    return os.environ.get("FASTLANE_NODE_ID") or f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Settings:
+    """How one node runs. Durations are timedeltas; the CLI converts from seconds."""
+
+    db_url: str = DEFAULT_DB_URL
+    listen: str = DEFAULT_SERVER
+    advertise: str | None = None  # the address other nodes and workers use; default: listen
+    node_id: str = field(default_factory=default_node_id)
+    metrics_listen: str | None = None
+    insecure: bool = False  # allow a non-loopback listen address without authentication
+    shard_count: int = 64
+    shard_lease_ttl: timedelta = timedelta(seconds=10)
+    window: timedelta = timedelta(seconds=10)  # how far ahead the heap holds due work
+    lead: timedelta = timedelta(milliseconds=250)  # how early runs are written before they are due
+    scan_interval: timedelta = timedelta(seconds=1)  # safety-net scan for work entering the window
+    max_batch: int = 2_000  # occurrences per materialisation transaction
+
+    def __post_init__(self) -> None:
+        host, _, port = self.listen.rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigurationError(f"--listen {self.listen!r}: expected HOST:PORT, e.g. 127.0.0.1:7070")
+        if not self.insecure and not _is_loopback(host):
+            raise ConfigurationError(
+                f"--listen {self.listen!r} is not a loopback address and no authentication is configured; "
+                "pass --insecure to listen on it anyway"
+            )
+        if self.lead >= self.window:
+            raise ConfigurationError("the materialisation lead must be shorter than the window")
+        if self.shard_count < 1:
+            raise ConfigurationError(f"shard count {self.shard_count} must be at least 1")
+
+    @property
+    def advertised_address(self) -> str:
+        return self.advertise or self.listen
+
+
+def _is_loopback(host: str) -> bool:
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

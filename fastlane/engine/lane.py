@@ -1,0 +1,300 @@
+"""The fast lane: the next window of due work in memory, written ahead, released on time.
+
+Two heaps keyed by time:
+
+- *planned*: jobs whose ``next_fire_at`` falls inside the window. Shortly before each is due
+  (the *lead*), the materialiser writes its runs in a fenced batch and advances the job.
+- *releasing*: runs already durable, waiting for their instant (or their retry time). The timer
+  sleeps until the earliest and hands every due run to the dispatcher: no database round trip
+  sits between a run's time and its release.
+
+The window is loaded per shard on acquisition; afterwards the loader reads only what *enters*
+the window (a watermark, ``horizon``), jobs changed through this node arrive by direct call, and
+a slower full scan is the safety net.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+import logging
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+from fastlane.clock import Clock
+from fastlane.config import Settings
+from fastlane.errors import StaleFence, StorageError
+from fastlane.metrics import Metrics
+from fastlane.models import Job, JobState, Run, ShardLease
+from fastlane.policies import plan_occurrence
+from fastlane.storage import Occurrence, Store
+
+log = logging.getLogger("fastlane.lane")
+
+FAR_FUTURE = datetime(9999, 1, 1, tzinfo=UTC)
+FULL_SCAN_EVERY = timedelta(seconds=30)
+EXPIRY_CHECK_EVERY = timedelta(seconds=1)
+RETRY_AFTER_STORAGE_ERROR = timedelta(milliseconds=500)
+
+class ShardView(Protocol):
+    def fence(self, shard_id: int) -> ShardLease | None: ...
+
+    def owned(self) -> list[int]: ...
+
+
+ShardStale = Callable[[int, str], None]
+Release = Callable[[list[Run]], None]
+
+
+class FastLane:
+    """Owns the in-memory window of the shards this node holds."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        settings: Settings,
+        clock: Clock,
+        metrics: Metrics,
+        shards: ShardView,
+        on_stale: ShardStale,
+        release: Release,
+    ) -> None:
+        self._store = store
+        self._settings = settings
+        self._clock = clock
+        self._metrics = metrics
+        self._fence = shards.fence
+        self._owned_shards = shards.owned
+        self._on_stale = on_stale
+        self._release = release
+        self._seq = itertools.count()
+        self._planned: list[tuple[datetime, int, Job]] = []
+        self._planned_at: dict[str, datetime] = {}  # the one live heap entry per job
+        self._releasing: list[tuple[datetime, int, Run]] = []
+        self._releasing_ids: set[str] = set()
+        # Jobs with next_fire_at before the horizon are in memory (or being loaded).
+        self._horizon = clock.now() + settings.window
+        self._plan_wake = asyncio.Event()
+        self._release_wake = asyncio.Event()
+        self._stopping = asyncio.Event()
+
+    # -- what the rest of the node tells the lane -----------------------------------------------
+
+    @property
+    def size(self) -> int:
+        return len(self._planned_at) + len(self._releasing_ids)
+
+    async def shards_acquired(self, leases: Sequence[ShardLease]) -> None:
+        """Rebuild the window of newly owned shards from the database."""
+        shard_ids = [lease.shard_id for lease in leases]
+        jobs = await self._store.load_due_jobs(shard_ids, self._horizon)
+        for job in jobs:
+            self._plan(job)
+        # Materialised but never delivered (or waiting for a retry): release them again.
+        runs = await self._store.pending_runs(shard_ids, FAR_FUTURE)
+        for run in runs:
+            self.schedule_run(run)
+        log.info("window rebuilt for %d shards: %d jobs due, %d runs pending", len(shard_ids), len(jobs), len(runs))
+
+    def shards_lost(self, shard_ids: Iterable[int]) -> None:
+        """Forget everything of these shards at once: another node fires them now."""
+        lost = set(shard_ids)
+        self._planned = [entry for entry in self._planned if entry[2].shard_id not in lost]
+        heapq.heapify(self._planned)
+        self._planned_at = {job.job_id: at for at, _, job in self._planned if self._planned_at.get(job.job_id) == at}
+        self._releasing = [entry for entry in self._releasing if entry[2].shard_id not in lost]
+        heapq.heapify(self._releasing)
+        self._releasing_ids = {run.run_id for _, _, run in self._releasing}
+        self._update_size()
+
+    def job_changed(self, job: Job) -> None:
+        """A job was created or changed through this node: take the change into the window now."""
+        if self._fence(job.shard_id) is None:
+            return
+        if job.state is JobState.ACTIVE and job.next_fire_at is not None and job.next_fire_at < self._horizon:
+            self._plan(job)
+        else:
+            self.job_removed(job.job_id)
+
+    def job_removed(self, job_id: str) -> None:
+        # The heap entry stays but is dead: it no longer matches _planned_at when popped.
+        self._planned_at.pop(job_id, None)
+        self._update_size()
+
+    def schedule_run(self, run: Run) -> None:
+        """Release ``run`` at its ``available_at`` (a trigger, a retry, a rebuilt run)."""
+        if run.run_id in self._releasing_ids or self._fence(run.shard_id) is None:
+            return
+        self._releasing_ids.add(run.run_id)
+        heapq.heappush(self._releasing, (run.available_at, next(self._seq), run))
+        if self._releasing[0][2] is run:
+            self._release_wake.set()
+        self._update_size()
+
+    def _plan(self, job: Job) -> None:
+        fire_at = job.next_fire_at
+        if fire_at is None or self._planned_at.get(job.job_id) == fire_at:
+            return
+        self._planned_at[job.job_id] = fire_at
+        heapq.heappush(self._planned, (fire_at, next(self._seq), job))
+        if self._planned[0][2] is job:
+            self._plan_wake.set()
+        self._update_size()
+
+    def _update_size(self) -> None:
+        self._metrics.heap_size.set(self.size)
+
+    # -- loops ----------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._timer_loop(), name="lane-timer")
+            group.create_task(self._materialise_loop(), name="lane-materialise")
+            group.create_task(self._load_loop(), name="lane-load")
+            group.create_task(self._expiry_loop(), name="lane-lease-expiry")
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._plan_wake.set()
+        self._release_wake.set()
+
+    async def _sleep(self, wake: asyncio.Event, seconds: float) -> None:
+        wake.clear()
+        if seconds <= 0 or self._stopping.is_set():
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await wake.wait()
+
+    async def _timer_loop(self) -> None:
+        """Release each run at its instant."""
+        while not self._stopping.is_set():
+            now = self._clock.now()
+            due: list[Run] = []
+            while self._releasing and self._releasing[0][0] <= now:
+                _, _, run = heapq.heappop(self._releasing)
+                self._releasing_ids.discard(run.run_id)
+                if self._fence(run.shard_id) is not None:
+                    due.append(run)
+            if due:
+                for run in due:
+                    self._metrics.trigger_lag.observe(max((now - run.available_at).total_seconds(), 0.0))
+                self._update_size()
+                self._release(due)
+                continue
+            delay = (self._releasing[0][0] - now).total_seconds() if self._releasing else 3600.0
+            await self._sleep(self._release_wake, delay)
+
+    async def _materialise_loop(self) -> None:
+        """Write runs a short lead before they are due, in fenced batches."""
+        lead = self._settings.lead
+        while not self._stopping.is_set():
+            now = self._clock.now()
+            batch = self._pop_planned(now + lead)
+            if batch:
+                await self._materialise(batch, now)
+                continue
+            delay = (self._planned[0][0] - lead - now).total_seconds() if self._planned else 3600.0
+            await self._sleep(self._plan_wake, delay)
+
+    def _pop_planned(self, cutoff: datetime) -> list[Job]:
+        batch: list[Job] = []
+        while self._planned and self._planned[0][0] <= cutoff and len(batch) < self._settings.max_batch:
+            fire_at, _, job = heapq.heappop(self._planned)
+            if self._planned_at.get(job.job_id) == fire_at:
+                del self._planned_at[job.job_id]
+                batch.append(job)
+        return batch
+
+    async def _materialise(self, jobs: list[Job], now: datetime) -> None:
+        by_shard: dict[int, list[Job]] = defaultdict(list)
+        for job in jobs:
+            by_shard[job.shard_id].append(job)
+        fences = [fence for shard_id in by_shard if (fence := self._fence(shard_id)) is not None]
+        jobs = [job for fence in fences for job in by_shard[fence.shard_id]]
+        if not jobs:
+            return
+        horizon = now + self._settings.lead
+        occurrences = [plan_occurrence(job, now, horizon) for job in jobs]
+        try:
+            runs = await self._store.materialise_runs(fences, occurrences)
+        except StaleFence as stale:
+            # Lost that shard; the others in the batch are still ours: try them again at once.
+            self._on_stale(stale.shard_id, str(stale))
+            for job in jobs:
+                if job.shard_id != stale.shard_id:
+                    self._plan(job)
+            return
+        except StorageError as error:
+            log.warning("materialisation of %d jobs failed, retrying: %s", len(jobs), error)
+            await self._sleep(self._stopping, RETRY_AFTER_STORAGE_ERROR.total_seconds())
+            for job in jobs:
+                self._plan(job)
+            return
+        self._metrics.materialised.inc(len(runs))
+        for run in runs:
+            self.schedule_run(run)
+        self._plan_next(jobs, occurrences)
+
+    def _plan_next(self, jobs: list[Job], occurrences: list[Occurrence]) -> None:
+        """Keep a recurring job in the window when its next occurrence falls inside it."""
+        for job, occurrence in zip(jobs, occurrences, strict=True):
+            upcoming = occurrence.next_fire_at
+            if upcoming is not None and upcoming < self._horizon and job.job_id not in self._planned_at:
+                self._plan(replace(job, next_fire_at=upcoming))
+
+    async def _load_loop(self) -> None:
+        """Read what enters the window; now and then rescan all of it as a safety net."""
+        interval = self._settings.scan_interval.total_seconds()
+        last_full_scan = self._clock.now()
+        while not self._stopping.is_set():
+            await self._sleep(self._stopping, interval)
+            owned = self._owned_shards()
+            if not owned or self._stopping.is_set():
+                continue
+            now = self._clock.now()
+            lower, upper = self._horizon, now + self._settings.window
+            full = now - last_full_scan >= FULL_SCAN_EVERY
+            # Claim the new horizon first: a materialisation that commits while this query runs
+            # plans its next occurrence itself when it falls before the claimed horizon.
+            self._horizon = max(upper, lower)
+            try:
+                jobs = await self._store.load_due_jobs(owned, self._horizon, at_or_after=None if full else lower)
+            except StorageError as error:
+                log.warning("window scan failed: %s", error)
+                self._horizon = lower
+                continue
+            if full:
+                last_full_scan = now
+            for job in jobs:
+                if self._fence(job.shard_id) is not None and job.job_id not in self._planned_at:
+                    self._plan(job)
+
+    async def _expiry_loop(self) -> None:
+        """Attempts whose worker stopped heartbeating go back to the queue (or die)."""
+        while not self._stopping.is_set():
+            await self._sleep(self._stopping, EXPIRY_CHECK_EVERY.total_seconds())
+            owned = self._owned_shards()
+            if not owned or self._stopping.is_set():
+                continue
+            try:
+                for shard_id in await self._store.shards_with_expired_leases(owned):
+                    fence = self._fence(shard_id)
+                    if fence is None:
+                        continue
+                    try:
+                        requeued = await self._store.requeue_expired(fence)
+                    except StaleFence as stale:
+                        self._on_stale(stale.shard_id, str(stale))
+                        continue
+                    self._metrics.lease_expiries.inc(len(requeued))
+                    for run in requeued:
+                        self.schedule_run(run)
+            except StorageError as error:
+                log.warning("lease expiry check failed: %s", error)

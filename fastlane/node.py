@@ -1,0 +1,188 @@
+"""The composition root: one node wires storage, shard ownership, fast lane, dispatcher and API.
+
+Start-up: migrate, start the API (health NOT_SERVING), acquire shards and rebuild their window,
+then report SERVING. Shutdown, on the first SIGTERM/SIGINT: NOT_SERVING, stop firing, make
+in-flight results durable and acknowledge them, stop the server, release the shards so a
+successor takes them at once. A second signal exits immediately.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from datetime import timedelta
+
+from fastlane._proto import admin_pb2
+from fastlane.api.admin import AdminServicer
+from fastlane.api.jobs import JobServicer
+from fastlane.api.runs import RunServicer
+from fastlane.api.server import ApiServer
+from fastlane.api.workers import WorkerServicer
+from fastlane.clock import Clock, SystemClock
+from fastlane.config import Settings
+from fastlane.engine.dispatch import Dispatcher
+from fastlane.engine.lane import FastLane
+from fastlane.engine.shards import ShardOwnership
+from fastlane.errors import FastlaneError
+from fastlane.metrics import Metrics
+from fastlane.models import Run
+from fastlane.storage import Store, open_store
+
+log = logging.getLogger("fastlane.node")
+
+HEARTBEAT_INTERVAL = timedelta(seconds=3)
+DRAIN_TIMEOUT = 5.0
+SERVER_GRACE = 2.0
+
+
+class Node:
+    """One fastlane daemon process."""
+
+    def __init__(self, settings: Settings, *, clock: Clock | None = None) -> None:
+        self.settings = settings
+        self.clock = clock or SystemClock()
+        self.metrics = Metrics()
+        self.ready = asyncio.Event()
+        self._stop = asyncio.Event()
+        self.port: int | None = None
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> None:
+        """Run until :meth:`request_stop`; raises if a component crashes."""
+        settings = self.settings
+        store = open_store(settings.db_url, shard_count=settings.shard_count)
+        try:
+            version = await store.migrate()
+            log.info("database %s at schema version %d", _redact(settings.db_url), version)
+            await self._run_with(store)
+        finally:
+            await store.close()
+
+    async def _run_with(self, store: Store) -> None:
+        settings, metrics = self.settings, self.metrics
+        lane: FastLane | None = None
+
+        def reschedule(run: Run) -> None:
+            if lane is not None:
+                lane.schedule_run(run)
+
+        dispatcher = Dispatcher(store, node_id=settings.node_id, clock=self.clock, metrics=metrics,
+                                reschedule=reschedule)
+
+        def shards_lost(shard_ids: list[int]) -> None:
+            if lane is not None:
+                lane.shards_lost(shard_ids)
+            dispatcher.drop_shards(shard_ids)
+
+        async def shards_acquired(leases: list) -> None:  # type: ignore[type-arg]
+            if lane is not None:
+                await lane.shards_acquired(leases)
+
+        ownership = ShardOwnership(store, node_id=settings.node_id, ttl=settings.shard_lease_ttl, metrics=metrics,
+                                   on_acquired=shards_acquired, on_lost=shards_lost)
+        lane = FastLane(store, settings=settings, clock=self.clock, metrics=metrics, shards=ownership,
+                        on_stale=ownership.lost, release=dispatcher.release)
+
+        def node_status() -> admin_pb2.NodeStatus:
+            return admin_pb2.NodeStatus(
+                node_id=settings.node_id, address=settings.advertised_address,
+                shards_owned=len(ownership.leases), workers_connected=dispatcher.workers_connected,
+                heap_size=lane.size, ready_runs=dispatcher.ready_depth, ready=self.ready.is_set(),
+            )
+
+        server = ApiServer(
+            settings.listen,
+            jobs=JobServicer(store, lane),
+            runs=RunServicer(store),
+            workers=WorkerServicer(dispatcher, node_id=settings.node_id, heartbeat_interval=HEARTBEAT_INTERVAL),
+            admin=AdminServicer(store, node_status),
+        )
+        self.port = server.port
+        if settings.metrics_listen:
+            metrics.serve(settings.metrics_listen)
+        await server.start()
+        log.info("node %s listening on %s", settings.node_id, settings.listen)
+        shards_ready = asyncio.Event()
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(ownership.run(shards_ready), name="shard-ownership")
+                group.create_task(lane.run(), name="fast-lane")
+                group.create_task(dispatcher.run(), name="dispatch-journal")
+                await _first_of(shards_ready, self._stop)
+                if not self._stop.is_set():
+                    await server.set_ready(True)
+                    self.ready.set()
+                    log.info("node %s ready: %d shards, %d in window", settings.node_id, len(ownership.leases), lane.size)
+                await self._stop.wait()
+                log.info("node %s stopping", settings.node_id)
+                await server.set_ready(False)
+                lane.stop()
+                await dispatcher.flush(DRAIN_TIMEOUT)
+                await server.stop(SERVER_GRACE)
+                dispatcher.stop()
+                await ownership.stop()
+        finally:
+            await server.stop(0)
+        log.info("node %s stopped", settings.node_id)
+
+
+async def _first_of(*events: asyncio.Event) -> None:
+    waiters = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+
+
+def _redact(url: str) -> str:
+    """A database URL without its password, for logs."""
+    scheme, sep, rest = url.partition("://")
+    credentials, at, host = rest.rpartition("@")
+    if not at or ":" not in credentials:
+        return url
+    return f"{scheme}{sep}{credentials.split(':', 1)[0]}:***@{host}"
+
+
+def serve(settings: Settings) -> int:
+    """Run a node in this process until SIGTERM/SIGINT; the exit code of the daemon."""
+    from fastlane import logs
+
+    logs.configure(os.environ.get("FASTLANE_LOG_LEVEL", "INFO"))
+    with contextlib.suppress(ImportError):
+        import uvloop
+
+        uvloop.install()
+    return asyncio.run(_serve(settings))
+
+
+async def _serve(settings: Settings) -> int:
+    node = Node(settings)
+    loop = asyncio.get_running_loop()
+    signals_seen = 0
+
+    def on_signal(signum: int) -> None:
+        nonlocal signals_seen
+        signals_seen += 1
+        if signals_seen > 1:
+            log.warning("second signal: exiting at once")
+            os._exit(1)
+        log.info("received %s: shutting down gracefully", signal.Signals(signum).name)
+        node.request_stop()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
+    try:
+        await node.run()
+    except FastlaneError as error:
+        log.error("node cannot run: %s", error)
+        return 1
+    except Exception:  # an ExceptionGroup from the task group lands here too
+        log.exception("node crashed")
+        return 1
+    return 0
