@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from functools import cache
+from functools import cache, lru_cache
 from itertools import islice
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
@@ -27,7 +27,8 @@ from fastlane.errors import ScheduleError, UnknownTimeZone
 from fastlane.models import Schedule, ScheduleKind
 
 MIN_INTERVAL = timedelta(milliseconds=100)
-ZERO = timedelta(0)
+_ZERO = timedelta(0)
+_MAX_FOLD = timedelta(hours=3)  # no fall-back since 1900 repeats more than 3 hours (Troll: 2)
 _EXAMPLE_AT = "write e.g. 2027-03-14T07:00:00Z"
 
 # -- time zones --------------------------------------------------------------------------------
@@ -106,12 +107,8 @@ _MONTHS = {m: i for i, m in enumerate("jan feb mar apr may jun jul aug sep oct n
 _WEEKDAYS = {d: i for i, d in enumerate("sun mon tue wed thu fri sat".split())}
 # (name, lowest, highest, names usable instead of numbers)
 _SPECS: tuple[tuple[str, int, int, dict[str, int]], ...] = (
-    ("second", 0, 59, {}),
-    ("minute", 0, 59, {}),
-    ("hour", 0, 23, {}),
-    ("day_of_month", 1, 31, {}),
-    ("month", 1, 12, _MONTHS),
-    ("day_of_week", 0, 7, _WEEKDAYS),  # 0 and 7 are both Sunday, as in Vixie cron
+    ("second", 0, 59, {}), ("minute", 0, 59, {}), ("hour", 0, 23, {}), ("day_of_month", 1, 31, {}),
+    ("month", 1, 12, _MONTHS), ("day_of_week", 0, 7, _WEEKDAYS),  # 0 and 7 are both Sunday, as in Vixie
 )
 _ITEM = re.compile(r"^(?:(\*)|([0-9a-z]+)(?:-([0-9a-z]+))?)(?:/(\d+))?$", re.IGNORECASE)
 _DAYS_IN_MONTH = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)  # February at its longest
@@ -178,6 +175,7 @@ def _expand(text: str, name: str, low: int, high: int, names: dict[str, int]) ->
     return values
 
 
+@lru_cache(maxsize=4096)  # the scheduler re-reads the same expressions on every fire
 def parse_cron(expr: str) -> CronExpr:
     """Parse and validate a cron expression.
 
@@ -195,12 +193,14 @@ def parse_cron(expr: str) -> CronExpr:
         text = _NICKNAMES[text.lower()]
     parts = text.split()
     if len(parts) not in (5, 6):
-        raise ScheduleError("cron", f"expected 5 fields (min hour dom month dow) or 6 with seconds first, got {len(parts)}")
+        expected = "expected 5 fields (min hour dom month dow) or 6 with seconds first"
+        raise ScheduleError("cron", f"{expected}, got {len(parts)}")
     fields = tuple(parts) if len(parts) == 6 else ("0", *parts)
     expanded = [_expand(f, *spec) for f, spec in zip(fields, _SPECS, strict=True)]
     # When day-of-week starts with "*" the day fields are ANDed (see CronExpr.iterator), so only
     # day-of-month picks days; refuse dates that never exist rather than never fire silently.
-    if fields[5].startswith("*") and not any(d <= _DAYS_IN_MONTH[m - 1] for d in expanded[3] for m in expanded[4]):
+    days, months = expanded[3], expanded[4]
+    if fields[5].startswith("*") and not any(d <= _DAYS_IN_MONTH[m - 1] for d in days for m in months):
         raise ScheduleError("cron", f"day_of_month {fields[3]!r} never occurs in month {fields[4]!r}")
     return CronExpr(text=text, fields=fields)  # type: ignore[arg-type]
 
@@ -222,25 +222,39 @@ def _transition(before: datetime, after: datetime, tz: ZoneInfo) -> datetime:
     return before + timedelta(seconds=high)
 
 
+def _scan_start(after: datetime, tz: ZoneInfo) -> datetime:
+    """The naive wall time after which candidates can fire strictly after ``after``."""
+    offset = after.astimezone(tz).utcoffset() or _ZERO
+    start = after + offset
+    if ((after + _MAX_FOLD).astimezone(tz).utcoffset() or _ZERO) < offset:
+        # The clock falls back soon. If after is in the first pass of the repeated wall times,
+        # their second pass (later in UTC) begins at wall times before after's own.
+        fall_back = _transition(after, after + _MAX_FOLD, tz)
+        repeat_start = fall_back + (fall_back.astimezone(tz).utcoffset() or _ZERO)
+        start = min(start, repeat_start - timedelta(seconds=1))
+    return start.replace(tzinfo=None)
+
+
 def _cron_instants(cron: CronExpr, tz: ZoneInfo, after: datetime) -> Iterator[datetime]:
     """Fire instants (UTC, strictly increasing) strictly after ``after``."""
-    # A wall-clock candidate c fires at c - offset(c) > after, so start at after + the smallest
-    # offset in play: otherwise the repeated hour's second pass could start before our start.
-    start = after + min((after + timedelta(days=d)).astimezone(tz).utcoffset() or ZERO for d in (0, 1))
     last = after
     second_pass: deque[datetime] = deque()  # fold=1 instants: later than every fold=0 one
+    # If after is itself in a second pass, that pass's first-pass instants are all behind it, so
+    # its fold=1 instants need not wait for the repeated hour to end.
+    in_second_pass = after.astimezone(tz).fold == 1
     try:
-        for candidate in cron.iterator(start.replace(tzinfo=None)):
+        for candidate in cron.iterator(_scan_start(after, tz)):
             first = candidate.replace(tzinfo=tz, fold=0).astimezone(UTC)
             second = candidate.replace(tzinfo=tz, fold=1).astimezone(UTC)
             if first < second:  # a repeated wall time (fall-back)
                 found = [first]
                 if cron.hour_is_wildcard:
-                    second_pass.append(second)
+                    (found if in_second_pass else second_pass).append(second)
             else:
                 # Past the repeated hour, so its second pass comes before this candidate.
                 found = list(second_pass)
                 second_pass.clear()
+                in_second_pass = False
                 if first == second:
                     found.append(first)
                 elif not cron.hour_is_wildcard:  # in a gap, where zoneinfo's folds map backwards
@@ -256,9 +270,7 @@ def _cron_instants(cron: CronExpr, tz: ZoneInfo, after: datetime) -> Iterator[da
 # -- schedules ---------------------------------------------------------------------------------
 
 _OWN_FIELDS = {
-    ScheduleKind.NOW: (),
-    ScheduleKind.AT: ("at",),
-    ScheduleKind.CRON: ("cron",),
+    ScheduleKind.NOW: (), ScheduleKind.AT: ("at",), ScheduleKind.CRON: ("cron",),
     ScheduleKind.INTERVAL: ("every", "anchor"),
 }
 
@@ -305,7 +317,7 @@ def _check_aware(value: datetime, name: str) -> None:
 def _interval_fires(s: Schedule, after: datetime) -> Iterator[datetime]:
     if s.anchor is None:
         raise ValueError("an interval schedule needs its anchor (the store sets it to created_at)")
-    if s.every is None or s.every <= ZERO:
+    if s.every is None or s.every <= _ZERO:
         raise ValueError(f"an interval schedule needs a positive 'every', got {s.every!r}")
     anchor = s.anchor.astimezone(UTC)
     # timedelta is exact integer microseconds, so anchor + k * every never drifts.
@@ -329,18 +341,13 @@ def _fires(s: Schedule, after: datetime) -> Iterator[datetime]:
 
 
 def next_fire_after(s: Schedule, after: datetime) -> datetime | None:
-    """The first fire time strictly after ``after``.
+    """The first fire time strictly after the aware ``after``, as aware UTC.
 
-    Args:
-        s: A valid schedule; an interval schedule must carry its anchor.
-        after: An aware instant.
-
-    Returns:
-        An aware UTC instant, or None for one-shot kinds (``now``, ``at``) and for cron
-        expressions that never fire again.
+    Returns None for one-shot kinds (``now``, ``at``) and for a cron expression that never fires
+    again.
 
     Raises:
-        ValueError: ``after`` is naive, or an interval schedule has no anchor.
+        ValueError: ``after`` is naive, or an interval schedule has no anchor (the store sets it).
     """
     if s.is_one_shot:
         return None

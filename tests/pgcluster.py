@@ -21,6 +21,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import glob
 import os
 import shutil
 import signal
@@ -107,11 +108,19 @@ def _tail(path: str, lines: int = _LOG_TAIL_LINES) -> str:
         return f"<no server log: {exc}>"
 
 
+def _find_bin_dir() -> str | None:
+    """None when initdb is on PATH; else Debian's versioned directory, newest first."""
+    if shutil.which("initdb"):
+        return None
+    candidates = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(p.split("/")[4]), reverse=True)
+    return os.path.dirname(candidates[0]) if candidates else None
+
+
 class ThrowawayPostgres:
     """A private PostgreSQL cluster in a temporary directory."""
 
     def __init__(self, *, bin_dir: str | None = None, start_timeout: int = 60) -> None:
-        self._bin_dir = bin_dir
+        self._bin_dir = bin_dir or _find_bin_dir()
         self._start_timeout = start_timeout
         self._as_root = os.geteuid() == 0
         self.base_dir: str | None = None

@@ -195,7 +195,7 @@ class Dispatcher:
         self._lease_ttls[(run.run_id, token)] = run.lease_ttl
         self._journal.dispatches.append(Dispatch(
             run_id=run.run_id, lease_token=token, worker_id=session.worker_id, node_id=self._node_id,
-            lease_ttl=run.lease_ttl,
+            lease_ttl=run.lease_ttl, dispatched_at=now,
         ))
         self._wake_journal()
         self._metrics.dispatch_lag.observe(max((now - run.available_at).total_seconds(), 0.0))

@@ -55,6 +55,7 @@ class Dispatch:
     worker_id: str
     node_id: str
     lease_ttl: timedelta
+    dispatched_at: datetime  # when the node sent it; the journal may write it a little later
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -423,14 +423,14 @@ class PostgresStore:
                     SET state = 'dispatched', attempts = r.attempts + 1, lease_token = d.lease_token,
                         lease_expires_at = clock_timestamp() + d.ttl_us * interval '1 microsecond',
                         worker_id = d.worker_id, updated_at = clock_timestamp(),
-                        first_attempt_at = coalesce(r.first_attempt_at, clock_timestamp())
-                    FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::bigint[])
-                         AS d(run_id, lease_token, worker_id, node_id, ttl_us)
+                        first_attempt_at = coalesce(r.first_attempt_at, d.dispatched_at)
+                    FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::bigint[], $6::timestamptz[])
+                         AS d(run_id, lease_token, worker_id, node_id, ttl_us, dispatched_at)
                     WHERE r.run_id = d.run_id AND r.state = 'scheduled'
-                    RETURNING r.run_id, r.attempts, d.lease_token, d.worker_id, d.node_id
+                    RETURNING r.run_id, r.attempts, d.lease_token, d.worker_id, d.node_id, d.dispatched_at
                 )
                 INSERT INTO attempts (run_id, attempt, lease_token, worker_id, node_id, outcome, dispatched_at)
-                SELECT run_id, attempts, lease_token, worker_id, node_id, 'pending', clock_timestamp() FROM started
+                SELECT run_id, attempts, lease_token, worker_id, node_id, 'pending', dispatched_at FROM started
                 RETURNING *
                 """,
                 [d.run_id for d in dispatches],
@@ -438,6 +438,7 @@ class PostgresStore:
                 [d.worker_id for d in dispatches],
                 [d.node_id for d in dispatches],
                 [common.micros_of_delta(d.lease_ttl) for d in dispatches],
+                [d.dispatched_at for d in dispatches],
             )
         return [codec.build_attempt(row) for row in rows]
 

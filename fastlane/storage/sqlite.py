@@ -467,23 +467,27 @@ class SQLiteStore:
                 UPDATE runs
                 SET state = 'dispatched', attempts = runs.attempts + 1, lease_token = d.lease_token,
                     lease_expires_at = {NOW} + d.ttl_us, worker_id = d.worker_id, updated_at = {NOW},
-                    first_attempt_at = coalesce(runs.first_attempt_at, {NOW})
+                    first_attempt_at = coalesce(runs.first_attempt_at, d.dispatched_at)
                 FROM (SELECT json_extract(value, '$[0]') AS run_id, json_extract(value, '$[1]') AS lease_token,
-                             json_extract(value, '$[2]') AS worker_id, json_extract(value, '$[3]') AS ttl_us
+                             json_extract(value, '$[2]') AS worker_id, json_extract(value, '$[3]') AS ttl_us,
+                             json_extract(value, '$[4]') AS dispatched_at
                       FROM json_each(?)) AS d
                 WHERE runs.run_id = d.run_id AND runs.state = 'scheduled'
                 RETURNING runs.run_id, runs.attempts, runs.lease_token, runs.worker_id
                 """,
-                (_json((d.run_id, d.lease_token, d.worker_id, common.micros_of_delta(d.lease_ttl)) for d in dispatches),),
+                (_json((d.run_id, d.lease_token, d.worker_id, common.micros_of_delta(d.lease_ttl), to_micros(d.dispatched_at))
+                       for d in dispatches),),
             )
-            node_of = {d.run_id: d.node_id for d in dispatches}
+            sent = {d.run_id: d for d in dispatches}
             rows = []
             for run in started:
+                dispatch = sent[run["run_id"]]
                 rows.append(await _one(
                     db,
-                    f"INSERT INTO attempts (run_id, attempt, lease_token, worker_id, node_id, outcome, dispatched_at) "
-                    f"VALUES (?, ?, ?, ?, ?, 'pending', {NOW}) RETURNING *",
-                    (run["run_id"], run["attempts"], run["lease_token"], run["worker_id"], node_of[run["run_id"]]),
+                    "INSERT INTO attempts (run_id, attempt, lease_token, worker_id, node_id, outcome, dispatched_at) "
+                    "VALUES (?, ?, ?, ?, ?, 'pending', ?) RETURNING *",
+                    (run["run_id"], run["attempts"], run["lease_token"], run["worker_id"], dispatch.node_id,
+                     to_micros(dispatch.dispatched_at)),
                 ))
         return [codec.build_attempt(row) for row in rows]
 

@@ -23,6 +23,7 @@ from fastlane.storage import AttemptResult, Dispatch, Heartbeat, Occurrence, ope
 
 SHARDS = 4
 TTL = timedelta(seconds=30)
+NOW = datetime.now(UTC)
 
 
 @pytest.fixture
@@ -331,9 +332,10 @@ async def scheduled_run(store, **changes):
 async def test_dispatch_then_success_records_one_attempt(store):
     _, run = await scheduled_run(store)
     [attempt] = await store.record_dispatches(
-        [Dispatch(run_id=run.run_id, lease_token=11, worker_id="w1", node_id="n1", lease_ttl=TTL)]
+        [Dispatch(run_id=run.run_id, lease_token=11, worker_id="w1", node_id="n1", lease_ttl=TTL, dispatched_at=NOW)]
     )
     assert attempt.attempt == 1 and attempt.outcome is AttemptOutcome.PENDING and attempt.worker_id == "w1"
+    assert attempt.dispatched_at == NOW  # the send time, not the time the journal wrote it
     assert await store.record_heartbeats(
         [Heartbeat(run_id=run.run_id, lease_token=11, lease_ttl=TTL, progress=0.5, checkpoint=b"cp", started=True)]
     ) == []
@@ -351,8 +353,8 @@ async def test_dispatch_then_success_records_one_attempt(store):
 
 async def test_a_run_already_dispatched_is_not_dispatched_twice(store):
     _, run = await scheduled_run(store)
-    first = Dispatch(run_id=run.run_id, lease_token=1, worker_id="w1", node_id="n1", lease_ttl=TTL)
-    second = Dispatch(run_id=run.run_id, lease_token=2, worker_id="w2", node_id="n2", lease_ttl=TTL)
+    first = Dispatch(run_id=run.run_id, lease_token=1, worker_id="w1", node_id="n1", lease_ttl=TTL, dispatched_at=NOW)
+    second = Dispatch(run_id=run.run_id, lease_token=2, worker_id="w2", node_id="n2", lease_ttl=TTL, dispatched_at=NOW)
     assert len(await store.record_dispatches([first])) == 1
     assert await store.record_dispatches([second]) == []
     assert await store.record_heartbeats([Heartbeat(run_id=run.run_id, lease_token=2, lease_ttl=TTL)]) == [run.run_id]
@@ -360,7 +362,7 @@ async def test_a_run_already_dispatched_is_not_dispatched_twice(store):
 
 async def test_retryable_failure_reschedules_and_permanent_failure_kills(store):
     _, run = await scheduled_run(store, retry=RetryPolicy(max_attempts=2, backoff_base=timedelta(seconds=2)))
-    await store.record_dispatches([Dispatch(run_id=run.run_id, lease_token=1, worker_id="w", node_id="n", lease_ttl=TTL)])
+    await store.record_dispatches([Dispatch(run_id=run.run_id, lease_token=1, worker_id="w", node_id="n", lease_ttl=TTL, dispatched_at=NOW)])
     [failed] = await store.record_results([AttemptResult(
         run_id=run.run_id, lease_token=1, outcome=AttemptOutcome.FAILED, error_code="boom", error_message="it broke")])
     assert failed.run.state is RunState.SCHEDULED and failed.run.last_error == "it broke"
@@ -368,7 +370,7 @@ async def test_retryable_failure_reschedules_and_permanent_failure_kills(store):
     assert failed.run.available_at <= now + timedelta(seconds=2)
     pending = await store.pending_runs(range(SHARDS), now + timedelta(seconds=3))
     assert [p.run_id for p in pending] == [run.run_id]
-    await store.record_dispatches([Dispatch(run_id=run.run_id, lease_token=2, worker_id="w", node_id="n", lease_ttl=TTL)])
+    await store.record_dispatches([Dispatch(run_id=run.run_id, lease_token=2, worker_id="w", node_id="n", lease_ttl=TTL, dispatched_at=NOW)])
     [dead] = await store.record_results([AttemptResult(
         run_id=run.run_id, lease_token=2, outcome=AttemptOutcome.FAILED, error_message="again")])
     assert dead.run.state is RunState.DEAD
@@ -379,7 +381,7 @@ async def test_retryable_failure_reschedules_and_permanent_failure_kills(store):
 
 async def test_permanent_failure_goes_straight_to_dead(store):
     _, run = await scheduled_run(store)
-    await store.record_dispatches([Dispatch(run_id=run.run_id, lease_token=1, worker_id="w", node_id="n", lease_ttl=TTL)])
+    await store.record_dispatches([Dispatch(run_id=run.run_id, lease_token=1, worker_id="w", node_id="n", lease_ttl=TTL, dispatched_at=NOW)])
     [outcome] = await store.record_results([AttemptResult(
         run_id=run.run_id, lease_token=1, outcome=AttemptOutcome.PERMANENT_FAILURE, error_message="bad input")])
     assert outcome.run.state is RunState.DEAD and outcome.run.attempts == 1
@@ -388,11 +390,11 @@ async def test_permanent_failure_goes_straight_to_dead(store):
 async def test_a_superseded_result_is_recorded_but_does_not_change_the_run(store):
     leases, run = await scheduled_run(store)
     await store.record_dispatches([Dispatch(run_id=run.run_id, lease_token=1, worker_id="w1", node_id="n",
-                                            lease_ttl=timedelta(milliseconds=200))])
+                                            lease_ttl=timedelta(milliseconds=200), dispatched_at=NOW)])
     await asyncio.sleep(0.3)
     requeued = await store.requeue_expired(leases[run.shard_id])
     assert [r.run_id for r in requeued] == [run.run_id] and requeued[0].state is RunState.SCHEDULED
-    await store.record_dispatches([Dispatch(run_id=run.run_id, lease_token=2, worker_id="w2", node_id="n", lease_ttl=TTL)])
+    await store.record_dispatches([Dispatch(run_id=run.run_id, lease_token=2, worker_id="w2", node_id="n", lease_ttl=TTL, dispatched_at=NOW)])
     [late] = await store.record_results(
         [AttemptResult(run_id=run.run_id, lease_token=1, outcome=AttemptOutcome.SUCCEEDED)])
     assert not late.accepted

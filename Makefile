@@ -1,0 +1,43 @@
+# Every target sets up its own virtual environment (.venv) first: a fresh clone needs only
+# Python 3.11+, pip, git, make and, for the PostgreSQL tests, the PostgreSQL server binaries.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install demo test test-fast chaos proto proto-check bench-spread bench-burst clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## demo: a daemon on SQLite, a demo worker and demo jobs; prints each run with its trigger lag
+demo: $(STAMP)
+	$(BIN)/fastlane demo
+
+## test: the whole suite, SQLite and PostgreSQL (a throwaway cluster unless FASTLANE_TEST_PG_DSN is set)
+test: $(STAMP) proto-check
+	$(BIN)/python -m pytest
+
+## test-fast: everything but the end-to-end process tests
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not e2e and not chaos"
+
+## chaos: only the long failure-injection tests
+chaos: $(STAMP)
+	$(BIN)/python -m pytest -m chaos
+
+## proto: regenerate fastlane/_proto from proto/
+proto: $(STAMP)
+	$(BIN)/python scripts/gen_proto.py
+
+proto-check: $(STAMP)
+	$(BIN)/python scripts/gen_proto.py --check
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,151 @@
+"""Flags shared by several commands, and turning their text into domain values.
+
+Values whose *form* argparse can check (numbers, choices) are checked by argparse: a mistake there
+is a usage error (exit 2). Values that need domain knowledge (instants, zones, cron, JSON) are
+parsed here and raise :class:`~fastlane.errors.InvalidArgument` (exit 1), naming the flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from datetime import datetime, timedelta
+
+import orjson
+
+from fastlane.config import DEFAULT_SERVER
+from fastlane.errors import InvalidArgument, ScheduleError
+from fastlane.models import DEFAULT_TENANT, Schedule
+from fastlane.schedules import parse_at, validate_schedule, zone
+
+SERVER_ENV = "FASTLANE_SERVER"
+
+
+class UsageError(Exception):
+    """A combination of flags that makes no sense; reported like an argparse error (exit 2)."""
+
+
+def default_server() -> str:
+    """The daemon address used when ``--server`` is not given: $FASTLANE_SERVER, else the default."""
+    return os.environ.get(SERVER_ENV) or DEFAULT_SERVER
+
+
+# -- argparse value types --------------------------------------------------------------------
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} must be a positive number of seconds")
+    return value
+
+
+# -- shared flag groups ------------------------------------------------------------------------
+
+
+def client_flags() -> argparse.ArgumentParser:
+    """A parent parser with the flags of every command that talks to a daemon."""
+    parent = argparse.ArgumentParser(add_help=False)
+    group = parent.add_argument_group("daemon connection")
+    group.add_argument(
+        "--server",
+        metavar="HOST:PORT",
+        default=default_server(),
+        help=f"address of a fastlane daemon (default: ${SERVER_ENV}, else {DEFAULT_SERVER})",
+    )
+    group.add_argument("--tenant", default=DEFAULT_TENANT, help=f"tenant to act for (default: {DEFAULT_TENANT})")
+    group.add_argument(
+        "--rpc-timeout",
+        metavar="SECONDS",
+        type=positive_seconds,
+        default=10.0,
+        help="give up on the daemon after this many seconds (default: 10)",
+    )
+    return parent
+
+
+def json_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON (for scripts) instead of text")
+
+
+def add_schedule_flags(parser: argparse.ArgumentParser, *, allow_now: bool, tz_help: str, anchor_default: str) -> None:
+    """``--now | --at | --cron [--tz] | --every [--anchor]``: exactly one kind is required."""
+    kinds = parser.add_argument_group("schedule (exactly one)").add_mutually_exclusive_group(required=True)
+    if allow_now:
+        kinds.add_argument("--now", action="store_true", help="fire once, as soon as possible")
+    kinds.add_argument("--at", metavar="RFC3339", help="fire once at this instant, e.g. 2027-03-14T07:00:00Z")
+    kinds.add_argument(
+        "--cron",
+        metavar="EXPR",
+        help='cron expression: 5 fields, 6 with seconds first, or @daily etc., e.g. "30 2 * * *"',
+    )
+    kinds.add_argument(
+        "--every", metavar="SECONDS", type=positive_seconds, help="fire repeatedly, this many seconds apart"
+    )
+    parser.add_argument("--tz", metavar="ZONE", help=tz_help)
+    parser.add_argument(
+        "--anchor",
+        metavar="RFC3339",
+        help=f"with --every: the instant the interval counts from (default: {anchor_default})",
+    )
+
+
+def schedule_from_flags(args: argparse.Namespace, *, tz_is_display_only: bool = False) -> Schedule:
+    """The schedule the flags describe, validated.
+
+    Args:
+        args: Parsed flags from :func:`add_schedule_flags`.
+        tz_is_display_only: ``--tz`` may go with any kind because it only chooses the zone in
+            which times are shown (preview); otherwise it belongs to ``--cron`` alone.
+    """
+    if args.anchor is not None and args.every is None:
+        raise UsageError("--anchor only goes with --every")
+    if args.tz is not None and args.cron is None and not tz_is_display_only:
+        raise UsageError("--tz only goes with --cron (fire times of --at and --every do not depend on a zone)")
+    if args.tz is not None:
+        zone(args.tz)  # names the zone in the error, before anything else is looked at
+    if getattr(args, "now", False):
+        schedule = Schedule.now()
+    elif args.at is not None:
+        schedule = Schedule.at_instant(instant_flag(args.at, "--at"))
+    elif args.cron is not None:
+        schedule = Schedule.cron_expr(args.cron, args.tz or "UTC")
+    else:
+        anchor = instant_flag(args.anchor, "--anchor") if args.anchor is not None else None
+        schedule = Schedule.interval(timedelta(seconds=args.every), anchor)
+    validate_schedule(schedule)
+    return schedule
+
+
+def instant_flag(text: str, flag: str) -> datetime:
+    """An RFC 3339 instant given to ``flag``, as aware UTC."""
+    try:
+        return parse_at(text)
+    except ScheduleError as error:
+        raise InvalidArgument(flag, error.problem) from None
+
+
+def json_payload(text: str | None) -> bytes:
+    """The bytes of ``--payload``: its UTF-8 text, once it is known to be valid JSON."""
+    if text is None:
+        return b""
+    try:
+        orjson.loads(text)
+    except orjson.JSONDecodeError as error:
+        raise InvalidArgument(
+            "--payload", f'is not valid JSON ({error}); e.g. --payload \'{{"to": "a@b.c"}}\''
+        ) from None
+    return text.encode()

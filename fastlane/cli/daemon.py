@@ -1,0 +1,162 @@
+"""``fastlane serve``, ``fastlane worker`` and ``fastlane migrate``: the long-running processes.
+
+The node and the worker are imported only when their command runs, so client commands start
+fast and do not depend on the daemon's modules.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import inspect
+import os
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from fastlane.cli.arguments import SERVER_ENV, UsageError, positive_int
+from fastlane.config import DEFAULT_DB_URL, DEFAULT_SERVER, Settings, default_node_id
+from fastlane.storage.base import DEFAULT_SHARD_COUNT, open_store
+
+
+def register(commands: Any) -> None:
+    """Add ``serve``, ``worker`` and ``migrate`` to the top-level subparsers."""
+    serve = commands.add_parser(
+        "serve",
+        help="run a fastlane node (the daemon)",
+        description=(
+            "Run a fastlane node. With no options: SQLite in the working directory, every shard, loopback only."
+        ),
+    )
+    _add_db_flag(serve)
+    serve.add_argument(
+        "--listen",
+        metavar="HOST:PORT",
+        default=DEFAULT_SERVER,
+        help=f"address of the gRPC API (default: {DEFAULT_SERVER})",
+    )
+    serve.add_argument(
+        "--advertise",
+        metavar="HOST:PORT",
+        help="address other nodes and workers use to reach this node (default: the --listen address)",
+    )
+    serve.add_argument(
+        "--node-id", metavar="ID", help="unique name of this node (default: $FASTLANE_NODE_ID, else host name and pid)"
+    )
+    serve.add_argument("--metrics", metavar="HOST:PORT", help="serve Prometheus metrics on this address (default: off)")
+    serve.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow listening on a non-loopback address although no authentication is configured",
+    )
+    serve.add_argument(
+        "--shards",
+        metavar="N",
+        type=positive_int,
+        default=DEFAULT_SHARD_COUNT,
+        help=f"number of shards; every node of a cluster must agree (default: {DEFAULT_SHARD_COUNT})",
+    )
+    serve.set_defaults(handler=serve_node, command_parser=serve)
+
+    worker = commands.add_parser(
+        "worker",
+        help="run a worker process for handlers defined in Python",
+        description="Run a worker: connect to the daemons and execute runs with the handlers of MODULE:ATTR.",
+    )
+    worker.add_argument("target", metavar="MODULE:ATTR", help="the Worker object to run, e.g. myapp.tasks:worker")
+    worker.add_argument(
+        "--server",
+        dest="servers",
+        metavar="HOST:PORT",
+        action="append",
+        help=f"a node to connect to; repeat for every node (default: ${SERVER_ENV}, else the worker's own list)",
+    )
+    worker.add_argument(
+        "--concurrency",
+        metavar="N",
+        type=positive_int,
+        help="most runs in flight per node stream (default: the worker's own setting)",
+    )
+    worker.set_defaults(handler=run_worker, command_parser=worker)
+
+    migrate = commands.add_parser(
+        "migrate",
+        help="create or upgrade the database schema",
+        description="Apply pending schema migrations, then exit. `fastlane serve` also does this at start-up.",
+    )
+    _add_db_flag(migrate)
+    migrate.set_defaults(handler=migrate_schema, command_parser=migrate)
+
+
+def _add_db_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--db",
+        metavar="URL",
+        default=DEFAULT_DB_URL,
+        help=f"database: sqlite:///path/to/file.db or postgresql://user@host/db (default: {DEFAULT_DB_URL})",
+    )
+
+
+def serve_node(args: argparse.Namespace) -> int:
+    settings = Settings(
+        db_url=args.db,
+        listen=args.listen,
+        advertise=args.advertise,
+        node_id=args.node_id or default_node_id(),
+        metrics_listen=args.metrics,
+        insecure=args.insecure,
+        shard_count=args.shards,
+    )
+    from fastlane.node import serve
+
+    return _finish(serve(settings))
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    module, _, attribute = args.target.partition(":")
+    if not module or not attribute:
+        raise UsageError(f"worker target {args.target!r} must be MODULE:ATTR, e.g. myapp.tasks:worker")
+    from fastlane.worker import run_worker_cli
+
+    # Flags, then $FASTLANE_SERVER, override what the Worker object was built with.
+    servers = args.servers or ([os.environ[SERVER_ENV]] if os.environ.get(SERVER_ENV) else [])
+    return _finish(run_worker_cli(args.target, servers, args.concurrency))
+
+
+def migrate_schema(args: argparse.Namespace) -> int:
+    async def migrate() -> int:
+        store = open_store(args.db)
+        try:
+            return await store.migrate()
+        finally:
+            await store.close()
+
+    version = asyncio.run(migrate())
+    print(f"schema at version {version} ({redact(args.db)})")
+    return 0
+
+
+def _finish(outcome: Any) -> int:
+    """The exit code of an entry point that may be synchronous or a coroutine to run."""
+    if inspect.isawaitable(outcome):
+        outcome = _run_fast(outcome)
+    return int(outcome or 0)
+
+
+def _run_fast(awaitable: Any) -> Any:
+    # uvloop: lower timer and socket overhead for the long-running processes; it is a declared
+    # dependency, but a missing wheel should not stop a node from starting.
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(awaitable)
+    return uvloop.run(awaitable)
+
+
+def redact(url: str) -> str:
+    """The URL without its password, fit for printing."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))

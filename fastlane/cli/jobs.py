@@ -1,0 +1,285 @@
+"""``fastlane jobs …``: create, inspect, pause, resume, delete and trigger jobs; preview schedules."""
+
+from __future__ import annotations
+
+import argparse
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from fastlane.cli.arguments import (
+    add_schedule_flags,
+    client_flags,
+    instant_flag,
+    json_flag,
+    json_payload,
+    positive_int,
+    positive_seconds,
+    schedule_from_flags,
+)
+from fastlane.cli.output import note, print_fields, print_json, print_table
+from fastlane.cli.remote import collect_pages, run_remote
+from fastlane.cli.views import describe_schedule, job_fields, job_view, run_view
+from fastlane.client import Client
+from fastlane.errors import InvalidArgument
+from fastlane.models import (
+    Delivery,
+    Job,
+    JobSpec,
+    JobState,
+    MisfireKind,
+    MisfirePolicy,
+    OverlapPolicy,
+    RetryPolicy,
+    validate_spec,
+)
+from fastlane.schedules import local_time, preview
+from fastlane.wire import rfc3339
+
+MAX_PREVIEW = 1000
+
+
+def register(commands: Any) -> None:
+    """Add ``jobs`` and its subcommands to the top-level subparsers."""
+    jobs = commands.add_parser("jobs", help="create and manage jobs", description="Create and manage jobs.")
+    actions = jobs.add_subparsers(dest="action", required=True, metavar="ACTION")
+    remote = client_flags()
+
+    create = actions.add_parser(
+        "create",
+        parents=[remote],
+        help="create a job (idempotent on tenant and name)",
+        description="Create a job. Creating the same name with the same spec again returns the existing job.",
+    )
+    create.add_argument("--name", required=True, help="job name, unique within the tenant")
+    create.add_argument(
+        "--type", dest="job_type", metavar="TYPE", required=True, help="job type; routes runs to workers handling it"
+    )
+    add_schedule_flags(
+        create,
+        allow_now=True,
+        tz_help="with --cron: IANA time zone, e.g. Europe/Paris (default: UTC)",
+        anchor_default="when the job is stored",
+    )
+    _add_policy_flags(create)
+    json_flag(create)
+    create.set_defaults(handler=create_job, command_parser=create)
+
+    listing = actions.add_parser("list", parents=[remote], help="list jobs", description="List the tenant's jobs.")
+    listing.add_argument(
+        "--state",
+        metavar="STATE",
+        choices=[state.value for state in JobState],
+        help=f"only jobs in this state ({', '.join(state.value for state in JobState)})",
+    )
+    listing.add_argument("--type", dest="job_type", metavar="TYPE", help="only jobs of this type")
+    listing.add_argument(
+        "--limit", metavar="N", type=positive_int, default=100, help="show at most this many jobs (default: 100)"
+    )
+    json_flag(listing)
+    listing.set_defaults(handler=list_jobs, command_parser=listing)
+
+    for name, summary in (
+        ("get", "show one job"),
+        ("pause", "stop a job firing until it is resumed"),
+        ("resume", "resume a paused job (missed times follow its misfire policy)"),
+        ("delete", "delete a job (its runs stay in history; queued ones are cancelled)"),
+        ("trigger", "run a job once, now, outside its schedule"),
+    ):
+        action = actions.add_parser(
+            name, parents=[remote], help=summary, description=summary[0].upper() + summary[1:] + "."
+        )
+        action.add_argument("job_id", metavar="JOB_ID", help="id of the job")
+        json_flag(action)
+        action.set_defaults(handler=act_on_job, command_parser=action)
+
+    preview_parser = actions.add_parser(
+        "preview",
+        help="show the next fire times of a schedule (computed locally, no daemon needed)",
+        description="Show the next fire times of a schedule in UTC and local time, without creating anything.",
+    )
+    add_schedule_flags(
+        preview_parser,
+        allow_now=False,
+        tz_help="IANA time zone: of the --cron expression, and of the local column (default: UTC)",
+        anchor_default="the --after instant",
+    )
+    preview_parser.add_argument(
+        "--after", metavar="RFC3339", help="list times strictly after this instant (default: now)"
+    )
+    preview_parser.add_argument(
+        "--count",
+        metavar="N",
+        type=positive_int,
+        default=5,
+        help=f"how many fire times to show, at most {MAX_PREVIEW} (default: 5)",
+    )
+    json_flag(preview_parser)
+    preview_parser.set_defaults(handler=preview_schedule, command_parser=preview_parser)
+
+
+def _add_policy_flags(parser: argparse.ArgumentParser) -> None:
+    policies = parser.add_argument_group("payload and policies")
+    policies.add_argument("--payload", metavar="JSON", help="JSON document handed to the worker, e.g. '{\"id\": 7}'")
+    policies.add_argument(
+        "--priority", metavar="N", type=int, default=0, help="higher runs first, -1000..1000 (default: 0)"
+    )
+    policies.add_argument("--concurrency-key", metavar="KEY", help="runs sharing this key never run at the same time")
+    policies.add_argument(
+        "--max-attempts",
+        metavar="N",
+        type=positive_int,
+        help=f"attempts before a run is dead (default: {RetryPolicy().max_attempts})",
+    )
+    policies.add_argument(
+        "--misfire",
+        choices=[kind.value for kind in MisfireKind],
+        help="what to do with times missed while nothing could fire them (default: fire_once)",
+    )
+    policies.add_argument(
+        "--overlap",
+        choices=[policy.value for policy in OverlapPolicy],
+        help="what to do when a run is due while the previous one is still going (default: allow)",
+    )
+    policies.add_argument(
+        "--delivery", choices=[kind.value for kind in Delivery], help="delivery guarantee (default: at_least_once)"
+    )
+    policies.add_argument(
+        "--timeout",
+        metavar="SECONDS",
+        type=positive_seconds,
+        help="an attempt running longer is timed out (default: none)",
+    )
+    policies.add_argument(
+        "--lease-ttl",
+        metavar="SECONDS",
+        type=positive_seconds,
+        help="how long a worker may go without a heartbeat before its attempt is lost (default: 30)",
+    )
+
+
+# -- create ------------------------------------------------------------------------------------
+
+
+def spec_from_flags(args: argparse.Namespace) -> JobSpec:
+    """The job spec ``jobs create`` sends, validated locally so mistakes need no daemon to report."""
+    # Flags left out keep the model's defaults, so the CLI and the SDK create identical jobs.
+    options: dict[str, Any] = {}
+    if args.max_attempts is not None:
+        options["retry"] = RetryPolicy(max_attempts=args.max_attempts)
+    if args.misfire is not None:
+        options["misfire"] = MisfirePolicy(kind=MisfireKind(args.misfire))
+    if args.overlap is not None:
+        options["overlap"] = OverlapPolicy(args.overlap)
+    if args.delivery is not None:
+        options["delivery"] = Delivery(args.delivery)
+    if args.timeout is not None:
+        options["timeout"] = timedelta(seconds=args.timeout)
+    if args.lease_ttl is not None:
+        options["lease_ttl"] = timedelta(seconds=args.lease_ttl)
+    spec = JobSpec(
+        tenant=args.tenant,
+        name=args.name,
+        job_type=args.job_type,
+        schedule=schedule_from_flags(args),
+        payload=json_payload(args.payload),
+        priority=args.priority,
+        concurrency_key=args.concurrency_key,
+        **options,
+    )
+    return validate_spec(spec)
+
+
+def create_job(args: argparse.Namespace) -> int:
+    spec = spec_from_flags(args)  # before connecting: a bad flag never costs a round trip
+
+    async def create(client: Client) -> int:
+        job, created = await client.create_job(spec)
+        if args.json:
+            print_json({"created": created, **job_view(job)})
+        elif created:
+            print(f"created job {job.job_id} ({job.name}), next fire at {rfc3339(job.next_fire_at) or '-'}")
+        else:
+            print(f"job {job.job_id} ({job.name}) already exists with this spec; nothing changed")
+        return 0
+
+    return run_remote(args, create)
+
+
+# -- list and single-job actions ---------------------------------------------------------------
+
+JOB_COLUMNS = ("JOB_ID", "NAME", "TYPE", "STATE", "SCHEDULE", "NEXT_FIRE_AT")
+
+
+def _job_row(job: Job) -> tuple[Any, ...]:
+    return (job.job_id, job.name, job.job_type, job.state.value, describe_schedule(job.spec.schedule), job.next_fire_at)
+
+
+def list_jobs(args: argparse.Namespace) -> int:
+    async def collect(client: Client) -> int:
+        jobs, more = await collect_pages(
+            lambda size, token: client.list_jobs(
+                state=args.state, job_type=args.job_type, page_size=size, page_token=token
+            ),
+            args.limit,
+        )
+        if args.json:
+            print_json([job_view(job) for job in jobs])
+            return 0
+        print_table(JOB_COLUMNS, [_job_row(job) for job in jobs])
+        if more:
+            note(f"(showing the first {args.limit} jobs; raise --limit to see more)")
+        return 0
+
+    return run_remote(args, collect)
+
+
+def act_on_job(args: argparse.Namespace) -> int:
+    """``get``, ``pause``, ``resume``, ``delete`` and ``trigger``: one job by id."""
+
+    async def act(client: Client) -> int:
+        if args.action == "trigger":
+            run = await client.trigger_job(args.job_id)
+            if args.json:
+                print_json(run_view(run))
+            else:
+                print(f"triggered run {run.run_id} of job {run.job_id}, scheduled for {rfc3339(run.scheduled_for)}")
+            return 0
+        if args.action == "delete":
+            await client.delete_job(args.job_id)
+            if args.json:
+                print_json({"job_id": args.job_id, "deleted": True})
+            else:
+                print(f"deleted job {args.job_id}")
+            return 0
+        fetch = {"get": client.get_job, "pause": client.pause_job, "resume": client.resume_job}[args.action]
+        job = await fetch(args.job_id)
+        if args.json:
+            print_json(job_view(job))
+        elif args.action == "get":
+            print_fields(job_fields(job))
+        else:
+            next_fire = rfc3339(job.next_fire_at) or "-"
+            print(f"{args.action}d job {job.job_id} ({job.name}): now {job.state.value}, next fire at {next_fire}")
+        return 0
+
+    return run_remote(args, act)
+
+
+# -- preview -----------------------------------------------------------------------------------
+
+
+def preview_schedule(args: argparse.Namespace) -> int:
+    """Next fire times, computed here with :mod:`fastlane.schedules` exactly as a node would."""
+    schedule = schedule_from_flags(args, tz_is_display_only=True)
+    if args.count > MAX_PREVIEW:
+        raise InvalidArgument("--count", f"{args.count} is over the limit of {MAX_PREVIEW}")
+    after = instant_flag(args.after, "--after") if args.after is not None else datetime.now(UTC)
+    display_zone = args.tz or "UTC"
+    fires = [(utc, local_time(utc, display_zone)) for utc in preview(schedule, after, args.count)]
+    if args.json:
+        print_json([{"utc": rfc3339(utc), "local": local.isoformat()} for utc, local in fires])
+        return 0
+    print_table(("UTC", f"LOCAL ({display_zone})"), [(rfc3339(utc), local.isoformat()) for utc, local in fires])
+    if not fires:
+        note(f"(this schedule fires no more times after {rfc3339(after)})")
+    return 0

@@ -1,0 +1,130 @@
+"""``fastlane runs …``: what fired, when, where, and how it ended."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from fastlane.cli.arguments import client_flags, json_flag, positive_int
+from fastlane.cli.output import note, print_fields, print_json, print_table
+from fastlane.cli.remote import collect_pages, run_remote
+from fastlane.cli.views import attempt_view, run_view
+from fastlane.client import Client
+from fastlane.models import Run, RunState
+
+# Long error texts would stretch every row of the table; `runs get` shows them whole.
+TABLE_ERROR_WIDTH = 60
+
+
+def register(commands: Any) -> None:
+    """Add ``runs`` and its subcommands to the top-level subparsers."""
+    remote = client_flags()
+    runs = commands.add_parser("runs", help="inspect run history", description="Inspect run history.")
+    actions = runs.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    listing = actions.add_parser(
+        "list", parents=[remote], help="list runs, newest first", description="List runs, newest scheduled time first."
+    )
+    listing.add_argument("--job", dest="job_id", metavar="JOB_ID", help="only runs of this job")
+    listing.add_argument(
+        "--state",
+        dest="states",
+        metavar="STATE",
+        action="append",
+        choices=[state.value for state in RunState],
+        help=f"only runs in this state; repeat for several ({', '.join(state.value for state in RunState)})",
+    )
+    listing.add_argument(
+        "--limit", metavar="N", type=positive_int, default=100, help="show at most this many runs (default: 100)"
+    )
+    json_flag(listing)
+    listing.set_defaults(handler=list_runs, command_parser=listing)
+
+    get = actions.add_parser(
+        "get", parents=[remote], help="show one run and its attempts", description="Show one run and its attempts."
+    )
+    get.add_argument("run_id", metavar="RUN_ID", help="id of the run")
+    json_flag(get)
+    get.set_defaults(handler=get_run, command_parser=get)
+
+
+def _shorten(text: str | None, width: int) -> str | None:
+    if text is None or len(text) <= width:
+        return text
+    return text[: width - 1] + "…"
+
+
+def _run_row(run: Run) -> tuple[Any, ...]:
+    return (
+        run.run_id,
+        run.job_id,
+        run.scheduled_for,
+        run.state.value,
+        run.attempts,
+        run.worker_id,
+        run.finished_at,
+        _shorten(run.last_error, TABLE_ERROR_WIDTH),
+    )
+
+
+def list_runs(args: argparse.Namespace) -> int:
+    async def collect(client: Client) -> int:
+        runs, more = await collect_pages(
+            lambda size, token: client.list_runs(
+                job_id=args.job_id, states=args.states or (), page_size=size, page_token=token
+            ),
+            args.limit,
+        )
+        if args.json:
+            print_json([run_view(run) for run in runs])
+            return 0
+        print_table(
+            ("RUN_ID", "JOB_ID", "SCHEDULED_FOR", "STATE", "ATTEMPTS", "WORKER", "FINISHED_AT", "LAST_ERROR"),
+            [_run_row(run) for run in runs],
+        )
+        if more:
+            note(f"(showing the newest {args.limit} runs; raise --limit to see more)")
+        return 0
+
+    return run_remote(args, collect)
+
+
+def get_run(args: argparse.Namespace) -> int:
+    async def show(client: Client) -> int:
+        run, attempts = await client.get_run(args.run_id)
+        if args.json:
+            print_json({**run_view(run), "attempts": [attempt_view(attempt) for attempt in attempts]})
+            return 0
+        print_fields(run_view(run).items())
+        if attempts:
+            print()
+            print_table(
+                (
+                    "ATTEMPT",
+                    "WORKER",
+                    "NODE",
+                    "OUTCOME",
+                    "DISPATCHED_AT",
+                    "STARTED_AT",
+                    "FINISHED_AT",
+                    "ERROR_CODE",
+                    "ERROR_MESSAGE",
+                ),
+                [
+                    (
+                        attempt.attempt,
+                        attempt.worker_id,
+                        attempt.node_id,
+                        attempt.outcome.value,
+                        attempt.dispatched_at,
+                        attempt.started_at,
+                        attempt.finished_at,
+                        attempt.error_code,
+                        attempt.error_message,
+                    )
+                    for attempt in attempts
+                ],
+            )
+        return 0
+
+    return run_remote(args, show)

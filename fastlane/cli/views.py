@@ -1,0 +1,197 @@
+"""JSON-ready views of jobs, runs, attempts and the cluster, as the CLI prints them.
+
+Instants are RFC 3339 strings with ``Z`` for UTC, durations are seconds, enumerations their values.
+"""
+
+from __future__ import annotations
+
+import base64
+from datetime import timedelta
+from typing import Any
+
+import orjson
+
+from fastlane._proto import admin_pb2
+from fastlane.models import Attempt, Job, Run, Schedule, ScheduleKind
+from fastlane.wire import instant, rfc3339
+
+
+def seconds(delta: timedelta | None) -> float | None:
+    return None if delta is None else delta.total_seconds()
+
+
+def schedule_view(schedule: Schedule) -> dict[str, Any]:
+    view: dict[str, Any] = {"kind": schedule.kind.value}
+    if schedule.kind is ScheduleKind.AT:
+        view["at"] = rfc3339(schedule.at)
+    elif schedule.kind is ScheduleKind.CRON:
+        view.update(cron=schedule.cron, timezone=schedule.timezone)
+    elif schedule.kind is ScheduleKind.INTERVAL:
+        view.update(every_seconds=seconds(schedule.every), anchor=rfc3339(schedule.anchor))
+    return view
+
+
+def describe_schedule(schedule: Schedule) -> str:
+    """One short line for tables: ``cron "30 2 * * *" America/New_York``, ``every 60s``..."""
+    if schedule.kind is ScheduleKind.AT:
+        return f"at {rfc3339(schedule.at)}"
+    if schedule.kind is ScheduleKind.CRON:
+        return f'cron "{schedule.cron}" {schedule.timezone}'
+    if schedule.kind is ScheduleKind.INTERVAL:
+        anchor = f" from {rfc3339(schedule.anchor)}" if schedule.anchor else ""
+        return f"every {format_seconds(schedule.every)}{anchor}"
+    return "now"
+
+
+def format_seconds(delta: timedelta | None) -> str | None:
+    if delta is None:
+        return None
+    return f"{delta.total_seconds():g}s"
+
+
+def payload_view(payload: bytes) -> dict[str, Any]:
+    """The payload as JSON when it is JSON (what the CLI and SDK send), else as base64."""
+    if not payload:
+        return {"payload": None}
+    try:
+        return {"payload": orjson.loads(payload)}
+    except orjson.JSONDecodeError:
+        return {"payload": None, "payload_base64": base64.b64encode(payload).decode()}
+
+
+def job_view(job: Job) -> dict[str, Any]:
+    spec = job.spec
+    return {
+        "job_id": job.job_id,
+        "tenant": spec.tenant,
+        "name": spec.name,
+        "job_type": spec.job_type,
+        "state": job.state.value,
+        "schedule": schedule_view(spec.schedule),
+        "next_fire_at": rfc3339(job.next_fire_at),
+        **payload_view(spec.payload),
+        "priority": spec.priority,
+        "concurrency_key": spec.concurrency_key,
+        "retry": {
+            "max_attempts": spec.retry.max_attempts,
+            "max_retry_time_seconds": seconds(spec.retry.max_retry_time),
+            "backoff_base_seconds": seconds(spec.retry.backoff_base),
+            "backoff_cap_seconds": seconds(spec.retry.backoff_cap),
+        },
+        "misfire": {
+            "kind": spec.misfire.kind.value,
+            "grace_seconds": seconds(spec.misfire.grace),
+            "fire_all_cap": spec.misfire.fire_all_cap,
+        },
+        "overlap": spec.overlap.value,
+        "delivery": spec.delivery.value,
+        "timeout_seconds": seconds(spec.timeout),
+        "lease_ttl_seconds": seconds(spec.lease_ttl),
+        "created_at": rfc3339(job.created_at),
+        "updated_at": rfc3339(job.updated_at),
+        "version": job.version,
+        "shard_id": job.shard_id,
+    }
+
+
+def job_fields(job: Job) -> list[tuple[str, Any]]:
+    """The rows of ``fastlane jobs get``."""
+    spec = job.spec
+    retry, misfire = spec.retry, spec.misfire
+    budget = f", within {format_seconds(retry.max_retry_time)}" if retry.max_retry_time else ""
+    return [
+        ("job_id", job.job_id),
+        ("name", spec.name),
+        ("tenant", spec.tenant),
+        ("type", spec.job_type),
+        ("state", job.state.value),
+        ("schedule", describe_schedule(spec.schedule)),
+        ("next_fire_at", job.next_fire_at),
+        ("payload", spec.payload.decode(errors="replace") if spec.payload else None),
+        ("priority", spec.priority),
+        ("concurrency_key", spec.concurrency_key),
+        (
+            "retry",
+            f"{retry.max_attempts} attempts, backoff {format_seconds(retry.backoff_base)}"
+            f"..{format_seconds(retry.backoff_cap)}{budget}",
+        ),
+        (
+            "misfire",
+            f"{misfire.kind.value} (grace {format_seconds(misfire.grace)}, fire_all cap {misfire.fire_all_cap})",
+        ),
+        ("overlap", spec.overlap.value),
+        ("delivery", spec.delivery.value),
+        ("timeout", format_seconds(spec.timeout)),
+        ("lease_ttl", format_seconds(spec.lease_ttl)),
+        ("created_at", job.created_at),
+        ("updated_at", job.updated_at),
+        ("version", job.version),
+        ("shard_id", job.shard_id),
+    ]
+
+
+def run_view(run: Run) -> dict[str, Any]:
+    return {
+        "run_id": run.run_id,
+        "job_id": run.job_id,
+        "tenant": run.tenant,
+        "job_type": run.job_type,
+        "scheduled_for": rfc3339(run.scheduled_for),
+        "available_at": rfc3339(run.available_at),
+        "state": run.state.value,
+        "attempts": run.attempts,
+        "manual": run.manual,
+        "worker_id": run.worker_id,
+        "progress": run.progress,
+        "last_error": run.last_error,
+        "created_at": rfc3339(run.created_at),
+        "finished_at": rfc3339(run.finished_at),
+        "idempotency_key": run.idempotency_key,
+        "shard_id": run.shard_id,
+    }
+
+
+def attempt_view(attempt: Attempt) -> dict[str, Any]:
+    return {
+        "attempt": attempt.attempt,
+        "worker_id": attempt.worker_id,
+        "node_id": attempt.node_id,
+        "outcome": attempt.outcome.value,
+        "dispatched_at": rfc3339(attempt.dispatched_at),
+        "started_at": rfc3339(attempt.started_at),
+        "finished_at": rfc3339(attempt.finished_at),
+        "error_code": attempt.error_code,
+        "error_message": attempt.error_message,
+    }
+
+
+def _pb_instant(message: Any, name: str) -> str | None:
+    return rfc3339(instant(getattr(message, name), message.HasField(name)))
+
+
+def cluster_view(status: admin_pb2.ClusterStatus) -> dict[str, Any]:
+    return {
+        "database_time": _pb_instant(status, "database_time"),
+        "nodes": [
+            {
+                "node_id": node.node_id,
+                "address": node.address,
+                "ready": node.ready,
+                "shards_owned": node.shards_owned,
+                "workers_connected": node.workers_connected,
+                "clock_offset_ms": node.clock_offset_ms,
+                "heap_size": node.heap_size,
+                "ready_runs": node.ready_runs,
+            }
+            for node in status.nodes
+        ],
+        "shards": [
+            {
+                "shard_id": shard.shard_id,
+                "owner": shard.owner or None,
+                "token": shard.token,
+                "lease_expires_at": _pb_instant(shard, "lease_expires_at"),
+            }
+            for shard in status.shards
+        ],
+    }

@@ -1,0 +1,309 @@
+"""The async client SDK: define jobs and read their history from a fastlane daemon.
+
+Example::
+
+    async with Client("127.0.0.1:7070", tenant="acme") as client:
+        job = await client.create("nightly-report", "report.build", Schedule.cron_expr("0 3 * * *", "Europe/Paris"))
+        async for job in client.iter_jobs(state="active"):
+            print(job.name, job.next_fire_at)
+
+Every method returns domain models (:mod:`fastlane.models`); a failed call raises the
+:class:`~fastlane.api.status.RemoteError` subclass matching its gRPC status code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass, fields, replace
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any, Final, TypeVar
+
+import grpc
+import orjson
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from fastlane import wire
+from fastlane._proto import admin_pb2, admin_pb2_grpc, jobs_pb2, jobs_pb2_grpc, runs_pb2, runs_pb2_grpc
+from fastlane.api.status import error_from_rpc
+from fastlane.config import DEFAULT_SERVER
+from fastlane.models import DEFAULT_TENANT, Attempt, Job, JobSpec, JobState, Run, RunState, Schedule
+from fastlane.storage.base import Page
+
+R = TypeVar("R")
+
+# Reconnect quickly after a daemon restart instead of backing off for up to two minutes (the gRPC
+# default), so a CLI call or wait_ready right after `fastlane serve` starts does not stall.
+_CHANNEL_OPTIONS: Final = (
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1_000),
+)
+
+# Keyword arguments of Client.create that go straight into the JobSpec.
+_POLICY_FIELDS: Final = frozenset(f.name for f in fields(JobSpec)) - {
+    "name",
+    "job_type",
+    "schedule",
+    "tenant",
+    "payload",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class _Stubs:
+    jobs: jobs_pb2_grpc.JobServiceStub
+    runs: runs_pb2_grpc.RunServiceStub
+    admin: admin_pb2_grpc.AdminServiceStub
+    health: health_pb2_grpc.HealthStub
+
+
+class Client:
+    """A connection to one fastlane daemon, scoped to one tenant.
+
+    Use it as an async context manager, or call :meth:`close` when done. The channel is opened
+    on first use and shared by every call.
+
+    Args:
+        server: ``HOST:PORT`` of a daemon.
+        tenant: Every request is made for this tenant; it replaces the tenant of specs passed in.
+        timeout: Deadline of each call, in seconds.
+    """
+
+    def __init__(self, server: str = DEFAULT_SERVER, *, tenant: str = DEFAULT_TENANT, timeout: float = 10.0) -> None:
+        self.server = server
+        self.tenant = tenant
+        self.timeout = timeout
+        self._channel: grpc.aio.Channel | None = None
+        self._stubs: _Stubs | None = None
+
+    async def __aenter__(self) -> Client:
+        self._connect()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the channel. Safe to call twice, or without having made a call."""
+        channel, self._channel, self._stubs = self._channel, None, None
+        if channel is not None:
+            await channel.close()
+
+    # -- jobs -----------------------------------------------------------------------------------
+
+    async def create_job(self, spec: JobSpec) -> tuple[Job, bool]:
+        """Create a job, idempotent on ``(tenant, name)``.
+
+        Returns:
+            The job, and True if it was created or False if an identical one already existed.
+
+        Raises:
+            RemoteAlreadyExists: A job of that name exists with a different spec.
+            RemoteInvalidArgument: The spec is not valid; the message names the field.
+        """
+        request = jobs_pb2.CreateJobRequest(spec=wire.spec_to_pb(self._own(spec)))
+        response = await self._call(self._connect().jobs.CreateJob, request)
+        return wire.job_from_pb(response.job), response.created
+
+    async def create(
+        self, name: str, job_type: str, schedule: Schedule, *, payload: Any = None, **policies: Any
+    ) -> Job:
+        """Create a job from its parts; see :meth:`create_job`.
+
+        Args:
+            name: Unique within the tenant.
+            job_type: Routes runs to workers that declared this type.
+            schedule: When the job fires.
+            payload: Bytes are sent as they are; any other value is encoded as JSON; None sends
+                no payload.
+            **policies: Other :class:`~fastlane.models.JobSpec` fields: ``priority``,
+                ``concurrency_key``, ``retry``, ``misfire``, ``overlap``, ``delivery``,
+                ``timeout``, ``lease_ttl``.
+        """
+        unknown = set(policies) - _POLICY_FIELDS
+        if unknown:
+            raise TypeError(f"unknown job option(s) {sorted(unknown)}; expected some of {sorted(_POLICY_FIELDS)}")
+        spec = JobSpec(
+            tenant=self.tenant,
+            name=name,
+            job_type=job_type,
+            schedule=schedule,
+            payload=encode_payload(payload),
+            **policies,
+        )
+        job, _ = await self.create_job(spec)
+        return job
+
+    async def get_job(self, job_id: str) -> Job:
+        """The job with this id. Raises RemoteNotFound if there is none in the tenant."""
+        return wire.job_from_pb(await self._call(self._connect().jobs.GetJob, self._job_ref(job_id)))
+
+    async def list_jobs(
+        self,
+        *,
+        state: JobState | str | None = None,
+        job_type: str | None = None,
+        page_size: int = 100,
+        page_token: str = "",
+    ) -> Page[Job]:
+        """One page of the tenant's jobs; pass ``next_page_token`` back for the next one."""
+        request = jobs_pb2.ListJobsRequest(
+            tenant=self.tenant,
+            state=str(state or ""),
+            job_type=job_type or "",
+            page_size=page_size,
+            page_token=page_token,
+        )
+        response = await self._call(self._connect().jobs.ListJobs, request)
+        return Page(items=[wire.job_from_pb(job) for job in response.jobs], next_page_token=response.next_page_token)
+
+    async def iter_jobs(
+        self, *, state: JobState | str | None = None, job_type: str | None = None, page_size: int = 100
+    ) -> AsyncIterator[Job]:
+        """Every job of the tenant matching the filters, fetching pages as needed."""
+        page_token = ""
+        while True:
+            page = await self.list_jobs(state=state, job_type=job_type, page_size=page_size, page_token=page_token)
+            for job in page.items:
+                yield job
+            if not page.next_page_token:
+                return
+            page_token = page.next_page_token
+
+    async def update_job(self, job_id: str, spec: JobSpec) -> Job:
+        """Replace a job's whole spec; its tenant and name cannot change."""
+        request = jobs_pb2.UpdateJobRequest(job_id=job_id, spec=wire.spec_to_pb(self._own(spec)))
+        return wire.job_from_pb(await self._call(self._connect().jobs.UpdateJob, request))
+
+    async def pause_job(self, job_id: str) -> Job:
+        """Stop a job firing until it is resumed."""
+        return wire.job_from_pb(await self._call(self._connect().jobs.PauseJob, self._job_ref(job_id)))
+
+    async def resume_job(self, job_id: str) -> Job:
+        """Resume a paused job; occurrences missed meanwhile follow its misfire policy."""
+        return wire.job_from_pb(await self._call(self._connect().jobs.ResumeJob, self._job_ref(job_id)))
+
+    async def delete_job(self, job_id: str) -> None:
+        """Delete a job. Its runs stay in history; queued ones are cancelled."""
+        await self._call(self._connect().jobs.DeleteJob, self._job_ref(job_id))
+
+    async def trigger_job(self, job_id: str) -> Run:
+        """Run the job once, now, outside its schedule; returns the new run."""
+        return wire.run_from_pb(await self._call(self._connect().jobs.TriggerJob, self._job_ref(job_id)))
+
+    async def preview(
+        self, schedule: Schedule, *, after: datetime | None = None, count: int = 5
+    ) -> list[tuple[datetime, datetime]]:
+        """The next fire times of a schedule, as computed by the daemon.
+
+        Returns:
+            ``(utc, local)`` pairs: the instant in UTC, and the same instant in the schedule's
+            time zone.
+        """
+        request = jobs_pb2.PreviewScheduleRequest(
+            schedule=wire.schedule_to_pb(schedule), after=wire.timestamp(after), count=count
+        )
+        response = await self._call(self._connect().jobs.PreviewSchedule, request)
+        return [(fire.utc.ToDatetime(tzinfo=UTC), datetime.fromisoformat(fire.local)) for fire in response.fire_times]
+
+    # -- runs -----------------------------------------------------------------------------------
+
+    async def list_runs(
+        self,
+        *,
+        job_id: str | None = None,
+        states: Iterable[RunState | str] = (),
+        page_size: int = 100,
+        page_token: str = "",
+    ) -> Page[Run]:
+        """One page of runs, newest scheduled time first."""
+        request = runs_pb2.ListRunsRequest(
+            tenant=self.tenant,
+            job_id=job_id or "",
+            states=[str(state) for state in states],
+            page_size=page_size,
+            page_token=page_token,
+        )
+        response = await self._call(self._connect().runs.ListRuns, request)
+        return Page(items=[wire.run_from_pb(run) for run in response.runs], next_page_token=response.next_page_token)
+
+    async def get_run(self, run_id: str) -> tuple[Run, list[Attempt]]:
+        """A run and its attempts, first attempt first."""
+        request = runs_pb2.RunRef(tenant=self.tenant, run_id=run_id)
+        detail = await self._call(self._connect().runs.GetRun, request)
+        run = wire.run_from_pb(detail.run)
+        return run, [wire.attempt_from_pb(run.run_id, attempt) for attempt in detail.attempts]
+
+    # -- cluster --------------------------------------------------------------------------------
+
+    async def cluster(self) -> admin_pb2.ClusterStatus:
+        """Nodes and shards of the cluster as the daemon sees them."""
+        return await self._call(self._connect().admin.GetCluster, admin_pb2.GetClusterRequest())
+
+    async def wait_ready(self, timeout: float) -> None:
+        """Wait until the daemon reports SERVING on the standard gRPC health service.
+
+        Raises:
+            TimeoutError: The daemon was not serving within ``timeout`` seconds.
+            RemoteError: The daemon answered with an error other than "not reachable yet".
+        """
+        deadline = time.monotonic() + timeout
+        request = health_pb2.HealthCheckRequest(service="")
+        retryable = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.NOT_FOUND)
+        while (remaining := deadline - time.monotonic()) > 0:
+            try:
+                # wait_for_ready: while the daemon starts, the call waits for the connection
+                # rather than failing at once, so the loop does not spin.
+                response = await self._connect().health.Check(request, timeout=min(remaining, 1.0), wait_for_ready=True)
+            except grpc.aio.AioRpcError as error:
+                if error.code() not in retryable:
+                    raise error_from_rpc(error) from error
+            else:
+                if response.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            await asyncio.sleep(min(0.05, max(deadline - time.monotonic(), 0)))
+        raise TimeoutError(f"the fastlane daemon at {self.server} was not serving within {timeout:g} s")
+
+    # -- plumbing -------------------------------------------------------------------------------
+
+    def _connect(self) -> _Stubs:
+        if self._stubs is None:
+            self._channel = grpc.aio.insecure_channel(self.server, options=_CHANNEL_OPTIONS)
+            self._stubs = _Stubs(
+                jobs=jobs_pb2_grpc.JobServiceStub(self._channel),
+                runs=runs_pb2_grpc.RunServiceStub(self._channel),
+                admin=admin_pb2_grpc.AdminServiceStub(self._channel),
+                health=health_pb2_grpc.HealthStub(self._channel),
+            )
+        return self._stubs
+
+    async def _call(self, rpc: Callable[..., Awaitable[R]], request: Any) -> R:
+        try:
+            return await rpc(request, timeout=self.timeout)
+        except grpc.aio.AioRpcError as error:
+            raise error_from_rpc(error) from error
+
+    def _job_ref(self, job_id: str) -> jobs_pb2.JobRef:
+        return jobs_pb2.JobRef(tenant=self.tenant, job_id=job_id)
+
+    def _own(self, spec: JobSpec) -> JobSpec:
+        # The client speaks for one tenant: every spec it sends carries it, so a JobSpec built with
+        # the model default ("default") lands in the tenant the client was opened for.
+        return spec if spec.tenant == self.tenant else replace(spec, tenant=self.tenant)
+
+
+def encode_payload(payload: Any) -> bytes:
+    """The bytes sent for a payload: bytes as they are, None as nothing, anything else as JSON."""
+    if payload is None:
+        return b""
+    if isinstance(payload, bytes | bytearray | memoryview):
+        return bytes(payload)
+    return orjson.dumps(payload)
+
+
+__all__ = ["Client", "encode_payload"]

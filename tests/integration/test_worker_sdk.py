@@ -1,0 +1,662 @@
+"""The worker SDK against a fake node: an in-process gRPC server scripted by each test.
+
+The fake node welcomes every Hello, records every message the worker sends, acknowledges results
+when ``auto_ack`` is on, sends what a test queues, and ends a stream when the test closes it or the
+worker closes its sending side. Every wait is bounded; none is a fixed sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import signal
+import sys
+import textwrap
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import grpc
+import orjson
+import pytest
+
+from fastlane._proto import workers_pb2 as pb
+from fastlane._proto import workers_pb2_grpc as pb_grpc
+from fastlane.errors import ConfigurationError, PermanentError, RetryableError
+from fastlane.models import MAX_CHECKPOINT_BYTES
+from fastlane.wire import duration, timestamp
+from fastlane.worker import RunContext, Worker, run_worker_cli
+
+WAIT = 5.0  # upper bound for anything the worker should do promptly
+SCHEDULED_FOR = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+# -- the fake node -----------------------------------------------------------------------------
+
+
+class FakeStream:
+    """One Connect call as the node sees it."""
+
+    def __init__(self) -> None:
+        self.received: list[pb.WorkerMessage] = []
+        self.outbound: asyncio.Queue[pb.NodeMessage | None] = asyncio.Queue()
+        self.worker_closed = False  # the worker closed its sending side
+
+    def bodies(self, kind: str) -> list:
+        return [getattr(m, kind) for m in self.received if m.WhichOneof("body") == kind]
+
+    def kinds(self) -> list[str]:
+        return [m.WhichOneof("body") for m in self.received]
+
+    def results(self) -> list[pb.RunResult]:
+        return [r for body in self.bodies("results") for r in body.results]
+
+    def credits_granted(self) -> int:
+        return sum(body.credits for body in self.bodies("credit"))
+
+    def assign(self, *assignments: pb.Assignment) -> None:
+        self.outbound.put_nowait(pb.NodeMessage(assignments=pb.Assignments(assignments=assignments)))
+
+    def cancel(self, run_id: str, lease_token: int, reason: str) -> None:
+        ref = pb.ResultAck(run_id=run_id, lease_token=lease_token)
+        self.outbound.put_nowait(pb.NodeMessage(cancel=pb.CancelRuns(runs=[ref], reason=reason)))
+
+    def ack(self, *results: pb.RunResult) -> None:
+        acks = [pb.ResultAck(run_id=r.run_id, lease_token=r.lease_token) for r in results]
+        self.outbound.put_nowait(pb.NodeMessage(acks=pb.ResultAcks(acks=acks)))
+
+    def close(self) -> None:
+        self.outbound.put_nowait(None)
+
+
+class FakeNode(pb_grpc.WorkerServiceServicer):
+    def __init__(self, heartbeat_interval: timedelta = timedelta(seconds=30), auto_ack: bool = True) -> None:
+        self.heartbeat_interval = heartbeat_interval
+        self.auto_ack = auto_ack
+        self.streams: list[FakeStream] = []
+        self.changed = asyncio.Condition()
+        self.address = ""
+
+    async def wait_until(self, predicate: Callable[[], bool], timeout: float = WAIT) -> None:
+        async with asyncio.timeout(timeout):
+            async with self.changed:
+                await self.changed.wait_for(predicate)
+
+    async def stream(self, index: int) -> FakeStream:
+        """The index-th stream, once its Hello has arrived (so the Welcome is ahead of anything sent)."""
+        await self.wait_until(lambda: len(self.streams) > index and bool(self.streams[index].received))
+        return self.streams[index]
+
+    async def Connect(self, request_iterator, context):
+        stream = FakeStream()
+        async with self.changed:
+            self.streams.append(stream)
+            self.changed.notify_all()
+        receiving = asyncio.create_task(self._receive(request_iterator, stream), name="fake-node-receive")
+        try:
+            while (message := await stream.outbound.get()) is not None:
+                yield message
+        finally:
+            receiving.cancel()
+
+    async def _receive(self, request_iterator, stream: FakeStream) -> None:
+        async for message in request_iterator:
+            body = message.WhichOneof("body")
+            if body == "hello":
+                welcome = pb.Welcome(node_id="fake-node", heartbeat_interval=duration(self.heartbeat_interval))
+                stream.outbound.put_nowait(pb.NodeMessage(welcome=welcome))
+            elif body == "results" and self.auto_ack:
+                stream.ack(*message.results.results)
+            async with self.changed:
+                stream.received.append(message)
+                self.changed.notify_all()
+        async with self.changed:
+            stream.worker_closed = True
+            self.changed.notify_all()
+        stream.close()  # as a node does when the worker says goodbye
+
+
+async def start_server(node: FakeNode, address: str = "127.0.0.1:0") -> grpc.aio.Server:
+    server = grpc.aio.server()
+    pb_grpc.add_WorkerServiceServicer_to_server(node, server)
+    port = server.add_insecure_port(address)
+    await server.start()
+    node.address = f"127.0.0.1:{port}"
+    return server
+
+
+@pytest.fixture
+async def node() -> AsyncIterator[FakeNode]:
+    """A fake node serving on a free port; its server is stopped after the test."""
+    fake = FakeNode()
+    server = await start_server(fake)
+    try:
+        yield fake
+    finally:
+        await asyncio.wait_for(server.stop(grace=None), WAIT)
+
+
+@asynccontextmanager
+async def running(worker: Worker) -> AsyncIterator[asyncio.Task[None]]:
+    """``worker.run()`` as a task; stopped (bounded) on exit, and its error, if any, raised."""
+    task = asyncio.create_task(worker.run(), name="test-worker-run")
+    try:
+        yield task
+    finally:
+        if not task.done():
+            try:
+                await asyncio.wait_for(worker.stop(), 3 * WAIT)
+            except TimeoutError:
+                task.cancel()
+        await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), WAIT)
+    if not task.cancelled() and task.exception() is not None:
+        raise task.exception()
+
+
+def assignment(run_id: str, job_type: str = "echo", **fields) -> pb.Assignment:
+    defaults = dict(
+        job_id=f"job-{run_id}", tenant="acme", attempt=1, idempotency_key=f"key-{run_id}",
+        lease_token=7, scheduled_for=timestamp(SCHEDULED_FOR),
+    )
+    return pb.Assignment(run_id=run_id, job_type=job_type, **(defaults | fields))
+
+
+async def settle() -> None:
+    """Let ready callbacks run (a bounded number of loop turns, not a time)."""
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+def blocking_worker(node: FakeNode, release: asyncio.Event, started: asyncio.Event | None = None, **options) -> Worker:
+    """A worker whose "block" handler sets ``started``, then waits for ``release``."""
+    worker = Worker(node.address, **({"drain_timeout": 1.0} | options))
+
+    @worker.handler("block")
+    async def block(ctx: RunContext) -> None:
+        if started is not None:
+            started.set()
+        await release.wait()
+
+    return worker
+
+
+# -- handshake and heartbeats ------------------------------------------------------------------
+
+
+async def test_hello_carries_worker_id_job_types_and_credits_and_heartbeats_follow_welcome_interval(node):
+    node.heartbeat_interval = timedelta(milliseconds=50)
+    release = asyncio.Event()
+    worker = blocking_worker(node, release, worker_id="w-1", concurrency=7)
+
+    @worker.handler("alpha")
+    async def alpha(ctx: RunContext) -> None:
+        await release.wait()
+
+    async with running(worker):
+        stream = await node.stream(0)
+        stream.assign(assignment("r1", "alpha"), assignment("r2", "block"))
+        # The default interval is seconds long: three beats this soon mean the Welcome's was used.
+        await node.wait_until(lambda: len(stream.bodies("heartbeats")) >= 3, timeout=2.0)
+        release.set()
+
+    hello = stream.received[0].hello
+    assert (hello.worker_id, sorted(hello.job_types), hello.credits, hello.tenant) == ("w-1", ["alpha", "block"], 7, "")
+    for beats in stream.bodies("heartbeats")[:3]:
+        assert sorted((b.run_id, b.lease_token, b.started) for b in beats.beats) == [("r1", 7, True), ("r2", 7, True)]
+
+
+async def test_progress_and_checkpoint_reach_the_node_in_a_prompt_heartbeat_only_when_changed(node):
+    worker = Worker(node.address, drain_timeout=1.0)  # node interval 30 s: only prompt beats come
+    beaten_twice, release = asyncio.Event(), asyncio.Event()
+
+    @worker.handler("long")
+    async def long(ctx: RunContext) -> None:
+        ctx.report_progress(0.5)
+        ctx.save_checkpoint(b"step-2")
+        await ctx.heartbeat()
+        await ctx.heartbeat()  # nothing changed since: a bare beat
+        beaten_twice.set()
+        await release.wait()
+
+    async with running(worker):
+        stream = await node.stream(0)
+        stream.assign(assignment("r1", "long", lease_token=3))
+        await asyncio.wait_for(beaten_twice.wait(), WAIT)
+        await node.wait_until(lambda: len(stream.bodies("heartbeats")) >= 2)
+        release.set()
+
+    first, second = (body.beats[0] for body in stream.bodies("heartbeats")[:2])
+    assert (first.run_id, first.lease_token, first.started) == ("r1", 3, True)
+    assert first.HasField("progress") and first.progress == 0.5
+    assert first.HasField("checkpoint") and first.checkpoint == b"step-2"
+    assert not second.HasField("progress") and not second.HasField("checkpoint")
+
+
+async def test_progress_and_checkpoint_are_validated(node):
+    worker = Worker(node.address, drain_timeout=1.0)
+    errors: list[type[Exception]] = []
+
+    @worker.handler("validate")
+    async def validate(ctx: RunContext) -> None:
+        for bad in (1.5, -0.1, math.nan, "half"):
+            try:
+                ctx.report_progress(bad)  # type: ignore[arg-type]
+            except ValueError as exc:
+                errors.append(type(exc))
+        try:
+            ctx.save_checkpoint(b"x" * (MAX_CHECKPOINT_BYTES + 1))
+        except ValueError as exc:
+            errors.append(type(exc))
+        ctx.save_checkpoint(b"x" * MAX_CHECKPOINT_BYTES)
+
+    async with running(worker):
+        stream = await node.stream(0)
+        stream.assign(assignment("r1", "validate"))
+        await node.wait_until(lambda: len(stream.results()) == 1)
+
+    assert errors == [ValueError] * 5
+    assert stream.results()[0].outcome == "succeeded"
+
+
+# -- running attempts --------------------------------------------------------------------------
+
+
+async def test_assignment_runs_handler_with_full_context_and_success_reports_lease_token_and_one_credit(node):
+    worker = Worker(node.address, drain_timeout=1.0)
+    seen: list[RunContext] = []
+
+    @worker.handler("echo")
+    async def echo(ctx: RunContext) -> None:
+        seen.append(ctx)
+
+    released = datetime(2030, 1, 2, 3, 4, 6, tzinfo=UTC)
+    async with running(worker):
+        stream = await node.stream(0)
+        before = datetime.now(UTC)
+        stream.assign(assignment(
+            "r1", payload=orjson.dumps({"to": "ada"}), attempt=3, lease_token=42, checkpoint=b"half-way",
+            released_at=timestamp(released),
+        ))
+        await node.wait_until(lambda: stream.credits_granted() >= 1)
+
+    (ctx,) = seen
+    assert (ctx.run_id, ctx.job_id, ctx.job_type, ctx.tenant, ctx.attempt) == ("r1", "job-r1", "echo", "acme", 3)
+    assert (ctx.payload, ctx.json()) == (b'{"to":"ada"}', {"to": "ada"})
+    assert (ctx.scheduled_for, ctx.released_at) == (SCHEDULED_FOR, released)
+    assert (ctx.idempotency_key, ctx.lease_token, ctx.checkpoint) == ("key-r1", 42, b"half-way")
+    assert before <= ctx.received_at <= datetime.now(UTC)
+    (result,) = stream.results()
+    assert (result.run_id, result.lease_token, result.outcome, result.error_code) == ("r1", 42, "succeeded", "")
+    assert result.started_at.ToDatetime(UTC) <= result.finished_at.ToDatetime(UTC)
+    kinds = stream.kinds()
+    assert kinds[kinds.index("results") + 1] == "credit"  # the grant follows the results at once
+    assert stream.credits_granted() == 1
+
+
+async def test_empty_payload_reads_as_json_none_and_missing_checkpoint_as_none(node):
+    worker = Worker(node.address, drain_timeout=1.0)
+    seen: list[RunContext] = []
+
+    @worker.handler("echo")
+    async def echo(ctx: RunContext) -> None:
+        seen.append(ctx)
+
+    async with running(worker):
+        stream = await node.stream(0)
+        stream.assign(assignment("r1"))
+        await node.wait_until(lambda: len(stream.results()) == 1)
+
+    assert (seen[0].json(), seen[0].checkpoint, seen[0].released_at) == (None, None, None)
+
+
+@pytest.mark.parametrize(
+    ("error", "outcome", "error_code", "error_message"),
+    [
+        (PermanentError("no such account"), "permanent_failure", "PermanentError", "no such account"),
+        (RetryableError("smtp busy"), "failed", "RetryableError", "smtp busy"),
+        (ValueError("bad input " + "x" * 3000), "failed", "ValueError", ("bad input " + "x" * 3000)[:2000]),
+    ],
+    ids=["permanent", "retryable", "value-error-truncated"],
+)
+async def test_handler_errors_map_to_outcomes(node, error, outcome, error_code, error_message):
+    worker = Worker(node.address, drain_timeout=1.0)
+
+    @worker.handler("echo")
+    async def fail(ctx: RunContext) -> None:
+        raise error
+
+    async with running(worker):
+        stream = await node.stream(0)
+        stream.assign(assignment("r1"))
+        await node.wait_until(lambda: len(stream.results()) == 1)
+
+    (result,) = stream.results()
+    assert (result.outcome, result.error_code, result.error_message) == (outcome, error_code, error_message)
+    assert stream.credits_granted() == 1
+
+
+async def test_handler_running_past_its_timeout_is_reported_timed_out(node):
+    worker = Worker(node.address, drain_timeout=1.0)
+    cancelled = asyncio.Event()
+
+    @worker.handler("slow")
+    async def slow(ctx: RunContext) -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    async with running(worker):
+        stream = await node.stream(0)
+        stream.assign(assignment("r1", "slow", timeout=duration(timedelta(milliseconds=50))))
+        await node.wait_until(lambda: len(stream.results()) == 1)
+
+    (result,) = stream.results()
+    assert (result.outcome, result.error_code) == ("timed_out", "TimeoutError")
+    assert cancelled.is_set()
+
+
+async def test_cancel_runs_cancels_the_running_handler_and_reports_cancelled_with_reason(node):
+    worker = Worker(node.address, drain_timeout=1.0)
+    started, observed = asyncio.Event(), asyncio.Event()
+
+    @worker.handler("slow")
+    async def slow(ctx: RunContext) -> None:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            observed.set()
+            raise
+
+    async with running(worker):
+        stream = await node.stream(0)
+        stream.assign(assignment("r1", "slow", lease_token=5), assignment("r2", "slow", lease_token=5))
+        await asyncio.wait_for(started.wait(), WAIT)
+        stream.cancel("r1", 5, "job deleted")
+        await node.wait_until(lambda: len(stream.results()) == 1)
+        assert observed.is_set()
+        stream.cancel("r2", 4, "stale lease")  # not this attempt: r2 keeps running
+        stream.cancel("r2", 5, "job paused")
+        await node.wait_until(lambda: len(stream.results()) == 2)
+
+    results = [(r.run_id, r.lease_token, r.outcome, r.error_message) for r in stream.results()]
+    assert results == [("r1", 5, "cancelled", "job deleted"), ("r2", 5, "cancelled", "job paused")]
+    assert stream.credits_granted() == 2
+
+
+async def test_many_assignments_are_reported_in_far_fewer_results_messages(node):
+    worker = Worker(node.address, concurrency=500, drain_timeout=1.0)
+
+    @worker.handler("quick")
+    async def quick(ctx: RunContext) -> None:
+        await asyncio.sleep(0)
+
+    async with running(worker):
+        stream = await node.stream(0)
+        for batch in range(5):
+            stream.assign(*(assignment(f"r{batch}-{i}", "quick") for i in range(100)))
+        await node.wait_until(lambda: len(stream.results()) == 500, timeout=3 * WAIT)
+
+    assert {r.outcome for r in stream.results()} == {"succeeded"}
+    assert len({r.run_id for r in stream.results()}) == 500
+    assert len(stream.bodies("results")) <= 50
+    assert stream.credits_granted() == 500
+
+
+# -- reconnects --------------------------------------------------------------------------------
+
+
+async def test_unacked_results_are_resent_first_after_reconnect_and_acked_ones_are_not(node):
+    node.auto_ack = False
+    worker = Worker(node.address, concurrency=4, drain_timeout=1.0)
+
+    @worker.handler("echo")
+    async def echo(ctx: RunContext) -> None:
+        pass
+
+    async with running(worker):
+        first = await node.stream(0)
+        first.assign(assignment("acked"), assignment("unacked"))
+        await node.wait_until(lambda: len(first.results()) == 2)
+        first.ack(*(r for r in first.results() if r.run_id == "acked"))
+        first.close()
+        second = await node.stream(1)
+        await node.wait_until(lambda: len(second.received) >= 2)
+        node.auto_ack = True
+        second.ack(*second.results())
+
+    assert second.kinds()[:2] == ["hello", "results"]
+    assert second.received[0].hello.credits == 4
+    assert [r.run_id for r in second.received[1].results.results] == ["unacked"]
+    assert [r.run_id for r in second.results()] == ["unacked"]  # "acked" is never sent again
+    assert "credit" not in second.kinds()[:3]  # the Hello's credits already count that run
+
+
+async def test_handler_running_across_node_restart_reports_on_the_new_stream(node):
+    release, started = asyncio.Event(), asyncio.Event()
+    first_server = await start_server(node)  # the fixture's server is not used by this worker
+    worker = blocking_worker(node, release, started, concurrency=4)
+    restarted: grpc.aio.Server | None = None
+    try:
+        async with running(worker):
+            first = await node.stream(0)
+            first.assign(assignment("r1", "block"))
+            await asyncio.wait_for(started.wait(), WAIT)
+            assert worker.connected
+            await asyncio.wait_for(first_server.stop(grace=None), WAIT)  # the node dies: UNAVAILABLE
+            restarted = await start_server(node, node.address)
+            second = await node.stream(1)
+            await node.wait_until(lambda: len(second.bodies("heartbeats")) >= 1)
+            release.set()
+            await node.wait_until(lambda: len(second.results()) == 1)
+    finally:
+        await asyncio.wait_for(first_server.stop(grace=None), WAIT)
+        if restarted is not None:
+            await asyncio.wait_for(restarted.stop(grace=None), WAIT)
+
+    assert second.received[0].hello.credits == 3  # one run still in flight
+    assert [b.run_id for b in second.bodies("heartbeats")[0].beats] == ["r1"]
+    (result,) = second.results()
+    assert (result.run_id, result.outcome) == ("r1", "succeeded")
+    assert second.credits_granted() == 1
+    assert first.results() == []
+
+
+# -- stopping ----------------------------------------------------------------------------------
+
+
+async def test_stop_lets_the_running_handler_finish_and_report_before_run_returns(node):
+    release, started = asyncio.Event(), asyncio.Event()
+    worker = blocking_worker(node, release, drain_timeout=10.0)
+    order: list[str] = []
+
+    @worker.handler("ordered")
+    async def ordered(ctx: RunContext) -> None:
+        started.set()
+        await release.wait()
+        order.append("handler finished")
+
+    async with running(worker) as run_task:
+        run_task.add_done_callback(lambda _: order.append("run returned"))
+        stream = await node.stream(0)
+        stream.assign(assignment("r1", "ordered"))
+        await asyncio.wait_for(started.wait(), WAIT)
+        stopping = asyncio.create_task(worker.stop(), name="test-stop")
+        await settle()
+        assert not run_task.done()
+        release.set()
+        await asyncio.wait_for(stopping, WAIT)
+
+    assert order == ["handler finished", "run returned"]
+    assert [(r.run_id, r.outcome) for r in stream.results()] == [("r1", "succeeded")]
+    assert stream.worker_closed
+    assert stream.credits_granted() == 0  # a stopping worker asks for no more work
+
+
+async def test_drain_timeout_cancels_stuck_handler_and_reports_it_retryable(node):
+    worker = Worker(node.address, drain_timeout=0.1)
+    started, observed = asyncio.Event(), asyncio.Event()
+
+    @worker.handler("stuck")
+    async def stuck(ctx: RunContext) -> None:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            observed.set()
+            raise
+
+    async with running(worker) as run_task:
+        stream = await node.stream(0)
+        stream.assign(assignment("r1", "stuck"))
+        await asyncio.wait_for(started.wait(), WAIT)
+        await asyncio.wait_for(worker.stop(), WAIT)
+        assert run_task.done()
+
+    assert observed.is_set()
+    (result,) = stream.results()
+    assert (result.outcome, result.error_code) == ("failed", "WorkerShutdown")
+    assert stream.worker_closed
+
+
+async def test_stop_before_run_makes_run_return_at_once_and_stop_is_idempotent(node):
+    worker = Worker(node.address)
+
+    @worker.handler("echo")
+    async def echo(ctx: RunContext) -> None:
+        pass
+
+    await worker.stop()
+    await worker.stop()
+    await asyncio.wait_for(worker.run(), WAIT)
+    assert node.streams == [] and not worker.connected
+
+
+# -- registration ------------------------------------------------------------------------------
+
+
+def test_handler_rejects_sync_functions_and_duplicate_job_types():
+    worker = Worker()
+
+    with pytest.raises(TypeError, match="async"):
+
+        @worker.handler("sync")
+        def sync(ctx: RunContext) -> None:
+            pass
+
+    @worker.handler("once")
+    async def once(ctx: RunContext) -> None:
+        pass
+
+    with pytest.raises(ConfigurationError, match="already has a handler"):
+
+        @worker.handler("once")
+        async def twice(ctx: RunContext) -> None:
+            pass
+
+    assert worker.job_types == ("once",)
+
+
+# -- command line ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("target", "complaint"),
+    [
+        ("no_such_module_here:worker", "cannot import"),
+        ("fastlane.models:MAX_CHECKPOINT_BYTES", "not a fastlane Worker"),
+        ("fastlane.models", "must look like"),
+    ],
+)
+def test_cli_reports_unusable_targets_with_exit_code_2(capsys, target, complaint):
+    assert run_worker_cli(target, [], None) == 2
+    assert complaint in capsys.readouterr().err
+
+
+CLI_TARGET = textwrap.dedent("""
+    import asyncio
+    import logging
+
+    from fastlane.worker import Worker
+
+    logging.basicConfig(level=logging.INFO)
+
+    def make_worker():
+        worker = Worker("127.0.0.1:1", worker_id="cli-worker", drain_timeout=60)
+
+        @worker.handler("noop")
+        async def noop(ctx):
+            pass
+
+        @worker.handler("forever")
+        async def forever(ctx):
+            logging.getLogger("cli_target").info("forever started")
+            await asyncio.Event().wait()
+
+        return worker
+""")
+
+
+async def start_cli_worker(node: FakeNode, tmp_path: Path) -> asyncio.subprocess.Process:
+    """``run_worker_cli`` in a child process, on a factory target beside it, pointed at ``node``."""
+    (tmp_path / "cli_target.py").write_text(CLI_TARGET)
+    program = (
+        "import sys; from fastlane.worker import run_worker_cli; "
+        f"sys.exit(run_worker_cli('cli_target:make_worker', [{node.address!r}], 3))"
+    )
+    env = os.environ | {"PYTHONPATH": str(REPO_ROOT)}
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-c", program, cwd=tmp_path, env=env, stderr=asyncio.subprocess.PIPE
+    )
+
+
+async def stderr_line_containing(process: asyncio.subprocess.Process, text: str) -> str:
+    assert process.stderr is not None
+    async with asyncio.timeout(3 * WAIT):
+        while line := (await process.stderr.readline()).decode():
+            if text in line:
+                return line
+    raise AssertionError(f"the worker exited without logging {text!r}")
+
+
+async def stop_process(process: asyncio.subprocess.Process) -> None:
+    if process.returncode is None:
+        process.kill()
+    await asyncio.wait_for(process.communicate(), WAIT)
+
+
+async def test_cli_runs_worker_until_sigterm_then_drains_and_exits_0(node, tmp_path):
+    process = await start_cli_worker(node, tmp_path)
+    try:
+        stream = await asyncio.wait_for(node.stream(0), 3 * WAIT)
+        hello = stream.received[0].hello
+        assert (hello.worker_id, sorted(hello.job_types), hello.credits) == ("cli-worker", ["forever", "noop"], 3)
+        stream.assign(assignment("r1", "noop"))
+        await node.wait_until(lambda: len(stream.results()) == 1)
+        process.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(process.communicate(), 3 * WAIT)
+        assert process.returncode == 0
+        await node.wait_until(lambda: stream.worker_closed)
+    finally:
+        await stop_process(process)
+
+
+async def test_cli_second_signal_exits_at_once_with_1_while_a_handler_still_runs(node, tmp_path):
+    process = await start_cli_worker(node, tmp_path)
+    try:
+        stream = await asyncio.wait_for(node.stream(0), 3 * WAIT)
+        stream.assign(assignment("r1", "forever"))
+        await stderr_line_containing(process, "forever started")
+        process.send_signal(signal.SIGTERM)
+        await stderr_line_containing(process, "stopping gracefully")
+        process.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(process.communicate(), WAIT)  # far within the 60 s drain timeout
+        assert process.returncode == 1
+        assert stream.results() == []
+    finally:
+        await stop_process(process)

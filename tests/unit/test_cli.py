@@ -1,0 +1,397 @@
+"""The ``fastlane`` command line, run in-process: parsing, local validation, output and errors.
+
+Nothing here needs a daemon; commands that would reach one are pointed at a closed port.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+from types import SimpleNamespace
+
+import orjson
+import pytest
+
+import fastlane.cli.remote
+from fastlane.cli.main import main
+from fastlane.cli.output import format_fields, format_table
+from fastlane.config import Settings
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture
+def no_daemon(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail the test if a command tries to open a connection."""
+
+    def refuse(args: object) -> None:
+        raise AssertionError("the command tried to reach a daemon")
+
+    monkeypatch.setattr(fastlane.cli.remote, "open_client", refuse)
+
+
+# -- preview -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("expression", "after", "expected"),
+    [
+        pytest.param(
+            "30 2 * * *",
+            "2027-03-13T12:00:00Z",
+            [
+                ("2027-03-14T07:00:00Z", "2027-03-14T03:00:00-04:00"),  # 02:30 does not exist: first instant after
+                ("2027-03-15T06:30:00Z", "2027-03-15T02:30:00-04:00"),
+                ("2027-03-16T06:30:00Z", "2027-03-16T02:30:00-04:00"),
+            ],
+            id="spring-forward",
+        ),
+        pytest.param(
+            "30 1 * * *",
+            "2027-11-06T12:00:00Z",
+            [
+                ("2027-11-07T05:30:00Z", "2027-11-07T01:30:00-04:00"),  # 01:30 happens twice: first pass only
+                ("2027-11-08T06:30:00Z", "2027-11-08T01:30:00-05:00"),
+                ("2027-11-09T06:30:00Z", "2027-11-09T01:30:00-05:00"),
+            ],
+            id="fall-back",
+        ),
+    ],
+)
+def test_preview_follows_vixie_cron_across_dst(
+    capsys: pytest.CaptureFixture[str], no_daemon: None, expression: str, after: str, expected: list[tuple[str, str]]
+) -> None:
+    code, out, err = run(
+        capsys,
+        "jobs",
+        "preview",
+        "--cron",
+        expression,
+        "--tz",
+        "America/New_York",
+        "--after",
+        after,
+        "--count",
+        "3",
+        "--json",
+    )
+
+    assert (code, err) == (0, "")
+    assert orjson.loads(out) == [{"utc": utc, "local": local} for utc, local in expected]
+
+
+def test_preview_prints_a_table_of_utc_and_local_times(capsys: pytest.CaptureFixture[str], no_daemon: None) -> None:
+    code, out, _ = run(
+        capsys, "jobs", "preview", "--cron", "30 2 * * *", "--tz", "America/New_York",
+        "--after", "2027-03-13T12:00:00Z", "--count", "2",
+    )  # fmt: skip
+
+    assert code == 0
+    assert out.splitlines() == [
+        "UTC                   LOCAL (America/New_York)",
+        "2027-03-14T07:00:00Z  2027-03-14T03:00:00-04:00",
+        "2027-03-15T06:30:00Z  2027-03-15T02:30:00-04:00",
+    ]
+
+
+def test_preview_accepts_every_and_at(capsys: pytest.CaptureFixture[str], no_daemon: None) -> None:
+    code, out, _ = run(
+        capsys, "jobs", "preview", "--every", "90", "--anchor", "2027-01-01T00:00:00Z",
+        "--after", "2027-01-01T00:02:00Z", "--count", "2", "--tz", "Europe/Paris", "--json",
+    )  # fmt: skip
+    assert code == 0
+    assert orjson.loads(out) == [
+        {"utc": "2027-01-01T00:03:00Z", "local": "2027-01-01T01:03:00+01:00"},
+        {"utc": "2027-01-01T00:04:30Z", "local": "2027-01-01T01:04:30+01:00"},
+    ]
+
+    code, out, _ = run(
+        capsys, "jobs", "preview", "--at", "2027-06-01T10:00:00+02:00", "--after", "2027-01-01T00:00:00Z", "--json"
+    )
+    assert code == 0
+    assert orjson.loads(out) == [{"utc": "2027-06-01T08:00:00Z", "local": "2027-06-01T08:00:00+00:00"}]
+
+
+def test_an_abbreviated_time_zone_is_rejected_naming_it(capsys: pytest.CaptureFixture[str], no_daemon: None) -> None:
+    code, out, err = run(capsys, "jobs", "preview", "--cron", "0 3 * * *", "--tz", "EST", "--count", "3", "--json")
+
+    assert code == 1
+    assert out == ""
+    assert err.startswith("error: ")
+    assert "'EST'" in err and "America/New_York" in err
+    assert "Traceback" not in err
+
+
+def test_create_validates_the_zone_before_connecting(capsys: pytest.CaptureFixture[str], no_daemon: None) -> None:
+    code, _, err = run(capsys, "jobs", "create", "--name", "n", "--type", "t", "--cron", "0 3 * * *", "--tz", "EST")
+
+    assert code == 1
+    assert "'EST'" in err
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (("--cron", "0 25 * * *"), "hour"),
+        (("--at", "tomorrow"), "--at"),
+        (("--every", "0.01"), "every"),
+    ],
+)
+def test_bad_schedules_are_rejected_locally(
+    capsys: pytest.CaptureFixture[str], no_daemon: None, flags: tuple[str, ...], named: str
+) -> None:
+    code, _, err = run(capsys, "jobs", "create", "--name", "n", "--type", "t", *flags)
+
+    assert code == 1
+    assert err.startswith("error: ") and named in err
+
+
+# -- jobs create -------------------------------------------------------------------------------
+
+
+def test_invalid_payload_json_is_rejected_before_any_network_call(
+    capsys: pytest.CaptureFixture[str], no_daemon: None
+) -> None:
+    code, out, err = run(capsys, "jobs", "create", "--name", "n", "--type", "t", "--now", "--payload", "{not json")
+
+    assert code == 1
+    assert out == ""
+    assert err.startswith("error: --payload: is not valid JSON")
+
+
+def test_create_without_a_schedule_is_a_usage_error(capsys: pytest.CaptureFixture[str], no_daemon: None) -> None:
+    code, _, err = run(capsys, "jobs", "create", "--name", "n", "--type", "t")
+
+    assert code == 2
+    assert "usage: fastlane jobs create" in err
+    assert "--now --at --cron --every" in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("jobs", "create", "--name", "n", "--type", "t", "--now", "--cron", "* * * * *"),  # two schedules
+        ("jobs", "create", "--name", "n", "--type", "t", "--every", "60", "--tz", "Europe/Paris"),
+        ("jobs", "create", "--name", "n", "--type", "t", "--cron", "* * * * *", "--anchor", "2027-01-01T00:00:00Z"),
+        ("jobs", "create", "--name", "n", "--type", "t", "--now", "--misfire", "sometimes"),
+        ("jobs", "create", "--name", "n", "--type", "t", "--now", "--max-attempts", "0"),
+        ("jobs", "preview", "--cron", "* * * * *", "--count", "many"),
+        ("jobs",),
+        ("bogus",),
+        (),
+    ],
+)
+def test_malformed_command_lines_are_usage_errors(
+    capsys: pytest.CaptureFixture[str], no_daemon: None, argv: tuple[str, ...]
+) -> None:
+    code, out, err = run(capsys, *argv)
+
+    assert code == 2
+    assert out == ""
+    assert "usage: fastlane" in err
+
+
+# -- help --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("command", "flags"),
+    [
+        (("serve",), ("--db", "--listen", "--node-id", "--metrics", "--insecure", "--shards")),
+        (("worker",), ("MODULE:ATTR", "--server", "--concurrency")),
+        (("migrate",), ("--db",)),
+        (
+            ("jobs", "create"),
+            (
+                "--name", "--type", "--now", "--at", "--cron", "--tz", "--every", "--anchor", "--payload",
+                "--priority", "--max-attempts", "--misfire", "--overlap", "--delivery", "--timeout",
+                "--lease-ttl", "--tenant", "--server", "--json",
+            ),
+        ),
+        (("jobs", "list"), ("--state", "--type", "--limit", "--json", "--server", "--tenant")),
+        (("jobs", "get"), ("JOB_ID", "--json")),
+        (("jobs", "trigger"), ("JOB_ID", "--json")),
+        (("jobs", "preview"), ("--cron", "--tz", "--after", "--count", "--every", "--at", "--json")),
+        (("runs", "list"), ("--job", "--state", "--limit", "--json")),
+        (("runs", "get"), ("RUN_ID", "--json")),
+        (("cluster",), ("--json", "--server", "--tenant")),
+    ],
+)  # fmt: skip
+def test_help_lists_the_flags_of_each_command(
+    capsys: pytest.CaptureFixture[str], command: tuple[str, ...], flags: tuple[str, ...]
+) -> None:
+    code, out, _ = run(capsys, *command, "--help")
+
+    assert code == 0
+    assert f"usage: fastlane {' '.join(command)}" in out
+    for flag in flags:
+        assert flag in out
+
+
+def test_every_flag_has_help_text(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "jobs", "create", "--help")
+
+    assert code == 0
+    # argparse prints a bare flag line with nothing after it only when help is missing, so every
+    # line that starts with an option is followed by text on the same or the next line.
+    lines = out.splitlines()
+    for index, line in enumerate(lines):
+        stripped = line.strip()
+        if stripped.startswith("--") and "  " not in stripped:
+            follower = lines[index + 1] if index + 1 < len(lines) else ""
+            assert follower.startswith(" " * 10) and follower.strip(), f"no help for {stripped!r}"
+
+
+# -- reaching the daemon -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("jobs", "list"),
+        ("jobs", "get", "some-id"),
+        ("runs", "list", "--state", "dead"),
+        ("cluster",),
+        ("jobs", "create", "--name", "n", "--type", "t", "--now", "--payload", '{"a": 1}'),
+    ],
+)
+def test_an_unreachable_daemon_gets_a_friendly_message(
+    capsys: pytest.CaptureFixture[str], argv: tuple[str, ...]
+) -> None:
+    server = f"127.0.0.1:{closed_port()}"
+
+    code, out, err = run(capsys, *argv, "--server", server, "--rpc-timeout", "3")
+
+    assert code == 1
+    assert out == ""
+    assert err.startswith(f"error: cannot reach the fastlane daemon at {server} — is `fastlane serve` running?")
+    assert "Traceback" not in err
+
+
+def test_the_server_defaults_to_fastlane_server_from_the_environment(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = f"127.0.0.1:{closed_port()}"
+    monkeypatch.setenv("FASTLANE_SERVER", server)
+
+    code, _, err = run(capsys, "jobs", "list", "--rpc-timeout", "3")
+
+    assert code == 1
+    assert f"daemon at {server}" in err
+
+
+# -- daemon commands ---------------------------------------------------------------------------
+
+
+def test_migrate_reports_the_schema_version(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    url = f"sqlite:///{tmp_path}/fastlane.db"
+
+    code, out, _ = run(capsys, "migrate", "--db", url)
+
+    assert code == 0
+    assert out.startswith("schema at version ")
+    assert out.strip().endswith(f"({url})")
+
+
+def test_migrate_rejects_an_unknown_database(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "migrate", "--db", "mysql://localhost/x")
+
+    assert code == 1
+    assert err.startswith("error: unsupported database URL")
+
+
+def test_serve_rejects_a_public_address_without_insecure(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "serve", "--listen", "0.0.0.0:7070")
+
+    assert code == 1
+    assert "--insecure" in err
+
+
+def test_worker_target_must_name_module_and_attribute(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "worker", "myapp.tasks")
+
+    assert code == 2
+    assert "MODULE:ATTR" in err
+
+
+# -- output ------------------------------------------------------------------------------------
+
+
+def test_tables_align_columns_and_show_missing_values_as_dashes() -> None:
+    table = format_table(("ID", "NAME", "ERROR"), [("1", "short", None), ("22", "a-longer-name", "boom")])
+
+    assert table.splitlines() == [
+        "ID  NAME           ERROR",
+        "1   short          -",
+        "22  a-longer-name  boom",
+    ]
+
+
+def test_fields_align_values() -> None:
+    assert format_fields([("job_id", "j-1"), ("next_fire_at", None)]).splitlines() == [
+        "job_id        j-1",
+        "next_fire_at  -",
+    ]
+
+
+# -- entry points of other modules -------------------------------------------------------------
+
+
+def test_serve_hands_the_settings_to_the_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    received: list[Settings] = []
+
+    async def serve(settings: Settings) -> int:  # the node may be a coroutine or a plain function
+        received.append(settings)
+        return 3
+
+    monkeypatch.setitem(sys.modules, "fastlane.node", SimpleNamespace(serve=serve))
+
+    code = main(["serve", "--db", "sqlite:///x.db", "--listen", "127.0.0.1:7171", "--node-id", "n1", "--shards", "8"])
+
+    assert code == 3
+    [settings] = received
+    assert (settings.db_url, settings.listen, settings.node_id, settings.shard_count) == (
+        "sqlite:///x.db",
+        "127.0.0.1:7171",
+        "n1",
+        8,
+    )
+    assert (settings.metrics_listen, settings.insecure) == (None, False)
+
+
+def test_serve_defaults_to_sqlite_in_the_working_directory(monkeypatch: pytest.MonkeyPatch) -> None:
+    received: list[Settings] = []
+    monkeypatch.setitem(sys.modules, "fastlane.node", SimpleNamespace(serve=lambda s: received.append(s) or 0))
+
+    assert main(["serve"]) == 0
+    assert (received[0].db_url, received[0].listen) == ("sqlite:///fastlane.db", "127.0.0.1:7070")
+
+
+def test_worker_passes_only_the_overrides_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[str, list[str], int | None]] = []
+    fake = SimpleNamespace(
+        run_worker_cli=lambda target, servers, concurrency: calls.append((target, servers, concurrency)) or 0
+    )
+    monkeypatch.setitem(sys.modules, "fastlane.worker", fake)
+    monkeypatch.delenv("FASTLANE_SERVER", raising=False)
+
+    assert main(["worker", "app.tasks:worker"]) == 0
+    assert main(["worker", "app.tasks:worker", "--server", "a:1", "--server", "b:2", "--concurrency", "4"]) == 0
+    monkeypatch.setenv("FASTLANE_SERVER", "env:3")
+    assert main(["worker", "app.tasks:worker"]) == 0
+
+    assert calls == [
+        ("app.tasks:worker", [], None),
+        ("app.tasks:worker", ["a:1", "b:2"], 4),
+        ("app.tasks:worker", ["env:3"], None),
+    ]
