@@ -13,7 +13,6 @@ zone with Debian/Vixie cron DST semantics:
 from __future__ import annotations
 
 import re
-from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -28,7 +27,6 @@ from fastlane.models import Schedule, ScheduleKind
 
 MIN_INTERVAL = timedelta(milliseconds=100)
 _ZERO = timedelta(0)
-_MAX_FOLD = timedelta(hours=3)  # no fall-back since 1900 repeats more than 3 hours (Troll: 2)
 _EXAMPLE_AT = "write e.g. 2027-03-14T07:00:00Z"
 
 # -- time zones --------------------------------------------------------------------------------
@@ -222,47 +220,67 @@ def _transition(before: datetime, after: datetime, tz: ZoneInfo) -> datetime:
     return before + timedelta(seconds=high)
 
 
-def _scan_start(after: datetime, tz: ZoneInfo) -> datetime:
-    """The naive wall time after which candidates can fire strictly after ``after``."""
-    offset = after.astimezone(tz).utcoffset() or _ZERO
-    start = after + offset
-    if ((after + _MAX_FOLD).astimezone(tz).utcoffset() or _ZERO) < offset:
-        # The clock falls back soon. If after is in the first pass of the repeated wall times,
-        # their second pass (later in UTC) begins at wall times before after's own.
-        fall_back = _transition(after, after + _MAX_FOLD, tz)
-        repeat_start = fall_back + (fall_back.astimezone(tz).utcoffset() or _ZERO)
-        start = min(start, repeat_start - timedelta(seconds=1))
-    return start.replace(tzinfo=None)
+def _folds(wall: datetime, tz: ZoneInfo) -> tuple[datetime, datetime]:
+    """The UTC instants of a naive wall time read with fold=0 and fold=1.
+
+    Equal for an ordinary time; earlier < later for a repeated one; reversed inside a gap, where
+    zoneinfo reads fold=0 with the offset from before the jump.
+    """
+    return tuple(wall.replace(tzinfo=tz, fold=f).astimezone(UTC) for f in (0, 1))  # type: ignore[return-value]
+
+
+def _repeated_walls(first: datetime, second: datetime, tz: ZoneInfo) -> tuple[datetime, datetime]:
+    """The naive wall-time range ``[start, end)`` repeated by the fall-back between two instants."""
+    fall_back = _transition(first, second, tz)
+    old, new = first.astimezone(tz).utcoffset() or _ZERO, fall_back.astimezone(tz).utcoffset() or _ZERO
+    return (fall_back + new).replace(tzinfo=None), (fall_back + old).replace(tzinfo=None)
+
+
+def _second_pass(cron: CronExpr, tz: ZoneInfo, start: datetime, end: datetime) -> Iterator[datetime]:
+    """The fold=1 instants of the candidates in the repeated wall range ``[start, end)``."""
+    for candidate in cron.iterator(start - timedelta(seconds=1)):  # candidates are whole seconds
+        if candidate >= end:
+            return
+        yield candidate.replace(tzinfo=tz, fold=1).astimezone(UTC)
+
+
+def _candidate_instants(cron: CronExpr, tz: ZoneInfo, after: datetime) -> Iterator[datetime]:
+    """Fire instants in increasing order, possibly repeating or not after ``after``."""
+    local = after.astimezone(tz)
+    wall = local.replace(tzinfo=None)
+    in_second_pass = local.fold == 1  # then the first pass of these wall times is already behind
+    due: tuple[datetime, datetime] | None = None  # a repeated range whose second pass is owed
+    if cron.hour_is_wildcard and not in_second_pass and (folds := _folds(wall, tz))[0] < folds[1]:
+        due = _repeated_walls(*folds, tz)  # after is in a first pass: the second pass is ahead
+    for candidate in cron.iterator(wall):
+        first, second = _folds(candidate, tz)
+        if first < second:  # a repeated wall time (fall-back)
+            if not cron.hour_is_wildcard:
+                yield first
+            elif in_second_pass:
+                yield second
+            else:
+                yield first
+                due = due or _repeated_walls(first, second, tz)
+            continue
+        if due is not None:  # past the repeated range: its second pass comes before this
+            yield from _second_pass(cron, tz, *due)
+            due = None
+        in_second_pass = False
+        if first == second:
+            yield first
+        elif not cron.hour_is_wildcard:  # in a gap: fire once, at the first instant after it
+            yield _transition(second, first, tz)
 
 
 def _cron_instants(cron: CronExpr, tz: ZoneInfo, after: datetime) -> Iterator[datetime]:
     """Fire instants (UTC, strictly increasing) strictly after ``after``."""
     last = after
-    second_pass: deque[datetime] = deque()  # fold=1 instants: later than every fold=0 one
-    # If after is itself in a second pass, that pass's first-pass instants are all behind it, so
-    # its fold=1 instants need not wait for the repeated hour to end.
-    in_second_pass = after.astimezone(tz).fold == 1
     try:
-        for candidate in cron.iterator(_scan_start(after, tz)):
-            first = candidate.replace(tzinfo=tz, fold=0).astimezone(UTC)
-            second = candidate.replace(tzinfo=tz, fold=1).astimezone(UTC)
-            if first < second:  # a repeated wall time (fall-back)
-                found = [first]
-                if cron.hour_is_wildcard:
-                    (found if in_second_pass else second_pass).append(second)
-            else:
-                # Past the repeated hour, so its second pass comes before this candidate.
-                found = list(second_pass)
-                second_pass.clear()
-                in_second_pass = False
-                if first == second:
-                    found.append(first)
-                elif not cron.hour_is_wildcard:  # in a gap, where zoneinfo's folds map backwards
-                    found.append(_transition(second, first, tz))
-            for instant in found:
-                if instant > last:  # gap times collapse into one fire at the transition
-                    last = instant
-                    yield instant
+        for instant in _candidate_instants(cron, tz, after):
+            if instant > last:  # also collapses several gap times into one fire
+                last = instant
+                yield instant
     except CroniterBadDateError:
         return  # croniter found no further date within its search horizon
 

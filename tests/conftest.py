@@ -12,10 +12,7 @@ import uuid
 
 import pytest
 
-try:
-    from tests.pgcluster import ThrowawayPostgres, create_database, drop_database, dsn_from_env
-except ImportError:  # tests/ itself on sys.path (pytest's rootdir-less "prepend" import)
-    from pgcluster import ThrowawayPostgres, create_database, drop_database, dsn_from_env
+from bench.pgcluster import ThrowawayPostgres, create_database, drop_database, dsn_from_env
 
 
 @pytest.fixture(scope="session")

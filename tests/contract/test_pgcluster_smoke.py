@@ -1,4 +1,4 @@
-"""Smoke tests for the PostgreSQL test infrastructure (tests/pgcluster.py, conftest.py)."""
+"""Smoke tests for the PostgreSQL test infrastructure (bench/pgcluster.py, tests/conftest.py)."""
 
 from __future__ import annotations
 

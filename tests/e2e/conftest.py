@@ -7,11 +7,6 @@ then SIGKILL if it does not exit).
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -20,94 +15,19 @@ from pathlib import Path
 import orjson
 import pytest
 
+from bench.processes import ROOT, Daemon, Process, WorkerProcess, child_environment, free_port  # noqa: F401
 from fastlane.client import Client
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent.parent
-STOP_TIMEOUT = 15.0
-
-pytestmark = pytest.mark.e2e
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _environment() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(ROOT), env.get("PYTHONPATH", "")])
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
-class Process:
-    """A child process whose output goes to a log file, always stopped at teardown."""
-
-    def __init__(self, argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
-        self.argv = argv
-        self.log_path = log_path
-        self.env = env or _environment()
-        self.popen: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
-        self.popen = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=ROOT)
-        log.close()
-
-    def kill(self) -> None:
-        """SIGKILL: a crash, not a shutdown."""
-        if self.popen and self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGKILL)
-            self.popen.wait(STOP_TIMEOUT)
-
-    def stop(self) -> int | None:
-        if not self.popen or self.popen.poll() is not None:
-            return self.popen.returncode if self.popen else None
-        self.popen.send_signal(signal.SIGTERM)
-        try:
-            return self.popen.wait(STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            return self.popen.wait(STOP_TIMEOUT)
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-
-class Daemon(Process):
-    def __init__(self, db_url: str, log_path: Path, node_id: str = "node-1") -> None:
-        self.port = free_port()
-        self.address = f"127.0.0.1:{self.port}"
-        super().__init__(
-            [sys.executable, "-m", "fastlane", "serve", "--db", db_url, "--listen", self.address,
-             "--node-id", node_id, "--shards", "8"],
-            log_path,
-        )
-
-    async def wait_ready(self, timeout: float = 30.0) -> None:
-        async with Client(self.address) as client:
-            try:
-                await client.wait_ready(timeout)
-            except Exception as error:
-                raise AssertionError(f"daemon not ready: {error}\n{self.log_tail()}") from error
-
-
-class Recorder(Process):
+class Recorder(WorkerProcess):
     """The recording worker and the runs it has received."""
 
     def __init__(self, address: str, record_path: Path, log_path: Path) -> None:
         self.record_path = record_path
-        env = _environment()
-        env["FASTLANE_RECORD_FILE"] = str(record_path)
-        super().__init__(
-            [sys.executable, "-m", "fastlane", "worker", "recording_worker:worker", "--server", address],
-            log_path, env,
-        )
+        env = child_environment(HERE, FASTLANE_RECORD_FILE=str(record_path))
+        super().__init__("recording_worker:worker", [address], log_path, env=env)
 
     def received(self) -> list[dict]:
         if not self.record_path.exists():

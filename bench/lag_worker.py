@@ -1,0 +1,22 @@
+"""The benchmark's worker: a no-op handler that writes one line per run it receives.
+
+Each line: run id, scheduled time, release time (node) and receive time (worker), in
+microseconds since the epoch. The file is set by FASTLANE_BENCH_RECORD.
+"""
+
+from __future__ import annotations
+
+import os
+
+from fastlane.clock import to_micros
+from fastlane.worker import RunContext, Worker
+
+worker = Worker(concurrency=1000)
+# Line-buffered: the harness reads the file while the worker runs, and a killed worker loses nothing.
+_record = open(os.environ["FASTLANE_BENCH_RECORD"], "a", buffering=1)  # noqa: SIM115 - process lifetime
+
+
+@worker.handler("bench.noop")
+async def noop(ctx: RunContext) -> None:
+    released = to_micros(ctx.released_at) if ctx.released_at else 0
+    _record.write(f"{ctx.run_id} {to_micros(ctx.scheduled_for)} {released} {to_micros(ctx.received_at)}\n")
