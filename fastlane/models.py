@@ -37,6 +37,7 @@ class JobState(StrEnum):
 
 
 class RunState(StrEnum):
+    BUFFERED = "buffered"  # waiting for the previous run of its job to finish (overlap policy)
     SCHEDULED = "scheduled"  # materialised, waiting for its time (or its retry time)
     DISPATCHED = "dispatched"  # sent to a worker, not yet acknowledged as started
     RUNNING = "running"
@@ -53,7 +54,7 @@ class RunState(StrEnum):
 
     @property
     def is_active(self) -> bool:
-        return self in (RunState.SCHEDULED, RunState.DISPATCHED, RunState.RUNNING)
+        return self in (RunState.BUFFERED, RunState.SCHEDULED, RunState.DISPATCHED, RunState.RUNNING)
 
 
 FINAL_RUN_STATES = frozenset(
@@ -223,6 +224,8 @@ class Run:
     created_at: datetime
     updated_at: datetime
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    timeout: timedelta | None = None
+    cancel_requested: bool = False
     first_attempt_at: datetime | None = None
     lease_token: int | None = None
     lease_expires_at: datetime | None = None

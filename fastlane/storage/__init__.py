@@ -2,6 +2,8 @@
 
 from fastlane.storage.base import (
     AttemptResult,
+    Cancellation,
+    Materialised,
     Dispatch,
     Heartbeat,
     Occurrence,
@@ -13,6 +15,8 @@ from fastlane.storage.base import (
 
 __all__ = [
     "AttemptResult",
+    "Cancellation",
+    "Materialised",
     "Dispatch",
     "Heartbeat",
     "Occurrence",

@@ -16,8 +16,8 @@ from typing import Generic, Protocol, TypeVar
 
 from fastlane.errors import ConfigurationError
 from fastlane.models import (
-    AttemptOutcome,
     Attempt,
+    AttemptOutcome,
     Job,
     JobSpec,
     JobState,
@@ -85,10 +85,36 @@ class AttemptResult:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ResultOutcome:
-    """What recording a result did: ``accepted`` is False for a superseded attempt."""
+    """What recording a result did to a run: ``accepted`` is False for a superseded attempt.
+
+    ``released`` marks a run of the same job that left the overlap buffer because this one
+    finished: it is now ``scheduled`` and due at once.
+    """
 
     run: Run
     accepted: bool
+    released: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Materialised:
+    """What a materialisation wrote.
+
+    ``runs``: the new runs in state ``scheduled``, to release at their time. ``cancelling``:
+    earlier runs, already with a worker, whose cancellation an overlap policy requested; the
+    node tells their workers to stop.
+    """
+
+    runs: list[Run]
+    cancelling: list[Run] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cancellation:
+    """What cancelling a run did: ``run`` as it is now, ``released`` runs to schedule at once."""
+
+    run: Run
+    released: list[Run] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -201,6 +227,16 @@ class Store(Protocol):
 
     async def create_manual_run(self, tenant: str, job_id: str) -> Run:
         """A run of the job due now, outside its schedule (trigger)."""
+        ...
+
+    async def cancel_run(self, tenant: str, run_id: str) -> Cancellation:
+        """Cancel a run: one not yet delivered ends ``cancelled`` at once; one with a worker is
+        marked ``cancel_requested`` (its worker is told to stop, and it will not be retried).
+        Raises :class:`~fastlane.errors.InvalidState` for a run already finished."""
+        ...
+
+    async def retry_run(self, tenant: str, run_id: str) -> Run:
+        """Replay a ``dead`` or ``lost`` run as a new attempt now, with the same idempotency key."""
         ...
 
     async def record_dispatches(self, dispatches: Sequence[Dispatch]) -> list[Attempt]:

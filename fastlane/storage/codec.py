@@ -187,6 +187,8 @@ def build_run(row: Mapping[str, Any]) -> Run:
         delivery=Delivery(row["delivery"]),
         lease_ttl=timedelta(milliseconds=row["lease_ttl_ms"]),
         retry=retry_from_dict(orjson.loads(row["retry"])),
+        timeout=None if row["timeout_ms"] is None else timedelta(milliseconds=row["timeout_ms"]),
+        cancel_requested=bool(row["cancel_requested"]),
         first_attempt_at=row["first_attempt_at"],
         lease_token=row["lease_token"],
         lease_expires_at=row["lease_expires_at"],

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from fastlane.errors import InvalidArgument, JobAlreadyExists
-from fastlane.models import Job, JobSpec, JobState, ScheduleKind, ShardLease
+from fastlane.models import Job, JobSpec, JobState, OverlapPolicy, RunState, ScheduleKind, ShardLease, new_id
 from fastlane.schedules import first_fire
 from fastlane.storage import codec
-from fastlane.storage.base import Page
+from fastlane.storage.base import Occurrence, Page
+from fastlane.storage.transitions import resolve_overlap
 
 T = TypeVar("T")
 
@@ -71,3 +72,57 @@ def rescheduled(current: Job, spec: JobSpec, now: datetime) -> tuple[datetime | 
         return current.next_fire_at, current.state
     state = JobState.ACTIVE if current.state is JobState.COMPLETED else current.state
     return first_fire(spec.schedule, now), state
+
+
+MISFIRE_SKIPPED = "skipped: missed while no node owned the job or it was paused (misfire policy)"
+
+# States of a job's runs that count for its overlap policy.
+ACTIVE_STATES = ("buffered", "scheduled", "dispatched", "running")
+
+
+@dataclass(frozen=True, slots=True)
+class RunRow:
+    """A run about to be inserted by a materialisation."""
+
+    run_id: str
+    job_id: str
+    scheduled_for: datetime
+    state: str
+    last_error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class MaterialisationPlan:
+    rows: list[RunRow]
+    cancel_now: list[str]  # runs of a cancel_previous job not yet delivered: cancelled at once
+    cancel_requested: list[str]  # runs of a cancel_previous job with a worker: told to stop
+
+
+def plan_materialisation(
+    occurrences: Sequence[Occurrence],
+    overlap_of: dict[str, str],
+    active_runs: Sequence[tuple[str, str, str]],
+) -> MaterialisationPlan:
+    """Rows to insert for the occurrences of advanced jobs (``overlap_of``: job id → policy).
+
+    ``active_runs`` are ``(job_id, run_id, state)`` of runs still active for those jobs.
+    """
+    active_by_job: dict[str, list[tuple[str, RunState]]] = {}
+    for job_id, run_id, state in active_runs:
+        active_by_job.setdefault(job_id, []).append((run_id, RunState(state)))
+    rows: list[RunRow] = []
+    cancel_now: list[str] = []
+    cancel_requested: list[str] = []
+    for occurrence in occurrences:
+        policy = overlap_of.get(occurrence.job_id)
+        if policy is None:
+            continue  # not advanced: changed or taken meanwhile
+        active = active_by_job.get(occurrence.job_id, [])
+        plan = resolve_overlap(OverlapPolicy(policy), occurrence.fire_times, [state for _, state in active])
+        rows += [RunRow(new_id(), occurrence.job_id, t, state.value, error) for t, state, error in plan.states]
+        rows += [RunRow(new_id(), occurrence.job_id, t, "skipped", MISFIRE_SKIPPED) for t in occurrence.skipped_times]
+        if plan.cancel_previous:
+            for run_id, state in active:
+                delivered = state in (RunState.DISPATCHED, RunState.RUNNING)
+                (cancel_requested if delivered else cancel_now).append(run_id)
+    return MaterialisationPlan(rows=rows, cancel_now=cancel_now, cancel_requested=cancel_requested)

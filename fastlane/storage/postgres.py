@@ -45,6 +45,8 @@ from fastlane.clock import from_micros, to_micros
 from fastlane.storage import codec, common
 from fastlane.storage.base import (
     AttemptResult,
+    Cancellation,
+    Materialised,
     Dispatch,
     Heartbeat,
     Occurrence,
@@ -52,7 +54,7 @@ from fastlane.storage.base import (
     ResultOutcome,
 )
 from fastlane.storage.migrations import migrations_for
-from fastlane.storage.transitions import after_attempt
+from fastlane.storage.transitions import CANCELLED_BY_REQUEST, OVERLAP_CANCELLED, after_attempt
 
 _MIGRATION_LOCK = 7_236_001  # pg_advisory_xact_lock key: one migrator at a time across nodes
 
@@ -68,14 +70,16 @@ _FENCE = """
 
 _INSERT_RUNS = """
     INSERT INTO runs (run_id, job_id, tenant, job_type, shard_id, scheduled_for, available_at, state,
-                      payload, priority, manual, delivery, lease_ttl_ms, retry,
-                      created_at, updated_at, finished_at)
+                      payload, priority, manual, delivery, lease_ttl_ms, timeout_ms, retry,
+                      created_at, updated_at, finished_at, last_error)
     SELECT o.run_id, j.job_id, j.tenant, j.job_type, j.shard_id, o.scheduled_for, o.scheduled_for,
            o.state, j.payload, j.priority, false, j.policies->>'delivery',
-           ((j.policies->>'lease_ttl')::float8 * 1000)::bigint, j.policies->'retry',
+           ((j.policies->>'lease_ttl')::float8 * 1000)::bigint,
+           ((j.policies->>'timeout')::float8 * 1000)::bigint, j.policies->'retry',
            clock_timestamp(), clock_timestamp(),
-           CASE WHEN o.state = 'skipped' THEN clock_timestamp() END
-    FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::text[]) AS o(run_id, job_id, scheduled_for, state)
+           CASE WHEN o.state = 'skipped' THEN clock_timestamp() END, o.last_error
+    FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::text[], $5::text[])
+         AS o(run_id, job_id, scheduled_for, state, last_error)
     JOIN jobs j ON j.job_id = o.job_id
     ON CONFLICT (job_id, scheduled_for) WHERE NOT manual DO NOTHING
     RETURNING *
@@ -277,7 +281,7 @@ class PostgresStore:
                 raise JobNotFound(job_id)
             await db.execute(
                 "UPDATE runs SET state = 'cancelled', finished_at = clock_timestamp(), updated_at = clock_timestamp(), "
-                "last_error = 'job deleted' WHERE job_id = $1 AND state = 'scheduled'",
+                "last_error = 'job deleted' WHERE job_id = $1 AND state IN ('scheduled', 'buffered')",
                 job_id,
             )
 
@@ -303,39 +307,63 @@ class PostgresStore:
             )
         return [codec.build_job(row) for row in rows]
 
-    async def materialise_runs(self, fences: Sequence[ShardLease], occurrences: Sequence[Occurrence]) -> list[Run]:
+    async def materialise_runs(self, fences: Sequence[ShardLease], occurrences: Sequence[Occurrence]) -> Materialised:
         async with self._transaction() as db:
             await self._check_fences(db, fences)
-            advanced = {
-                row["job_id"]
-                for row in await db.fetch(
-                    """
-                    UPDATE jobs j
-                    SET next_fire_at = o.next_fire_at, updated_at = clock_timestamp(),
-                        state = CASE WHEN o.next_fire_at IS NULL THEN 'completed' ELSE j.state END
-                    FROM unnest($1::text[], $2::timestamptz[], $3::timestamptz[]) AS o(job_id, expected, next_fire_at)
-                    WHERE j.job_id = o.job_id AND j.next_fire_at = o.expected
-                      AND j.state = 'active' AND j.shard_id = ANY($4::int[])
-                    RETURNING j.job_id
-                    """,
-                    [o.job_id for o in occurrences],
-                    [o.expected_next_fire_at for o in occurrences],
-                    [o.next_fire_at for o in occurrences],
-                    [fence.shard_id for fence in fences],
+            advanced = await db.fetch(
+                """
+                UPDATE jobs j
+                SET next_fire_at = o.next_fire_at, updated_at = clock_timestamp(),
+                    state = CASE WHEN o.next_fire_at IS NULL THEN 'completed' ELSE j.state END
+                FROM unnest($1::text[], $2::timestamptz[], $3::timestamptz[]) AS o(job_id, expected, next_fire_at)
+                WHERE j.job_id = o.job_id AND j.next_fire_at = o.expected
+                  AND j.state = 'active' AND j.shard_id = ANY($4::int[])
+                RETURNING j.job_id, j.policies->>'overlap' AS overlap
+                """,
+                [o.job_id for o in occurrences],
+                [o.expected_next_fire_at for o in occurrences],
+                [o.next_fire_at for o in occurrences],
+                [fence.shard_id for fence in fences],
+            )
+            overlap_of = {row["job_id"]: row["overlap"] for row in advanced}
+            guarded = [job_id for job_id, policy in overlap_of.items() if policy != "allow"]
+            active = []
+            if guarded:
+                active = await db.fetch(
+                    "SELECT job_id, run_id, state FROM runs WHERE job_id = ANY($1::text[]) AND state = ANY($2::text[]) "
+                    "FOR UPDATE",
+                    guarded, list(common.ACTIVE_STATES),
                 )
-            }
-            planned = [
-                (new_id(), o.job_id, instant, state)
-                for o in occurrences
-                if o.job_id in advanced
-                for instants, state in ((o.fire_times, "scheduled"), (o.skipped_times, "skipped"))
-                for instant in instants
-            ]
-            if not planned:
-                return []
-            rows = await db.fetch(_INSERT_RUNS, *map(list, zip(*planned, strict=True)))
+            plan = common.plan_materialisation(
+                occurrences, overlap_of, [(r["job_id"], r["run_id"], r["state"]) for r in active]
+            )
+            cancelling = await self._cancel_for_overlap(db, plan)
+            if not plan.rows:
+                return Materialised(runs=[], cancelling=cancelling)
+            rows = await db.fetch(
+                _INSERT_RUNS,
+                [r.run_id for r in plan.rows], [r.job_id for r in plan.rows], [r.scheduled_for for r in plan.rows],
+                [r.state for r in plan.rows], [r.last_error for r in plan.rows],
+            )
         runs = [codec.build_run(row) for row in rows]
-        return sorted((run for run in runs if run.state is RunState.SCHEDULED), key=lambda run: run.scheduled_for)
+        scheduled = sorted((run for run in runs if run.state is RunState.SCHEDULED), key=lambda run: run.scheduled_for)
+        return Materialised(runs=scheduled, cancelling=cancelling)
+
+    async def _cancel_for_overlap(self, db: asyncpg.Connection, plan: common.MaterialisationPlan) -> list[Run]:
+        if plan.cancel_now:
+            await db.execute(
+                "UPDATE runs SET state = 'cancelled', finished_at = clock_timestamp(), updated_at = clock_timestamp(), "
+                "last_error = $2 WHERE run_id = ANY($1::text[])",
+                plan.cancel_now, OVERLAP_CANCELLED,
+            )
+        if not plan.cancel_requested:
+            return []
+        rows = await db.fetch(
+            "UPDATE runs SET cancel_requested = true, last_error = $2, updated_at = clock_timestamp() "
+            "WHERE run_id = ANY($1::text[]) RETURNING *",
+            plan.cancel_requested, OVERLAP_CANCELLED,
+        )
+        return [codec.build_run(row) for row in rows]
 
     async def pending_runs(self, shard_ids: Collection[int], before: datetime) -> list[Run]:
         async with self._connection() as db:
@@ -400,15 +428,54 @@ class PostgresStore:
             row = await db.fetchrow(
                 """
                 INSERT INTO runs (run_id, job_id, tenant, job_type, shard_id, scheduled_for, available_at, state,
-                                  payload, priority, manual, delivery, lease_ttl_ms, retry, created_at, updated_at)
+                                  payload, priority, manual, delivery, lease_ttl_ms, timeout_ms, retry,
+                                  created_at, updated_at)
                 SELECT $1, j.job_id, j.tenant, j.job_type, j.shard_id, clock_timestamp(), clock_timestamp(),
                        'scheduled', j.payload, j.priority, true, j.policies->>'delivery',
-                       ((j.policies->>'lease_ttl')::float8 * 1000)::bigint, j.policies->'retry',
+                       ((j.policies->>'lease_ttl')::float8 * 1000)::bigint,
+                       ((j.policies->>'timeout')::float8 * 1000)::bigint, j.policies->'retry',
                        clock_timestamp(), clock_timestamp()
                 FROM jobs j WHERE j.job_id = $2
                 RETURNING *
                 """,
                 new_id(), job_id,
+            )
+        return codec.build_run(row)
+
+    async def cancel_run(self, tenant: str, run_id: str) -> Cancellation:
+        async with self._transaction() as db:
+            row = await db.fetchrow("SELECT * FROM runs WHERE run_id = $1 AND tenant = $2 FOR UPDATE", run_id, tenant)
+            if row is None:
+                raise RunNotFound(run_id)
+            run = codec.build_run(row)
+            if run.state in (RunState.DISPATCHED, RunState.RUNNING):
+                row = await db.fetchrow(
+                    "UPDATE runs SET cancel_requested = true, updated_at = clock_timestamp() WHERE run_id = $1 "
+                    "RETURNING *",
+                    run_id,
+                )
+                return Cancellation(run=codec.build_run(row))
+            if run.state not in (RunState.SCHEDULED, RunState.BUFFERED):
+                raise InvalidState("run", run_id, run.state.value, "cancel")
+            row = await db.fetchrow(
+                "UPDATE runs SET state = 'cancelled', finished_at = clock_timestamp(), updated_at = clock_timestamp(), "
+                "last_error = $2 WHERE run_id = $1 RETURNING *",
+                run_id, CANCELLED_BY_REQUEST,
+            )
+            released = await self._release_buffered(db, [run.job_id])
+        return Cancellation(run=codec.build_run(row), released=released)
+
+    async def retry_run(self, tenant: str, run_id: str) -> Run:
+        async with self._transaction() as db:
+            row = await db.fetchrow("SELECT state FROM runs WHERE run_id = $1 AND tenant = $2 FOR UPDATE", run_id, tenant)
+            if row is None:
+                raise RunNotFound(run_id)
+            if row["state"] not in ("dead", "lost"):
+                raise InvalidState("run", run_id, row["state"], "retry (only dead or lost runs can be replayed)")
+            row = await db.fetchrow(
+                "UPDATE runs SET state = 'scheduled', available_at = clock_timestamp(), finished_at = NULL, "
+                "cancel_requested = false, updated_at = clock_timestamp() WHERE run_id = $1 RETURNING *",
+                run_id,
             )
         return codec.build_run(row)
 
@@ -540,7 +607,27 @@ class PostgresStore:
                 """,
                 *map(list, zip(*attempt_updates, strict=True)),
             )
-        return outcomes
+        finished_jobs = {o.run.job_id for o in outcomes if o.accepted and o.run.state.is_final}
+        released = await self._release_buffered(db, finished_jobs)
+        return outcomes + [ResultOutcome(run=run, accepted=True, released=True) for run in released]
+
+    async def _release_buffered(self, db: asyncpg.Connection, job_ids: Collection[str]) -> list[Run]:
+        """Schedule the oldest buffered run of each job that has no other active run left."""
+        if not job_ids:
+            return []
+        rows = await db.fetch(
+            """
+            UPDATE runs SET state = 'scheduled', available_at = clock_timestamp(), updated_at = clock_timestamp()
+            WHERE state = 'buffered' AND job_id = ANY($1::text[])
+              AND scheduled_for = (SELECT min(b.scheduled_for) FROM runs b
+                                   WHERE b.job_id = runs.job_id AND b.state = 'buffered')
+              AND NOT EXISTS (SELECT 1 FROM runs a WHERE a.job_id = runs.job_id
+                              AND a.state IN ('scheduled', 'dispatched', 'running'))
+            RETURNING *
+            """,
+            list(job_ids),
+        )
+        return [codec.build_run(row) for row in rows]
 
     async def get_run(self, tenant: str, run_id: str) -> Run:
         async with self._connection() as db:

@@ -48,9 +48,18 @@ from fastlane.models import (
 )
 from fastlane.schedules import first_fire
 from fastlane.storage import codec, common
-from fastlane.storage.base import AttemptResult, Dispatch, Heartbeat, Occurrence, Page, ResultOutcome
+from fastlane.storage.base import (
+    AttemptResult,
+    Cancellation,
+    Dispatch,
+    Heartbeat,
+    Materialised,
+    Occurrence,
+    Page,
+    ResultOutcome,
+)
 from fastlane.storage.migrations import migrations_for
-from fastlane.storage.transitions import after_attempt
+from fastlane.storage.transitions import CANCELLED_BY_REQUEST, OVERLAP_CANCELLED, after_attempt
 
 # The database clock, in integer microseconds. SQLite's own julianday('now') only has millisecond
 # resolution; an embedded database shares its host's clock anyway, so the connection gets a SQL
@@ -307,7 +316,7 @@ class SQLiteStore:
                 raise JobNotFound(job_id)
             await db.execute(
                 f"UPDATE runs SET state = 'cancelled', finished_at = {NOW}, updated_at = {NOW}, "
-                "last_error = 'job deleted' WHERE job_id = ? AND state = 'scheduled'",
+                "last_error = 'job deleted' WHERE job_id = ? AND state IN ('scheduled', 'buffered')",
                 (job_id,),
             )
 
@@ -335,63 +344,69 @@ class SQLiteStore:
             )
         return [codec.build_job(row) for row in rows]
 
-    async def materialise_runs(self, fences: Sequence[ShardLease], occurrences: Sequence[Occurrence]) -> list[Run]:
+    async def materialise_runs(self, fences: Sequence[ShardLease], occurrences: Sequence[Occurrence]) -> Materialised:
         async with self._transaction() as db:
             for fence in fences:
                 await _check_fence(db, fence)
-            advanced = {
-                row["job_id"]
-                for row in await _all(
+            advanced = await _all(
+                db,
+                f"""
+                UPDATE jobs
+                SET next_fire_at = o.next_fire_at, updated_at = {NOW},
+                    state = CASE WHEN o.next_fire_at IS NULL THEN 'completed' ELSE jobs.state END
+                FROM (SELECT json_extract(value, '$[0]') AS job_id, json_extract(value, '$[1]') AS expected,
+                             json_extract(value, '$[2]') AS next_fire_at FROM json_each(?)) AS o
+                WHERE jobs.job_id = o.job_id AND jobs.next_fire_at = o.expected
+                  AND jobs.state = 'active' AND jobs.shard_id IN (SELECT value FROM json_each(?))
+                RETURNING jobs.job_id, json_extract(jobs.policies, '$.overlap') AS overlap
+                """,
+                (
+                    _json((o.job_id, to_micros(o.expected_next_fire_at), _instant(o.next_fire_at)) for o in occurrences),
+                    _json_list(fence.shard_id for fence in fences),
+                ),
+            )
+            overlap_of = {row["job_id"]: row["overlap"] for row in advanced}
+            guarded = [job_id for job_id, policy in overlap_of.items() if policy != "allow"]
+            active = []
+            if guarded:
+                active = await _all(
                     db,
-                    f"""
-                    UPDATE jobs
-                    SET next_fire_at = o.next_fire_at, updated_at = {NOW},
-                        state = CASE WHEN o.next_fire_at IS NULL THEN 'completed' ELSE jobs.state END
-                    FROM (SELECT json_extract(value, '$[0]') AS job_id, json_extract(value, '$[1]') AS expected,
-                                 json_extract(value, '$[2]') AS next_fire_at FROM json_each(?)) AS o
-                    WHERE jobs.job_id = o.job_id AND jobs.next_fire_at = o.expected
-                      AND jobs.state = 'active' AND jobs.shard_id IN (SELECT value FROM json_each(?))
-                    RETURNING jobs.job_id
-                    """,
-                    (
-                        _json((o.job_id, to_micros(o.expected_next_fire_at), _instant(o.next_fire_at))
-                              for o in occurrences),
-                        _json_list(fence.shard_id for fence in fences),
-                    ),
+                    "SELECT job_id, run_id, state FROM runs WHERE job_id IN (SELECT value FROM json_each(?)) "
+                    "AND state IN (SELECT value FROM json_each(?))",
+                    (_json_list(guarded), _json_list(common.ACTIVE_STATES)),
                 )
-            }
-            planned = [
-                (new_id(), o.job_id, to_micros(instant), state)
-                for o in occurrences
-                if o.job_id in advanced
-                for instants, state in ((o.fire_times, "scheduled"), (o.skipped_times, "skipped"))
-                for instant in instants
-            ]
-            if not planned:
-                return []
+            plan = common.plan_materialisation(
+                occurrences, overlap_of, [(r["job_id"], r["run_id"], r["state"]) for r in active]
+            )
+            cancelling = await _cancel_for_overlap(db, plan)
+            if not plan.rows:
+                return Materialised(runs=[], cancelling=cancelling)
             rows = await _all(
                 db,
                 f"""
                 INSERT INTO runs (run_id, job_id, tenant, job_type, shard_id, scheduled_for, available_at, state,
-                                  payload, priority, manual, delivery, lease_ttl_ms, retry,
-                                  created_at, updated_at, finished_at)
+                                  payload, priority, manual, delivery, lease_ttl_ms, timeout_ms, retry,
+                                  created_at, updated_at, finished_at, last_error)
                 SELECT o.run_id, j.job_id, j.tenant, j.job_type, j.shard_id, o.scheduled_for, o.scheduled_for,
                        o.state, j.payload, j.priority, 0, json_extract(j.policies, '$.delivery'),
                        CAST(json_extract(j.policies, '$.lease_ttl') * 1000 AS INTEGER),
+                       CAST(json_extract(j.policies, '$.timeout') * 1000 AS INTEGER),
                        json_extract(j.policies, '$.retry'), {NOW}, {NOW},
-                       CASE WHEN o.state = 'skipped' THEN {NOW} END
+                       CASE WHEN o.state = 'skipped' THEN {NOW} END, o.last_error
                 FROM (SELECT json_extract(value, '$[0]') AS run_id, json_extract(value, '$[1]') AS job_id,
-                             json_extract(value, '$[2]') AS scheduled_for, json_extract(value, '$[3]') AS state
+                             json_extract(value, '$[2]') AS scheduled_for, json_extract(value, '$[3]') AS state,
+                             json_extract(value, '$[4]') AS last_error
                       FROM json_each(?)) AS o
                 JOIN jobs j ON j.job_id = o.job_id
                 WHERE true
                 ON CONFLICT (job_id, scheduled_for) WHERE manual = 0 DO NOTHING
                 RETURNING *
                 """,
-                (_json(planned),),
+                (_json((r.run_id, r.job_id, to_micros(r.scheduled_for), r.state, r.last_error) for r in plan.rows),),
             )
         runs = [codec.build_run(row) for row in rows]
-        return sorted((run for run in runs if run.state is RunState.SCHEDULED), key=lambda run: run.scheduled_for)
+        scheduled = sorted((run for run in runs if run.state is RunState.SCHEDULED), key=lambda run: run.scheduled_for)
+        return Materialised(runs=scheduled, cancelling=cancelling)
 
     async def pending_runs(self, shard_ids: Collection[int], before: datetime) -> list[Run]:
         async with self._read() as db:
@@ -443,10 +458,12 @@ class SQLiteStore:
                 db,
                 f"""
                 INSERT INTO runs (run_id, job_id, tenant, job_type, shard_id, scheduled_for, available_at, state,
-                                  payload, priority, manual, delivery, lease_ttl_ms, retry, created_at, updated_at)
+                                  payload, priority, manual, delivery, lease_ttl_ms, timeout_ms, retry,
+                                  created_at, updated_at)
                 SELECT ?, j.job_id, j.tenant, j.job_type, j.shard_id, {NOW}, {NOW}, 'scheduled', j.payload,
                        j.priority, 1, json_extract(j.policies, '$.delivery'),
                        CAST(json_extract(j.policies, '$.lease_ttl') * 1000 AS INTEGER),
+                       CAST(json_extract(j.policies, '$.timeout') * 1000 AS INTEGER),
                        json_extract(j.policies, '$.retry'), {NOW}, {NOW}
                 FROM jobs j WHERE j.job_id = ? AND j.tenant = ?
                 RETURNING *
@@ -455,6 +472,44 @@ class SQLiteStore:
             )
         if row is None:
             raise JobNotFound(job_id)
+        return codec.build_run(row)
+
+    async def cancel_run(self, tenant: str, run_id: str) -> Cancellation:
+        async with self._transaction() as db:
+            row = await _one(db, "SELECT * FROM runs WHERE run_id = ? AND tenant = ?", (run_id, tenant))
+            if row is None:
+                raise RunNotFound(run_id)
+            run = codec.build_run(row)
+            if run.state in (RunState.DISPATCHED, RunState.RUNNING):
+                row = await _one(
+                    db, f"UPDATE runs SET cancel_requested = 1, updated_at = {NOW} WHERE run_id = ? RETURNING *",
+                    (run_id,),
+                )
+                return Cancellation(run=codec.build_run(row))
+            if run.state not in (RunState.SCHEDULED, RunState.BUFFERED):
+                raise InvalidState("run", run_id, run.state.value, "cancel")
+            row = await _one(
+                db,
+                f"UPDATE runs SET state = 'cancelled', finished_at = {NOW}, updated_at = {NOW}, last_error = ? "
+                "WHERE run_id = ? RETURNING *",
+                (CANCELLED_BY_REQUEST, run_id),
+            )
+            released = await _release_buffered(db, [run.job_id])
+        return Cancellation(run=codec.build_run(row), released=released)
+
+    async def retry_run(self, tenant: str, run_id: str) -> Run:
+        async with self._transaction() as db:
+            row = await _one(db, "SELECT state FROM runs WHERE run_id = ? AND tenant = ?", (run_id, tenant))
+            if row is None:
+                raise RunNotFound(run_id)
+            if row["state"] not in ("dead", "lost"):
+                raise InvalidState("run", run_id, row["state"], "retry (only dead or lost runs can be replayed)")
+            row = await _one(
+                db,
+                f"UPDATE runs SET state = 'scheduled', available_at = {NOW}, finished_at = NULL, cancel_requested = 0, "
+                f"updated_at = {NOW} WHERE run_id = ? RETURNING *",
+                (run_id,),
+            )
         return codec.build_run(row)
 
     async def record_dispatches(self, dispatches: Sequence[Dispatch]) -> list[Attempt]:
@@ -572,7 +627,9 @@ class SQLiteStore:
             "AND (outcome IN ('pending', 'lease_expired') OR ?1 <> 'superseded')",
             attempt_updates,
         )
-        return outcomes
+        finished_jobs = {o.run.job_id for o in outcomes if o.accepted and o.run.state.is_final}
+        released = await _release_buffered(db, finished_jobs)
+        return outcomes + [ResultOutcome(run=run, accepted=True, released=True) for run in released]
 
     async def get_run(self, tenant: str, run_id: str) -> Run:
         async with self._read() as db:
@@ -695,6 +752,44 @@ async def _value(db: aiosqlite.Connection, sql: str, params: Sequence[Any] = ())
     async with db.execute(sql, params) as cursor:
         row = await cursor.fetchone()
     return None if row is None else row[0]
+
+
+async def _cancel_for_overlap(db: aiosqlite.Connection, plan: common.MaterialisationPlan) -> list[Run]:
+    if plan.cancel_now:
+        await db.execute(
+            f"UPDATE runs SET state = 'cancelled', finished_at = {NOW}, updated_at = {NOW}, last_error = ? "
+            "WHERE run_id IN (SELECT value FROM json_each(?))",
+            (OVERLAP_CANCELLED, _json_list(plan.cancel_now)),
+        )
+    if not plan.cancel_requested:
+        return []
+    rows = await _all(
+        db,
+        f"UPDATE runs SET cancel_requested = 1, last_error = ?, updated_at = {NOW} "
+        "WHERE run_id IN (SELECT value FROM json_each(?)) RETURNING *",
+        (OVERLAP_CANCELLED, _json_list(plan.cancel_requested)),
+    )
+    return [codec.build_run(row) for row in rows]
+
+
+async def _release_buffered(db: aiosqlite.Connection, job_ids: Collection[str]) -> list[Run]:
+    """Schedule the oldest buffered run of each job that has no other active run left."""
+    if not job_ids:
+        return []
+    rows = await _all(
+        db,
+        f"""
+        UPDATE runs SET state = 'scheduled', available_at = {NOW}, updated_at = {NOW}
+        WHERE state = 'buffered' AND job_id IN (SELECT value FROM json_each(?))
+          AND scheduled_for = (SELECT min(b.scheduled_for) FROM runs b
+                               WHERE b.job_id = runs.job_id AND b.state = 'buffered')
+          AND NOT EXISTS (SELECT 1 FROM runs a WHERE a.job_id = runs.job_id
+                          AND a.state IN ('scheduled', 'dispatched', 'running'))
+        RETURNING *
+        """,
+        (_json_list(job_ids),),
+    )
+    return [codec.build_run(row) for row in rows]
 
 
 async def _check_fence(db: aiosqlite.Connection, fence: ShardLease) -> None:

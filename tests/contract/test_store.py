@@ -11,6 +11,8 @@ import pytest
 from fastlane.errors import InvalidArgument, InvalidState, JobAlreadyExists, JobNotFound, RunNotFound, StaleFence
 from fastlane.models import (
     AttemptOutcome,
+    Delivery,
+    OverlapPolicy,
     JobSpec,
     JobState,
     RetryPolicy,
@@ -63,7 +65,7 @@ async def materialise_job(store, leases, job_id: str):
     job = await store.get_job("default", job_id)
     now = await store.db_now()
     occurrence = plan_occurrence(job, now, now)
-    return await store.materialise_runs([leases[job.shard_id]], [occurrence])
+    return (await store.materialise_runs([leases[job.shard_id]], [occurrence])).runs
 
 
 # -- migrations and jobs -----------------------------------------------------------------------
@@ -278,7 +280,7 @@ async def test_racing_materialisations_create_exactly_one_run(store, second_stor
         for shard_id, occurrences in by_shard.items()
         for writer in (store, second_store)
     ))
-    created = [run for runs in results for run in runs]
+    created = [run for result in results for run in result.runs]
     assert sorted(run.job_id for run in created) == sorted(job.job_id for job in jobs)
     for job in jobs:
         assert len((await store.list_runs("default", job_id=job.job_id)).items) == 1
@@ -297,7 +299,7 @@ async def test_materialise_advances_next_fire_and_completes_one_shots(store):
     now = await store.db_now()
     again = Occurrence(job_id=job.job_id, expected_next_fire_at=run.scheduled_for, fire_times=(run.scheduled_for,),
                        next_fire_at=None)
-    assert await store.materialise_runs([leases[job.shard_id]], [again]) == []
+    assert (await store.materialise_runs([leases[job.shard_id]], [again])).runs == []
     assert now >= run.scheduled_for
 
 
@@ -310,7 +312,7 @@ async def test_skipped_occurrences_are_recorded_but_not_returned(store):
         job_id=job.job_id, expected_next_fire_at=start, fire_times=(start + timedelta(seconds=2),),
         skipped_times=(start, start + timedelta(seconds=1)), next_fire_at=start + timedelta(seconds=3),
     )
-    [fired] = await store.materialise_runs([leases[job.shard_id]], [occurrence])
+    [fired] = (await store.materialise_runs([leases[job.shard_id]], [occurrence])).runs
     assert fired.scheduled_for == start + timedelta(seconds=2)
     skipped = await store.list_runs("default", job_id=job.job_id, states=[RunState.SKIPPED])
     assert sorted(run.scheduled_for for run in skipped.items) == [start, start + timedelta(seconds=1)]
@@ -429,3 +431,119 @@ async def test_list_runs_pages_newest_first_and_filters_by_state(store):
     assert (await store.list_runs("default", states=[RunState.SUCCEEDED])).items == []
     with pytest.raises(RunNotFound):
         await store.get_run("acme", runs[0].run_id)
+
+
+# -- overlap, cancel, replay, delivery semantics ------------------------------------------------
+
+
+async def occurrence_now(store, leases, job_id: str):
+    """Materialise the job's next occurrence as if it were due now."""
+    job = await store.get_job("default", job_id)
+    occurrence = Occurrence(job_id=job_id, expected_next_fire_at=job.next_fire_at, fire_times=(job.next_fire_at,),
+                            next_fire_at=job.next_fire_at + timedelta(seconds=1))
+    return await store.materialise_runs([leases[job.shard_id]], [occurrence])
+
+
+def dispatch(run_id: str, token: int) -> Dispatch:
+    return Dispatch(run_id=run_id, lease_token=token, worker_id="w", node_id="n", lease_ttl=TTL, dispatched_at=NOW)
+
+
+async def states_of(store, job_id: str) -> list[str]:
+    runs = (await store.list_runs("default", job_id=job_id)).items
+    return [run.state.value for run in sorted(runs, key=lambda run: run.scheduled_for)]
+
+
+@pytest.mark.parametrize(
+    ("overlap", "expected"),
+    [
+        (OverlapPolicy.ALLOW, ["dispatched", "scheduled", "scheduled"]),
+        (OverlapPolicy.SKIP, ["dispatched", "skipped", "skipped"]),
+        (OverlapPolicy.BUFFER_ONE, ["dispatched", "buffered", "skipped"]),
+        (OverlapPolicy.BUFFER_ALL, ["dispatched", "buffered", "buffered"]),
+    ],
+)
+async def test_overlap_policy_decides_the_runs_of_a_busy_job(store, overlap, expected):
+    leases = await own_all(store)
+    job, _ = await store.create_job(spec(schedule=Schedule.interval(timedelta(seconds=1)), overlap=overlap))
+    [first] = (await occurrence_now(store, leases, job.job_id)).runs
+    await store.record_dispatches([dispatch(first.run_id, 1)])
+    await occurrence_now(store, leases, job.job_id)
+    await occurrence_now(store, leases, job.job_id)
+    assert await states_of(store, job.job_id) == expected
+
+
+async def test_a_finished_run_releases_the_oldest_buffered_one(store):
+    leases = await own_all(store)
+    job, _ = await store.create_job(
+        spec(schedule=Schedule.interval(timedelta(seconds=1)), overlap=OverlapPolicy.BUFFER_ALL))
+    [first] = (await occurrence_now(store, leases, job.job_id)).runs
+    await store.record_dispatches([dispatch(first.run_id, 1)])
+    await occurrence_now(store, leases, job.job_id)
+    await occurrence_now(store, leases, job.job_id)
+    outcomes = await store.record_results(
+        [AttemptResult(run_id=first.run_id, lease_token=1, outcome=AttemptOutcome.SUCCEEDED)])
+    [released] = [o.run for o in outcomes if o.released]
+    assert released.state is RunState.SCHEDULED and released.scheduled_for == first.scheduled_for + timedelta(seconds=1)
+    assert await states_of(store, job.job_id) == ["succeeded", "scheduled", "buffered"]
+
+
+async def test_cancel_previous_cancels_the_active_run_and_schedules_the_new_one(store):
+    leases = await own_all(store)
+    job, _ = await store.create_job(
+        spec(schedule=Schedule.interval(timedelta(seconds=1)), overlap=OverlapPolicy.CANCEL_PREVIOUS))
+    [first] = (await occurrence_now(store, leases, job.job_id)).runs
+    await store.record_dispatches([dispatch(first.run_id, 1)])
+    second = await occurrence_now(store, leases, job.job_id)
+    assert [run.run_id for run in second.cancelling] == [first.run_id]
+    assert second.cancelling[0].cancel_requested and len(second.runs) == 1
+    # The worker stops the handler and reports it; the run ends cancelled, not retried.
+    [outcome] = await store.record_results(
+        [AttemptResult(run_id=first.run_id, lease_token=1, outcome=AttemptOutcome.FAILED, error_message="stopped")])
+    assert outcome.run.state is RunState.CANCELLED
+
+
+async def test_cancel_ends_a_queued_run_and_flags_a_delivered_one(store):
+    _, queued = await scheduled_run(store)
+    cancelled = await store.cancel_run("default", queued.run_id)
+    assert cancelled.run.state is RunState.CANCELLED and cancelled.run.finished_at is not None
+    with pytest.raises(InvalidState, match="cancelled"):
+        await store.cancel_run("default", queued.run_id)
+    job, _ = await store.create_job(spec("other"))
+    delivered = await store.create_manual_run("default", job.job_id)
+    await store.record_dispatches([dispatch(delivered.run_id, 5)])
+    flagged = await store.cancel_run("default", delivered.run_id)
+    assert flagged.run.state is RunState.DISPATCHED and flagged.run.cancel_requested
+    [outcome] = await store.record_results(
+        [AttemptResult(run_id=delivered.run_id, lease_token=5, outcome=AttemptOutcome.CANCELLED)])
+    assert outcome.run.state is RunState.CANCELLED
+
+
+async def test_a_dead_run_is_replayed_with_the_same_idempotency_key(store):
+    _, run = await scheduled_run(store)
+    await store.record_dispatches([dispatch(run.run_id, 1)])
+    await store.record_results([AttemptResult(run_id=run.run_id, lease_token=1,
+                                              outcome=AttemptOutcome.PERMANENT_FAILURE)])
+    replayed = await store.retry_run("default", run.run_id)
+    assert replayed.state is RunState.SCHEDULED and replayed.idempotency_key == run.idempotency_key
+    assert [p.run_id for p in await store.pending_runs(range(SHARDS), datetime.now(UTC) + TTL)] == [run.run_id]
+    [attempt] = await store.record_dispatches([dispatch(run.run_id, 2)])
+    assert attempt.attempt == 2
+    with pytest.raises(InvalidState, match="only dead or lost"):
+        await store.retry_run("default", run.run_id)
+
+
+async def test_an_at_most_once_run_whose_worker_vanished_is_lost(store):
+    leases, run = await scheduled_run(store, delivery=Delivery.AT_MOST_ONCE)
+    await store.record_dispatches([Dispatch(run_id=run.run_id, lease_token=1, worker_id="w", node_id="n",
+                                            lease_ttl=timedelta(milliseconds=100), dispatched_at=NOW)])
+    await asyncio.sleep(0.2)
+    assert await store.requeue_expired(leases[run.shard_id]) == []
+    assert (await store.get_run("default", run.run_id)).state is RunState.LOST
+
+
+async def test_an_at_most_once_failure_is_not_retried(store):
+    _, run = await scheduled_run(store, delivery=Delivery.AT_MOST_ONCE)
+    await store.record_dispatches([dispatch(run.run_id, 1)])
+    [outcome] = await store.record_results(
+        [AttemptResult(run_id=run.run_id, lease_token=1, outcome=AttemptOutcome.FAILED)])
+    assert outcome.run.state is RunState.DEAD

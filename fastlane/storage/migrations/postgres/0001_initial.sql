@@ -49,6 +49,8 @@ CREATE TABLE runs (
     manual           boolean NOT NULL DEFAULT false,
     delivery         text NOT NULL,
     lease_ttl_ms     bigint NOT NULL,
+    timeout_ms       bigint,
+    cancel_requested boolean NOT NULL DEFAULT false,
     retry            jsonb NOT NULL,
     lease_token      bigint,
     lease_expires_at timestamptz,
@@ -65,6 +67,9 @@ CREATE TABLE runs (
 CREATE UNIQUE INDEX runs_one_per_occurrence ON runs (job_id, scheduled_for) WHERE NOT manual;
 CREATE INDEX runs_pending ON runs (shard_id, available_at) WHERE state = 'scheduled';
 CREATE INDEX runs_leased ON runs (shard_id, lease_expires_at) WHERE state IN ('dispatched', 'running');
+-- Active runs of a job, for overlap policies and the release of buffered runs.
+CREATE INDEX runs_active_by_job ON runs (job_id, scheduled_for)
+    WHERE state IN ('buffered', 'scheduled', 'dispatched', 'running');
 CREATE INDEX runs_by_job ON runs (job_id, scheduled_for DESC, run_id);
 CREATE INDEX runs_by_tenant ON runs (tenant, scheduled_for DESC, run_id);
 -- Retention deletes finished history oldest first.

@@ -49,6 +49,8 @@ CREATE TABLE runs (
     manual           integer NOT NULL DEFAULT 0,
     delivery         text NOT NULL,
     lease_ttl_ms     integer NOT NULL,
+    timeout_ms       integer,
+    cancel_requested integer NOT NULL DEFAULT 0,
     retry            text NOT NULL,
     lease_token      integer,
     lease_expires_at integer,
@@ -65,6 +67,9 @@ CREATE TABLE runs (
 CREATE UNIQUE INDEX runs_one_per_occurrence ON runs (job_id, scheduled_for) WHERE manual = 0;
 CREATE INDEX runs_pending ON runs (shard_id, available_at) WHERE state = 'scheduled';
 CREATE INDEX runs_leased ON runs (shard_id, lease_expires_at) WHERE state IN ('dispatched', 'running');
+-- Active runs of a job, for overlap policies and the release of buffered runs.
+CREATE INDEX runs_active_by_job ON runs (job_id, scheduled_for)
+    WHERE state IN ('buffered', 'scheduled', 'dispatched', 'running');
 CREATE INDEX runs_by_job ON runs (job_id, scheduled_for DESC, run_id);
 CREATE INDEX runs_by_tenant ON runs (tenant, scheduled_for DESC, run_id);
 -- Retention deletes finished history oldest first.
