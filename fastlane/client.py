@@ -13,6 +13,8 @@ Every method returns domain models (:mod:`fastlane.models`); a failed call raise
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -236,8 +238,18 @@ class Client:
         """A run and its attempts, first attempt first."""
         request = runs_pb2.RunRef(tenant=self.tenant, run_id=run_id)
         detail = await self._call(self._connect().runs.GetRun, request)
-        run = wire.run_from_pb(detail.run)
+        run = replace(wire.run_from_pb(detail.run), checkpoint=detail.checkpoint or None)
         return run, [wire.attempt_from_pb(run.run_id, attempt) for attempt in detail.attempts]
+
+    async def cancel_run(self, run_id: str) -> Run:
+        """Cancel a run: a queued one never starts, a running one is told to stop."""
+        request = runs_pb2.RunRef(tenant=self.tenant, run_id=run_id)
+        return wire.run_from_pb(await self._call(self._connect().runs.CancelRun, request))
+
+    async def retry_run(self, run_id: str) -> Run:
+        """Replay a dead or lost run now, as a new attempt with the same idempotency key."""
+        request = runs_pb2.RunRef(tenant=self.tenant, run_id=run_id)
+        return wire.run_from_pb(await self._call(self._connect().runs.RetryRun, request))
 
     # -- cluster --------------------------------------------------------------------------------
 

@@ -18,6 +18,8 @@ from fastlane.errors import InvalidArgument
 DEFAULT_TENANT = "default"
 MAX_PAYLOAD_BYTES = 1 << 20
 MAX_CHECKPOINT_BYTES = 1 << 20
+# Workers heartbeat every second: a lease of three seconds survives two lost heartbeats.
+MIN_LEASE_TTL = timedelta(seconds=3)
 
 
 # -- enumerations ------------------------------------------------------------------------------
@@ -317,8 +319,10 @@ def validate_spec(spec: JobSpec) -> JobSpec:
         raise InvalidArgument("misfire.fire_all_cap", f"{spec.misfire.fire_all_cap} must be at least 1")
     if spec.timeout is not None and spec.timeout <= timedelta(0):
         raise InvalidArgument("timeout", "must be positive when set")
-    if spec.lease_ttl < timedelta(seconds=1):
-        raise InvalidArgument("lease_ttl", f"{spec.lease_ttl.total_seconds()} s is too short (at least 1 s)")
+    if spec.lease_ttl < MIN_LEASE_TTL:
+        raise InvalidArgument(
+            "lease_ttl", f"{spec.lease_ttl.total_seconds()} s is too short (at least {MIN_LEASE_TTL.total_seconds():.0f} s)"
+        )
     return spec
 
 

@@ -33,7 +33,8 @@ from fastlane.storage import Store, open_store
 
 log = logging.getLogger("fastlane.node")
 
-HEARTBEAT_INTERVAL = timedelta(seconds=3)
+# Workers heartbeat every in-flight attempt this often; leases are at least three times longer.
+HEARTBEAT_INTERVAL = timedelta(seconds=1)
 DRAIN_TIMEOUT = 5.0
 SERVER_GRACE = 2.0
 
@@ -86,7 +87,7 @@ class Node:
         ownership = ShardOwnership(store, node_id=settings.node_id, ttl=settings.shard_lease_ttl, metrics=metrics,
                                    on_acquired=shards_acquired, on_lost=shards_lost)
         lane = FastLane(store, settings=settings, clock=self.clock, metrics=metrics, shards=ownership,
-                        on_stale=ownership.lost, release=dispatcher.release)
+                        on_stale=ownership.lost, release=dispatcher.release, cancel=dispatcher.cancel)
 
         def node_status() -> admin_pb2.NodeStatus:
             return admin_pb2.NodeStatus(
@@ -98,7 +99,7 @@ class Node:
         server = ApiServer(
             settings.listen,
             jobs=JobServicer(store, lane),
-            runs=RunServicer(store),
+            runs=RunServicer(store, lane, dispatcher),
             workers=WorkerServicer(dispatcher, node_id=settings.node_id, heartbeat_interval=HEARTBEAT_INTERVAL),
             admin=AdminServicer(store, node_status),
         )

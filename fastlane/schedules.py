@@ -208,8 +208,9 @@ def parse_cron(expr: str) -> CronExpr:
 
 def _transition(before: datetime, after: datetime, tz: ZoneInfo) -> datetime:
     """The first instant in ``(before, after]`` whose UTC offset differs from ``before``'s."""
+    # tzdata transitions fall on whole seconds, so search whole seconds from a whole second.
+    before = before.replace(microsecond=0)
     old = before.astimezone(tz).utcoffset()
-    # Whole seconds: candidates and tzdata transitions both fall on whole seconds.
     low, high = 0, int((after - before).total_seconds())  # offset(low) == old != offset(high)
     while high - low > 1:
         middle = (low + high) // 2
@@ -226,7 +227,7 @@ def _folds(wall: datetime, tz: ZoneInfo) -> tuple[datetime, datetime]:
     Equal for an ordinary time; earlier < later for a repeated one; reversed inside a gap, where
     zoneinfo reads fold=0 with the offset from before the jump.
     """
-    return tuple(wall.replace(tzinfo=tz, fold=f).astimezone(UTC) for f in (0, 1))  # type: ignore[return-value]
+    return wall.replace(tzinfo=tz, fold=0).astimezone(UTC), wall.replace(tzinfo=tz, fold=1).astimezone(UTC)
 
 
 def _repeated_walls(first: datetime, second: datetime, tz: ZoneInfo) -> tuple[datetime, datetime]:

@@ -192,6 +192,7 @@ def run_to_pb(run: Run) -> pb.Run:
         idempotency_key=run.idempotency_key,
         shard_id=run.shard_id,
         checkpoint_bytes=len(run.checkpoint or b""),
+        cancel_requested=run.cancel_requested,
     )
 
 
@@ -252,6 +253,7 @@ def run_from_pb(message: pb.Run) -> Run:
         finished_at=instant(message.finished_at, message.HasField("finished_at")),
         progress=message.progress,
         last_error=message.last_error or None,
+        cancel_requested=message.cancel_requested,
     )
 
 

@@ -38,9 +38,11 @@ class ListRunsResponse(_message.Message):
     def __init__(self, runs: _Optional[_Iterable[_Union[_common_pb2.Run, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class RunDetail(_message.Message):
-    __slots__ = ("run", "attempts")
+    __slots__ = ("run", "attempts", "checkpoint")
     RUN_FIELD_NUMBER: _ClassVar[int]
     ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     run: _common_pb2.Run
     attempts: _containers.RepeatedCompositeFieldContainer[_common_pb2.Attempt]
-    def __init__(self, run: _Optional[_Union[_common_pb2.Run, _Mapping]] = ..., attempts: _Optional[_Iterable[_Union[_common_pb2.Attempt, _Mapping]]] = ...) -> None: ...
+    checkpoint: bytes
+    def __init__(self, run: _Optional[_Union[_common_pb2.Run, _Mapping]] = ..., attempts: _Optional[_Iterable[_Union[_common_pb2.Attempt, _Mapping]]] = ..., checkpoint: _Optional[bytes] = ...) -> None: ...

@@ -3,6 +3,7 @@
 import grpc
 import warnings
 
+from fastlane._proto import common_pb2 as fastlane_dot_v1_dot_common__pb2
 from fastlane._proto import runs_pb2 as fastlane_dot_v1_dot_runs__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -44,6 +45,16 @@ class RunServiceStub:
                 request_serializer=fastlane_dot_v1_dot_runs__pb2.RunRef.SerializeToString,
                 response_deserializer=fastlane_dot_v1_dot_runs__pb2.RunDetail.FromString,
                 _registered_method=True)
+        self.CancelRun = channel.unary_unary(
+                '/fastlane.v1.RunService/CancelRun',
+                request_serializer=fastlane_dot_v1_dot_runs__pb2.RunRef.SerializeToString,
+                response_deserializer=fastlane_dot_v1_dot_common__pb2.Run.FromString,
+                _registered_method=True)
+        self.RetryRun = channel.unary_unary(
+                '/fastlane.v1.RunService/RetryRun',
+                request_serializer=fastlane_dot_v1_dot_runs__pb2.RunRef.SerializeToString,
+                response_deserializer=fastlane_dot_v1_dot_common__pb2.Run.FromString,
+                _registered_method=True)
 
 
 class RunServiceServicer:
@@ -61,6 +72,20 @@ class RunServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CancelRun(self, request, context):
+        """A queued run never starts; a running one is told to stop and ends cancelled.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RetryRun(self, request, context):
+        """Replay a dead or lost run now as a new attempt with the same idempotency key.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RunServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -73,6 +98,16 @@ def add_RunServiceServicer_to_server(servicer, server):
                     servicer.GetRun,
                     request_deserializer=fastlane_dot_v1_dot_runs__pb2.RunRef.FromString,
                     response_serializer=fastlane_dot_v1_dot_runs__pb2.RunDetail.SerializeToString,
+            ),
+            'CancelRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelRun,
+                    request_deserializer=fastlane_dot_v1_dot_runs__pb2.RunRef.FromString,
+                    response_serializer=fastlane_dot_v1_dot_common__pb2.Run.SerializeToString,
+            ),
+            'RetryRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.RetryRun,
+                    request_deserializer=fastlane_dot_v1_dot_runs__pb2.RunRef.FromString,
+                    response_serializer=fastlane_dot_v1_dot_common__pb2.Run.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -129,6 +164,60 @@ class RunService:
             '/fastlane.v1.RunService/GetRun',
             fastlane_dot_v1_dot_runs__pb2.RunRef.SerializeToString,
             fastlane_dot_v1_dot_runs__pb2.RunDetail.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fastlane.v1.RunService/CancelRun',
+            fastlane_dot_v1_dot_runs__pb2.RunRef.SerializeToString,
+            fastlane_dot_v1_dot_common__pb2.Run.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RetryRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fastlane.v1.RunService/RetryRun',
+            fastlane_dot_v1_dot_runs__pb2.RunRef.SerializeToString,
+            fastlane_dot_v1_dot_common__pb2.Run.FromString,
             options,
             channel_credentials,
             insecure,

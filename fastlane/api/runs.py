@@ -5,15 +5,19 @@ from __future__ import annotations
 import grpc
 
 from fastlane import wire
-from fastlane._proto import runs_pb2, runs_pb2_grpc
+from fastlane._proto import common_pb2, runs_pb2, runs_pb2_grpc
 from fastlane.api.guard import rpc, tenant_of
+from fastlane.engine.dispatch import Dispatcher
+from fastlane.engine.lane import FastLane
 from fastlane.models import RunState
 from fastlane.storage import Store
 
 
 class RunServicer(runs_pb2_grpc.RunServiceServicer):
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, lane: FastLane, dispatcher: Dispatcher) -> None:
         self._store = store
+        self._lane = lane
+        self._dispatcher = dispatcher
 
     @rpc
     async def ListRuns(self, request: runs_pb2.ListRunsRequest, context: grpc.aio.ServicerContext) -> runs_pb2.ListRunsResponse:
@@ -29,4 +33,20 @@ class RunServicer(runs_pb2_grpc.RunServiceServicer):
     async def GetRun(self, request: runs_pb2.RunRef, context: grpc.aio.ServicerContext) -> runs_pb2.RunDetail:
         run = await self._store.get_run(tenant_of(request.tenant), request.run_id)
         attempts = await self._store.list_attempts(run.run_id)
-        return runs_pb2.RunDetail(run=wire.run_to_pb(run), attempts=[wire.attempt_to_pb(a) for a in attempts])
+        return runs_pb2.RunDetail(run=wire.run_to_pb(run), attempts=[wire.attempt_to_pb(a) for a in attempts],
+                                  checkpoint=run.checkpoint or b"")
+
+    @rpc
+    async def CancelRun(self, request: runs_pb2.RunRef, context: grpc.aio.ServicerContext) -> common_pb2.Run:
+        cancellation = await self._store.cancel_run(tenant_of(request.tenant), request.run_id)
+        self._lane.forget_run(request.run_id)
+        self._dispatcher.cancel([cancellation.run])
+        for run in cancellation.released:
+            self._lane.schedule_run(run)
+        return wire.run_to_pb(cancellation.run)
+
+    @rpc
+    async def RetryRun(self, request: runs_pb2.RunRef, context: grpc.aio.ServicerContext) -> common_pb2.Run:
+        run = await self._store.retry_run(tenant_of(request.tenant), request.run_id)
+        self._lane.schedule_run(run)
+        return wire.run_to_pb(run)

@@ -129,6 +129,7 @@ def _to_pb(outgoing: Outgoing) -> workers_pb2.NodeMessage:
                 lease_token=item.lease_token,
                 lease_ttl=wire.duration(item.run.lease_ttl),
                 checkpoint=item.run.checkpoint,
+                timeout=wire.duration(item.run.timeout),
                 released_at=wire.timestamp(item.released_at),
             )
             for item in outgoing.runs

@@ -47,6 +47,22 @@ def register(commands: Any) -> None:
     json_flag(get)
     get.set_defaults(handler=get_run, command_parser=get)
 
+    cancel = actions.add_parser(
+        "cancel", parents=[remote], help="cancel a run",
+        description="Cancel a run: a queued run never starts; a running handler is cancelled and the run ends cancelled.",
+    )
+    cancel.add_argument("run_id", metavar="RUN_ID", help="id of the run")
+    json_flag(cancel)
+    cancel.set_defaults(handler=cancel_run, command_parser=cancel)
+
+    retry = actions.add_parser(
+        "retry", parents=[remote], help="replay a dead or lost run",
+        description="Replay a dead or lost run now, as a new attempt with the same idempotency key.",
+    )
+    retry.add_argument("run_id", metavar="RUN_ID", help="id of the run")
+    json_flag(retry)
+    retry.set_defaults(handler=retry_run, command_parser=retry)
+
 
 def _shorten(text: str | None, width: int) -> str | None:
     if text is None or len(text) <= width:
@@ -128,3 +144,29 @@ def get_run(args: argparse.Namespace) -> int:
         return 0
 
     return run_remote(args, show)
+
+
+def cancel_run(args: argparse.Namespace) -> int:
+    async def cancel(client: Client) -> int:
+        run = await client.cancel_run(args.run_id)
+        if args.json:
+            print_json(run_view(run))
+        elif run.state is RunState.CANCELLED:
+            print(f"run {run.run_id} cancelled")
+        else:
+            print(f"run {run.run_id} is {run.state.value}: its worker has been told to stop")
+        return 0
+
+    return run_remote(args, cancel)
+
+
+def retry_run(args: argparse.Namespace) -> int:
+    async def retry(client: Client) -> int:
+        run = await client.retry_run(args.run_id)
+        if args.json:
+            print_json(run_view(run))
+        else:
+            print(f"run {run.run_id} scheduled again (attempt {run.attempts + 1}, key {run.idempotency_key})")
+        return 0
+
+    return run_remote(args, retry)

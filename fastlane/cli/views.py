@@ -148,6 +148,9 @@ def run_view(run: Run) -> dict[str, Any]:
         "finished_at": rfc3339(run.finished_at),
         "idempotency_key": run.idempotency_key,
         "shard_id": run.shard_id,
+        "cancel_requested": run.cancel_requested,
+        "checkpoint_bytes": len(run.checkpoint) if run.checkpoint else 0,
+        "checkpoint": base64.b64encode(run.checkpoint).decode() if run.checkpoint else None,
     }
 
 

@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from fastlane.clock import Clock
 from fastlane.errors import StorageError
 from fastlane.metrics import Metrics
-from fastlane.models import Run, RunState
+from fastlane.models import Delivery, Run, RunState
 from fastlane.storage import AttemptResult, Dispatch, Heartbeat, Store
 
 log = logging.getLogger("fastlane.dispatch")
@@ -115,7 +115,9 @@ class Dispatcher:
         # Lease tokens only need to differ between attempts of one run; a random start keeps
         # two node incarnations from reusing the same sequence.
         self._tokens = itertools.count(random.getrandbits(40) << 20)
-        self._lease_ttls: dict[tuple[str, int], timedelta] = {}  # attempts in flight
+        # Attempts sent and not yet reported, with the session holding each and its lease TTL.
+        self._in_flight: dict[tuple[str, int], tuple[WorkerSession, timedelta]] = {}
+        self._background: set[asyncio.Task[None]] = set()
 
     # -- sessions -------------------------------------------------------------------------------
 
@@ -141,6 +143,7 @@ class Dispatcher:
         # Its attempts keep their leases: the worker may reconnect and report them, and if it
         # does not, the leases expire and the runs are delivered again.
         session.connected = False
+        self._in_flight = {key: held for key, held in self._in_flight.items() if held[0] is not session}
         for job_type in session.job_types:
             sessions = self._sessions.get(job_type, [])
             if session in sessions:
@@ -167,7 +170,60 @@ class Dispatcher:
                 continue
             batches.setdefault(id(session), (session, []))[1].append(self._assign(session, run, now))
         for session, assigned in batches.values():
-            session.outbox.put_nowait(Assign(assigned))
+            self._send(session, assigned)
+        self._metrics.ready_queue.set(self.ready_depth)
+
+    def _send(self, session: WorkerSession, assigned: list[Assigned]) -> None:
+        """At-least-once runs go at once; at-most-once runs only after their start is durable."""
+        at_least_once = [item for item in assigned if item.run.delivery is Delivery.AT_LEAST_ONCE]
+        at_most_once = [item for item in assigned if item.run.delivery is Delivery.AT_MOST_ONCE]
+        if at_least_once:
+            for item in at_least_once:
+                self._journal.dispatches.append(self._dispatch_record(session, item))
+            self._wake_journal()
+            session.outbox.put_nowait(Assign(at_least_once))
+        if at_most_once:
+            task = asyncio.create_task(self._send_at_most_once(session, at_most_once), name="dispatch-at-most-once")
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _send_at_most_once(self, session: WorkerSession, assigned: list[Assigned]) -> None:
+        try:
+            recorded = await self._store.record_dispatches([self._dispatch_record(session, item) for item in assigned])
+        except StorageError as error:
+            log.warning("could not record %d at-most-once dispatches; queueing them again: %s", len(assigned), error)
+            recorded = []
+        started = {attempt.run_id for attempt in recorded}
+        sendable = [item for item in assigned if item.run.run_id in started]
+        for item in assigned:
+            if item.run.run_id not in started:
+                self._in_flight.pop((item.run.run_id, item.lease_token), None)
+                session.credits += 1
+        # A run not recorded is either already started elsewhere (never send it twice) or the
+        # write failed (it is still scheduled in the database and comes back on the next rebuild).
+        if sendable and session.connected:
+            session.outbox.put_nowait(Assign(sendable))
+
+    def _dispatch_record(self, session: WorkerSession, item: Assigned) -> Dispatch:
+        return Dispatch(
+            run_id=item.run.run_id, lease_token=item.lease_token, worker_id=session.worker_id, node_id=self._node_id,
+            lease_ttl=item.run.lease_ttl, dispatched_at=item.released_at,
+        )
+
+    def cancel(self, runs: Iterable[Run]) -> None:
+        """Stop these runs: drop them from the ready queues, tell the workers holding them."""
+        by_session: dict[int, tuple[WorkerSession, list[AttemptRef]]] = {}
+        for run in runs:
+            queue = self._ready.get(run.job_type)
+            if queue:
+                self._ready[run.job_type] = deque(queued for queued in queue if queued.run_id != run.run_id)
+            if run.lease_token is None:
+                continue
+            held = self._in_flight.get((run.run_id, run.lease_token))
+            if held is not None and held[0].connected:
+                by_session.setdefault(id(held[0]), (held[0], []))[1].append(AttemptRef(run.run_id, run.lease_token))
+        for session, refs in by_session.values():
+            session.outbox.put_nowait(Cancel(refs, "the run was cancelled"))
         self._metrics.ready_queue.set(self.ready_depth)
 
     def drop_shards(self, shard_ids: Iterable[int]) -> None:
@@ -192,12 +248,7 @@ class Dispatcher:
     def _assign(self, session: WorkerSession, run: Run, now: datetime) -> Assigned:
         session.credits -= 1
         token = next(self._tokens)
-        self._lease_ttls[(run.run_id, token)] = run.lease_ttl
-        self._journal.dispatches.append(Dispatch(
-            run_id=run.run_id, lease_token=token, worker_id=session.worker_id, node_id=self._node_id,
-            lease_ttl=run.lease_ttl, dispatched_at=now,
-        ))
-        self._wake_journal()
+        self._in_flight[(run.run_id, token)] = (session, run.lease_ttl)
         self._metrics.dispatch_lag.observe(max((now - run.available_at).total_seconds(), 0.0))
         return Assigned(run=run, attempt=run.attempts + 1, lease_token=token, released_at=now)
 
@@ -216,7 +267,7 @@ class Dispatcher:
             if queue is not None:
                 queue.extendleft(reversed(skipped))
         if assigned:
-            session.outbox.put_nowait(Assign(assigned))
+            self._send(session, assigned)
             self._metrics.ready_queue.set(self.ready_depth)
 
     # -- what workers report --------------------------------------------------------------------
@@ -225,13 +276,13 @@ class Dispatcher:
         """Journal heartbeats; each extends its lease by the TTL the attempt was sent with."""
         for beat in beats:
             key = (beat.run_id, beat.lease_token)
-            ttl = self._lease_ttls.get(key, DEFAULT_LEASE_TTL)
+            _, ttl = self._in_flight.get(key, (session, DEFAULT_LEASE_TTL))
             self._journal.heartbeats[key] = (session, replace(beat, lease_ttl=ttl))
         self._wake_journal()
 
     def results(self, session: WorkerSession, results: Iterable[AttemptResult]) -> None:
         for result in results:
-            self._lease_ttls.pop((result.run_id, result.lease_token), None)
+            self._in_flight.pop((result.run_id, result.lease_token), None)
             self._journal.results.append((session, result))
         self._wake_journal()
 

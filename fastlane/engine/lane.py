@@ -49,6 +49,7 @@ class ShardView(Protocol):
 
 ShardStale = Callable[[int, str], None]
 Release = Callable[[list[Run]], None]
+CancelAttempts = Callable[[list[Run]], None]
 
 
 class FastLane:
@@ -64,6 +65,7 @@ class FastLane:
         shards: ShardView,
         on_stale: ShardStale,
         release: Release,
+        cancel: CancelAttempts,
     ) -> None:
         self._store = store
         self._settings = settings
@@ -73,6 +75,7 @@ class FastLane:
         self._owned_shards = shards.owned
         self._on_stale = on_stale
         self._release = release
+        self._cancel = cancel
         self._seq = itertools.count()
         self._planned: list[tuple[datetime, int, Job]] = []
         self._planned_at: dict[str, datetime] = {}  # the one live heap entry per job
@@ -136,6 +139,14 @@ class FastLane:
         if self._releasing[0][2] is run:
             self._release_wake.set()
         self._update_size()
+
+    def forget_run(self, run_id: str) -> None:
+        """Drop a run waiting for its time (it was cancelled). Rare: a linear rebuild is fine."""
+        if run_id in self._releasing_ids:
+            self._releasing_ids.discard(run_id)
+            self._releasing = [entry for entry in self._releasing if entry[2].run_id != run_id]
+            heapq.heapify(self._releasing)
+            self._update_size()
 
     def _plan(self, job: Job) -> None:
         fire_at = job.next_fire_at
@@ -223,7 +234,7 @@ class FastLane:
         horizon = now + self._settings.lead
         occurrences = [plan_occurrence(job, now, horizon) for job in jobs]
         try:
-            runs = await self._store.materialise_runs(fences, occurrences)
+            written = await self._store.materialise_runs(fences, occurrences)
         except StaleFence as stale:
             # Lost that shard; the others in the batch are still ours: try them again at once.
             self._on_stale(stale.shard_id, str(stale))
@@ -237,9 +248,11 @@ class FastLane:
             for job in jobs:
                 self._plan(job)
             return
-        self._metrics.materialised.inc(len(runs))
-        for run in runs:
+        self._metrics.materialised.inc(len(written.runs))
+        for run in written.runs:
             self.schedule_run(run)
+        if written.cancelling:
+            self._cancel(written.cancelling)
         self._plan_next(jobs, occurrences)
 
     def _plan_next(self, jobs: list[Job], occurrences: list[Occurrence]) -> None:

@@ -593,6 +593,9 @@ async def test_cli_create_then_list_runs_as_json(daemon: FakeDaemon, capsys: pyt
         "finished_at": "2027-03-13T12:05:04Z",
         "idempotency_key": f"{created['job_id']}:2027-03-13T12:05:00Z",
         "shard_id": 3,
+        "cancel_requested": False,
+        "checkpoint_bytes": 0,
+        "checkpoint": None,
     }
 
     code, out, _ = await run_cli(capsys, "runs", "get", run.run_id, "--json", *remote)
