@@ -34,7 +34,8 @@ import asyncio
 import re
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -130,10 +131,8 @@ async def apply_once(
         raise ValueError(f"the idempotency key must be a non-empty string, got {key!r}")
     dialect, is_pool = _dialect_of(connection)
     ledger = _ledger_name(table, dialect)
-    if is_pool:
-        async with connection.acquire() as acquired:
-            return await _apply(acquired, dialect, ledger, key, effect)
-    return await _apply(connection, dialect, ledger, key, effect)
+    async with _borrowed(connection, is_pool) as borrowed:
+        return await _apply(borrowed, dialect, ledger, key, effect)
 
 
 async def apply_once_for(
@@ -159,11 +158,8 @@ async def ensure_ledger(connection: Connection | asyncpg.Pool, *, table: str = D
     """
     dialect, is_pool = _dialect_of(connection)
     ledger = _ledger_name(table, dialect)
-    if is_pool:
-        async with connection.acquire() as acquired:
-            await _create_ledger(acquired, dialect, ledger)
-    else:
-        await _create_ledger(connection, dialect, ledger)
+    async with _borrowed(connection, is_pool) as borrowed:
+        await _create_ledger(borrowed, dialect, ledger)
 
 
 # -- one application ---------------------------------------------------------------------------
@@ -218,8 +214,8 @@ async def _transact_sqlite(
     # have opened a transaction implicitly, and ours must not merge into it.
     if connection.in_transaction:
         raise RuntimeError(_IN_TRANSACTION)
-    # IMMEDIATE takes the write lock now, so a racing claim waits (busy timeout) instead of
-    # failing later when a read lock tries to become a write lock.
+    # IMMEDIATE takes the write lock at BEGIN, where a racing claim can safely wait out the busy
+    # timeout; taken later, after a read lock, SQLite may refuse at once to avoid a deadlock.
     await connection.execute("BEGIN IMMEDIATE")
     try:
         claimed_at = time.time_ns() // 1000
@@ -288,6 +284,16 @@ def _ledger_name(table: str, dialect: _Dialect) -> str:
             "underscores, not starting with a digit, at most 63 characters each"
         )
     return ".".join(f'"{part}"' for part in parts)
+
+
+@asynccontextmanager
+async def _borrowed(connection: Any, is_pool: bool) -> AsyncIterator[Any]:
+    """The connection itself, or one acquired from the pool for the duration."""
+    if is_pool:
+        async with connection.acquire() as acquired:
+            yield acquired
+    else:
+        yield connection
 
 
 def _dialect_of(connection: object) -> tuple[_Dialect, bool]:
