@@ -87,7 +87,7 @@ class Node:
         ownership = ShardOwnership(store, node_id=settings.node_id, ttl=settings.shard_lease_ttl, metrics=metrics,
                                    on_acquired=shards_acquired, on_lost=shards_lost)
         lane = FastLane(store, settings=settings, clock=self.clock, metrics=metrics, shards=ownership,
-                        on_stale=ownership.lost, release=dispatcher.release, cancel=dispatcher.cancel)
+                        on_stale=ownership.lost, dispatch=dispatcher)
 
         def node_status() -> admin_pb2.NodeStatus:
             return admin_pb2.NodeStatus(
@@ -98,7 +98,7 @@ class Node:
 
         server = ApiServer(
             settings.listen,
-            jobs=JobServicer(store, lane),
+            jobs=JobServicer(store, lane, dispatcher),
             runs=RunServicer(store, lane, dispatcher),
             workers=WorkerServicer(dispatcher, node_id=settings.node_id, heartbeat_interval=HEARTBEAT_INTERVAL),
             admin=AdminServicer(store, node_status),
@@ -113,7 +113,7 @@ class Node:
             async with asyncio.TaskGroup() as group:
                 group.create_task(ownership.run(shards_ready), name="shard-ownership")
                 group.create_task(lane.run(), name="fast-lane")
-                group.create_task(dispatcher.run(), name="dispatch-journal")
+                journal = group.create_task(dispatcher.run(), name="dispatch-journal")
                 await _first_of(shards_ready, self._stop)
                 if not self._stop.is_set():
                     await server.set_ready(True)
@@ -121,11 +121,17 @@ class Node:
                     log.info("node %s ready: %d shards, %d in window", settings.node_id, len(ownership.leases), lane.size)
                 await self._stop.wait()
                 log.info("node %s stopping", settings.node_id)
+                # Not ready, stop firing, send nothing new; make every result durable and
+                # acknowledge it while the streams are still open; then hand the shards over.
                 await server.set_ready(False)
                 lane.stop()
+                dispatcher.stop_assigning()
                 await dispatcher.flush(DRAIN_TIMEOUT)
                 await server.stop(SERVER_GRACE)
                 dispatcher.stop()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(DRAIN_TIMEOUT):
+                        await asyncio.shield(journal)
                 await ownership.stop()
         finally:
             await server.stop(0)

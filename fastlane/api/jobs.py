@@ -9,6 +9,7 @@ import grpc
 from fastlane import schedules, wire
 from fastlane._proto import common_pb2, jobs_pb2, jobs_pb2_grpc
 from fastlane.api.guard import rpc, tenant_of
+from fastlane.engine.dispatch import Dispatcher
 from fastlane.engine.lane import FastLane
 from fastlane.errors import InvalidArgument
 from fastlane.models import JobState, ScheduleKind
@@ -18,9 +19,10 @@ MAX_PREVIEW = 1000
 
 
 class JobServicer(jobs_pb2_grpc.JobServiceServicer):
-    def __init__(self, store: Store, lane: FastLane) -> None:
+    def __init__(self, store: Store, lane: FastLane, dispatcher: Dispatcher) -> None:
         self._store = store
         self._lane = lane
+        self._dispatcher = dispatcher
 
     @rpc
     async def CreateJob(self, request: jobs_pb2.CreateJobRequest, context: grpc.aio.ServicerContext) -> jobs_pb2.CreateJobResponse:
@@ -66,7 +68,8 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
     @rpc
     async def DeleteJob(self, request: jobs_pb2.JobRef, context: grpc.aio.ServicerContext) -> jobs_pb2.DeleteJobResponse:
         await self._store.delete_job(tenant_of(request.tenant), request.job_id)
-        self._lane.job_removed(request.job_id)
+        self._lane.forget_job(request.job_id)
+        self._dispatcher.forget_job(request.job_id)
         return jobs_pb2.DeleteJobResponse()
 
     @rpc

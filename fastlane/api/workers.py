@@ -89,7 +89,6 @@ def _heartbeat(beat: workers_pb2.RunHeartbeat) -> Heartbeat:
     return Heartbeat(
         run_id=beat.run_id,
         lease_token=beat.lease_token,
-        lease_ttl=timedelta(0),  # the dispatcher fills in the attempt's own TTL
         started=beat.started,
         progress=beat.progress if beat.HasField("progress") else None,
         checkpoint=beat.checkpoint if beat.HasField("checkpoint") else None,

@@ -1,10 +1,19 @@
 """Dispatch: ready queues, worker sessions with credits, and the journal of what happened.
 
 A released run goes straight to a connected worker that declared its job type and has a free
-credit; otherwise it waits in the ready queue of its type until one does. Sending never waits
-for the database: dispatches, heartbeats and results go to a *journal* that one writer task
-flushes in batches, in order (a result is never written before its dispatch). A worker's results
-are acknowledged only once the batch holding them is durable.
+credit; otherwise it waits in the ready queue of its type until one does.
+
+Two ways to send:
+
+- *fast*: the run was written by this node a moment ago (or triggered, or retried through it),
+  so no one else can hold it. It is sent at once; its dispatch goes to a *journal* that one
+  writer task flushes in batches, in order (a result is never written before its dispatch).
+- *confirmed*: the run came back from the database (a rebuild, an expired lease) or is
+  at-most-once. Its dispatch is written first and it is sent only if that write took it from
+  ``scheduled`` — the database, not memory, decides that nobody else has it.
+
+A run is *claimed* from the moment it is assigned until its dispatch is durable; a second
+release of a claimed run is dropped. Results are acknowledged to the worker only once durable.
 """
 
 from __future__ import annotations
@@ -16,19 +25,18 @@ import logging
 import random
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from fastlane.clock import Clock
 from fastlane.errors import StorageError
 from fastlane.metrics import Metrics
 from fastlane.models import Delivery, Run, RunState
-from fastlane.storage import AttemptResult, Dispatch, Heartbeat, Store
+from fastlane.storage import AttemptResult, Dispatch, Heartbeat, ResultOutcome, Store
 
 log = logging.getLogger("fastlane.dispatch")
 
 JOURNAL_RETRY = timedelta(milliseconds=200)
-DEFAULT_LEASE_TTL = timedelta(seconds=30)  # for attempts sent by an earlier incarnation of the node
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +47,7 @@ class Assigned:
     attempt: int
     lease_token: int
     released_at: datetime
+    confirm_first: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +87,14 @@ class WorkerSession:
     connected: bool = True
 
 
+@dataclass(frozen=True, slots=True)
+class _Waiting:
+    """A run in a ready queue, and how it must be sent."""
+
+    run: Run
+    confirm_first: bool
+
+
 @dataclass
 class _Journal:
     dispatches: list[Dispatch] = field(default_factory=list)
@@ -106,17 +123,19 @@ class Dispatcher:
         self._metrics = metrics
         self._reschedule = reschedule
         self._sessions: dict[str, list[WorkerSession]] = {}  # by job type, rotated for fairness
-        self._ready: dict[str, deque[Run]] = {}
+        self._ready: dict[str, deque[_Waiting]] = {}
+        self._queued: set[str] = set()  # run ids in the ready queues
         self._journal = _Journal()
         self._journal_ready = asyncio.Event()
         self._journal_idle = asyncio.Event()
         self._journal_idle.set()
         self._stopping = False
+        self._assigning = True
         # Lease tokens only need to differ between attempts of one run; a random start keeps
         # two node incarnations from reusing the same sequence.
         self._tokens = itertools.count(random.getrandbits(40) << 20)
-        # Attempts sent and not yet reported, with the session holding each and its lease TTL.
-        self._in_flight: dict[tuple[str, int], tuple[WorkerSession, timedelta]] = {}
+        self._claimed: set[str] = set()  # runs assigned whose dispatch is not yet durable
+        self._in_flight: dict[tuple[str, int], WorkerSession] = {}  # attempts sent, not yet reported
         self._background: set[asyncio.Task[None]] = set()
 
     # -- sessions -------------------------------------------------------------------------------
@@ -143,7 +162,7 @@ class Dispatcher:
         # Its attempts keep their leases: the worker may reconnect and report them, and if it
         # does not, the leases expire and the runs are delivered again.
         session.connected = False
-        self._in_flight = {key: held for key, held in self._in_flight.items() if held[0] is not session}
+        self._in_flight = {key: held for key, held in self._in_flight.items() if held is not session}
         for job_type in session.job_types:
             sessions = self._sessions.get(job_type, [])
             if session in sessions:
@@ -159,48 +178,141 @@ class Dispatcher:
 
     # -- runs -----------------------------------------------------------------------------------
 
-    def release(self, runs: list[Run]) -> None:
-        """Hand due runs to workers with credits; queue the rest."""
+    def release(self, runs: Iterable[Run], *, confirm_first: bool = False) -> None:
+        """Hand due runs to workers with credits; queue the rest.
+
+        ``confirm_first``: the runs came from the database, not from this node's own writes,
+        so each is sent only once its dispatch has durably taken it from ``scheduled``.
+        """
         now = self._clock.now()
         batches: dict[int, tuple[WorkerSession, list[Assigned]]] = {}
         for run in runs:
-            session = self._pick(run)
-            if session is None:
-                self._ready.setdefault(run.job_type, deque()).append(run)
+            if run.run_id in self._claimed:
                 continue
-            batches.setdefault(id(session), (session, []))[1].append(self._assign(session, run, now))
+            session = self._pick(run) if self._assigning else None
+            if session is None:
+                if run.run_id not in self._queued:
+                    self._queued.add(run.run_id)
+                    self._ready.setdefault(run.job_type, deque()).append(_Waiting(run, confirm_first))
+                continue
+            batches.setdefault(id(session), (session, []))[1].append(self._assign(session, run, now, confirm_first))
         for session, assigned in batches.values():
             self._send(session, assigned)
         self._metrics.ready_queue.set(self.ready_depth)
 
+    def holds(self, run_id: str) -> bool:
+        """Whether this run is queued here or being dispatched (so must not be released again)."""
+        return run_id in self._queued or run_id in self._claimed
+
+    def stop_assigning(self) -> None:
+        """Shutting down: keep everything that is not yet sent for the successor."""
+        self._assigning = False
+
+    def cancel(self, runs: Iterable[Run]) -> None:
+        """Stop these runs: drop them from the ready queues, tell the workers holding them."""
+        by_session: dict[int, tuple[WorkerSession, list[AttemptRef]]] = {}
+        for run in runs:
+            self._drop_queued(lambda queued, run_id=run.run_id: queued.run_id == run_id)
+            if run.lease_token is None:
+                continue
+            session = self._in_flight.get((run.run_id, run.lease_token))
+            if session is not None and session.connected:
+                by_session.setdefault(id(session), (session, []))[1].append(AttemptRef(run.run_id, run.lease_token))
+        for session, refs in by_session.values():
+            session.outbox.put_nowait(Cancel(refs, "the run was cancelled"))
+
+    def forget_job(self, job_id: str) -> None:
+        """The job was deleted: its queued runs were cancelled in the database."""
+        self._drop_queued(lambda queued: queued.job_id == job_id)
+
+    def drop_shards(self, shard_ids: Iterable[int]) -> None:
+        """Forget queued runs of shards this node lost; their new owner delivers them."""
+        lost = set(shard_ids)
+        self._drop_queued(lambda queued: queued.shard_id in lost)
+
+    def forget_attempts(self, runs: Iterable[Run]) -> None:
+        """These runs' earlier attempts expired: no result for them will be waited for."""
+        expired = {run.run_id for run in runs}
+        self._in_flight = {key: held for key, held in self._in_flight.items() if key[0] not in expired}
+
+    def _drop_queued(self, matches: Callable[[Run], bool]) -> None:
+        for job_type, queue in list(self._ready.items()):
+            self._ready[job_type] = deque(waiting for waiting in queue if not matches(waiting.run))
+        self._queued = {waiting.run.run_id for queue in self._ready.values() for waiting in queue}
+        self._metrics.ready_queue.set(self.ready_depth)
+
+    def _pick(self, run: Run) -> WorkerSession | None:
+        sessions = self._sessions.get(run.job_type)
+        if not sessions:
+            return None
+        for _ in range(len(sessions)):
+            session = sessions[0]
+            if len(sessions) > 1:
+                sessions.append(sessions.pop(0))
+            if session.credits > 0 and (session.tenant is None or session.tenant == run.tenant):
+                return session
+        return None
+
+    def _assign(self, session: WorkerSession, run: Run, now: datetime, confirm_first: bool) -> Assigned:
+        session.credits -= 1
+        token = next(self._tokens)
+        self._claimed.add(run.run_id)
+        self._in_flight[(run.run_id, token)] = session
+        self._metrics.dispatch_lag.observe(max((now - run.available_at).total_seconds(), 0.0))
+        confirm = confirm_first or run.delivery is Delivery.AT_MOST_ONCE
+        return Assigned(run=run, attempt=run.attempts + 1, lease_token=token, released_at=now, confirm_first=confirm)
+
+    def _assign_ready(self, session: WorkerSession) -> None:
+        if not self._assigning:
+            return
+        now = self._clock.now()
+        assigned: list[Assigned] = []
+        for job_type in session.job_types:
+            queue = self._ready.get(job_type)
+            skipped: deque[_Waiting] = deque()
+            while queue and session.credits > 0:
+                waiting = queue.popleft()
+                self._queued.discard(waiting.run.run_id)
+                if waiting.run.run_id in self._claimed:
+                    continue
+                if session.tenant is not None and waiting.run.tenant != session.tenant:
+                    self._queued.add(waiting.run.run_id)
+                    skipped.append(waiting)
+                    continue
+                assigned.append(self._assign(session, waiting.run, now, waiting.confirm_first))
+            if queue is not None:
+                queue.extendleft(reversed(skipped))
+        if assigned:
+            self._send(session, assigned)
+            self._metrics.ready_queue.set(self.ready_depth)
+
     def _send(self, session: WorkerSession, assigned: list[Assigned]) -> None:
-        """At-least-once runs go at once; at-most-once runs only after their start is durable."""
-        at_least_once = [item for item in assigned if item.run.delivery is Delivery.AT_LEAST_ONCE]
-        at_most_once = [item for item in assigned if item.run.delivery is Delivery.AT_MOST_ONCE]
-        if at_least_once:
-            for item in at_least_once:
-                self._journal.dispatches.append(self._dispatch_record(session, item))
+        fast = [item for item in assigned if not item.confirm_first]
+        confirmed = [item for item in assigned if item.confirm_first]
+        if fast:
+            self._journal.dispatches.extend(self._dispatch_record(session, item) for item in fast)
             self._wake_journal()
-            session.outbox.put_nowait(Assign(at_least_once))
-        if at_most_once:
-            task = asyncio.create_task(self._send_at_most_once(session, at_most_once), name="dispatch-at-most-once")
+            session.outbox.put_nowait(Assign(fast))
+        if confirmed:
+            task = asyncio.create_task(self._send_confirmed(session, confirmed), name="dispatch-confirmed")
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 
-    async def _send_at_most_once(self, session: WorkerSession, assigned: list[Assigned]) -> None:
+    async def _send_confirmed(self, session: WorkerSession, assigned: list[Assigned]) -> None:
         try:
             recorded = await self._store.record_dispatches([self._dispatch_record(session, item) for item in assigned])
         except StorageError as error:
-            log.warning("could not record %d at-most-once dispatches; queueing them again: %s", len(assigned), error)
+            # Still scheduled in the database: the next rebuild or sweep brings them back.
+            log.warning("could not record %d dispatches before sending; not sent: %s", len(assigned), error)
             recorded = []
         started = {attempt.run_id for attempt in recorded}
-        sendable = [item for item in assigned if item.run.run_id in started]
         for item in assigned:
+            self._claimed.discard(item.run.run_id)
             if item.run.run_id not in started:
+                # Already taken by another attempt (or the write failed): never sent twice.
                 self._in_flight.pop((item.run.run_id, item.lease_token), None)
                 session.credits += 1
-        # A run not recorded is either already started elsewhere (never send it twice) or the
-        # write failed (it is still scheduled in the database and comes back on the next rebuild).
+        sendable = [item for item in assigned if item.run.run_id in started]
         if sendable and session.connected:
             session.outbox.put_nowait(Assign(sendable))
 
@@ -210,74 +322,11 @@ class Dispatcher:
             lease_ttl=item.run.lease_ttl, dispatched_at=item.released_at,
         )
 
-    def cancel(self, runs: Iterable[Run]) -> None:
-        """Stop these runs: drop them from the ready queues, tell the workers holding them."""
-        by_session: dict[int, tuple[WorkerSession, list[AttemptRef]]] = {}
-        for run in runs:
-            queue = self._ready.get(run.job_type)
-            if queue:
-                self._ready[run.job_type] = deque(queued for queued in queue if queued.run_id != run.run_id)
-            if run.lease_token is None:
-                continue
-            held = self._in_flight.get((run.run_id, run.lease_token))
-            if held is not None and held[0].connected:
-                by_session.setdefault(id(held[0]), (held[0], []))[1].append(AttemptRef(run.run_id, run.lease_token))
-        for session, refs in by_session.values():
-            session.outbox.put_nowait(Cancel(refs, "the run was cancelled"))
-        self._metrics.ready_queue.set(self.ready_depth)
-
-    def drop_shards(self, shard_ids: Iterable[int]) -> None:
-        """Forget queued runs of shards this node lost; their new owner delivers them."""
-        lost = set(shard_ids)
-        for job_type, queue in list(self._ready.items()):
-            kept = deque(run for run in queue if run.shard_id not in lost)
-            self._ready[job_type] = kept
-        self._metrics.ready_queue.set(self.ready_depth)
-
-    def _pick(self, run: Run) -> WorkerSession | None:
-        sessions = self._sessions.get(run.job_type)
-        if not sessions:
-            return None
-        for _ in range(len(sessions)):
-            session = sessions[0]
-            sessions.append(sessions.pop(0)) if len(sessions) > 1 else None
-            if session.credits > 0 and (session.tenant is None or session.tenant == run.tenant):
-                return session
-        return None
-
-    def _assign(self, session: WorkerSession, run: Run, now: datetime) -> Assigned:
-        session.credits -= 1
-        token = next(self._tokens)
-        self._in_flight[(run.run_id, token)] = (session, run.lease_ttl)
-        self._metrics.dispatch_lag.observe(max((now - run.available_at).total_seconds(), 0.0))
-        return Assigned(run=run, attempt=run.attempts + 1, lease_token=token, released_at=now)
-
-    def _assign_ready(self, session: WorkerSession) -> None:
-        now = self._clock.now()
-        assigned: list[Assigned] = []
-        for job_type in session.job_types:
-            queue = self._ready.get(job_type)
-            skipped: deque[Run] = deque()
-            while queue and session.credits > 0:
-                run = queue.popleft()
-                if session.tenant is not None and run.tenant != session.tenant:
-                    skipped.append(run)
-                    continue
-                assigned.append(self._assign(session, run, now))
-            if queue is not None:
-                queue.extendleft(reversed(skipped))
-        if assigned:
-            self._send(session, assigned)
-            self._metrics.ready_queue.set(self.ready_depth)
-
     # -- what workers report --------------------------------------------------------------------
 
     def heartbeats(self, session: WorkerSession, beats: Iterable[Heartbeat]) -> None:
-        """Journal heartbeats; each extends its lease by the TTL the attempt was sent with."""
         for beat in beats:
-            key = (beat.run_id, beat.lease_token)
-            _, ttl = self._in_flight.get(key, (session, DEFAULT_LEASE_TTL))
-            self._journal.heartbeats[key] = (session, replace(beat, lease_ttl=ttl))
+            self._journal.heartbeats[(beat.run_id, beat.lease_token)] = (session, beat)
         self._wake_journal()
 
     def results(self, session: WorkerSession, results: Iterable[AttemptResult]) -> None:
@@ -293,7 +342,7 @@ class Dispatcher:
     # -- the journal writer ---------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Flush the journal until stopped; every batch is one round of durable writes."""
+        """Flush the journal until stopped and drained; every batch is one round of durable writes."""
         while True:
             await self._journal_ready.wait()
             self._journal_ready.clear()
@@ -311,8 +360,7 @@ class Dispatcher:
                 await asyncio.sleep(JOURNAL_RETRY.total_seconds())
             if not self._journal:
                 self._journal_idle.set()
-            else:
-                self._journal_ready.set()
+            self._journal_ready.set()  # loop once more: returns if stopping and drained
 
     async def flush(self, timeout: float) -> None:
         """Wait until everything journalled so far is durable (or the timeout passes)."""
@@ -321,6 +369,7 @@ class Dispatcher:
                 await self._journal_idle.wait()
 
     def stop(self) -> None:
+        """Let :meth:`run` return once the journal is drained."""
         self._stopping = True
         self._journal_ready.set()
 
@@ -333,6 +382,8 @@ class Dispatcher:
     async def _write(self, batch: _Journal) -> None:
         if batch.dispatches:
             await self._store.record_dispatches(batch.dispatches)
+            for dispatch in batch.dispatches:
+                self._claimed.discard(dispatch.run_id)
             batch.dispatches = []  # durable: not written again if a later step fails
         if batch.heartbeats:
             beats = list(batch.heartbeats.values())
@@ -354,7 +405,7 @@ class Dispatcher:
             if session.connected:
                 session.outbox.put_nowait(Cancel(refs, "the attempt's lease is no longer current"))
 
-    def _settle(self, results: list[tuple[WorkerSession, AttemptResult]], outcomes: list) -> None:  # type: ignore[type-arg]
+    def _settle(self, results: list[tuple[WorkerSession, AttemptResult]], outcomes: list[ResultOutcome]) -> None:
         acks: dict[int, tuple[WorkerSession, list[AttemptRef]]] = {}
         for session, result in results:
             acks.setdefault(id(session), (session, []))[1].append(AttemptRef(result.run_id, result.lease_token))
@@ -365,7 +416,12 @@ class Dispatcher:
             if not outcome.accepted:
                 self._metrics.runs.labels(outcome="superseded").inc()
                 continue
-            run: Run = outcome.run
-            self._metrics.runs.labels(outcome="retry" if run.state is RunState.SCHEDULED else run.state.value).inc()
+            run = outcome.run
+            if outcome.released:
+                self._metrics.runs.labels(outcome="released_from_buffer").inc()
+            elif run.state is RunState.SCHEDULED:
+                self._metrics.runs.labels(outcome="retry").inc()
+            else:
+                self._metrics.runs.labels(outcome=run.state.value).inc()
             if run.state is RunState.SCHEDULED:
                 self._reschedule(run)

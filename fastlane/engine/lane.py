@@ -38,6 +38,7 @@ log = logging.getLogger("fastlane.lane")
 
 FAR_FUTURE = datetime(9999, 1, 1, tzinfo=UTC)
 FULL_SCAN_EVERY = timedelta(seconds=30)
+MAX_SCAN = 100_000  # jobs read by one window scan
 EXPIRY_CHECK_EVERY = timedelta(seconds=1)
 RETRY_AFTER_STORAGE_ERROR = timedelta(milliseconds=500)
 
@@ -47,9 +48,19 @@ class ShardView(Protocol):
     def owned(self) -> list[int]: ...
 
 
-ShardStale = Callable[[int, str], None]
-Release = Callable[[list[Run]], None]
-CancelAttempts = Callable[[list[Run]], None]
+ShardStale = Callable[[int, int, str], None]  # shard id, the token that was refused, why
+
+
+class Dispatch(Protocol):
+    """What the lane needs of the dispatcher."""
+
+    def release(self, runs: Iterable[Run], *, confirm_first: bool = False) -> None: ...
+
+    def cancel(self, runs: Iterable[Run]) -> None: ...
+
+    def forget_attempts(self, runs: Iterable[Run]) -> None: ...
+
+    def holds(self, run_id: str) -> bool: ...
 
 
 class FastLane:
@@ -64,8 +75,7 @@ class FastLane:
         metrics: Metrics,
         shards: ShardView,
         on_stale: ShardStale,
-        release: Release,
-        cancel: CancelAttempts,
+        dispatch: Dispatch,
     ) -> None:
         self._store = store
         self._settings = settings
@@ -74,12 +84,13 @@ class FastLane:
         self._fence = shards.fence
         self._owned_shards = shards.owned
         self._on_stale = on_stale
-        self._release = release
-        self._cancel = cancel
+        self._dispatch = dispatch
         self._seq = itertools.count()
         self._planned: list[tuple[datetime, int, Job]] = []
         self._planned_at: dict[str, datetime] = {}  # the one live heap entry per job
-        self._releasing: list[tuple[datetime, int, Run]] = []
+        # (available_at, sequence, run, recovered): a recovered run came back from the database
+        # rather than from this node's own write, so its dispatch is confirmed before sending.
+        self._releasing: list[tuple[datetime, int, Run, bool]] = []
         self._releasing_ids: set[str] = set()
         # Jobs with next_fire_at before the horizon are in memory (or being loaded).
         self._horizon = clock.now() + settings.window
@@ -102,7 +113,7 @@ class FastLane:
         # Materialised but never delivered (or waiting for a retry): release them again.
         runs = await self._store.pending_runs(shard_ids, FAR_FUTURE)
         for run in runs:
-            self.schedule_run(run)
+            self.schedule_run(run, recovered=True)
         log.info("window rebuilt for %d shards: %d jobs due, %d runs pending", len(shard_ids), len(jobs), len(runs))
 
     def shards_lost(self, shard_ids: Iterable[int]) -> None:
@@ -111,10 +122,7 @@ class FastLane:
         self._planned = [entry for entry in self._planned if entry[2].shard_id not in lost]
         heapq.heapify(self._planned)
         self._planned_at = {job.job_id: at for at, _, job in self._planned if self._planned_at.get(job.job_id) == at}
-        self._releasing = [entry for entry in self._releasing if entry[2].shard_id not in lost]
-        heapq.heapify(self._releasing)
-        self._releasing_ids = {run.run_id for _, _, run in self._releasing}
-        self._update_size()
+        self._drop_releasing(lambda run: run.shard_id in lost)
 
     def job_changed(self, job: Job) -> None:
         """A job was created or changed through this node: take the change into the window now."""
@@ -130,23 +138,34 @@ class FastLane:
         self._planned_at.pop(job_id, None)
         self._update_size()
 
-    def schedule_run(self, run: Run) -> None:
+    def schedule_run(self, run: Run, *, recovered: bool = False) -> None:
         """Release ``run`` at its ``available_at`` (a trigger, a retry, a rebuilt run)."""
         if run.run_id in self._releasing_ids or self._fence(run.shard_id) is None:
             return
+        if recovered and self._dispatch.holds(run.run_id):
+            return
         self._releasing_ids.add(run.run_id)
-        heapq.heappush(self._releasing, (run.available_at, next(self._seq), run))
+        heapq.heappush(self._releasing, (run.available_at, next(self._seq), run, recovered))
         if self._releasing[0][2] is run:
             self._release_wake.set()
         self._update_size()
 
     def forget_run(self, run_id: str) -> None:
-        """Drop a run waiting for its time (it was cancelled). Rare: a linear rebuild is fine."""
+        """Drop a run waiting for its time (it was cancelled)."""
         if run_id in self._releasing_ids:
-            self._releasing_ids.discard(run_id)
-            self._releasing = [entry for entry in self._releasing if entry[2].run_id != run_id]
-            heapq.heapify(self._releasing)
-            self._update_size()
+            self._drop_releasing(lambda run: run.run_id == run_id)
+
+    def forget_job(self, job_id: str) -> None:
+        """The job was deleted: drop it and its runs waiting for their time."""
+        self.job_removed(job_id)
+        self._drop_releasing(lambda run: run.job_id == job_id)
+
+    def _drop_releasing(self, matches: Callable[[Run], bool]) -> None:
+        # Rare (cancel, delete, lost shards): a linear rebuild of the heap is fine.
+        self._releasing = [entry for entry in self._releasing if not matches(entry[2])]
+        heapq.heapify(self._releasing)
+        self._releasing_ids = {entry[2].run_id for entry in self._releasing}
+        self._update_size()
 
     def _plan(self, job: Job) -> None:
         fire_at = job.next_fire_at
@@ -176,6 +195,7 @@ class FastLane:
         self._release_wake.set()
 
     async def _sleep(self, wake: asyncio.Event, seconds: float) -> None:
+        """Sleep until ``wake`` is set (it is cleared first) or ``seconds`` pass."""
         wake.clear()
         if seconds <= 0 or self._stopping.is_set():
             return
@@ -183,21 +203,31 @@ class FastLane:
             async with asyncio.timeout(seconds):
                 await wake.wait()
 
+    async def _pause(self, seconds: float) -> None:
+        """Sleep ``seconds`` unless stopping (which is never cleared)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self._stopping.wait()
+
     async def _timer_loop(self) -> None:
         """Release each run at its instant."""
         while not self._stopping.is_set():
             now = self._clock.now()
             due: list[Run] = []
+            recovered: list[Run] = []
             while self._releasing and self._releasing[0][0] <= now:
-                _, _, run = heapq.heappop(self._releasing)
+                _, _, run, from_database = heapq.heappop(self._releasing)
                 self._releasing_ids.discard(run.run_id)
                 if self._fence(run.shard_id) is not None:
-                    due.append(run)
-            if due:
-                for run in due:
+                    (recovered if from_database else due).append(run)
+            if due or recovered:
+                for run in (*due, *recovered):
                     self._metrics.trigger_lag.observe(max((now - run.available_at).total_seconds(), 0.0))
                 self._update_size()
-                self._release(due)
+                if due:
+                    self._dispatch.release(due)
+                if recovered:
+                    self._dispatch.release(recovered, confirm_first=True)
                 continue
             delay = (self._releasing[0][0] - now).total_seconds() if self._releasing else 3600.0
             await self._sleep(self._release_wake, delay)
@@ -237,14 +267,16 @@ class FastLane:
             written = await self._store.materialise_runs(fences, occurrences)
         except StaleFence as stale:
             # Lost that shard; the others in the batch are still ours: try them again at once.
-            self._on_stale(stale.shard_id, str(stale))
+            self._on_stale(stale.shard_id, stale.token, str(stale))
             for job in jobs:
                 if job.shard_id != stale.shard_id:
                     self._plan(job)
             return
         except StorageError as error:
+            # The transaction may or may not have committed: planning the same occurrences again
+            # is safe, since the write only applies to a job still at the expected fire time.
             log.warning("materialisation of %d jobs failed, retrying: %s", len(jobs), error)
-            await self._sleep(self._stopping, RETRY_AFTER_STORAGE_ERROR.total_seconds())
+            await self._pause(RETRY_AFTER_STORAGE_ERROR.total_seconds())
             for job in jobs:
                 self._plan(job)
             return
@@ -252,14 +284,20 @@ class FastLane:
         for run in written.runs:
             self.schedule_run(run)
         if written.cancelling:
-            self._cancel(written.cancelling)
-        self._plan_next(jobs, occurrences)
+            self._dispatch.cancel(written.cancelling)
+        self._plan_next(jobs, occurrences, written.advanced)
 
-    def _plan_next(self, jobs: list[Job], occurrences: list[Occurrence]) -> None:
-        """Keep a recurring job in the window when its next occurrence falls inside it."""
+    def _plan_next(self, jobs: list[Job], occurrences: list[Occurrence], advanced: frozenset[str]) -> None:
+        """Keep a recurring job in the window when its next occurrence falls inside it.
+
+        A job the write did not advance was changed meanwhile (elsewhere): the scan brings its
+        new state, so nothing is planned from the stale copy here.
+        """
         for job, occurrence in zip(jobs, occurrences, strict=True):
             upcoming = occurrence.next_fire_at
-            if upcoming is not None and upcoming < self._horizon and job.job_id not in self._planned_at:
+            if job.job_id not in advanced or upcoming is None or upcoming >= self._horizon:
+                continue
+            if job.job_id not in self._planned_at:
                 self._plan(replace(job, next_fire_at=upcoming))
 
     async def _load_loop(self) -> None:
@@ -267,7 +305,7 @@ class FastLane:
         interval = self._settings.scan_interval.total_seconds()
         last_full_scan = self._clock.now()
         while not self._stopping.is_set():
-            await self._sleep(self._stopping, interval)
+            await self._pause(interval)
             owned = self._owned_shards()
             if not owned or self._stopping.is_set():
                 continue
@@ -278,21 +316,32 @@ class FastLane:
             # plans its next occurrence itself when it falls before the claimed horizon.
             self._horizon = max(upper, lower)
             try:
-                jobs = await self._store.load_due_jobs(owned, self._horizon, at_or_after=None if full else lower)
+                jobs = await self._store.load_due_jobs(
+                    owned, self._horizon, at_or_after=None if full else lower, limit=MAX_SCAN
+                )
+                pending = await self._store.pending_runs(owned, self._horizon) if full else []
             except StorageError as error:
                 log.warning("window scan failed: %s", error)
                 self._horizon = lower
                 continue
+            if len(jobs) == MAX_SCAN and jobs[-1].next_fire_at is not None:
+                # More than one scan can hold: what lies beyond the last row comes next time.
+                self._horizon = jobs[-1].next_fire_at
             if full:
                 last_full_scan = now
             for job in jobs:
-                if self._fence(job.shard_id) is not None and job.job_id not in self._planned_at:
-                    self._plan(job)
+                if self._fence(job.shard_id) is not None:
+                    self._plan(job)  # a no-op when the heap already holds this fire time
+            for run in pending:
+                # Runs nobody holds in memory (a failed send, a retry decided elsewhere): the
+                # dispatcher confirms each in the database before sending, so one held elsewhere
+                # in this node is not sent twice.
+                self.schedule_run(run, recovered=True)
 
     async def _expiry_loop(self) -> None:
         """Attempts whose worker stopped heartbeating go back to the queue (or die)."""
         while not self._stopping.is_set():
-            await self._sleep(self._stopping, EXPIRY_CHECK_EVERY.total_seconds())
+            await self._pause(EXPIRY_CHECK_EVERY.total_seconds())
             owned = self._owned_shards()
             if not owned or self._stopping.is_set():
                 continue
@@ -304,10 +353,11 @@ class FastLane:
                     try:
                         requeued = await self._store.requeue_expired(fence)
                     except StaleFence as stale:
-                        self._on_stale(stale.shard_id, str(stale))
+                        self._on_stale(stale.shard_id, stale.token, str(stale))
                         continue
                     self._metrics.lease_expiries.inc(len(requeued))
+                    self._dispatch.forget_attempts(requeued)
                     for run in requeued:
-                        self.schedule_run(run)
+                        self.schedule_run(run, recovered=True)
             except StorageError as error:
                 log.warning("lease expiry check failed: %s", error)

@@ -60,11 +60,12 @@ class Dispatch:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Heartbeat:
-    """A worker's sign of life for one attempt; may carry progress and a checkpoint."""
+    """A worker's sign of life for one attempt; may carry progress and a checkpoint.
+
+    It extends the attempt's lease by the run's own lease TTL, from the database's now."""
 
     run_id: str
     lease_token: int
-    lease_ttl: timedelta
     progress: float | None = None
     checkpoint: bytes | None = None
     started: bool = False
@@ -106,6 +107,7 @@ class Materialised:
     """
 
     runs: list[Run]
+    advanced: frozenset[str] = frozenset()  # jobs whose next_fire_at this write moved on
     cancelling: list[Run] = field(default_factory=list)
 
 

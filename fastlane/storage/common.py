@@ -11,7 +11,7 @@ from fastlane.errors import InvalidArgument, JobAlreadyExists
 from fastlane.models import Job, JobSpec, JobState, OverlapPolicy, RunState, ScheduleKind, ShardLease, new_id
 from fastlane.schedules import first_fire
 from fastlane.storage import codec
-from fastlane.storage.base import Occurrence, Page
+from fastlane.storage.base import AttemptResult, Occurrence, Page
 from fastlane.storage.transitions import resolve_overlap
 
 T = TypeVar("T")
@@ -126,3 +126,16 @@ def plan_materialisation(
                 delivered = state in (RunState.DISPATCHED, RunState.RUNNING)
                 (cancel_requested if delivered else cancel_now).append(run_id)
     return MaterialisationPlan(rows=rows, cancel_now=cancel_now, cancel_requested=cancel_requested)
+
+
+def first_of_each_attempt(results: Sequence[AttemptResult]) -> list[AttemptResult]:
+    """One result per attempt: a worker that reconnects resends results, and a batch can hold
+    both copies. The first one counts; applying both would let the copy supersede the original."""
+    seen: set[tuple[str, int]] = set()
+    unique = []
+    for result in results:
+        key = (result.run_id, result.lease_token)
+        if key not in seen:
+            seen.add(key)
+            unique.append(result)
+    return unique

@@ -339,7 +339,7 @@ class PostgresStore:
             )
             cancelling = await self._cancel_for_overlap(db, plan)
             if not plan.rows:
-                return Materialised(runs=[], cancelling=cancelling)
+                return Materialised(runs=[], advanced=frozenset(overlap_of), cancelling=cancelling)
             rows = await db.fetch(
                 _INSERT_RUNS,
                 [r.run_id for r in plan.rows], [r.job_id for r in plan.rows], [r.scheduled_for for r in plan.rows],
@@ -347,7 +347,7 @@ class PostgresStore:
             )
         runs = [codec.build_run(row) for row in rows]
         scheduled = sorted((run for run in runs if run.state is RunState.SCHEDULED), key=lambda run: run.scheduled_for)
-        return Materialised(runs=scheduled, cancelling=cancelling)
+        return Materialised(runs=scheduled, advanced=frozenset(overlap_of), cancelling=cancelling)
 
     async def _cancel_for_overlap(self, db: asyncpg.Connection, plan: common.MaterialisationPlan) -> list[Run]:
         if plan.cancel_now:
@@ -516,19 +516,18 @@ class PostgresStore:
             rows = await db.fetch(
                 """
                 UPDATE runs r
-                SET lease_expires_at = clock_timestamp() + h.ttl_us * interval '1 microsecond',
+                SET lease_expires_at = clock_timestamp() + r.lease_ttl_ms * interval '1 millisecond',
                     progress = coalesce(h.progress, r.progress),
                     checkpoint = coalesce(h.checkpoint, r.checkpoint),
                     state = CASE WHEN h.started THEN 'running' ELSE r.state END,
                     updated_at = clock_timestamp()
-                FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::real[], $5::bytea[], $6::bool[])
-                     AS h(run_id, lease_token, ttl_us, progress, checkpoint, started)
+                FROM unnest($1::text[], $2::bigint[], $3::real[], $4::bytea[], $5::bool[])
+                     AS h(run_id, lease_token, progress, checkpoint, started)
                 WHERE r.run_id = h.run_id AND r.lease_token = h.lease_token AND r.state IN ('dispatched', 'running')
                 RETURNING r.run_id, h.started, r.lease_token
                 """,
                 [h.run_id for h in heartbeats],
                 [h.lease_token for h in heartbeats],
-                [common.micros_of_delta(h.lease_ttl) for h in heartbeats],
                 [h.progress for h in heartbeats],
                 [h.checkpoint for h in heartbeats],
                 [h.started for h in heartbeats],
@@ -561,7 +560,7 @@ class PostgresStore:
         run_updates: list[tuple] = []
         attempt_updates: list[tuple] = []
         outcomes: list[ResultOutcome] = []
-        for result in results:
+        for result in common.first_of_each_attempt(results):
             run = runs.get(result.run_id)
             if run is None:
                 continue

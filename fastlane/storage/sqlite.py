@@ -380,7 +380,7 @@ class SQLiteStore:
             )
             cancelling = await _cancel_for_overlap(db, plan)
             if not plan.rows:
-                return Materialised(runs=[], cancelling=cancelling)
+                return Materialised(runs=[], advanced=frozenset(overlap_of), cancelling=cancelling)
             rows = await _all(
                 db,
                 f"""
@@ -406,7 +406,7 @@ class SQLiteStore:
             )
         runs = [codec.build_run(row) for row in rows]
         scheduled = sorted((run for run in runs if run.state is RunState.SCHEDULED), key=lambda run: run.scheduled_for)
-        return Materialised(runs=scheduled, cancelling=cancelling)
+        return Materialised(runs=scheduled, advanced=frozenset(overlap_of), cancelling=cancelling)
 
     async def pending_runs(self, shard_ids: Collection[int], before: datetime) -> list[Run]:
         async with self._read() as db:
@@ -562,12 +562,12 @@ class SQLiteStore:
             live = [h for h in heartbeats if (h.run_id, h.lease_token) in current]
             await db.executemany(
                 f"""
-                UPDATE runs SET lease_expires_at = {NOW} + ?, progress = coalesce(?, progress),
+                UPDATE runs SET lease_expires_at = {NOW} + lease_ttl_ms * 1000, progress = coalesce(?, progress),
                                 checkpoint = coalesce(?, checkpoint),
                                 state = CASE WHEN ? THEN 'running' ELSE state END, updated_at = {NOW}
                 WHERE run_id = ? AND lease_token = ?
                 """,
-                [(common.micros_of_delta(h.lease_ttl), h.progress, h.checkpoint, h.started, h.run_id, h.lease_token) for h in live],
+                [(h.progress, h.checkpoint, h.started, h.run_id, h.lease_token) for h in live],
             )
             await db.executemany(
                 f"UPDATE attempts SET started_at = coalesce(started_at, {NOW}) WHERE run_id = ? AND lease_token = ?",
@@ -594,7 +594,7 @@ class SQLiteStore:
         outcomes: list[ResultOutcome] = []
         run_updates: list[tuple[Any, ...]] = []
         attempt_updates: list[tuple[Any, ...]] = []
-        for result in results:
+        for result in common.first_of_each_attempt(results):
             run = runs.get(result.run_id)
             if run is None:
                 continue

@@ -339,7 +339,7 @@ async def test_dispatch_then_success_records_one_attempt(store):
     assert attempt.attempt == 1 and attempt.outcome is AttemptOutcome.PENDING and attempt.worker_id == "w1"
     assert attempt.dispatched_at == NOW  # the send time, not the time the journal wrote it
     assert await store.record_heartbeats(
-        [Heartbeat(run_id=run.run_id, lease_token=11, lease_ttl=TTL, progress=0.5, checkpoint=b"cp", started=True)]
+        [Heartbeat(run_id=run.run_id, lease_token=11, progress=0.5, checkpoint=b"cp", started=True)]
     ) == []
     running = await store.get_run("default", run.run_id)
     assert running.state is RunState.RUNNING and running.progress == 0.5 and running.checkpoint == b"cp"
@@ -359,7 +359,7 @@ async def test_a_run_already_dispatched_is_not_dispatched_twice(store):
     second = Dispatch(run_id=run.run_id, lease_token=2, worker_id="w2", node_id="n2", lease_ttl=TTL, dispatched_at=NOW)
     assert len(await store.record_dispatches([first])) == 1
     assert await store.record_dispatches([second]) == []
-    assert await store.record_heartbeats([Heartbeat(run_id=run.run_id, lease_token=2, lease_ttl=TTL)]) == [run.run_id]
+    assert await store.record_heartbeats([Heartbeat(run_id=run.run_id, lease_token=2)]) == [run.run_id]
 
 
 async def test_retryable_failure_reschedules_and_permanent_failure_kills(store):
