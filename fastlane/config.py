@@ -33,7 +33,10 @@ class Settings:
     shard_lease_ttl: timedelta = timedelta(seconds=10)
     window: timedelta = timedelta(seconds=10)  # how far ahead the heap holds due work
     lead: timedelta = timedelta(milliseconds=250)  # how early runs are written before they are due
-    scan_interval: timedelta = timedelta(seconds=1)  # safety-net scan for work entering the window
+    scan_interval: timedelta = timedelta(seconds=1)  # reads the jobs entering the window
+    # Rereads the whole window and the runs nobody holds: the safety net for changes made
+    # through another node (and any missed notification).
+    full_scan_interval: timedelta = timedelta(seconds=30)
     max_batch: int = 2_000  # occurrences per materialisation transaction
 
     def __post_init__(self) -> None:

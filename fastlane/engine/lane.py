@@ -37,7 +37,6 @@ from fastlane.storage import Occurrence, Store
 log = logging.getLogger("fastlane.lane")
 
 FAR_FUTURE = datetime(9999, 1, 1, tzinfo=UTC)
-FULL_SCAN_EVERY = timedelta(seconds=30)
 MAX_SCAN = 100_000  # jobs read by one window scan
 EXPIRY_CHECK_EVERY = timedelta(seconds=1)
 RETRY_AFTER_STORAGE_ERROR = timedelta(milliseconds=500)
@@ -311,7 +310,7 @@ class FastLane:
                 continue
             now = self._clock.now()
             lower, upper = self._horizon, now + self._settings.window
-            full = now - last_full_scan >= FULL_SCAN_EVERY
+            full = now - last_full_scan >= self._settings.full_scan_interval
             # Claim the new horizon first: a materialisation that commits while this query runs
             # plans its next occurrence itself when it falls before the claimed horizon.
             self._horizon = max(upper, lower)
