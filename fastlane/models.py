@@ -305,6 +305,8 @@ def validate_spec(spec: JobSpec) -> JobSpec:
         raise InvalidArgument("payload", f"{len(spec.payload)} bytes is over the limit of {MAX_PAYLOAD_BYTES}")
     if not -1000 <= spec.priority <= 1000:
         raise InvalidArgument("priority", f"{spec.priority} is out of range (-1000..1000)")
+    if spec.concurrency_key is not None:
+        raise InvalidArgument("concurrency_key", "per-key concurrency caps are not supported yet; leave it unset")
     validate_schedule(spec.schedule)
     retry = spec.retry
     if retry.max_attempts < 1:

@@ -62,7 +62,7 @@ def local_time(instant: datetime, tz_name: str) -> datetime:
 
 # -- instants ----------------------------------------------------------------------------------
 
-_RFC3339 = re.compile(r"^(\d{4}-\d{2}-\d{2})[Tt ](\d{2}:\d{2}:\d{2})(\.\d+)?([Zz]|[+-]\d{2}:\d{2})?$")
+_RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:\.\d+)?(Z|[+-]\d{2}:\d{2})?$")
 
 
 def parse_at(text: str) -> datetime:
@@ -73,16 +73,14 @@ def parse_at(text: str) -> datetime:
     Raises:
         ScheduleError: On field ``at``, if the text is not RFC 3339 or carries no offset.
     """
-    match = _RFC3339.match(text.strip())
+    normal = text.strip().upper()  # RFC 3339 allows "t" and "z"; fromisoformat does not
+    match = _RFC3339.match(normal)
     if match is None:
         raise ScheduleError("at", f"{text!r} is not an RFC 3339 instant; {_EXAMPLE_AT}")
-    day, clock, fraction, offset = match.groups()
-    if offset is None:
+    if match.group(1) is None:
         raise ScheduleError("at", f"{text!r} has no offset; {_EXAMPLE_AT}")
-    fraction = (fraction or "")[:7]  # "." plus at most six digits: datetime's resolution
-    offset = "+00:00" if offset in ("Z", "z") else offset
     try:
-        parsed = datetime.fromisoformat(f"{day}T{clock}{fraction}{offset}")
+        parsed = datetime.fromisoformat(normal)
     except ValueError as exc:
         raise ScheduleError("at", f"{text!r} is not a valid instant: {exc}") from None
     return parsed.astimezone(UTC)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import argparse
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -123,17 +125,47 @@ def _add_policy_flags(parser: argparse.ArgumentParser) -> None:
     policies.add_argument(
         "--priority", metavar="N", type=int, default=0, help="higher runs first, -1000..1000 (default: 0)"
     )
-    policies.add_argument("--concurrency-key", metavar="KEY", help="runs sharing this key never run at the same time")
+    defaults = RetryPolicy()
     policies.add_argument(
         "--max-attempts",
         metavar="N",
         type=positive_int,
-        help=f"attempts before a run is dead (default: {RetryPolicy().max_attempts})",
+        help=f"attempts before a run is dead (default: {defaults.max_attempts})",
+    )
+    policies.add_argument(
+        "--max-retry-time",
+        metavar="SECONDS",
+        type=positive_seconds,
+        help="no retry starts later than this after the first attempt (default: no limit)",
+    )
+    policies.add_argument(
+        "--backoff-base",
+        metavar="SECONDS",
+        type=positive_seconds,
+        help=f"retry n waits a random time up to base * 2^(n-1) (default: {defaults.backoff_base.total_seconds():g})",
+    )
+    policies.add_argument(
+        "--backoff-cap",
+        metavar="SECONDS",
+        type=positive_seconds,
+        help=f"the longest wait before a retry (default: {defaults.backoff_cap.total_seconds():g})",
     )
     policies.add_argument(
         "--misfire",
         choices=[kind.value for kind in MisfireKind],
         help="what to do with times missed while nothing could fire them (default: fire_once)",
+    )
+    policies.add_argument(
+        "--misfire-grace",
+        metavar="SECONDS",
+        type=positive_seconds,
+        help=f"a time fired later than this counts as missed (default: {MisfirePolicy().grace.total_seconds():g})",
+    )
+    policies.add_argument(
+        "--fire-all-cap",
+        metavar="N",
+        type=positive_int,
+        help=f"with --misfire fire_all: at most this many missed times fire (default: {MisfirePolicy().fire_all_cap})",
     )
     policies.add_argument(
         "--overlap",
@@ -164,10 +196,26 @@ def spec_from_flags(args: argparse.Namespace) -> JobSpec:
     """The job spec ``jobs create`` sends, validated locally so mistakes need no daemon to report."""
     # Flags left out keep the model's defaults, so the CLI and the SDK create identical jobs.
     options: dict[str, Any] = {}
+    retry = RetryPolicy()
     if args.max_attempts is not None:
-        options["retry"] = RetryPolicy(max_attempts=args.max_attempts)
+        retry = replace(retry, max_attempts=args.max_attempts)
+    if args.max_retry_time is not None:
+        retry = replace(retry, max_retry_time=timedelta(seconds=args.max_retry_time))
+    if args.backoff_base is not None:
+        retry = replace(retry, backoff_base=timedelta(seconds=args.backoff_base))
+    if args.backoff_cap is not None:
+        retry = replace(retry, backoff_cap=timedelta(seconds=args.backoff_cap))
+    if retry != RetryPolicy():
+        options["retry"] = retry
+    misfire = MisfirePolicy()
     if args.misfire is not None:
-        options["misfire"] = MisfirePolicy(kind=MisfireKind(args.misfire))
+        misfire = replace(misfire, kind=MisfireKind(args.misfire))
+    if args.misfire_grace is not None:
+        misfire = replace(misfire, grace=timedelta(seconds=args.misfire_grace))
+    if args.fire_all_cap is not None:
+        misfire = replace(misfire, fire_all_cap=args.fire_all_cap)
+    if misfire != MisfirePolicy():
+        options["misfire"] = misfire
     if args.overlap is not None:
         options["overlap"] = OverlapPolicy(args.overlap)
     if args.delivery is not None:
@@ -183,7 +231,6 @@ def spec_from_flags(args: argparse.Namespace) -> JobSpec:
         schedule=schedule_from_flags(args),
         payload=json_payload(args.payload),
         priority=args.priority,
-        concurrency_key=args.concurrency_key,
         **options,
     )
     return validate_spec(spec)

@@ -193,9 +193,16 @@ def test_hour_wildcard_steps_follow_elapsed_time_through_fall_back(after, expect
     assert got == [utc(f"2027-11-07T{hhmm}Z") for hhmm in expected]
 
 
-def test_hourly_nickname_follows_elapsed_time():
-    got = cron_preview("@hourly", NY, "2027-11-07T04:30Z", 4)
-    assert got == utcs("2027-11-07T05:00Z", "2027-11-07T06:00Z", "2027-11-07T07:00Z", "2027-11-07T08:00Z")
+@pytest.mark.parametrize(
+    ("after", "expected"),
+    [
+        ("2027-11-07T04:30Z", ["2027-11-07T05:00Z", "2027-11-07T06:00Z", "2027-11-07T07:00Z"]),  # 00:30 EDT
+        # 01:30 EDT: no 01:xx wall time is left in the first pass, but 01:00 EST still is ahead.
+        ("2027-11-07T05:30Z", ["2027-11-07T06:00Z", "2027-11-07T07:00Z", "2027-11-07T08:00Z"]),
+    ],
+)
+def test_hourly_nickname_follows_elapsed_time(after, expected):
+    assert cron_preview("@hourly", NY, after, 3) == utcs(*expected)
 
 
 def test_daily_nickname_is_midnight_local():
