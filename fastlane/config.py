@@ -38,6 +38,7 @@ class Settings:
     # through another node (and any missed notification).
     full_scan_interval: timedelta = timedelta(seconds=30)
     max_batch: int = 2_000  # occurrences per materialisation transaction
+    max_clock_offset: timedelta = timedelta(milliseconds=500)  # beyond it a node owns no shards
 
     def __post_init__(self) -> None:
         host, _, port = self.listen.rpartition(":")

@@ -30,6 +30,8 @@ class Metrics:
                                         "Writes refused because this node's shard lease was stale", registry=registry)
         self.lease_expiries = Counter("fastlane_lease_expiries_total", "Attempts whose worker lease expired",
                                       registry=registry)
+        self.clock_offset = Gauge("fastlane_clock_offset_seconds",
+                                  "Database clock minus this node's clock, measured each lease cycle", registry=registry)
         self.materialised = Counter("fastlane_runs_materialised_total", "Runs written ahead of their time",
                                     registry=registry)
 

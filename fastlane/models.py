@@ -269,6 +269,21 @@ class ShardLease:
     lease_expires_at: datetime
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeInfo:
+    """A daemon node as the cluster sees it, from its last heartbeat."""
+
+    node_id: str
+    address: str
+    started_at: datetime
+    heartbeat_at: datetime
+    clock_offset_ms: float = 0.0
+    shards_owned: int = 0
+    workers: int = 0
+    eligible: bool = True  # False while its clock is off or it is shutting down
+    note: str = ""
+
+
 # -- pure helpers ------------------------------------------------------------------------------
 
 
@@ -337,6 +352,7 @@ __all__ = [
     "JobState",
     "MisfireKind",
     "MisfirePolicy",
+    "NodeInfo",
     "OverlapPolicy",
     "RetryPolicy",
     "Run",

@@ -23,6 +23,7 @@ from fastlane.api.server import ApiServer
 from fastlane.api.workers import WorkerServicer
 from fastlane.clock import Clock, SystemClock
 from fastlane.config import Settings
+from fastlane.engine.changes import ChangeFollower
 from fastlane.engine.dispatch import Dispatcher
 from fastlane.engine.lane import FastLane
 from fastlane.engine.shards import ShardOwnership
@@ -84,16 +85,23 @@ class Node:
             if lane is not None:
                 await lane.shards_acquired(leases)
 
-        ownership = ShardOwnership(store, node_id=settings.node_id, ttl=settings.shard_lease_ttl, metrics=metrics,
-                                   on_acquired=shards_acquired, on_lost=shards_lost)
+        ownership = ShardOwnership(
+            store, node_id=settings.node_id, ttl=settings.shard_lease_ttl, metrics=metrics,
+            on_acquired=shards_acquired, on_lost=shards_lost, address=settings.advertised_address, clock=self.clock,
+            max_clock_offset=settings.max_clock_offset, workers=lambda: dispatcher.workers_connected,
+        )
         lane = FastLane(store, settings=settings, clock=self.clock, metrics=metrics, shards=ownership,
                         on_stale=ownership.lost, dispatch=dispatcher)
+
+        follower = ChangeFollower(store, lane=lane, dispatcher=dispatcher, ownership=ownership)
 
         def node_status() -> admin_pb2.NodeStatus:
             return admin_pb2.NodeStatus(
                 node_id=settings.node_id, address=settings.advertised_address,
                 shards_owned=len(ownership.leases), workers_connected=dispatcher.workers_connected,
-                heap_size=lane.size, ready_runs=dispatcher.ready_depth, ready=self.ready.is_set(),
+                clock_offset_ms=ownership.clock_offset.total_seconds() * 1000, heap_size=lane.size,
+                ready_runs=dispatcher.ready_depth, ready=self.ready.is_set(), eligible=not ownership.note,
+                note=ownership.note,
             )
 
         server = ApiServer(
@@ -101,7 +109,7 @@ class Node:
             jobs=JobServicer(store, lane, dispatcher),
             runs=RunServicer(store, lane, dispatcher),
             workers=WorkerServicer(dispatcher, node_id=settings.node_id, heartbeat_interval=HEARTBEAT_INTERVAL),
-            admin=AdminServicer(store, node_status),
+            admin=AdminServicer(store, node_status, settings.node_id),
         )
         self.port = server.port
         if settings.metrics_listen:
@@ -114,6 +122,8 @@ class Node:
                 group.create_task(ownership.run(shards_ready), name="shard-ownership")
                 group.create_task(lane.run(), name="fast-lane")
                 journal = group.create_task(dispatcher.run(), name="dispatch-journal")
+                watcher = group.create_task(store.watch_changes(follower.enqueue), name="change-listener")
+                following = group.create_task(follower.run(), name="change-follower")
                 await _first_of(shards_ready, self._stop)
                 if not self._stop.is_set():
                     await server.set_ready(True)
@@ -133,6 +143,8 @@ class Node:
                     async with asyncio.timeout(DRAIN_TIMEOUT):
                         await asyncio.shield(journal)
                 await ownership.stop()
+                watcher.cancel()
+                following.cancel()
         finally:
             await server.stop(0)
         log.info("node %s stopped", settings.node_id)

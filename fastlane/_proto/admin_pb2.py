@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x66\x61stlane/v1/admin.proto\x12\x0b\x66\x61stlane.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x13\n\x11GetClusterRequest\"\x94\x01\n\rClusterStatus\x12\x31\n\rdatabase_time\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12&\n\x05nodes\x18\x02 \x03(\x0b\x32\x17.fastlane.v1.NodeStatus\x12(\n\x06shards\x18\x03 \x03(\x0b\x32\x18.fastlane.v1.ShardStatus\"\xae\x01\n\nNodeStatus\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x14\n\x0cshards_owned\x18\x03 \x01(\x05\x12\x19\n\x11workers_connected\x18\x04 \x01(\x05\x12\x17\n\x0f\x63lock_offset_ms\x18\x05 \x01(\x01\x12\x11\n\theap_size\x18\x06 \x01(\x05\x12\x12\n\nready_runs\x18\x07 \x01(\x05\x12\r\n\x05ready\x18\x08 \x01(\x08\"s\n\x0bShardStatus\x12\x10\n\x08shard_id\x18\x01 \x01(\x05\x12\r\n\x05owner\x18\x02 \x01(\t\x12\r\n\x05token\x18\x03 \x01(\x03\x12\x34\n\x10lease_expires_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp2X\n\x0c\x41\x64minService\x12H\n\nGetCluster\x12\x1e.fastlane.v1.GetClusterRequest\x1a\x1a.fastlane.v1.ClusterStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x66\x61stlane/v1/admin.proto\x12\x0b\x66\x61stlane.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x13\n\x11GetClusterRequest\"\x94\x01\n\rClusterStatus\x12\x31\n\rdatabase_time\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12&\n\x05nodes\x18\x02 \x03(\x0b\x32\x17.fastlane.v1.NodeStatus\x12(\n\x06shards\x18\x03 \x03(\x0b\x32\x18.fastlane.v1.ShardStatus\"\x8e\x02\n\nNodeStatus\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x14\n\x0cshards_owned\x18\x03 \x01(\x05\x12\x19\n\x11workers_connected\x18\x04 \x01(\x05\x12\x17\n\x0f\x63lock_offset_ms\x18\x05 \x01(\x01\x12\x11\n\theap_size\x18\x06 \x01(\x05\x12\x12\n\nready_runs\x18\x07 \x01(\x05\x12\r\n\x05ready\x18\x08 \x01(\x08\x12\x10\n\x08\x65ligible\x18\t \x01(\x08\x12\x0c\n\x04note\x18\n \x01(\t\x12\x30\n\x0cheartbeat_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0c\n\x04live\x18\x0c \x01(\x08\"s\n\x0bShardStatus\x12\x10\n\x08shard_id\x18\x01 \x01(\x05\x12\r\n\x05owner\x18\x02 \x01(\t\x12\r\n\x05token\x18\x03 \x01(\x03\x12\x34\n\x10lease_expires_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp2X\n\x0c\x41\x64minService\x12H\n\nGetCluster\x12\x1e.fastlane.v1.GetClusterRequest\x1a\x1a.fastlane.v1.ClusterStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,9 +37,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CLUSTERSTATUS']._serialized_start=95
   _globals['_CLUSTERSTATUS']._serialized_end=243
   _globals['_NODESTATUS']._serialized_start=246
-  _globals['_NODESTATUS']._serialized_end=420
-  _globals['_SHARDSTATUS']._serialized_start=422
-  _globals['_SHARDSTATUS']._serialized_end=537
-  _globals['_ADMINSERVICE']._serialized_start=539
-  _globals['_ADMINSERVICE']._serialized_end=627
+  _globals['_NODESTATUS']._serialized_end=516
+  _globals['_SHARDSTATUS']._serialized_start=518
+  _globals['_SHARDSTATUS']._serialized_end=633
+  _globals['_ADMINSERVICE']._serialized_start=635
+  _globals['_ADMINSERVICE']._serialized_end=723
 # @@protoc_insertion_point(module_scope)

@@ -24,7 +24,7 @@ class ClusterStatus(_message.Message):
     def __init__(self, database_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., shards: _Optional[_Iterable[_Union[ShardStatus, _Mapping]]] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("node_id", "address", "shards_owned", "workers_connected", "clock_offset_ms", "heap_size", "ready_runs", "ready")
+    __slots__ = ("node_id", "address", "shards_owned", "workers_connected", "clock_offset_ms", "heap_size", "ready_runs", "ready", "eligible", "note", "heartbeat_at", "live")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     SHARDS_OWNED_FIELD_NUMBER: _ClassVar[int]
@@ -33,6 +33,10 @@ class NodeStatus(_message.Message):
     HEAP_SIZE_FIELD_NUMBER: _ClassVar[int]
     READY_RUNS_FIELD_NUMBER: _ClassVar[int]
     READY_FIELD_NUMBER: _ClassVar[int]
+    ELIGIBLE_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_AT_FIELD_NUMBER: _ClassVar[int]
+    LIVE_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     shards_owned: int
@@ -41,7 +45,11 @@ class NodeStatus(_message.Message):
     heap_size: int
     ready_runs: int
     ready: bool
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., shards_owned: _Optional[int] = ..., workers_connected: _Optional[int] = ..., clock_offset_ms: _Optional[float] = ..., heap_size: _Optional[int] = ..., ready_runs: _Optional[int] = ..., ready: _Optional[bool] = ...) -> None: ...
+    eligible: bool
+    note: str
+    heartbeat_at: _timestamp_pb2.Timestamp
+    live: bool
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., shards_owned: _Optional[int] = ..., workers_connected: _Optional[int] = ..., clock_offset_ms: _Optional[float] = ..., heap_size: _Optional[int] = ..., ready_runs: _Optional[int] = ..., ready: _Optional[bool] = ..., eligible: _Optional[bool] = ..., note: _Optional[str] = ..., heartbeat_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., live: _Optional[bool] = ...) -> None: ...
 
 class ShardStatus(_message.Message):
     __slots__ = ("shard_id", "owner", "token", "lease_expires_at")

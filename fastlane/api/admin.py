@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import timedelta
 
 import grpc
 
@@ -13,16 +14,36 @@ from fastlane.storage import Store
 
 
 class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
-    def __init__(self, store: Store, node_status: Callable[[], admin_pb2.NodeStatus]) -> None:
+    def __init__(self, store: Store, node_status: Callable[[], admin_pb2.NodeStatus], node_id: str,
+                 live_within: timedelta = timedelta(seconds=10)) -> None:
         self._store = store
         self._node_status = node_status
+        self._node_id = node_id
+        self._live_within = live_within
 
     @rpc
     async def GetCluster(self, request: admin_pb2.GetClusterRequest, context: grpc.aio.ServicerContext) -> admin_pb2.ClusterStatus:
         shards = await self._store.list_shards()
+        now = await self._store.db_now()
+        nodes = []
+        for node in await self._store.list_nodes():
+            live = now - node.heartbeat_at <= self._live_within
+            if node.node_id == self._node_id:
+                status = self._node_status()
+                status.heartbeat_at.CopyFrom(wire.timestamp(node.heartbeat_at))
+                status.live = live
+            else:
+                status = admin_pb2.NodeStatus(
+                    node_id=node.node_id, address=node.address, shards_owned=node.shards_owned,
+                    workers_connected=node.workers, clock_offset_ms=node.clock_offset_ms, eligible=node.eligible,
+                    note=node.note, heartbeat_at=wire.timestamp(node.heartbeat_at), live=live,
+                )
+            nodes.append(status)
+        if not any(node.node_id == self._node_id for node in nodes):
+            nodes.append(self._node_status())  # not yet heartbeaten
         return admin_pb2.ClusterStatus(
-            database_time=wire.timestamp(await self._store.db_now()),
-            nodes=[self._node_status()],
+            database_time=wire.timestamp(now),
+            nodes=nodes,
             shards=[
                 admin_pb2.ShardStatus(shard_id=s.shard_id, owner=s.owner, token=s.token,
                                       lease_expires_at=wire.timestamp(s.lease_expires_at))

@@ -285,18 +285,21 @@ class FastLane:
         if written.cancelling:
             self._dispatch.cancel(written.cancelling)
         self._plan_next(jobs, occurrences, written.advanced)
+        for job in written.changed:
+            # Our copy was stale (changed through another node, or read before our own write
+            # committed): continue from the job as it is now.
+            self.job_changed(job)
 
     def _plan_next(self, jobs: list[Job], occurrences: list[Occurrence], advanced: frozenset[str]) -> None:
-        """Keep a recurring job in the window when its next occurrence falls inside it.
-
-        A job the write did not advance was changed meanwhile (elsewhere): the scan brings its
-        new state, so nothing is planned from the stale copy here.
-        """
+        """Keep a recurring job in the window when its next occurrence falls inside it."""
         for job, occurrence in zip(jobs, occurrences, strict=True):
             upcoming = occurrence.next_fire_at
             if job.job_id not in advanced or upcoming is None or upcoming >= self._horizon:
                 continue
-            if job.job_id not in self._planned_at:
+            planned = self._planned_at.get(job.job_id)
+            # A plan at or before the occurrence just written is stale (the database has moved
+            # past it); a later one came from a newer change and wins.
+            if planned is None or planned <= occurrence.expected_next_fire_at:
                 self._plan(replace(job, next_fire_at=upcoming))
 
     async def _load_loop(self) -> None:

@@ -1,4 +1,10 @@
-"""Shard ownership: acquire leases, renew them in time, and give them up.
+"""Shard ownership: membership, fair shares, leases renewed in time, and hand-over.
+
+Every cycle (a third of the lease TTL, or at once when another node joins or leaves) a node
+measures its clock against the database's, heartbeats its row in ``nodes``, works out its fair
+share of the shards among the live eligible nodes, renews what it holds, releases what is above
+its share (it stops firing those first) and acquires free shards up to it. A node whose clock is
+off by more than the bound is not eligible: it owns nothing and says why.
 
 A node owns a shard only while it has renewed the lease in time. Renewal is judged by the
 database; locally the node keeps a conservative deadline (measured from *before* the renew
@@ -16,15 +22,27 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 
+from fastlane.clock import Clock, SystemClock
 from fastlane.errors import FastlaneError, StorageError
 from fastlane.metrics import Metrics
-from fastlane.models import ShardLease
+from fastlane.models import NodeInfo, ShardLease
 from fastlane.storage import Store
 
 log = logging.getLogger("fastlane.shards")
 
 ShardsAcquired = Callable[[Sequence[ShardLease]], Awaitable[None]]
 ShardsLost = Callable[[Sequence[int]], None]
+WorkerCount = Callable[[], int]
+
+
+def fair_share(node_id: str, live: Sequence[NodeInfo], shard_count: int) -> int:
+    """This node's share: shards split evenly over eligible live nodes, the remainder to the
+    first in node id order, so every node computes the same split."""
+    eligible = sorted(node.node_id for node in live if node.eligible)
+    if node_id not in eligible:
+        return 0
+    base, extra = divmod(shard_count, len(eligible))
+    return base + (1 if eligible.index(node_id) < extra else 0)
 
 
 class ShardOwnership:
@@ -39,9 +57,21 @@ class ShardOwnership:
         metrics: Metrics,
         on_acquired: ShardsAcquired,
         on_lost: ShardsLost,
+        address: str = "",
+        clock: Clock | None = None,
+        max_clock_offset: timedelta = timedelta(milliseconds=500),
+        workers: WorkerCount = lambda: 0,
     ) -> None:
         self._store = store
         self._node_id = node_id
+        self._address = address
+        self._clock = clock or SystemClock()
+        self._max_clock_offset = max_clock_offset
+        self._workers = workers
+        self.clock_offset = timedelta(0)
+        self.note = ""
+        self._share = 0
+        self._wake = asyncio.Event()
         self._ttl = ttl
         self._metrics = metrics
         self._on_acquired = on_acquired
@@ -69,9 +99,9 @@ class ShardOwnership:
             return []
         return sorted(self._leases)
 
-    async def target_share(self) -> int:
-        """How many shards this node should hold. A single node holds them all."""
-        return await self._store.shard_count()
+    def wake(self) -> None:
+        """Look at the cluster again now (a node joined or left)."""
+        self._wake.set()
 
     async def run(self, ready: asyncio.Event) -> None:
         """Acquire, then renew every third of the TTL until stopped. ``ready`` is set once the
@@ -79,21 +109,62 @@ class ShardOwnership:
         self._ready = ready
         interval = self._ttl.total_seconds() / 3
         while not self._stopping.is_set():
+            self._wake.clear()
             try:
                 async with asyncio.timeout(interval):
                     await self._renew()
+                    await self._follow_membership()
+                    await self._release_excess()
                     await self._acquire()
                 if not self._rebuilds:
                     ready.set()
             except (StorageError, TimeoutError) as error:
                 log.warning("shard lease upkeep failed: %s", error or "timed out")
             self._expire_locally()
+            if self._stopping.is_set():
+                break
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(interval):
-                    await self._stopping.wait()
+                    await _first_of(self._stopping, self._wake)
+
+    async def _follow_membership(self) -> None:
+        """Measure the clock, heartbeat, and work out this node's fair share."""
+        before = self._clock.now()
+        database_now = await self._store.db_now()
+        after = self._clock.now()
+        self.clock_offset = database_now - (before + (after - before) / 2)
+        self._metrics.clock_offset.set(self.clock_offset.total_seconds())
+        eligible = abs(self.clock_offset) <= self._max_clock_offset
+        note = "" if eligible else (
+            f"clock offset to the database {self.clock_offset.total_seconds() * 1000:+.0f} ms exceeds "
+            f"the bound of {self._max_clock_offset.total_seconds() * 1000:.0f} ms: owning no shards"
+        )
+        if note != self.note:
+            (log.warning if note else log.info)(note or "clock offset back within bounds: owning shards again")
+            self.note = note
+        me = NodeInfo(
+            node_id=self._node_id, address=self._address, started_at=before, heartbeat_at=before,
+            clock_offset_ms=self.clock_offset.total_seconds() * 1000, shards_owned=len(self._leases),
+            workers=self._workers(), eligible=eligible, note=note,
+        )
+        live = await self._store.heartbeat_node(me, self._ttl)
+        share = fair_share(self._node_id, live, await self._store.shard_count())
+        if share != self._share:
+            log.info("fair share is now %d shards (%d live eligible nodes)", share,
+                     sum(1 for node in live if node.eligible))
+            self._share = share
+
+    async def _release_excess(self) -> None:
+        """Give back shards above the fair share, highest ids first, so joining nodes get work."""
+        excess = sorted(self._leases, reverse=True)[: max(len(self._leases) - self._share, 0)]
+        if not excess:
+            return
+        leases = [self._leases[shard_id] for shard_id in excess]
+        self._drop(excess, "rebalancing: above this node's fair share")  # stops firing them first
+        await self._store.release_shards(leases)
 
     async def _acquire(self) -> None:
-        missing = await self.target_share() - len(self._leases)
+        missing = self._share - len(self._leases)
         if missing <= 0:
             return
         started = time.monotonic()
@@ -160,16 +231,26 @@ class ShardOwnership:
         self._on_lost(shard_ids)
 
     async def stop(self) -> None:
-        """Stop renewing and release every lease so a successor can take over at once."""
+        """Stop renewing, release every lease and leave the cluster, so successors take over at once."""
         self._stopping.set()
         for task in list(self._rebuilds):
             task.cancel()
         leases, self._leases = list(self._leases.values()), {}
         self._metrics.shards_owned.set(0)
-        if leases:
-            with contextlib.suppress(StorageError):
+        with contextlib.suppress(StorageError):
+            if leases:
                 await asyncio.shield(self._store.release_shards(leases))
-            log.info("released %d shards", len(leases))
+                log.info("released %d shards", len(leases))
+            await asyncio.shield(self._store.remove_node(self._node_id))
+
+
+async def _first_of(*events: asyncio.Event) -> None:
+    waiters = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
 
 
 def _tokens(leases: Sequence[ShardLease]) -> str:

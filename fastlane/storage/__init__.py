@@ -3,6 +3,7 @@
 from fastlane.storage.base import (
     AttemptResult,
     Cancellation,
+    Change,
     Materialised,
     Dispatch,
     Heartbeat,
@@ -16,6 +17,7 @@ from fastlane.storage.base import (
 __all__ = [
     "AttemptResult",
     "Cancellation",
+    "Change",
     "Materialised",
     "Dispatch",
     "Heartbeat",

@@ -9,7 +9,7 @@ lease is still the caller's with the same token. Otherwise they write nothing an
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Generic, Protocol, TypeVar
@@ -21,6 +21,7 @@ from fastlane.models import (
     Job,
     JobSpec,
     JobState,
+    NodeInfo,
     Run,
     RunState,
     ShardLease,
@@ -109,6 +110,9 @@ class Materialised:
     runs: list[Run]
     advanced: frozenset[str] = frozenset()  # jobs whose next_fire_at this write moved on
     cancelling: list[Run] = field(default_factory=list)
+    # Jobs of the batch that were not advanced because they changed meanwhile (elsewhere), as
+    # they are now: the caller replaces its stale copy with these.
+    changed: list[Job] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -117,6 +121,20 @@ class Cancellation:
 
     run: Run
     released: list[Run] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """A change another node may need to act on at once (PostgreSQL NOTIFY).
+
+    ``kind``: ``job`` (created, changed, paused, resumed), ``job_deleted``, ``run`` (triggered,
+    replayed or cancelled) or ``members`` (a node left or joined).
+    """
+
+    kind: str
+    shard_id: int = -1
+    tenant: str = ""
+    key: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -285,6 +303,29 @@ class Store(Protocol):
 
     async def list_shards(self) -> list[ShardLease]:
         """Every shard with its owner ('' when free), token and lease expiry."""
+        ...
+
+    # -- membership -----------------------------------------------------------------------------
+
+    async def heartbeat_node(self, node: NodeInfo, live_within: timedelta) -> list[NodeInfo]:
+        """Record this node's heartbeat (``heartbeat_at`` = database now) and return every node
+        whose heartbeat is more recent than ``live_within``, this one included."""
+        ...
+
+    async def remove_node(self, node_id: str) -> None:
+        """Forget a node that is shutting down, and tell the others to rebalance."""
+        ...
+
+    async def list_nodes(self) -> list[NodeInfo]:
+        """Every node with a row, live or not, for the cluster view."""
+        ...
+
+    async def watch_changes(self, on_change: Callable[[Change], None]) -> None:
+        """Call ``on_change`` for each change committed by any node, until cancelled.
+
+        PostgreSQL: LISTEN/NOTIFY, reconnecting when the connection drops (the node's periodic
+        full scan covers what is missed meanwhile). SQLite has a single node: nothing to watch.
+        """
         ...
 
 

@@ -19,6 +19,7 @@ from fastlane.models import (
     Delivery,
     Job,
     JobState,
+    NodeInfo,
     Run,
     RunState,
     ShardLease,
@@ -241,3 +242,17 @@ def decode_page_token(token: str) -> list[Any]:
     if not isinstance(parts, list):
         raise InvalidArgument("page_token", "is not a token returned by a previous page")
     return parts
+
+
+def build_node(row: Mapping[str, Any]) -> NodeInfo:
+    return NodeInfo(
+        node_id=row["node_id"],
+        address=row["address"],
+        started_at=row["started_at"],
+        heartbeat_at=row["heartbeat_at"],
+        clock_offset_ms=row["clock_offset_ms"],
+        shards_owned=row["shards_owned"],
+        workers=row["workers"],
+        eligible=bool(row["eligible"]),
+        note=row["note"],
+    )

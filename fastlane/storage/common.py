@@ -7,11 +7,13 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
+import orjson
+
 from fastlane.errors import InvalidArgument, JobAlreadyExists
 from fastlane.models import Job, JobSpec, JobState, OverlapPolicy, RunState, ScheduleKind, ShardLease, new_id
 from fastlane.schedules import first_fire
 from fastlane.storage import codec
-from fastlane.storage.base import AttemptResult, Occurrence, Page
+from fastlane.storage.base import AttemptResult, Change, Occurrence, Page
 from fastlane.storage.transitions import resolve_overlap
 
 T = TypeVar("T")
@@ -139,3 +141,15 @@ def first_of_each_attempt(results: Sequence[AttemptResult]) -> list[AttemptResul
             seen.add(key)
             unique.append(result)
     return unique
+
+
+def encode_change(change: Change) -> str:
+    return orjson.dumps([change.kind, change.shard_id, change.tenant, change.key]).decode()
+
+
+def decode_change(payload: str) -> Change | None:
+    try:
+        kind, shard_id, tenant, key = orjson.loads(payload)
+    except (ValueError, TypeError):
+        return None
+    return Change(str(kind), int(shard_id), str(tenant), str(key))

@@ -7,9 +7,11 @@ not the start of the transaction).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import random
-from collections.abc import AsyncIterator, Collection, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 
@@ -32,6 +34,7 @@ from fastlane.models import (
     Job,
     JobSpec,
     JobState,
+    NodeInfo,
     Run,
     RunState,
     ScheduleKind,
@@ -46,6 +49,7 @@ from fastlane.storage import codec, common
 from fastlane.storage.base import (
     AttemptResult,
     Cancellation,
+    Change,
     Materialised,
     Dispatch,
     Heartbeat,
@@ -55,6 +59,8 @@ from fastlane.storage.base import (
 )
 from fastlane.storage.migrations import migrations_for
 from fastlane.storage.transitions import CANCELLED_BY_REQUEST, OVERLAP_CANCELLED, after_attempt
+
+log = logging.getLogger("fastlane.storage.postgres")
 
 _MIGRATION_LOCK = 7_236_001  # pg_advisory_xact_lock key: one migrator at a time across nodes
 
@@ -84,6 +90,15 @@ _INSERT_RUNS = """
     ON CONFLICT (job_id, scheduled_for) WHERE NOT manual DO NOTHING
     RETURNING *
 """
+
+
+CHANGES_CHANNEL = "fastlane_changes"
+LISTENER_PING = 10.0  # seconds between liveness checks of the LISTEN connection
+
+
+async def _notify(db: asyncpg.Connection, change: Change) -> None:
+    """Tell every node of a change; PostgreSQL delivers it only if this transaction commits."""
+    await db.execute("SELECT pg_notify($1, $2)", CHANGES_CHANNEL, common.encode_change(change))
 
 
 class PostgresStore:
@@ -193,7 +208,9 @@ class PostgresStore:
                 spec.priority, spec.payload, codec.encode_policies(stored).decode(), now,
             )
             if row is not None:
-                return codec.build_job(row), True
+                job = codec.build_job(row)
+                await _notify(db, Change("job", job.shard_id, job.tenant, job.job_id))
+                return job, True
             existing = codec.build_job(
                 await db.fetchrow("SELECT * FROM jobs WHERE tenant = $1 AND name = $2", spec.tenant, spec.name)
             )
@@ -250,7 +267,9 @@ class PostgresStore:
                 job_id, tenant, spec.job_type, spec.priority, spec.payload,
                 codec.encode_policies(spec).decode(), next_fire_at, state.value, now,
             )
-        return codec.build_job(row)
+            job = codec.build_job(row)
+            await _notify(db, Change("job", job.shard_id, job.tenant, job.job_id))
+        return job
 
     async def pause_job(self, tenant: str, job_id: str) -> Job:
         return await self._change_state(tenant, job_id, JobState.ACTIVE, JobState.PAUSED, "pause")
@@ -272,13 +291,18 @@ class PostgresStore:
                 "WHERE job_id = $1 RETURNING *",
                 job_id, target.value,
             )
-        return codec.build_job(row)
+            job = codec.build_job(row)
+            await _notify(db, Change("job", job.shard_id, job.tenant, job.job_id))
+        return job
 
     async def delete_job(self, tenant: str, job_id: str) -> None:
         async with self._transaction() as db:
-            deleted = await db.fetchval("DELETE FROM jobs WHERE job_id = $1 AND tenant = $2 RETURNING job_id", job_id, tenant)
-            if deleted is None:
+            shard_id = await db.fetchval(
+                "DELETE FROM jobs WHERE job_id = $1 AND tenant = $2 RETURNING shard_id", job_id, tenant
+            )
+            if shard_id is None:
                 raise JobNotFound(job_id)
+            await _notify(db, Change("job_deleted", shard_id, tenant, job_id))
             await db.execute(
                 "UPDATE runs SET state = 'cancelled', finished_at = clock_timestamp(), updated_at = clock_timestamp(), "
                 "last_error = 'job deleted' WHERE job_id = $1 AND state IN ('scheduled', 'buffered')",
@@ -326,6 +350,13 @@ class PostgresStore:
                 [fence.shard_id for fence in fences],
             )
             overlap_of = {row["job_id"]: row["overlap"] for row in advanced}
+            changed = [
+                codec.build_job(row)
+                for row in await db.fetch(
+                    "SELECT * FROM jobs WHERE job_id = ANY($1::text[])",
+                    [o.job_id for o in occurrences if o.job_id not in overlap_of],
+                )
+            ] if len(overlap_of) < len(occurrences) else []
             guarded = [job_id for job_id, policy in overlap_of.items() if policy != "allow"]
             active = []
             if guarded:
@@ -339,7 +370,7 @@ class PostgresStore:
             )
             cancelling = await self._cancel_for_overlap(db, plan)
             if not plan.rows:
-                return Materialised(runs=[], advanced=frozenset(overlap_of), cancelling=cancelling)
+                return Materialised(runs=[], advanced=frozenset(overlap_of), cancelling=cancelling, changed=changed)
             rows = await db.fetch(
                 _INSERT_RUNS,
                 [r.run_id for r in plan.rows], [r.job_id for r in plan.rows], [r.scheduled_for for r in plan.rows],
@@ -347,7 +378,7 @@ class PostgresStore:
             )
         runs = [codec.build_run(row) for row in rows]
         scheduled = sorted((run for run in runs if run.state is RunState.SCHEDULED), key=lambda run: run.scheduled_for)
-        return Materialised(runs=scheduled, advanced=frozenset(overlap_of), cancelling=cancelling)
+        return Materialised(runs=scheduled, advanced=frozenset(overlap_of), cancelling=cancelling, changed=changed)
 
     async def _cancel_for_overlap(self, db: asyncpg.Connection, plan: common.MaterialisationPlan) -> list[Run]:
         if plan.cancel_now:
@@ -440,7 +471,9 @@ class PostgresStore:
                 """,
                 new_id(), job_id,
             )
-        return codec.build_run(row)
+            run = codec.build_run(row)
+            await _notify(db, Change("run", run.shard_id, run.tenant, run.run_id))
+        return run
 
     async def cancel_run(self, tenant: str, run_id: str) -> Cancellation:
         async with self._transaction() as db:
@@ -454,6 +487,7 @@ class PostgresStore:
                     "RETURNING *",
                     run_id,
                 )
+                await _notify(db, Change("run", run.shard_id, tenant, run_id))
                 return Cancellation(run=codec.build_run(row))
             if run.state not in (RunState.SCHEDULED, RunState.BUFFERED):
                 raise InvalidState("run", run_id, run.state.value, "cancel")
@@ -463,6 +497,9 @@ class PostgresStore:
                 run_id, CANCELLED_BY_REQUEST,
             )
             released = await self._release_buffered(db, [run.job_id])
+            await _notify(db, Change("run", run.shard_id, tenant, run_id))
+            for other in released:
+                await _notify(db, Change("run", other.shard_id, other.tenant, other.run_id))
         return Cancellation(run=codec.build_run(row), released=released)
 
     async def retry_run(self, tenant: str, run_id: str) -> Run:
@@ -477,7 +514,9 @@ class PostgresStore:
                 "cancel_requested = false, updated_at = clock_timestamp() WHERE run_id = $1 RETURNING *",
                 run_id,
             )
-        return codec.build_run(row)
+            run = codec.build_run(row)
+            await _notify(db, Change("run", run.shard_id, run.tenant, run.run_id))
+        return run
 
     async def record_dispatches(self, dispatches: Sequence[Dispatch]) -> list[Attempt]:
         if not dispatches:
@@ -724,3 +763,70 @@ class PostgresStore:
         async with self._connection() as db:
             rows = await db.fetch("SELECT * FROM shards ORDER BY shard_id")
         return [codec.build_lease(row) for row in rows]
+
+    # -- membership -----------------------------------------------------------------------------
+
+    async def heartbeat_node(self, node: NodeInfo, live_within: timedelta) -> list[NodeInfo]:
+        async with self._transaction() as db:
+            joined = await db.fetchval(
+                """
+                INSERT INTO nodes (node_id, address, started_at, heartbeat_at, clock_offset_ms, shards_owned,
+                                   workers, eligible, note)
+                VALUES ($1, $2, clock_timestamp(), clock_timestamp(), $3, $4, $5, $6, $7)
+                ON CONFLICT (node_id) DO UPDATE
+                SET address = excluded.address, heartbeat_at = excluded.heartbeat_at,
+                    clock_offset_ms = excluded.clock_offset_ms, shards_owned = excluded.shards_owned,
+                    workers = excluded.workers, eligible = excluded.eligible, note = excluded.note
+                RETURNING xmax = 0
+                """,
+                node.node_id, node.address, node.clock_offset_ms, node.shards_owned, node.workers, node.eligible,
+                node.note,
+            )
+            if joined:
+                await _notify(db, Change("members", key=node.node_id))
+            rows = await db.fetch(
+                "SELECT * FROM nodes WHERE heartbeat_at > clock_timestamp() - $1 * interval '1 microsecond' "
+                "ORDER BY node_id",
+                common.micros_of_delta(live_within),
+            )
+        return [codec.build_node(row) for row in rows]
+
+    async def remove_node(self, node_id: str) -> None:
+        async with self._transaction() as db:
+            await db.execute("DELETE FROM nodes WHERE node_id = $1", node_id)
+            await _notify(db, Change("members", key=node_id))
+
+    async def list_nodes(self) -> list[NodeInfo]:
+        async with self._connection() as db:
+            rows = await db.fetch("SELECT * FROM nodes ORDER BY node_id")
+        return [codec.build_node(row) for row in rows]
+
+    async def watch_changes(self, on_change: Callable[[Change], None]) -> None:
+        def deliver(_connection: object, _pid: int, _channel: str, payload: str) -> None:
+            change = common.decode_change(payload)
+            if change is not None:
+                on_change(change)
+
+        backoff = 0.1
+        while True:
+            try:
+                listener = await asyncpg.connect(self.url)
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+                log.warning("cannot listen for changes (retrying in %.1f s): %s", backoff, error)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            try:
+                await listener.add_listener(CHANGES_CHANNEL, deliver)
+                backoff = 0.1
+                # Changes missed while (re)connecting are found by the full scan; a members
+                # change makes every node look at the cluster again at once.
+                on_change(Change("members"))
+                while not listener.is_closed():
+                    await asyncio.sleep(LISTENER_PING)
+                    await listener.execute("SELECT 1", timeout=LISTENER_PING)
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as error:
+                log.warning("change listener lost its connection: %s", error)
+            finally:
+                with contextlib.suppress(Exception):
+                    await listener.close(timeout=2)

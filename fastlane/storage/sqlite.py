@@ -14,7 +14,7 @@ import contextlib
 import random
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Collection, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -39,6 +39,7 @@ from fastlane.models import (
     Job,
     JobSpec,
     JobState,
+    NodeInfo,
     Run,
     RunState,
     ShardLease,
@@ -51,6 +52,7 @@ from fastlane.storage import codec, common
 from fastlane.storage.base import (
     AttemptResult,
     Cancellation,
+    Change,
     Dispatch,
     Heartbeat,
     Materialised,
@@ -71,6 +73,7 @@ def _now_us() -> int:
     return time.time_ns() // 1000
 
 _TIME_COLUMNS = frozenset({
+    "heartbeat_at",
     "next_fire_at", "created_at", "updated_at", "scheduled_for", "available_at", "lease_expires_at",
     "first_attempt_at", "finished_at", "dispatched_at", "started_at",
 })
@@ -366,6 +369,14 @@ class SQLiteStore:
                 ),
             )
             overlap_of = {row["job_id"]: row["overlap"] for row in advanced}
+            changed = [
+                codec.build_job(row)
+                for row in await _all(
+                    db,
+                    "SELECT * FROM jobs WHERE job_id IN (SELECT value FROM json_each(?))",
+                    (_json_list(o.job_id for o in occurrences if o.job_id not in overlap_of),),
+                )
+            ] if len(overlap_of) < len(occurrences) else []
             guarded = [job_id for job_id, policy in overlap_of.items() if policy != "allow"]
             active = []
             if guarded:
@@ -380,7 +391,7 @@ class SQLiteStore:
             )
             cancelling = await _cancel_for_overlap(db, plan)
             if not plan.rows:
-                return Materialised(runs=[], advanced=frozenset(overlap_of), cancelling=cancelling)
+                return Materialised(runs=[], advanced=frozenset(overlap_of), cancelling=cancelling, changed=changed)
             rows = await _all(
                 db,
                 f"""
@@ -406,7 +417,7 @@ class SQLiteStore:
             )
         runs = [codec.build_run(row) for row in rows]
         scheduled = sorted((run for run in runs if run.state is RunState.SCHEDULED), key=lambda run: run.scheduled_for)
-        return Materialised(runs=scheduled, advanced=frozenset(overlap_of), cancelling=cancelling)
+        return Materialised(runs=scheduled, advanced=frozenset(overlap_of), cancelling=cancelling, changed=changed)
 
     async def pending_runs(self, shard_ids: Collection[int], before: datetime) -> list[Run]:
         async with self._read() as db:
@@ -730,6 +741,42 @@ class SQLiteStore:
         async with self._read() as db:
             rows = await _all(db, "SELECT * FROM shards ORDER BY shard_id", ())
         return [codec.build_lease(row) for row in rows]
+
+    # -- membership -----------------------------------------------------------------------------
+
+    async def heartbeat_node(self, node: NodeInfo, live_within: timedelta) -> list[NodeInfo]:
+        async with self._transaction() as db:
+            await db.execute(
+                f"""
+                INSERT INTO nodes (node_id, address, started_at, heartbeat_at, clock_offset_ms, shards_owned,
+                                   workers, eligible, note)
+                VALUES (?, ?, {NOW}, {NOW}, ?, ?, ?, ?, ?)
+                ON CONFLICT (node_id) DO UPDATE
+                SET address = excluded.address, heartbeat_at = excluded.heartbeat_at,
+                    clock_offset_ms = excluded.clock_offset_ms, shards_owned = excluded.shards_owned,
+                    workers = excluded.workers, eligible = excluded.eligible, note = excluded.note
+                """,
+                (node.node_id, node.address, node.clock_offset_ms, node.shards_owned, node.workers, node.eligible,
+                 node.note),
+            )
+            rows = await _all(
+                db, f"SELECT * FROM nodes WHERE heartbeat_at > {NOW} - ? ORDER BY node_id",
+                (common.micros_of_delta(live_within),),
+            )
+        return [codec.build_node(row) for row in rows]
+
+    async def remove_node(self, node_id: str) -> None:
+        async with self._transaction() as db:
+            await db.execute("DELETE FROM nodes WHERE node_id = ?", (node_id,))
+
+    async def list_nodes(self) -> list[NodeInfo]:
+        async with self._read() as db:
+            rows = await _all(db, "SELECT * FROM nodes ORDER BY node_id", ())
+        return [codec.build_node(row) for row in rows]
+
+    async def watch_changes(self, on_change: Callable[[Change], None]) -> None:
+        # One node owns an SQLite database, and it learns of its own changes by direct call.
+        await asyncio.Event().wait()
 
 
 # -- small query helpers -----------------------------------------------------------------------

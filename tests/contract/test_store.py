@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
@@ -15,13 +16,14 @@ from fastlane.models import (
     OverlapPolicy,
     JobSpec,
     JobState,
+    NodeInfo,
     RetryPolicy,
     RunState,
     Schedule,
     ShardLease,
 )
 from fastlane.policies import plan_occurrence
-from fastlane.storage import AttemptResult, Dispatch, Heartbeat, Occurrence, open_store
+from fastlane.storage import AttemptResult, Change, Dispatch, Heartbeat, Occurrence, open_store
 
 SHARDS = 4
 TTL = timedelta(seconds=30)
@@ -72,7 +74,7 @@ async def materialise_job(store, leases, job_id: str):
 
 
 async def test_migrate_is_idempotent_and_creates_the_shards(store):
-    assert await store.migrate() == 1
+    assert await store.migrate() == 2
     shards = await store.list_shards()
     assert [shard.shard_id for shard in shards] == list(range(SHARDS))
     assert all(shard.owner == "" and shard.token == 0 for shard in shards)
@@ -547,3 +549,62 @@ async def test_an_at_most_once_failure_is_not_retried(store):
     [outcome] = await store.record_results(
         [AttemptResult(run_id=run.run_id, lease_token=1, outcome=AttemptOutcome.FAILED)])
     assert outcome.run.state is RunState.DEAD
+
+
+# -- membership and change notification ----------------------------------------------------------
+
+
+def node(node_id: str, **changes) -> NodeInfo:
+    return NodeInfo(node_id=node_id, address=f"{node_id}:7070", started_at=NOW, heartbeat_at=NOW, **changes)
+
+
+async def test_heartbeats_list_the_live_nodes(store, second_store):
+    [me] = await store.heartbeat_node(node("node-a", shards_owned=3), TTL)
+    assert me.node_id == "node-a" and me.shards_owned == 3 and me.address == "node-a:7070"
+    both = await second_store.heartbeat_node(node("node-b", eligible=False, note="clock off"), TTL)
+    assert [(n.node_id, n.eligible) for n in both] == [("node-a", True), ("node-b", False)]
+    assert both[1].note == "clock off" and both[1].heartbeat_at >= both[0].heartbeat_at
+    await asyncio.sleep(0.3)
+    # node-a has not beaten for longer than the window: no longer live, though still listed.
+    live = await second_store.heartbeat_node(node("node-b"), timedelta(milliseconds=200))
+    assert [n.node_id for n in live] == ["node-b"]
+    assert [n.node_id for n in await store.list_nodes()] == ["node-a", "node-b"]
+    await store.remove_node("node-a")
+    assert [n.node_id for n in await store.list_nodes()] == ["node-b"]
+
+
+async def test_committed_changes_reach_the_other_nodes(store, second_store, db_url):
+    changes: list[Change] = []
+    arrived = asyncio.Event()
+
+    def on_change(change: Change) -> None:
+        changes.append(change)
+        arrived.set()
+
+    watcher = asyncio.create_task(second_store.watch_changes(on_change))
+    try:
+        if db_url.startswith("sqlite"):
+            # A single node owns an SQLite database: there is nobody to tell, and nothing arrives.
+            await store.create_job(spec())
+            await asyncio.sleep(0.2)
+            assert changes == [] and not watcher.done()
+            return
+        await asyncio.wait_for(arrived.wait(), 10)  # the listener announces itself once connected
+        job, _ = await store.create_job(spec())
+        run = await store.create_manual_run("default", job.job_id)
+        await store.pause_job("default", job.job_id)
+        await store.delete_job("default", job.job_id)
+        expected = [
+            Change("job", job.shard_id, "default", job.job_id),
+            Change("run", job.shard_id, "default", run.run_id),
+            Change("job", job.shard_id, "default", job.job_id),
+            Change("job_deleted", job.shard_id, "default", job.job_id),
+        ]
+        deadline = asyncio.get_running_loop().time() + 10
+        while [c for c in changes if c.kind != "members"] != expected:
+            assert asyncio.get_running_loop().time() < deadline, changes
+            await asyncio.sleep(0.02)
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher

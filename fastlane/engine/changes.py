@@ -1,0 +1,70 @@
+"""Acting on changes committed through other nodes (PostgreSQL NOTIFY), as soon as they commit.
+
+Jobs created or changed, and runs triggered, replayed or cancelled through any node reach the
+owner of their shard here; the owner's periodic full scan remains the safety net for anything a
+dropped connection lost. Changes made through this node arrive twice (direct call, then the
+notification): every action is idempotent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Protocol
+
+from fastlane.engine.dispatch import Dispatcher
+from fastlane.engine.lane import FastLane
+from fastlane.errors import NotFound, StorageError
+from fastlane.models import RunState, ShardLease
+from fastlane.storage import Change, Store
+
+log = logging.getLogger("fastlane.changes")
+
+
+class Ownership(Protocol):
+    def fence(self, shard_id: int) -> ShardLease | None: ...
+
+    def wake(self) -> None: ...
+
+
+class ChangeFollower:
+    def __init__(self, store: Store, *, lane: FastLane, dispatcher: Dispatcher, ownership: Ownership) -> None:
+        self._store = store
+        self._lane = lane
+        self._dispatcher = dispatcher
+        self._ownership = ownership
+        self._queue: asyncio.Queue[Change] = asyncio.Queue()
+
+    def enqueue(self, change: Change) -> None:
+        """Called from the listener: cheap, never blocks."""
+        if change.kind == "members":
+            self._ownership.wake()
+        elif self._ownership.fence(change.shard_id) is not None:
+            self._queue.put_nowait(change)
+
+    async def run(self) -> None:
+        while True:
+            change = await self._queue.get()
+            try:
+                await self._apply(change)
+            except NotFound:
+                if change.kind == "job":
+                    self._lane.forget_job(change.key)
+            except StorageError as error:
+                log.warning("could not follow %s %s (the full scan will): %s", change.kind, change.key, error)
+
+    async def _apply(self, change: Change) -> None:
+        if change.kind == "job":
+            self._lane.job_changed(await self._store.get_job(change.tenant, change.key))
+        elif change.kind == "job_deleted":
+            self._lane.forget_job(change.key)
+            self._dispatcher.forget_job(change.key)
+        elif change.kind == "run":
+            run = await self._store.get_run(change.tenant, change.key)
+            if run.state is RunState.SCHEDULED:
+                self._lane.schedule_run(run, recovered=True)
+            elif run.state is RunState.CANCELLED:
+                self._lane.forget_run(run.run_id)
+                self._dispatcher.cancel([run])
+            elif run.cancel_requested:
+                self._dispatcher.cancel([run])
