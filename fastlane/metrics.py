@@ -26,6 +26,9 @@ class Metrics:
                                  registry=registry)
         self.workers = Gauge("fastlane_workers_connected", "Worker streams connected to this node", registry=registry)
         self.shards_owned = Gauge("fastlane_shards_owned", "Shards this node holds a lease on", registry=registry)
+        self.shards_lost = Counter("fastlane_shards_lost_total",
+                                   "Shards this node stopped owning, by cause (rebalance, not_renewed, local_expiry, "
+                                   "fence_rejected, rebuild_failed)", ["cause"], registry=registry)
         self.fence_rejections = Counter("fastlane_fence_rejections_total",
                                         "Writes refused because this node's shard lease was stale", registry=registry)
         self.lease_expiries = Counter("fastlane_lease_expiries_total", "Attempts whose worker lease expired",

@@ -131,18 +131,20 @@ class Node:
                     log.info("node %s ready: %d shards, %d in window", settings.node_id, len(ownership.leases), lane.size)
                 await self._stop.wait()
                 log.info("node %s stopping", settings.node_id)
-                # Not ready, stop firing, send nothing new; make every result durable and
-                # acknowledge it while the streams are still open; then hand the shards over.
+                # Not ready, stop firing, send nothing new, make the dispatches durable, hand the
+                # shards over; then drain results while the streams are still open.
                 await server.set_ready(False)
                 lane.stop()
                 dispatcher.stop_assigning()
                 await dispatcher.flush(DRAIN_TIMEOUT)
+                # Every dispatch is durable and nothing more fires here: successors may take the
+                # shards now, while this node still records and acknowledges late results.
+                await ownership.stop()
                 await server.stop(SERVER_GRACE)
                 dispatcher.stop()
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(DRAIN_TIMEOUT):
                         await asyncio.shield(journal)
-                await ownership.stop()
                 watcher.cancel()
                 following.cancel()
         finally:

@@ -10,10 +10,11 @@ import argparse
 import asyncio
 import inspect
 import os
+from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from fastlane.cli.arguments import SERVER_ENV, UsageError, positive_int
+from fastlane.cli.arguments import SERVER_ENV, UsageError, positive_int, positive_seconds
 from fastlane.config import DEFAULT_DB_URL, DEFAULT_SERVER, Settings, default_node_id
 from fastlane.storage.base import DEFAULT_SHARD_COUNT, open_store
 
@@ -54,6 +55,23 @@ def register(commands: Any) -> None:
         type=positive_int,
         default=DEFAULT_SHARD_COUNT,
         help=f"number of shards; every node of a cluster must agree (default: {DEFAULT_SHARD_COUNT})",
+    )
+    defaults = Settings(db_url=DEFAULT_DB_URL)
+    serve.add_argument(
+        "--shard-lease-ttl",
+        metavar="SECONDS",
+        type=positive_seconds,
+        default=defaults.shard_lease_ttl.total_seconds(),
+        help="how long a shard lease lasts without renewal; a crashed node's shards move after this "
+        f"(default: {defaults.shard_lease_ttl.total_seconds():g})",
+    )
+    serve.add_argument(
+        "--max-clock-offset",
+        metavar="MS",
+        type=positive_seconds,
+        default=defaults.max_clock_offset.total_seconds() * 1000,
+        help="a node whose clock is further than this from the database's owns no shards "
+        f"(default: {defaults.max_clock_offset.total_seconds() * 1000:g})",
     )
     serve.set_defaults(handler=serve_node, command_parser=serve)
 
@@ -105,6 +123,8 @@ def serve_node(args: argparse.Namespace) -> int:
         metrics_listen=args.metrics,
         insecure=args.insecure,
         shard_count=args.shards,
+        shard_lease_ttl=timedelta(seconds=args.shard_lease_ttl),
+        max_clock_offset=timedelta(milliseconds=args.max_clock_offset),
     )
     from fastlane.node import serve
 

@@ -20,7 +20,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from fastlane.clock import Clock, SystemClock
 from fastlane.errors import FastlaneError, StorageError
@@ -29,6 +29,8 @@ from fastlane.models import NodeInfo, ShardLease
 from fastlane.storage import Store
 
 log = logging.getLogger("fastlane.shards")
+
+CHANGE_SLACK = 0.02  # seconds after a lease or heartbeat runs out before looking again
 
 ShardsAcquired = Callable[[Sequence[ShardLease]], Awaitable[None]]
 ShardsLost = Callable[[Sequence[int]], None]
@@ -72,6 +74,7 @@ class ShardOwnership:
         self.note = ""
         self._share = 0
         self._wake = asyncio.Event()
+        self._next_change_at: datetime | None = None
         self._ttl = ttl
         self._metrics = metrics
         self._on_acquired = on_acquired
@@ -124,7 +127,7 @@ class ShardOwnership:
             if self._stopping.is_set():
                 break
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(interval):
+                async with asyncio.timeout(self._until_next_cycle(interval)):
                     await _first_of(self._stopping, self._wake)
 
     async def _follow_membership(self) -> None:
@@ -149,10 +152,38 @@ class ShardOwnership:
         )
         live = await self._store.heartbeat_node(me, self._ttl)
         share = fair_share(self._node_id, live, await self._store.shard_count())
+        await self._watch_for_changes(live)
         if share != self._share:
             log.info("fair share is now %d shards (%d live eligible nodes)", share,
                      sum(1 for node in live if node.eligible))
             self._share = share
+
+    async def _watch_for_changes(self, live: Sequence[NodeInfo]) -> None:
+        """Note when the next change of ownership can happen, so the next cycle runs right then
+        instead of up to a third of a TTL later: when a node that has missed a heartbeat will
+        count as gone, or when the lease of a shard held by a gone node runs out."""
+        database_now = self._clock.now() + self.clock_offset
+        interval = self._ttl / 3
+        moments = [
+            node.heartbeat_at + self._ttl
+            for node in live
+            if node.node_id != self._node_id and database_now - node.heartbeat_at > interval * 1.5
+        ]
+        if self._share > len(self._leases):
+            live_ids = {node.node_id for node in live}
+            moments += [
+                shard.lease_expires_at
+                for shard in await self._store.list_shards()
+                if shard.owner and shard.owner not in live_ids and shard.lease_expires_at is not None
+            ]
+        # Database time to this node's time: subtract the measured offset.
+        self._next_change_at = min(moments) - self.clock_offset if moments else None
+
+    def _until_next_cycle(self, interval: float) -> float:
+        if self._next_change_at is None:
+            return interval
+        wait = (self._next_change_at - self._clock.now()).total_seconds() + CHANGE_SLACK
+        return min(interval, max(wait, 0.01))
 
     async def _release_excess(self) -> None:
         """Give back shards above the fair share, highest ids first, so joining nodes get work."""
@@ -160,7 +191,7 @@ class ShardOwnership:
         if not excess:
             return
         leases = [self._leases[shard_id] for shard_id in excess]
-        self._drop(excess, "rebalancing: above this node's fair share")  # stops firing them first
+        self._drop(excess, "rebalance", "rebalancing: above this node's fair share")  # stops firing them first
         await self._store.release_shards(leases)
 
     async def _acquire(self) -> None:
@@ -194,7 +225,7 @@ class ShardOwnership:
             # shards back so this node or another rebuilds them from scratch.
             log.warning("window rebuild of %d shards failed, releasing them: %s", len(leases), error)
             held = [lease for lease in leases if self._leases.get(lease.shard_id) == lease]
-            self._drop([lease.shard_id for lease in held], "window rebuild failed")
+            self._drop([lease.shard_id for lease in held], "rebuild_failed", "window rebuild failed")
             with contextlib.suppress(StorageError):
                 await self._store.release_shards(held)
 
@@ -208,25 +239,27 @@ class ShardOwnership:
         self._leases = {lease.shard_id: lease for lease in renewed}
         self._valid_until = started + self._ttl.total_seconds() - self._margin
         if lost:
-            self._drop(lost, "lease not renewed (taken over or expired)")
+            self._drop(lost, "not_renewed", "lease not renewed (taken over or expired)")
 
     def _expire_locally(self) -> None:
         if self._leases and time.monotonic() > self._valid_until:
-            self._drop(list(self._leases), "could not renew before the lease would expire")
+            self._drop(list(self._leases), "local_expiry", "could not renew before the lease would expire")
 
     def lost(self, shard_id: int, token: int, reason: str) -> None:
         """A fenced write with ``token`` was refused. If that is still the lease held, it is gone."""
         self._metrics.fence_rejections.inc()
         lease = self._leases.get(shard_id)
         if lease is not None and lease.token == token:
-            self._drop([shard_id], reason)
+            self._drop([shard_id], "fence_rejected", reason)
 
-    def _drop(self, shard_ids: Sequence[int], reason: str) -> None:
+    def _drop(self, shard_ids: Sequence[int], cause: str, reason: str) -> None:
+        """Forget shards at once; ``cause`` labels the metric, ``reason`` goes to the log."""
         if not shard_ids:
             return
         for shard_id in shard_ids:
             self._leases.pop(shard_id, None)
         self._metrics.shards_owned.set(len(self._leases))
+        self._metrics.shards_lost.labels(cause=cause).inc(len(shard_ids))
         log.warning("lost %d shards %s: %s", len(shard_ids), sorted(shard_ids)[:10], reason)
         self._on_lost(shard_ids)
 
