@@ -105,12 +105,17 @@ def register(commands: Any) -> None:
     migrate.set_defaults(handler=migrate_schema, command_parser=migrate)
 
 
+DB_ENV = "FASTLANE_DB"
+
+
 def _add_db_flag(parser: argparse.ArgumentParser) -> None:
+    # The environment variable keeps a password out of the process list (and Kubernetes args).
     parser.add_argument(
         "--db",
         metavar="URL",
-        default=DEFAULT_DB_URL,
-        help=f"database: sqlite:///path/to/file.db or postgresql://user@host/db (default: {DEFAULT_DB_URL})",
+        default=os.environ.get(DB_ENV, DEFAULT_DB_URL),
+        help="database: sqlite:///path/to/file.db or postgresql://user@host/db "
+        f"(default: ${DB_ENV}, else {DEFAULT_DB_URL})",
     )
 
 
