@@ -18,7 +18,7 @@ from dataclasses import replace
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Final, TypeVar

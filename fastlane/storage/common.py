@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -10,11 +11,22 @@ from typing import Any, TypeVar
 import orjson
 
 from fastlane.errors import InvalidArgument, JobAlreadyExists
-from fastlane.models import Job, JobSpec, JobState, OverlapPolicy, RunState, ScheduleKind, ShardLease, new_id
+from fastlane.models import (
+    AttemptOutcome,
+    Job,
+    JobSpec,
+    JobState,
+    OverlapPolicy,
+    Run,
+    RunState,
+    ScheduleKind,
+    ShardLease,
+    new_id,
+)
 from fastlane.schedules import first_fire
 from fastlane.storage import codec
-from fastlane.storage.base import AttemptResult, Change, Occurrence, Page
-from fastlane.storage.transitions import resolve_overlap
+from fastlane.storage.base import AttemptResult, Change, Occurrence, Page, ResultOutcome
+from fastlane.storage.transitions import after_attempt, resolve_overlap
 
 T = TypeVar("T")
 
@@ -153,3 +165,56 @@ def decode_change(payload: str) -> Change | None:
     except (ValueError, TypeError):
         return None
     return Change(str(kind), int(shard_id), str(tenant), str(key))
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptUpdate:
+    """How one attempt's row ends: ``outcome`` is ``superseded`` for a stale result."""
+
+    result: AttemptResult
+    outcome: AttemptOutcome
+    finished_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ResultDecisions:
+    outcomes: list[ResultOutcome]
+    runs: list[Run]  # runs whose state changed, as they are now
+    attempts: list[AttemptUpdate]
+
+    @property
+    def finished_jobs(self) -> set[str]:
+        """Jobs with a run that just ended: a buffered run of theirs may start now."""
+        return {run.job_id for run in self.runs if run.state.is_final}
+
+
+def decide_results(
+    runs: dict[str, Run], results: Sequence[AttemptResult], now: datetime, rng: random.Random
+) -> ResultDecisions:
+    """What reported results do to their runs (read in the caller's transaction).
+
+    Only the result of a run's current attempt (same lease token, still dispatched or running)
+    changes the run; any other is recorded on its attempt as superseded.
+    """
+    outcomes: list[ResultOutcome] = []
+    changed: list[Run] = []
+    attempts: list[AttemptUpdate] = []
+    for result in first_of_each_attempt(results):
+        run = runs.get(result.run_id)
+        if run is None:
+            continue
+        current = run.lease_token == result.lease_token and run.state in (RunState.DISPATCHED, RunState.RUNNING)
+        outcome = result.outcome if current else AttemptOutcome.SUPERSEDED
+        attempts.append(AttemptUpdate(result, outcome, result.finished_at or now))
+        if not current:
+            outcomes.append(ResultOutcome(run=run, accepted=False))
+            continue
+        transition = after_attempt(run, result.outcome, error=result.error_message, now=now, rng=rng)
+        run = replace(
+            run, state=transition.state, available_at=transition.available_at, finished_at=transition.finished_at,
+            last_error=transition.last_error, lease_token=None, lease_expires_at=None, updated_at=now,
+        )
+        runs[run.run_id] = run  # a second result for this run in the batch sees it as it is now
+        changed.append(run)
+        outcomes.append(ResultOutcome(run=run, accepted=True))
+    return ResultDecisions(outcomes=outcomes, runs=changed, attempts=attempts)

@@ -12,16 +12,13 @@ import contextlib
 import logging
 import random
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
-from dataclasses import replace
 from datetime import datetime, timedelta
 
 import asyncpg
 
 from fastlane.errors import (
     ConfigurationError,
-    InvalidArgument,
     InvalidState,
-    JobAlreadyExists,
     JobNotFound,
     RunNotFound,
     StaleFence,
@@ -37,7 +34,6 @@ from fastlane.models import (
     NodeInfo,
     Run,
     RunState,
-    ScheduleKind,
     ShardLease,
     new_id,
     shard_of,
@@ -58,7 +54,7 @@ from fastlane.storage.base import (
     ResultOutcome,
 )
 from fastlane.storage.migrations import migrations_for
-from fastlane.storage.transitions import CANCELLED_BY_REQUEST, OVERLAP_CANCELLED, after_attempt
+from fastlane.storage.transitions import CANCELLED_BY_REQUEST, OVERLAP_CANCELLED
 
 log = logging.getLogger("fastlane.storage.postgres")
 
@@ -596,31 +592,8 @@ class PostgresStore:
     async def _apply_results(
         self, db: asyncpg.Connection, runs: dict[str, Run], results: Sequence[AttemptResult], now: datetime
     ) -> list[ResultOutcome]:
-        run_updates: list[tuple] = []
-        attempt_updates: list[tuple] = []
-        outcomes: list[ResultOutcome] = []
-        for result in common.first_of_each_attempt(results):
-            run = runs.get(result.run_id)
-            if run is None:
-                continue
-            current = run.lease_token == result.lease_token and run.state in (RunState.DISPATCHED, RunState.RUNNING)
-            outcome = result.outcome if current else AttemptOutcome.SUPERSEDED
-            attempt_updates.append((
-                run.run_id, result.lease_token, outcome.value, result.error_code, result.error_message,
-                result.started_at, result.finished_at or now,
-            ))
-            if not current:
-                outcomes.append(ResultOutcome(run=run, accepted=False))
-                continue
-            transition = after_attempt(run, result.outcome, error=result.error_message, now=now, rng=self._rng)
-            run = replace(
-                run, state=transition.state, available_at=transition.available_at, finished_at=transition.finished_at,
-                last_error=transition.last_error, lease_token=None, lease_expires_at=None, updated_at=now,
-            )
-            runs[run.run_id] = run
-            run_updates.append((run.run_id, run.state.value, run.available_at, run.finished_at, run.last_error))
-            outcomes.append(ResultOutcome(run=run, accepted=True))
-        if run_updates:
+        decided = common.decide_results(runs, results, now, self._rng)
+        if decided.runs:
             await db.execute(
                 """
                 UPDATE runs r SET state = u.state, available_at = u.available_at, finished_at = u.finished_at,
@@ -630,9 +603,12 @@ class PostgresStore:
                      AS u(run_id, state, available_at, finished_at, last_error)
                 WHERE r.run_id = u.run_id
                 """,
-                *map(list, zip(*run_updates, strict=True)),
+                [run.run_id for run in decided.runs], [run.state.value for run in decided.runs],
+                [run.available_at for run in decided.runs], [run.finished_at for run in decided.runs],
+                [run.last_error for run in decided.runs],
             )
-        if attempt_updates:
+        if decided.attempts:
+            updates = decided.attempts
             await db.execute(
                 """
                 UPDATE attempts a SET outcome = u.outcome, error_code = u.error_code, error_message = u.error_message,
@@ -643,11 +619,13 @@ class PostgresStore:
                 WHERE a.run_id = u.run_id AND a.lease_token = u.lease_token
                   AND (a.outcome IN ('pending', 'lease_expired') OR u.outcome <> 'superseded')
                 """,
-                *map(list, zip(*attempt_updates, strict=True)),
+                [u.result.run_id for u in updates], [u.result.lease_token for u in updates],
+                [u.outcome.value for u in updates], [u.result.error_code for u in updates],
+                [u.result.error_message for u in updates], [u.result.started_at for u in updates],
+                [u.finished_at for u in updates],
             )
-        finished_jobs = {o.run.job_id for o in outcomes if o.accepted and o.run.state.is_final}
-        released = await self._release_buffered(db, finished_jobs)
-        return outcomes + [ResultOutcome(run=run, accepted=True, released=True) for run in released]
+        released = await self._release_buffered(db, decided.finished_jobs)
+        return decided.outcomes + [ResultOutcome(run=run, accepted=True, released=True) for run in released]
 
     async def _release_buffered(self, db: asyncpg.Connection, job_ids: Collection[str]) -> list[Run]:
         """Schedule the oldest buffered run of each job that has no other active run left."""

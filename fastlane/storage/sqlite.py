@@ -15,7 +15,6 @@ import random
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Sequence
-from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -61,7 +60,7 @@ from fastlane.storage.base import (
     ResultOutcome,
 )
 from fastlane.storage.migrations import migrations_for
-from fastlane.storage.transitions import CANCELLED_BY_REQUEST, OVERLAP_CANCELLED, after_attempt
+from fastlane.storage.transitions import CANCELLED_BY_REQUEST, OVERLAP_CANCELLED
 
 # The database clock, in integer microseconds. SQLite's own julianday('now') only has millisecond
 # resolution; an embedded database shares its host's clock anyway, so the connection gets a SQL
@@ -602,45 +601,22 @@ class SQLiteStore:
     async def _apply_results(
         self, db: aiosqlite.Connection, runs: dict[str, Run], results: Sequence[AttemptResult], now: datetime
     ) -> list[ResultOutcome]:
-        outcomes: list[ResultOutcome] = []
-        run_updates: list[tuple[Any, ...]] = []
-        attempt_updates: list[tuple[Any, ...]] = []
-        for result in common.first_of_each_attempt(results):
-            run = runs.get(result.run_id)
-            if run is None:
-                continue
-            current = run.lease_token == result.lease_token and run.state in (RunState.DISPATCHED, RunState.RUNNING)
-            outcome = result.outcome if current else AttemptOutcome.SUPERSEDED
-            attempt_updates.append((
-                outcome.value, result.error_code, result.error_message, _instant(result.started_at),
-                to_micros(result.finished_at or now), run.run_id, result.lease_token,
-            ))
-            if not current:
-                outcomes.append(ResultOutcome(run=run, accepted=False))
-                continue
-            transition = after_attempt(run, result.outcome, error=result.error_message, now=now, rng=self._rng)
-            run = replace(
-                run, state=transition.state, available_at=transition.available_at, finished_at=transition.finished_at,
-                last_error=transition.last_error, lease_token=None, lease_expires_at=None, updated_at=now,
-            )
-            runs[run.run_id] = run
-            run_updates.append((run.state.value, to_micros(run.available_at), _instant(run.finished_at),
-                                run.last_error, run.run_id))
-            outcomes.append(ResultOutcome(run=run, accepted=True))
+        decided = common.decide_results(runs, results, now, self._rng)
         await db.executemany(
             f"UPDATE runs SET state = ?, available_at = ?, finished_at = ?, last_error = ?, lease_token = NULL, "
             f"lease_expires_at = NULL, updated_at = {NOW} WHERE run_id = ?",
-            run_updates,
+            [(run.state.value, to_micros(run.available_at), _instant(run.finished_at), run.last_error, run.run_id)
+             for run in decided.runs],
         )
         await db.executemany(
             "UPDATE attempts SET outcome = ?, error_code = ?, error_message = ?, "
             "started_at = coalesce(started_at, ?), finished_at = ? WHERE run_id = ? AND lease_token = ? "
             "AND (outcome IN ('pending', 'lease_expired') OR ?1 <> 'superseded')",
-            attempt_updates,
+            [(u.outcome.value, u.result.error_code, u.result.error_message, _instant(u.result.started_at),
+              to_micros(u.finished_at), u.result.run_id, u.result.lease_token) for u in decided.attempts],
         )
-        finished_jobs = {o.run.job_id for o in outcomes if o.accepted and o.run.state.is_final}
-        released = await _release_buffered(db, finished_jobs)
-        return outcomes + [ResultOutcome(run=run, accepted=True, released=True) for run in released]
+        released = await _release_buffered(db, decided.finished_jobs)
+        return decided.outcomes + [ResultOutcome(run=run, accepted=True, released=True) for run in released]
 
     async def get_run(self, tenant: str, run_id: str) -> Run:
         async with self._read() as db:
