@@ -2,18 +2,21 @@
 
 :class:`NodeStream` keeps what must outlive a connection (the attempts in flight and the results
 the node has not acknowledged) and builds the per-connection machinery (reader, writer, result
-flusher, heartbeat loop) afresh for every ``WorkerService.Connect`` call. :func:`judge_attempt`
-maps how a handler ended to the protocol's outcomes. The public face is :mod:`fastlane.worker`.
+flusher, heartbeat loop) afresh for every ``WorkerService.Connect`` call. A stream the worker no
+longer wants (its node left the cluster) drains while its node answers and otherwise hands what it
+holds to another stream: every node records any result, since all share the database.
+:func:`judge_attempt` maps how a handler ended to the protocol's outcomes. The public face is
+:mod:`fastlane.worker`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import random
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Sequence
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -38,7 +41,7 @@ _MESSAGE_BUDGET = 3 << 20
 _DEFAULT_HEARTBEAT_INTERVAL = 5.0
 _BACKOFF_START = 0.1
 _BACKOFF_CAP = 2.0
-_CHANNEL_OPTIONS: Sequence[tuple[str, Any]] = (
+CHANNEL_OPTIONS: Sequence[tuple[str, Any]] = (
     # gRPC's own reconnect backoff (1 s growing to 120 s) would keep failing our calls long after
     # the node is back; hold it to the same schedule as ours.
     ("grpc.initial_reconnect_backoff_ms", 100),
@@ -73,6 +76,9 @@ _SUCCEEDED = Verdict(AttemptOutcome.SUCCEEDED)
 _SHUTDOWN = Verdict(AttemptOutcome.FAILED, "WorkerShutdown", "the worker stopped before the handler finished")
 _ABANDON_GRACE = 2.0  # after the drain timeout, for the cancelled runs' results to be acknowledged
 _CLOSE_GRACE = 5.0  # for a node to end a stream the worker half-closed
+# A leaving stream whose node holds a result this long without acknowledging it hands its work on.
+_ACK_PATIENCE = 5.0
+_HANDOVER_RETRY = 1.0  # how often a leaving stream with no stream to hand over to looks again
 
 
 async def judge_attempt(call: Callable[[], Awaitable[None]], slot: RunSlot, timeout: float | None) -> Verdict:
@@ -167,6 +173,9 @@ class NodeStream:
         job_types: The job types this worker has handlers for.
         concurrency: Credits for this stream: the most attempts it may have in flight.
         launch: Makes the coroutine that runs one assignment and ends with :meth:`finish`.
+
+    Attempts handed over from a leaving stream (:meth:`hand_over`) heartbeat and report here but
+    free no credit: this node never granted them.
     """
 
     def __init__(
@@ -179,16 +188,19 @@ class NodeStream:
         self._launch = launch
         self._in_flight: dict[RunKey, RunSlot] = {}
         self._unacked: dict[RunKey, pb.RunResult] = {}
+        self._adopted: set[RunKey] = set()  # in flight here, assigned through another stream
+        self._ack_clock = time.monotonic()  # last ack, or when the first unacked result appeared
         self._pending: list[pb.RunResult] = []  # finished, not yet written to the current stream
         self._pending_credits = 0
         self._changed_runs: set[RunKey] = set()  # due in the next prompt heartbeat
         self._results_ready = asyncio.Event()
         self._beat_wanted = asyncio.Event()
         self._next_beat: asyncio.Future[None] | None = None
-        self._settled = asyncio.Event()  # a run finished or a result was acknowledged
+        self._settled = asyncio.Event()  # a run finished, a result was acknowledged, the stream went down
         self._closing = asyncio.Event()
         self._outbound: asyncio.Queue[pb.WorkerMessage | None] | None = None
         self._welcomed = False
+        self._session_ended = False  # since this stream was made: a connection failed or broke
         self._draining = False
         self._heartbeat_interval = _DEFAULT_HEARTBEAT_INTERVAL
         self._last_end = ""  # why the last stream ended, for the reconnect log line
@@ -201,11 +213,21 @@ class NodeStream:
     def in_flight(self) -> int:
         return len(self._in_flight)
 
+    @property
+    def down(self) -> bool:
+        """Whether the node has been tried and no stream to it is up now (a fresh stream is not)."""
+        return self._session_ended and not self._welcomed
+
+    @property
+    def closing(self) -> bool:
+        """Whether the sending side is closed or closing: the stream takes nothing more."""
+        return self._closing.is_set()
+
     # -- lifecycle, driven by the Worker ---------------------------------------------------
 
     async def serve(self) -> None:
         """Keep a stream open until :meth:`half_close` and the node's end of it; reconnect on breaks."""
-        channel = grpc.aio.insecure_channel(self.address, options=_CHANNEL_OPTIONS)
+        channel = grpc.aio.insecure_channel(self.address, options=CHANNEL_OPTIONS)
         stub = pb_grpc.WorkerServiceStub(channel)
         delay, failures = _BACKOFF_START, 0
         try:
@@ -231,12 +253,69 @@ class NodeStream:
         """Grant no more credits, here or in a later Hello: the node runs down what it sent."""
         self._draining = True
 
-    async def drain(self) -> None:
-        """Wait until nothing is in flight or unacknowledged, then close the sending side."""
+    async def drain(self, successor: Callable[[], NodeStream | None] | None = None) -> None:
+        """Wait until nothing is in flight or unacknowledged, then close the sending side.
+
+        Args:
+            successor: For a stream that is leaving while the worker goes on. Once the stream is
+                down, or its node has sat on a result for ``_ACK_PATIENCE`` seconds, what is still
+                in flight or unacknowledged moves to the stream ``successor()`` names, if any, and
+                this one closes at once.
+        """
         while self._in_flight or self._unacked:
+            wait: float | None = None
+            if successor is not None:
+                stalled = bool(self._unacked) and time.monotonic() - self._ack_clock >= _ACK_PATIENCE
+                if not self._welcomed or stalled:
+                    if (target := successor()) is not None:
+                        self.hand_over(target)
+                        break
+                    wait = _HANDOVER_RETRY  # no stream to take it yet: look again soon
+                elif self._unacked:
+                    wait = self._ack_clock + _ACK_PATIENCE - time.monotonic()
             self._settled.clear()
-            await self._settled.wait()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await self._settled.wait()
         self.half_close()
+
+    def hand_over(self, successor: NodeStream) -> None:
+        """Move every attempt in flight and every unacknowledged result to ``successor``.
+
+        For a stream whose node is gone or stuck: the attempts heartbeat, and the results are
+        reported, through the successor's node instead, which records them in the shared database.
+        """
+        slots, results = list(self._in_flight.values()), list(self._unacked.values())
+        self._in_flight, self._unacked = {}, {}
+        self._adopted.clear()
+        self._changed_runs.clear()
+        self._pending, self._pending_credits = [], 0
+        successor.adopt(slots, results)
+        self._settled.set()
+        if slots or results:
+            log.info("handed %d runs in flight and %d unacknowledged results from %s over to %s",
+                     len(slots), len(results), self.address, successor.address)
+
+    def adopt(self, slots: Sequence[RunSlot], results: Sequence[pb.RunResult]) -> None:
+        """Take over attempts and results from a leaving stream; see :meth:`hand_over`."""
+        if results and not self._unacked:
+            self._ack_clock = time.monotonic()
+        for slot in slots:
+            slot.stream = self
+            slot.resync()  # this node may not have heard the last progress or checkpoint
+            self._in_flight[slot.key] = slot
+            self._adopted.add(slot.key)
+            self._changed_runs.add(slot.key)
+        for result in results:
+            key = (result.run_id, result.lease_token)
+            if key not in self._unacked:
+                self._unacked[key] = result
+                self._pending.append(result)
+        if results:
+            self._results_ready.set()
+        if slots and self._welcomed:
+            self._beat_wanted.set()  # renew their leases through this node now
+        self._settled.set()
 
     def half_close(self) -> None:
         """Close the sending side; assignments that still arrive are not started."""
@@ -253,6 +332,7 @@ class NodeStream:
         """Cancel every handler without reporting; return the tasks so the caller can await them."""
         tasks = [slot.task for slot in self._in_flight.values() if slot.task is not None]
         self._in_flight.clear()
+        self._adopted.clear()
         for task in tasks:
             task.cancel()
         return tasks
@@ -264,9 +344,14 @@ class NodeStream:
         if self._in_flight.pop(slot.key, None) is None:
             return  # aborted, or already settled after a cancel
         self._changed_runs.discard(slot.key)
+        if not self._unacked:
+            self._ack_clock = time.monotonic()
         self._unacked[slot.key] = result
         self._pending.append(result)
-        self._pending_credits += 1
+        if slot.key in self._adopted:
+            self._adopted.discard(slot.key)  # its credit was another node's
+        else:
+            self._pending_credits += 1
         self._results_ready.set()
         self._settled.set()
 
@@ -315,7 +400,8 @@ class NodeStream:
         return welcomed.is_set()
 
     def _open(self, outbound: asyncio.Queue[pb.WorkerMessage | None]) -> None:
-        credits = 0 if self._draining else max(0, self._concurrency - len(self._in_flight))
+        own = len(self._in_flight) - len(self._adopted)
+        credits = 0 if self._draining else max(0, self._concurrency - own)
         hello = pb.Hello(worker_id=self._worker_id, job_types=self._job_types, credits=credits, tenant="")
         outbound.put_nowait(pb.WorkerMessage(hello=hello))
         # The Hello's credits already count every finished run, so nothing pending is granted again.
@@ -324,6 +410,7 @@ class NodeStream:
             outbound.put_nowait(message)
         for slot in self._in_flight.values():
             slot.resync()
+        self._ack_clock = time.monotonic()  # everything unacknowledged was just sent again
         self._outbound = outbound
         if self._closing.is_set():
             outbound.put_nowait(None)
@@ -331,6 +418,8 @@ class NodeStream:
     def _close_session(self) -> None:
         self._outbound = None
         self._welcomed = False
+        self._session_ended = True
+        self._settled.set()  # a leaving stream hands its work over once it is down
         waiter, self._next_beat = self._next_beat, None
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -434,6 +523,7 @@ class NodeStream:
     def _forget(self, acks: Iterable[pb.ResultAck]) -> None:
         for ack in acks:
             self._unacked.pop((ack.run_id, ack.lease_token), None)
+        self._ack_clock = time.monotonic()
         self._settled.set()
 
     def _cancel(self, cancel: pb.CancelRuns) -> None:
@@ -449,7 +539,8 @@ class NodeStream:
         slot.stop_reason = verdict
         slot.task.cancel()
         # A task cancelled before its first step never runs its body, so it reports nothing itself.
-        slot.task.add_done_callback(functools.partial(self._settle_stopped, slot))
+        # The slot may have moved to another stream by then (hand_over): settle it where it is.
+        slot.task.add_done_callback(lambda task: slot.stream._settle_stopped(slot, task))
 
     def _settle_stopped(self, slot: RunSlot, task: asyncio.Task[None]) -> None:
         if slot.stop_reason is not None and slot.key in self._in_flight:
@@ -457,26 +548,60 @@ class NodeStream:
             self.finish(slot, slot.stop_reason.result(slot, now, now))
 
 
-async def drain_streams(streams: Sequence[NodeStream], serving: Sequence[asyncio.Task[None]], timeout: float) -> None:
+async def retire_stream(
+    stream: NodeStream, serving: asyncio.Task[None], successor: Callable[[], NodeStream | None]
+) -> None:
+    """Stop one stream gracefully while the worker goes on: no new credits, finish, report, close.
+
+    While its node answers, the stream's handlers finish and their results are acknowledged there;
+    once it does not, the stream hands what it holds to ``successor()`` (see :meth:`NodeStream.drain`).
+    """
+    stream.begin_drain()
+    await stream.drain(successor)
+    _, late = await asyncio.wait([serving], timeout=_CLOSE_GRACE)
+    for task in late:  # the node never ended the stream (or the address never answered)
+        task.cancel()
+    await asyncio.gather(serving, return_exceptions=True)
+
+
+async def drain_streams(
+    streams: Sequence[NodeStream],
+    serving: Sequence[asyncio.Task[None]],
+    timeout: float,
+    retiring: Mapping[NodeStream, asyncio.Task[None]] | None = None,
+) -> None:
     """Stop every stream gracefully: no new credits, finish, report, half-close, await the node.
 
     Handlers still running after ``timeout`` seconds are cancelled and reported as retryable
     ``WorkerShutdown`` failures (``cancelled`` would end the run for good).
+
+    Args:
+        streams: The streams to drain here.
+        serving: The :meth:`NodeStream.serve` tasks of every stream, leaving ones included.
+        timeout: Seconds for the handlers to finish.
+        retiring: Streams already leaving, with their :func:`retire_stream` tasks, which go on
+            (a leaving stream may still hand its work to one of ``streams``).
     """
-    for stream in streams:
+    retiring = retiring or {}
+    everything = [*streams, *retiring]
+    for stream in everything:
         stream.begin_drain()
-    drains = [asyncio.create_task(s.drain(), name=f"worker-drain:{s.address}") for s in streams]
+    drains = [
+        *retiring.values(),
+        *(asyncio.create_task(s.drain(), name=f"worker-drain:{s.address}") for s in streams),
+    ]
     try:
-        _, late = await asyncio.wait(drains, timeout=timeout)
+        late = (await asyncio.wait(drains, timeout=timeout))[1] if drains else set()
         if late:
-            running = sum(stream.in_flight for stream in streams)
+            running = sum(stream.in_flight for stream in everything)
             log.warning("drain timeout (%g s) passed with %d runs in flight: cancelling them", timeout, running)
-            for stream in streams:
+            for stream in everything:
                 stream.abandon(_SHUTDOWN)
             await asyncio.wait(late, timeout=_ABANDON_GRACE)
-            for stream in streams:
+            for stream in everything:
                 stream.half_close()
-        await asyncio.wait(serving, timeout=_CLOSE_GRACE)
+        if serving:
+            await asyncio.wait(serving, timeout=_CLOSE_GRACE)
     finally:
         for task in drains:
             task.cancel()

@@ -109,7 +109,7 @@ class Node:
             jobs=JobServicer(store, lane, dispatcher),
             runs=RunServicer(store, lane, dispatcher),
             workers=WorkerServicer(dispatcher, node_id=settings.node_id, heartbeat_interval=HEARTBEAT_INTERVAL),
-            admin=AdminServicer(store, node_status, settings.node_id),
+            admin=AdminServicer(store, node_status, settings.node_id, live_within=settings.shard_lease_ttl),
         )
         self.port = server.port
         if settings.metrics_listen:

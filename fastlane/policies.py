@@ -26,8 +26,8 @@ def plan_occurrence(job: Job, now: datetime, horizon: datetime) -> Occurrence:
     the misfire grace after its time was *missed* (the node was down, the shard unowned, or the
     job paused); the job's misfire policy decides what becomes of missed ones:
 
-    - ``fire_once``: one run, for the latest missed occurrence, unless an on-time occurrence
-      fires anyway; the others are skipped;
+    - ``fire_once``: one run, for the latest missed occurrence; the other missed ones are
+      skipped (occurrences still within the grace fire as usual);
     - ``fire_all``: each missed occurrence fires, the latest ``fire_all_cap`` of them;
     - ``skip``: none fires.
     """
@@ -53,8 +53,8 @@ def plan_occurrence(job: Job, now: datetime, horizon: datetime) -> Occurrence:
     if not missed:
         fire, skipped = on_time, []
     elif policy.kind is MisfireKind.FIRE_ONCE:
-        fire = on_time if on_time else missed[-1:]
-        skipped = missed if on_time else missed[:-1]
+        fire = missed[-1:] + on_time
+        skipped = missed[:-1]
     elif policy.kind is MisfireKind.FIRE_ALL:
         cap = policy.fire_all_cap
         fire = missed[-cap:] + on_time

@@ -1,4 +1,9 @@
-"""``fastlane cluster``: the nodes of a cluster and which node owns each shard."""
+"""``fastlane cluster``: the nodes of a cluster and which node owns each shard.
+
+The table shows what an operator checks first (is every node live and eligible, are the shards
+spread, are leases being renewed); ``--json`` has every field, including heap size, ready runs and
+instants.
+"""
 
 from __future__ import annotations
 
@@ -34,29 +39,36 @@ def show_cluster(args: argparse.Namespace) -> int:
         print(f"database time: {view['database_time'] or '-'}")
         print()
         print_table(
-            ("NODE_ID", "ADDRESS", "READY", "SHARDS", "WORKERS", "HEAP", "READY_RUNS", "CLOCK_OFFSET_MS"),
+            ("NODE_ID", "ADDRESS", "LIVE", "ELIGIBLE", "READY", "SHARDS", "WORKERS", "CLOCK_OFFSET_MS",
+             "HEARTBEAT_AGE_S", "NOTE"),
             [
                 (
                     node["node_id"],
                     node["address"],
+                    node["live"],
+                    node["eligible"],
                     node["ready"],
                     node["shards_owned"],
                     node["workers_connected"],
-                    node["heap_size"],
-                    node["ready_runs"],
                     f"{node['clock_offset_ms']:.1f}",
+                    _one_decimal(node["heartbeat_age_seconds"]),
+                    node["note"],
                 )
                 for node in view["nodes"]
             ],
         )
         print()
         print_table(
-            ("SHARD", "OWNER", "TOKEN", "LEASE_EXPIRES_AT"),
+            ("SHARD", "OWNER", "TOKEN", "LEASE_EXPIRES_IN_S"),
             [
-                (shard["shard_id"], shard["owner"], shard["token"], shard["lease_expires_at"])
+                (shard["shard_id"], shard["owner"], shard["token"], _one_decimal(shard["lease_expires_in_seconds"]))
                 for shard in view["shards"]
             ],
         )
         return 0
 
     return run_remote(args, show)
+
+
+def _one_decimal(seconds: float | None) -> str | None:
+    return None if seconds is None else f"{seconds:.1f}"

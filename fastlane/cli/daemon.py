@@ -140,8 +140,11 @@ def run_worker(args: argparse.Namespace) -> int:
     module, _, attribute = args.target.partition(":")
     if not module or not attribute:
         raise UsageError(f"worker target {args.target!r} must be MODULE:ATTR, e.g. myapp.tasks:worker")
+    from fastlane import logs
     from fastlane.worker import run_worker_cli
 
+    # Connections to nodes coming and going are worth seeing; runs are never logged at INFO.
+    logs.configure(os.environ.get("FASTLANE_LOG_LEVEL", "INFO"), json=False)
     # Flags, then $FASTLANE_SERVER, override what the Worker object was built with.
     servers = args.servers or ([os.environ[SERVER_ENV]] if os.environ.get(SERVER_ENV) else [])
     return _finish(run_worker_cli(args.target, servers, args.concurrency))

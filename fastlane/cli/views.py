@@ -6,7 +6,7 @@ Instants are RFC 3339 strings with ``Z`` for UTC, durations are seconds, enumera
 from __future__ import annotations
 
 import base64
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import orjson
@@ -172,17 +172,31 @@ def _pb_instant(message: Any, name: str) -> str | None:
     return rfc3339(instant(getattr(message, name), message.HasField(name)))
 
 
+def _seconds_between(start: datetime | None, end: datetime | None) -> float | None:
+    return None if start is None or end is None else round((end - start).total_seconds(), 3)
+
+
 def cluster_view(status: admin_pb2.ClusterStatus) -> dict[str, Any]:
+    """Nodes and shards. Heartbeat ages and lease times count from the database's clock, which
+    every node's clock is measured against, not from this machine's."""
+    now = instant(status.database_time, status.HasField("database_time"))
     return {
-        "database_time": _pb_instant(status, "database_time"),
+        "database_time": rfc3339(now),
         "nodes": [
             {
                 "node_id": node.node_id,
                 "address": node.address,
+                "live": node.live,
+                "eligible": node.eligible,
                 "ready": node.ready,
                 "shards_owned": node.shards_owned,
                 "workers_connected": node.workers_connected,
                 "clock_offset_ms": node.clock_offset_ms,
+                "heartbeat_at": _pb_instant(node, "heartbeat_at"),
+                "heartbeat_age_seconds": _seconds_between(
+                    instant(node.heartbeat_at, node.HasField("heartbeat_at")), now
+                ),
+                "note": node.note or None,
                 "heap_size": node.heap_size,
                 "ready_runs": node.ready_runs,
             }
@@ -194,6 +208,10 @@ def cluster_view(status: admin_pb2.ClusterStatus) -> dict[str, Any]:
                 "owner": shard.owner or None,
                 "token": shard.token,
                 "lease_expires_at": _pb_instant(shard, "lease_expires_at"),
+                # Negative once the lease has run out and no node has renewed it.
+                "lease_expires_in_seconds": _seconds_between(
+                    now, instant(shard.lease_expires_at, shard.HasField("lease_expires_at"))
+                ),
             }
             for shard in status.shards
         ],

@@ -211,13 +211,13 @@ class Dispatcher:
     def cancel(self, runs: Iterable[Run]) -> None:
         """Stop these runs: drop them from the ready queues, tell the workers holding them."""
         by_session: dict[int, tuple[WorkerSession, list[AttemptRef]]] = {}
-        for run in runs:
-            self._drop_queued(lambda queued, run_id=run.run_id: queued.run_id == run_id)
-            if run.lease_token is None:
-                continue
-            session = self._in_flight.get((run.run_id, run.lease_token))
-            if session is not None and session.connected:
-                by_session.setdefault(id(session), (session, []))[1].append(AttemptRef(run.run_id, run.lease_token))
+        cancelled = {run.run_id for run in runs}
+        self._drop_queued(lambda queued: queued.run_id in cancelled)
+        # By (run, token) rather than the run's stored token: an attempt sent a moment ago may
+        # not be recorded yet.
+        for (run_id, token), session in self._in_flight.items():
+            if run_id in cancelled and session.connected:
+                by_session.setdefault(id(session), (session, []))[1].append(AttemptRef(run_id, token))
         for session, refs in by_session.values():
             session.outbox.put_nowait(Cancel(refs, "the run was cancelled"))
 
@@ -381,9 +381,10 @@ class Dispatcher:
 
     async def _write(self, batch: _Journal) -> None:
         if batch.dispatches:
-            await self._store.record_dispatches(batch.dispatches)
+            recorded = {attempt.run_id for attempt in await self._store.record_dispatches(batch.dispatches)}
             for dispatch in batch.dispatches:
                 self._claimed.discard(dispatch.run_id)
+            self._withdraw([d for d in batch.dispatches if d.run_id not in recorded])
             batch.dispatches = []  # durable: not written again if a later step fails
         if batch.heartbeats:
             beats = list(batch.heartbeats.values())
@@ -395,6 +396,19 @@ class Dispatcher:
             outcomes = await self._store.record_results([result for _, result in results])
             batch.results = []
             self._settle(results, outcomes)
+
+    def _withdraw(self, dispatches: list[Dispatch]) -> None:
+        """Sent, but the database did not take the run from ``scheduled`` (it was cancelled or
+        another attempt has it in the moment between): tell the worker to stop it."""
+        by_session: dict[int, tuple[WorkerSession, list[AttemptRef]]] = {}
+        for dispatch in dispatches:
+            session = self._in_flight.pop((dispatch.run_id, dispatch.lease_token), None)
+            if session is not None and session.connected:
+                by_session.setdefault(id(session), (session, []))[1].append(
+                    AttemptRef(dispatch.run_id, dispatch.lease_token))
+        for session, refs in by_session.values():
+            log.info("withdrawing %d runs from worker %s: no longer scheduled", len(refs), session.worker_id)
+            session.outbox.put_nowait(Cancel(refs, "the run was cancelled before its dispatch was recorded"))
 
     def _cancel_stale(self, beats: list[tuple[WorkerSession, Heartbeat]], stale: set[str]) -> None:
         by_session: dict[int, tuple[WorkerSession, list[AttemptRef]]] = {}

@@ -282,6 +282,8 @@ class FastLane:
         self._metrics.materialised.inc(len(written.runs))
         for run in written.runs:
             self.schedule_run(run)
+        for run in written.cancelling:
+            self.forget_run(run.run_id)
         if written.cancelling:
             self._dispatch.cancel(written.cancelling)
         self._plan_next(jobs, occurrences, written.advanced)

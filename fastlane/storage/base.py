@@ -103,8 +103,8 @@ class Materialised:
     """What a materialisation wrote.
 
     ``runs``: the new runs in state ``scheduled``, to release at their time. ``cancelling``:
-    earlier runs, already with a worker, whose cancellation an overlap policy requested; the
-    node tells their workers to stop.
+    earlier runs an overlap policy cancelled — queued ones now ``cancelled`` (drop them from
+    memory), delivered ones ``cancel_requested`` (tell their workers to stop).
     """
 
     runs: list[Run]

@@ -377,19 +377,19 @@ class PostgresStore:
         return Materialised(runs=scheduled, advanced=frozenset(overlap_of), cancelling=cancelling, changed=changed)
 
     async def _cancel_for_overlap(self, db: asyncpg.Connection, plan: common.MaterialisationPlan) -> list[Run]:
+        rows = []
         if plan.cancel_now:
-            await db.execute(
+            rows += await db.fetch(
                 "UPDATE runs SET state = 'cancelled', finished_at = clock_timestamp(), updated_at = clock_timestamp(), "
-                "last_error = $2 WHERE run_id = ANY($1::text[])",
+                "last_error = $2 WHERE run_id = ANY($1::text[]) RETURNING *",
                 plan.cancel_now, OVERLAP_CANCELLED,
             )
-        if not plan.cancel_requested:
-            return []
-        rows = await db.fetch(
-            "UPDATE runs SET cancel_requested = true, last_error = $2, updated_at = clock_timestamp() "
-            "WHERE run_id = ANY($1::text[]) RETURNING *",
-            plan.cancel_requested, OVERLAP_CANCELLED,
-        )
+        if plan.cancel_requested:
+            rows += await db.fetch(
+                "UPDATE runs SET cancel_requested = true, last_error = $2, updated_at = clock_timestamp() "
+                "WHERE run_id = ANY($1::text[]) RETURNING *",
+                plan.cancel_requested, OVERLAP_CANCELLED,
+            )
         return [codec.build_run(row) for row in rows]
 
     async def pending_runs(self, shard_ids: Collection[int], before: datetime) -> list[Run]:
@@ -612,7 +612,7 @@ class PostgresStore:
             await db.execute(
                 """
                 UPDATE attempts a SET outcome = u.outcome, error_code = u.error_code, error_message = u.error_message,
-                                      started_at = coalesce(a.started_at, u.started_at), finished_at = u.finished_at
+                                      started_at = coalesce(u.started_at, a.started_at), finished_at = u.finished_at
                 FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::timestamptz[],
                             $7::timestamptz[])
                      AS u(run_id, lease_token, outcome, error_code, error_message, started_at, finished_at)
@@ -625,6 +625,10 @@ class PostgresStore:
                 [u.finished_at for u in updates],
             )
         released = await self._release_buffered(db, decided.finished_jobs)
+        # A worker may report to any node: the owner of each run's shard must hear of a retry or
+        # a run released from the overlap buffer at once, not at its next full scan.
+        for run in [*released, *(run for run in decided.runs if run.state is RunState.SCHEDULED)]:
+            await _notify(db, Change("run", run.shard_id, run.tenant, run.run_id))
         return decided.outcomes + [ResultOutcome(run=run, accepted=True, released=True) for run in released]
 
     async def _release_buffered(self, db: asyncpg.Connection, job_ids: Collection[str]) -> list[Run]:

@@ -610,7 +610,7 @@ class SQLiteStore:
         )
         await db.executemany(
             "UPDATE attempts SET outcome = ?, error_code = ?, error_message = ?, "
-            "started_at = coalesce(started_at, ?), finished_at = ? WHERE run_id = ? AND lease_token = ? "
+            "started_at = coalesce(?, started_at), finished_at = ? WHERE run_id = ? AND lease_token = ? "
             "AND (outcome IN ('pending', 'lease_expired') OR ?1 <> 'superseded')",
             [(u.outcome.value, u.result.error_code, u.result.error_message, _instant(u.result.started_at),
               to_micros(u.finished_at), u.result.run_id, u.result.lease_token) for u in decided.attempts],
@@ -778,20 +778,21 @@ async def _value(db: aiosqlite.Connection, sql: str, params: Sequence[Any] = ())
 
 
 async def _cancel_for_overlap(db: aiosqlite.Connection, plan: common.MaterialisationPlan) -> list[Run]:
+    rows = []
     if plan.cancel_now:
-        await db.execute(
+        rows += await _all(
+            db,
             f"UPDATE runs SET state = 'cancelled', finished_at = {NOW}, updated_at = {NOW}, last_error = ? "
-            "WHERE run_id IN (SELECT value FROM json_each(?))",
+            "WHERE run_id IN (SELECT value FROM json_each(?)) RETURNING *",
             (OVERLAP_CANCELLED, _json_list(plan.cancel_now)),
         )
-    if not plan.cancel_requested:
-        return []
-    rows = await _all(
-        db,
-        f"UPDATE runs SET cancel_requested = 1, last_error = ?, updated_at = {NOW} "
-        "WHERE run_id IN (SELECT value FROM json_each(?)) RETURNING *",
-        (OVERLAP_CANCELLED, _json_list(plan.cancel_requested)),
-    )
+    if plan.cancel_requested:
+        rows += await _all(
+            db,
+            f"UPDATE runs SET cancel_requested = 1, last_error = ?, updated_at = {NOW} "
+            "WHERE run_id IN (SELECT value FROM json_each(?)) RETURNING *",
+            (OVERLAP_CANCELLED, _json_list(plan.cancel_requested)),
+        )
     return [codec.build_run(row) for row in rows]
 
 

@@ -608,3 +608,13 @@ async def test_committed_changes_reach_the_other_nodes(store, second_store, db_u
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
+
+
+async def test_cancel_previous_reports_a_queued_run_it_cancelled(store):
+    leases = await own_all(store)
+    job, _ = await store.create_job(
+        spec(schedule=Schedule.interval(timedelta(seconds=1)), overlap=OverlapPolicy.CANCEL_PREVIOUS))
+    [queued] = (await occurrence_now(store, leases, job.job_id)).runs
+    second = await occurrence_now(store, leases, job.job_id)
+    # The node holds the queued run in memory: it must learn to drop it.
+    assert [(run.run_id, run.state) for run in second.cancelling] == [(queued.run_id, RunState.CANCELLED)]

@@ -86,3 +86,55 @@ async def recorder(daemon: Daemon, tmp_path: Path, processes: list[Process]) -> 
 async def client(daemon: Daemon):  # type: ignore[no-untyped-def]
     async with Client(daemon.address) as connected:
         yield connected
+
+
+# -- shared helpers for the run lifecycle tests --------------------------------------------------
+
+
+def recorded_events(recorder: Recorder, job_id: str | None = None, event: str | None = None) -> list[dict]:
+    """What the recording worker's handlers did after receiving runs (its ``.events`` file)."""
+    path = Path(f"{recorder.record_path}.events")
+    if not path.exists():
+        return []
+    entries = [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+    return [
+        entry for entry in entries
+        if (job_id is None or entry["job_id"] == job_id) and (event is None or entry["event"] == event)
+    ]
+
+
+def start_recorder(address: str, tmp_path: Path, processes: list[Process], name: str) -> Recorder:
+    """Another recording worker, with its own record file ``NAME.jsonl`` and log ``NAME.log``."""
+    worker = Recorder(address, tmp_path / f"{name}.jsonl", tmp_path / f"{name}.log")
+    worker.start()
+    processes.append(worker)
+    return worker
+
+
+async def workers_connected(client: Client) -> int:
+    status = await client.cluster()
+    return sum(node.workers_connected for node in status.nodes)
+
+
+async def all_runs(client: Client, job_id: str) -> list:  # type: ignore[type-arg]
+    """Every run of a job, oldest scheduled time first."""
+    runs, token = [], ""
+    while True:
+        page = await client.list_runs(job_id=job_id, page_size=1000, page_token=token)
+        runs.extend(page.items)
+        token = page.next_page_token
+        if not token:
+            return sorted(runs, key=lambda run: (run.scheduled_for, run.run_id))
+
+
+def run_cli(daemon: Daemon, *args: str) -> object:
+    """Run ``fastlane ARGS --server ADDRESS --json`` as a user would and return its parsed output."""
+    import subprocess
+    import sys
+
+    completed = subprocess.run(
+        [sys.executable, "-m", "fastlane", *args, "--server", daemon.address, "--json"],
+        capture_output=True, env=child_environment(), cwd=ROOT, timeout=60, check=False,
+    )
+    assert completed.returncode == 0, completed.stderr.decode()
+    return orjson.loads(completed.stdout)

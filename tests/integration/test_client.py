@@ -647,7 +647,9 @@ async def test_cli_cluster_lists_nodes_and_shards(daemon: FakeDaemon, capsys: py
     assert code == 0
     assert view["database_time"] == "2027-03-13T12:00:00Z"
     assert view["nodes"][0]["node_id"] == "node-a"
-    assert view["shards"][1] == {"shard_id": 1, "owner": None, "token": 0, "lease_expires_at": None}
+    assert view["shards"][1] == {
+        "shard_id": 1, "owner": None, "token": 0, "lease_expires_at": None, "lease_expires_in_seconds": None,
+    }
 
 
 async def test_cli_list_stops_at_the_limit_and_says_so(daemon: FakeDaemon, capsys: pytest.CaptureFixture[str]) -> None:

@@ -55,11 +55,11 @@ def test_missed_occurrences_follow_the_misfire_policy(kind, fired, skipped):
     assert occurrence.next_fire_at == T0 + 40 * SECOND
 
 
-def test_fire_once_does_not_add_a_late_run_when_an_on_time_one_fires():
+def test_fire_once_fires_the_latest_missed_occurrence_besides_the_on_time_ones():
     now = T0 + 31 * SECOND  # 0, 10, 20 missed; 30 is within the grace
     occurrence = plan_occurrence(interval_job(MisfireKind.FIRE_ONCE), now=now, horizon=now)
-    assert occurrence.fire_times == (T0 + 30 * SECOND,)
-    assert occurrence.skipped_times == (T0, T0 + 10 * SECOND, T0 + 20 * SECOND)
+    assert occurrence.fire_times == (T0 + 20 * SECOND, T0 + 30 * SECOND)
+    assert occurrence.skipped_times == (T0, T0 + 10 * SECOND)
 
 
 def test_fire_all_is_capped_to_the_latest_occurrences():
