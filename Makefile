@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev,bench]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -38,6 +38,13 @@ proto: $(STAMP)
 
 proto-check: $(STAMP)
 	$(BIN)/python scripts/gen_proto.py --check
+
+## bench-spread, bench-burst: the headline benchmarks at full size (see bench/README.md)
+bench-spread: $(STAMP)
+	$(BIN)/fastlane bench spread --out bench/results/spread
+
+bench-burst: $(STAMP)
+	$(BIN)/fastlane bench burst --out bench/results/burst
 
 clean:
 	rm -rf $(VENV) build *.egg-info

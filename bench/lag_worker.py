@@ -1,7 +1,7 @@
 """The benchmark's worker: a no-op handler that writes one line per run it receives.
 
 Each line: run id, scheduled time, release time (node) and receive time (worker), in
-microseconds since the epoch. The file is set by FASTLANE_BENCH_RECORD.
+microseconds since the epoch, then the job id. The file is set by FASTLANE_BENCH_RECORD.
 """
 
 from __future__ import annotations
@@ -19,4 +19,4 @@ _record = open(os.environ["FASTLANE_BENCH_RECORD"], "a", buffering=1)  # noqa: S
 @worker.handler("bench.noop")
 async def noop(ctx: RunContext) -> None:
     released = to_micros(ctx.released_at) if ctx.released_at else 0
-    _record.write(f"{ctx.run_id} {to_micros(ctx.scheduled_for)} {released} {to_micros(ctx.received_at)}\n")
+    _record.write(f"{ctx.run_id} {to_micros(ctx.scheduled_for)} {released} {to_micros(ctx.received_at)} {ctx.job_id}\n")

@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     runs.register(commands)
     cluster.register(commands)
     _register_demo(commands)
+    _register_bench(commands)
     return parser
 
 
@@ -56,6 +57,21 @@ def _register_demo(commands: Any) -> None:
     parser = commands.add_parser("demo", help=summary, description=demo.__doc__)
     demo.add_arguments(parser)
     parser.set_defaults(handler=demo.run, command_parser=parser)
+
+
+def _register_bench(commands: Any) -> None:
+    """``fastlane bench`` drives the ``bench`` package, shipped with the source tree; its flags
+    module imports nothing heavy, so registering it costs nothing."""
+    try:
+        bench = importlib.import_module("fastlane.cli.bench")
+    except ImportError:
+        return
+    summary = (bench.__doc__ or "run a benchmark scenario").strip().splitlines()[0]
+    if summary.startswith("``") and "``: " in summary:
+        summary = summary.split("``: ", 1)[1]
+    parser = commands.add_parser("bench", help=summary, description=bench.__doc__)
+    bench.add_arguments(parser)
+    parser.set_defaults(handler=bench.run, command_parser=parser)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

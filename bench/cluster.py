@@ -1,0 +1,142 @@
+"""fastlane under test: daemon nodes on one database, and no-op worker processes connected to all.
+
+:class:`FastlaneCluster` is used as an async context manager: leaving it (normally, on an
+error, on Ctrl-C) notes every process's peak RSS and stops them all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from bench.harness import SHARDS, Bench, Deadline, ProcessMemory, now_utc, peak_rss
+from bench.processes import Daemon, WorkerProcess, child_environment
+from fastlane.client import Client
+
+WORKER_TARGET = "bench.lag_worker:worker"
+WORKER_CONCURRENCY = 1000
+START_TIMEOUT = 120.0
+
+
+class FastlaneCluster:
+    """``nodes`` daemons sharing ``db_url`` and ``workers`` worker processes connected to every node."""
+
+    def __init__(self, bench: Bench, db_url: str, *, nodes: int = 1, workers: int = 1,
+                 lease_ttl: timedelta | None = None, label: str = "fastlane") -> None:
+        self._bench = bench
+        self._label = label
+        extra = ["--shard-lease-ttl", f"{lease_ttl.total_seconds():g}"] if lease_ttl else []
+        workdir = bench.workdir
+        self.daemons = [
+            Daemon(db_url, workdir / f"{label}-node-{index}.log", node_id=f"node-{index}", shards=SHARDS,
+                   extra_args=extra)
+            for index in range(1, nodes + 1)
+        ]
+        addresses = [daemon.address for daemon in self.daemons]
+        self.record_paths: list[Path] = [workdir / f"{label}-received-{index}.txt" for index in range(1, workers + 1)]
+        self.workers = [
+            WorkerProcess(WORKER_TARGET, addresses, workdir / f"{label}-worker-{index}.log",
+                          concurrency=WORKER_CONCURRENCY, env=child_environment(FASTLANE_BENCH_RECORD=str(path)))
+            for index, path in enumerate(self.record_paths, start=1)
+        ]
+        self.started_at: datetime | None = None
+        self.ready_at: datetime | None = None
+        self._stopped = False
+
+    async def __aenter__(self) -> FastlaneCluster:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.stop()
+
+    async def start(self, *, with_workers: bool = True) -> datetime:
+        """Start every node and worker; return when shards are balanced and workers connected."""
+        progress = self._bench.progress
+        progress.phase(f"starting {len(self.daemons)} node(s)")
+        self.started_at = now_utc()
+        for daemon in self.daemons:
+            daemon.start()
+        deadline = Deadline(START_TIMEOUT)
+        for daemon in self.daemons:
+            await daemon.wait_ready(timeout=max(deadline.remaining, 1.0))
+        if len(self.daemons) > 1:
+            await self._wait_balanced(deadline)
+        if with_workers and self.workers:
+            progress.phase(f"starting {len(self.workers)} worker(s)")
+            for worker in self.workers:
+                worker.start()
+            await self._wait_workers(deadline)
+        self.ready_at = now_utc()
+        progress.end()
+        return self.ready_at
+
+    async def _wait_balanced(self, deadline: Deadline) -> None:
+        """Until every shard is owned and the owners are the nodes, each with its fair share."""
+        node_ids = {f"node-{index}" for index in range(1, len(self.daemons) + 1)}
+        async with Client(self.daemons[0].address) as client:
+            while True:
+                status = await client.cluster()
+                owners: dict[str, int] = {}
+                for shard in status.shards:
+                    owners[shard.owner] = owners.get(shard.owner, 0) + 1
+                counts = [owners.get(node, 0) for node in node_ids]
+                if set(owners) == node_ids and max(counts) - min(counts) <= 1:
+                    return
+                self._bench.progress.update(len([o for o in owners if o in node_ids]), len(node_ids),
+                                            "nodes owning their share")
+                if deadline.expired:
+                    raise RuntimeError(f"shards not balanced over {len(node_ids)} nodes in time: {owners}")
+                await asyncio.sleep(0.2)
+
+    async def _wait_workers(self, deadline: Deadline) -> None:
+        wanted = len(self.workers)
+        while True:
+            connected = [await asyncio.to_thread(self.metric, "fastlane_workers_connected", daemon)
+                         for daemon in self.daemons if daemon.popen and daemon.popen.poll() is None]
+            if connected and min(connected) >= wanted:
+                return
+            for worker in self.workers:
+                if worker.popen and worker.popen.poll() is not None:
+                    raise RuntimeError(f"a worker exited with {worker.popen.returncode}\n{worker.log_tail()}")
+            if deadline.expired:
+                raise RuntimeError(f"workers did not connect to every node in time\n{self.workers[0].log_tail()}")
+            await asyncio.sleep(0.1)
+
+    @staticmethod
+    def metric(name: str, daemon: Daemon) -> float:
+        """One sample of a node's metrics (0 when absent)."""
+        return daemon.metrics().get(name, 0.0)
+
+    async def metric_total(self, name: str) -> float:
+        """A sample summed over the nodes still running."""
+        total = 0.0
+        for daemon in self.daemons:
+            if daemon.popen and daemon.popen.poll() is None:
+                total += await asyncio.to_thread(self.metric, name, daemon)
+        return total
+
+    def kill(self, index: int) -> datetime:
+        """SIGKILL node ``index`` (0-based); returns the instant."""
+        daemon = self.daemons[index]
+        self._note_memory(f"{self._label} node-{index + 1} (killed)", daemon.pid)
+        killed_at = now_utc()
+        daemon.kill()
+        return killed_at
+
+    def stop(self) -> None:
+        """Note peak RSS, then stop workers and nodes. Safe to call twice."""
+        if self._stopped:
+            return
+        self._stopped = True
+        for index, daemon in enumerate(self.daemons, start=1):
+            if daemon.popen and daemon.popen.poll() is None:
+                self._note_memory(f"{self._label} node-{index}", daemon.pid)
+        for index, worker in enumerate(self.workers, start=1):
+            if worker.popen and worker.popen.poll() is None:
+                self._note_memory(f"{self._label} worker-{index}", worker.pid)
+        for process in (*self.workers, *self.daemons):
+            process.stop()
+
+    def _note_memory(self, name: str, pid: int | None) -> None:
+        self._bench.memory.append(ProcessMemory(name, pid, peak_rss(pid)))

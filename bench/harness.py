@@ -1,0 +1,395 @@
+"""What every scenario needs: the run's context, a progress bar, time limits, worker records,
+process memory, and creating many jobs fast through the store.
+
+Jobs are created through ``open_store(url).create_job`` from the harness process *before* any
+daemon starts: that measures trigger lag, not API load (creating tens of thousands of jobs over
+gRPC would take longer than the measurement). Several creates run at once on PostgreSQL; SQLite
+serialises its writes anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import resource
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TextIO
+
+from bench.pgcluster import ThrowawayPostgres, create_database
+from bench.stats import (
+    Deliveries,
+    RunRecord,
+    deliveries,
+    delivery_span_s,
+    parse_record,
+    percentiles,
+    runs_per_second,
+)
+from fastlane.clock import to_micros
+from fastlane.models import JobSpec, Schedule
+from fastlane.storage import open_store
+
+SHARDS = 64  # the product's default shard count
+JOB_TYPE = "bench.noop"
+# The first runs are due this long after the processes start: they start, rebuild the window
+# (work due within the node's 10 s window is loaded at start-up) and workers connect meanwhile.
+LAUNCH_LEAD = timedelta(seconds=4)
+LAUNCH_LEAD_PER_EXTRA_NODE = timedelta(seconds=2)
+CALIBRATION_JOBS = 200
+INSERT_SAFETY = 1.3  # planned insert time = measured rate x this, so a slower patch does not overrun
+CREATE_WORST_S = 1 / 200  # a bound on creating one job through the store, for hard deadlines only
+START_ALLOWANCE_S = 120.0  # a bound on starting and stopping the processes, for hard deadlines only
+JOB_CREATION = "through the store (open_store(url).create_job) before the daemon started, not through the API"
+
+
+class BenchTimeout(Exception):
+    """A scenario ran past its hard deadline."""
+
+
+class Progress:
+    """A progress bar on stderr: redrawn in place on a terminal, a plain line now and then otherwise.
+
+    Without a terminal (a log, a CI run, a test) each phase prints a line every
+    ``log_interval`` seconds and one when it ends, so the output stays readable.
+    """
+
+    def __init__(self, stream: TextIO | None = None, *, width: int = 30, interval: float = 0.2,
+                 log_interval: float = 10.0) -> None:
+        self._stream = stream or sys.stderr
+        self._live = self._stream.isatty()
+        self._width = width
+        self._interval = interval if self._live else log_interval
+        self._label = ""
+        self._started = time.monotonic()
+        self._drawn_at = 0.0
+        self._last = ""
+        self._drawn = ""
+        self._open = False
+
+    def phase(self, label: str) -> None:
+        """End the current phase and start a new one."""
+        self.end()
+        self._label = label
+        self._started = self._drawn_at = time.monotonic()
+        self._last = ""
+        self._open = True
+        if self._live:
+            self._draw(self._line(0, None, ""))
+
+    def update(self, done: int, total: int | None, detail: str = "", *, force: bool = False) -> None:
+        """Show ``done`` of ``total`` (a count alone when the total is unknown)."""
+        self._open = True
+        self._last = self._line(done, total, detail)
+        now = time.monotonic()
+        # Off a terminal the end of the phase prints the final state: no need to force it here.
+        if (force and self._live) or now - self._drawn_at >= self._interval:
+            self._drawn_at = now
+            self._draw(self._last)
+
+    def end(self) -> None:
+        """Finish the phase's line."""
+        if not self._open:
+            return
+        if self._live:
+            self._stream.write("\n")
+        elif (final := self._last or self._line(0, None, "")) != self._drawn:
+            self._stream.write(f"{final}\n")
+        self._stream.flush()
+        self._open = False
+
+    def _line(self, done: int, total: int | None, detail: str) -> str:
+        if total:
+            filled = min(self._width, self._width * done // total)
+            bar = f"[{'#' * filled}{'.' * (self._width - filled)}] {done:,}/{total:,}"
+        else:
+            bar = f"{done:,}" if done else ""
+        elapsed = f"{time.monotonic() - self._started:5.1f} s"
+        return "  ".join(part for part in (f"{self._label:<34}", bar, detail, elapsed) if part)
+
+    def _draw(self, line: str) -> None:
+        self._drawn = line
+        self._stream.write(f"\r{line}\x1b[K" if self._live else f"{line}\n")
+        self._stream.flush()
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessMemory:
+    name: str
+    pid: int | None
+    peak_rss_bytes: int | None
+
+    def as_json(self) -> dict[str, object]:
+        return {"name": self.name, "pid": self.pid, "peak_rss_bytes": self.peak_rss_bytes}
+
+
+@dataclass(kw_only=True)
+class Bench:
+    """One run of the command: its options, scratch directory, database cluster and findings."""
+
+    scenario: str
+    backend: str
+    nodes: int
+    workers: int
+    scale: float
+    workdir: Path
+    pg: ThrowawayPostgres | None = None
+    progress: Progress = field(default_factory=Progress)
+    notes: list[str] = field(default_factory=list)
+    memory: list[ProcessMemory] = field(default_factory=list)
+    samples: dict[str, list[float]] = field(default_factory=dict)  # delivery lags (ms) per system, for the plot
+    _databases: int = 0
+
+    def scaled(self, full: int, minimum: int = 1) -> int:
+        return max(minimum, round(full * self.scale))
+
+    def seconds(self, full: float, minimum: float) -> float:
+        return max(minimum, full * self.scale)
+
+    @property
+    def launch_lead(self) -> timedelta:
+        """How long before the first due run the processes are started."""
+        return LAUNCH_LEAD + (self.nodes - 1) * LAUNCH_LEAD_PER_EXTRA_NODE
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+    async def fresh_database(self, name: str) -> str:
+        """The URL of a new, empty database for one system under test."""
+        self._databases += 1
+        if self.pg is None:
+            return f"sqlite:///{self.workdir / f'{name}.db'}"
+        assert self.pg.dsn is not None
+        return await create_database(self.pg.dsn, f"{name}_{self._databases}")
+
+
+# -- time ----------------------------------------------------------------------------------------
+
+
+def now_utc() -> datetime:
+    return datetime.now(UTC)
+
+
+def micros(instant: datetime) -> int:
+    """Microseconds since the epoch, exactly as the workers write them."""
+    return to_micros(instant)
+
+
+async def sleep_until(instant: datetime, progress: Progress | None = None, label: str = "") -> None:
+    """Sleep until the wall-clock ``instant`` (at once if it has passed), showing a countdown."""
+    if progress is not None and label:
+        progress.phase(label)
+    while (left := (instant - now_utc()).total_seconds()) > 0:
+        if progress is not None:
+            progress.update(0, None, f"{left:4.1f} s to go")
+        await asyncio.sleep(min(left, 0.2))
+
+
+class Deadline:
+    """A monotonic deadline for one wait; ``expired`` once it has passed."""
+
+    def __init__(self, seconds: float) -> None:
+        self.at = time.monotonic() + seconds
+
+    @property
+    def remaining(self) -> float:
+        return max(self.at - time.monotonic(), 0.0)
+
+    @property
+    def expired(self) -> bool:
+        return time.monotonic() >= self.at
+
+
+# -- worker records ---------------------------------------------------------------------------------
+
+
+class RecordTail:
+    """Follows the record files the workers append to, parsing only what is new on each read."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        self._paths = paths
+        self._offsets = [0] * len(paths)
+        self._partial = [b""] * len(paths)
+        self.records: list[RunRecord] = []
+
+    def read(self) -> int:
+        """Parse what was appended since the last call; the number of records now held."""
+        for index, path in enumerate(self._paths):
+            try:
+                with open(path, "rb") as handle:
+                    handle.seek(self._offsets[index])
+                    chunk = handle.read()
+            except FileNotFoundError:
+                continue
+            self._offsets[index] += len(chunk)
+            data = self._partial[index] + chunk
+            lines = data.split(b"\n")
+            self._partial[index] = lines.pop()  # an unfinished last line waits for its end
+            for line in lines:
+                record = parse_record(line.decode(errors="replace"))
+                if record is not None:
+                    self.records.append(record)
+        return len(self.records)
+
+    def deliveries(self, keep: Callable[[RunRecord], bool] | None = None) -> Deliveries:
+        self.read()
+        return deliveries(record for record in self.records if keep is None or keep(record))
+
+
+async def wait_for_runs(tail: RecordTail, expected: int, deadline: Deadline, progress: Progress,
+                        keep: Callable[[RunRecord], bool] | None = None, label: str = "runs received") -> int:
+    """Poll the records until ``expected`` distinct runs (matching ``keep``) arrived or the deadline
+    passes; returns how many did. Only new records are looked at on each poll."""
+    progress.phase(label)
+    seen: set[str] = set()
+    looked_at = 0
+    while True:
+        tail.read()
+        for record in tail.records[looked_at:]:
+            if keep is None or keep(record):
+                seen.add(record.run_id)
+        looked_at = len(tail.records)
+        progress.update(len(seen), expected, f"{deadline.remaining:5.0f} s left")
+        if len(seen) >= expected or deadline.expired:
+            progress.update(len(seen), expected, force=True)
+            return len(seen)
+        await asyncio.sleep(0.1)
+
+
+# -- memory ------------------------------------------------------------------------------------------
+
+
+def proc_status(pid: int) -> dict[str, int]:
+    """VmRSS, VmHWM and friends of a live process, in bytes; empty if it is gone."""
+    figures: dict[str, int] = {}
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                name, _, value = line.partition(":")
+                parts = value.split()
+                if name.startswith("Vm") and len(parts) == 2 and parts[1] == "kB":
+                    figures[name] = int(parts[0]) * 1024
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        pass
+    return figures
+
+
+def peak_rss(pid: int | None) -> int | None:
+    return proc_status(pid).get("VmHWM") if pid else None
+
+
+def current_rss(pid: int | None) -> int | None:
+    return proc_status(pid).get("VmRSS") if pid else None
+
+
+def harness_memory() -> ProcessMemory:
+    return ProcessMemory("harness", os.getpid(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+
+
+# -- creating jobs ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Created:
+    count: int
+    seconds: float
+
+    @property
+    def rate(self) -> float:
+        return self.count / self.seconds if self.seconds > 0 else float("inf")
+
+
+class JobWriter:
+    """Creates jobs through the store, several at a time on PostgreSQL, with a progress bar."""
+
+    def __init__(self, url: str, progress: Progress) -> None:
+        self._url = url
+        self._progress = progress
+        self._store = open_store(url, shard_count=SHARDS)
+        self._parallel = 1 if url.startswith("sqlite") else 8
+
+    async def __aenter__(self) -> JobWriter:
+        await self._store.migrate()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._store.close()
+
+    async def create(self, specs: Iterator[JobSpec], count: int, label: str) -> Created:
+        """Create ``count`` jobs from ``specs``; returns how long it took."""
+        self._progress.phase(label)
+        started = time.monotonic()
+        done = 0
+
+        async def feed() -> None:
+            nonlocal done
+            for spec in specs:
+                await self._store.create_job(spec)
+                done += 1
+                self._progress.update(done, count, f"{done / max(time.monotonic() - started, 1e-6):6,.0f} jobs/s")
+
+        async with asyncio.TaskGroup() as group:
+            for index in range(self._parallel):
+                group.create_task(feed(), name=f"bench-create-jobs-{index}")
+        self._progress.update(done, count, force=True)
+        return Created(done, time.monotonic() - started)
+
+    async def calibrate(self) -> float:
+        """Seconds per job, measured on throwaway jobs (created far in the future, then deleted)."""
+        far = now_utc() + timedelta(days=3650)
+        specs = (JobSpec(name=f"calibration-{index}", job_type=JOB_TYPE, tenant="bench-calibration",
+                         schedule=Schedule.at_instant(far)) for index in range(CALIBRATION_JOBS))
+        created = await self.create(specs, CALIBRATION_JOBS, "measuring the job creation rate")
+        page = await self._store.list_jobs("bench-calibration", limit=CALIBRATION_JOBS)
+        for job in page.items:
+            await self._store.delete_job("bench-calibration", job.job_id)
+        return created.seconds / max(created.count, 1)
+
+    async def plan_lead_in(self, count: int, launch_lead: timedelta) -> timedelta:
+        """How far ahead of now the first run must be due so that creating ``count`` jobs and
+        starting the processes ``launch_lead`` before it fit."""
+        per_job = await self.calibrate()
+        return timedelta(seconds=count * per_job * INSERT_SAFETY) + launch_lead + timedelta(seconds=1)
+
+
+def note_overrun(bench: Bench, first_due: datetime, ready_at: datetime) -> float:
+    """If everything was up only after the first run was due, say so: those runs were late for
+    reasons outside what is measured."""
+    overrun = (ready_at - first_due).total_seconds()
+    if overrun > 0:
+        bench.note(f"lead-in overrun: processes were ready {overrun:.1f} s after the first run was due; "
+                   "the earliest runs' lag includes start-up")
+    return max(overrun, 0.0)
+
+
+def spread_instants(first: datetime, count: int, over: timedelta) -> list[datetime]:
+    """``count`` instants evenly spread from ``first`` over ``over``."""
+    step = over / count if count else timedelta(0)
+    return [first + index * step for index in range(count)]
+
+
+def system_result(bench: Bench, system: str, *, jobs: int, got: Deliveries, **figures: object) -> dict[str, object]:
+    """The JSON result of one system, with its lag percentiles; keeps the delivery lags for the plot.
+
+    ``runs_per_s`` defaults to the runs delivered over the time they took (earliest scheduled
+    instant to last receipt); a scenario that measures throughput otherwise passes its own.
+    """
+    delivery = got.delivery_lags_ms()
+    bench.samples[system] = delivery
+    result: dict[str, object] = {
+        "system": system,
+        "scenario": bench.scenario,
+        "backend": bench.backend,
+        "jobs": jobs,
+        "delivered": got.delivered,
+        "duplicates": got.duplicates,
+        "delivery_lag_ms": percentiles(delivery),
+        "release_lag_ms": percentiles(got.release_lags_ms()),
+        "runs_per_s": runs_per_second(got.delivered, delivery_span_s(got.first)),
+    }
+    result.update(figures)
+    return result

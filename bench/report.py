@@ -1,0 +1,223 @@
+"""Turning a result document into what people read: JSON, a Markdown report, a lag plot.
+
+The document is a plain dict (it is what ``--json`` prints); everything here only reads it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bench.stats import LAG_KEYS, LAG_LABELS
+
+MIB = 1 << 20
+
+# Scenario figures worth a line of their own, in this order, with their unit.
+_FIGURES: tuple[tuple[str, str, str], ...] = (
+    ("offered_runs_per_s", "offered load", "runs/s"),
+    ("window_s", "measured over", "s"),
+    ("succeeded_in_window", "runs succeeded in the window (metrics)", ""),
+    ("due_in_window", "runs due in the window", ""),
+    ("delivered_in_window", "of those, received by the workers", ""),
+    ("last_delivery_after_instant_s", "last delivery after the instant", "s"),
+    ("window_jobs", "jobs due in the window", ""),
+    ("jobs_in_window", "jobs the node held in its window (metrics)", ""),
+    ("stored_jobs", "jobs stored", ""),
+    ("rss_before_bytes", "daemon RSS before loading the window", "bytes"),
+    ("rss_after_bytes", "daemon RSS after loading the window", "bytes"),
+    ("bytes_per_window_job", "memory per in-window job", "bytes"),
+    ("rebuild_s", "rebuild: daemon start to SERVING", "s"),
+    ("rebuild_log_s", "rebuild: shards acquired to 'window rebuilt' (log)", "s"),
+    ("rebuild_jobs", "jobs in the rebuilt window (log)", ""),
+    ("cron", "cron expression", ""),
+    ("firings", "firings measured", ""),
+    ("expected", "runs expected", ""),
+    ("lease_ttl_s", "shard lease TTL", "s"),
+    ("killed_node", "node killed", ""),
+    ("killed_shards", "shards of the killed node", ""),
+    ("failover_gap_s", "failover gap (worst lateness on its shards)", "s"),
+    ("first_delivery_after_kill_s", "first run of its shards delivered after the kill", "s"),
+    ("victim_delivery_lag_ms", "delivery lag on its shards since the kill (p50 / p99 / max)", "ms"),
+    ("missing_occurrences", "occurrences never delivered", ""),
+    ("insert_s", "time to create the jobs", "s"),
+    ("lead_in_overrun_s", "lead-in overrun (runs due before everything was up)", "s"),
+)
+
+
+def to_json(document: Mapping[str, Any]) -> str:
+    """The document as indented JSON (infinities and NaN become null)."""
+    return orjson.dumps(document, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode()
+
+
+def render_markdown(document: Mapping[str, Any]) -> str:
+    """The whole report: results, ratios to the peer, targets, scenario figures, processes, notes."""
+    lines = [f"# fastlane bench: {document.get('scenario')}", ""]
+    lines.append(
+        f"Backend {document.get('backend')}, {document.get('nodes', 1)} node(s), "
+        f"scale {_number(document.get('scale'))}"
+        + (f", {document['elapsed_s']:.0f} s" if isinstance(document.get("elapsed_s"), int | float) else "")
+        + "."
+    )
+    if document.get("job_creation"):
+        lines.append(f"Jobs created: {document['job_creation']}.")
+    machine = document.get("machine") or {}
+    if machine:
+        lines.append(f"Machine: {', '.join(f'{key} {value}' for key, value in machine.items())}.")
+    lines.append("")
+    lines += _results_table(document.get("results") or [])
+    ratios = document.get("ratios") or {}
+    if ratios:
+        lines += ["", "## fastlane : APScheduler (below 1: fastlane is faster)", ""]
+        lines += _ratios_table(ratios)
+    figures = _figure_rows(document.get("results") or [])
+    if figures:
+        lines += ["", "## Scenario figures", ""] + figures
+    targets = document.get("targets") or []
+    if targets:
+        lines += ["", "## Targets", ""] + _targets_table(targets)
+    processes = document.get("processes") or []
+    if processes:
+        lines += ["", "## Peak RSS (VmHWM)", "", "| process | pid | peak RSS |", "|---|---:|---:|"]
+        lines += [f"| {p['name']} | {p.get('pid') or ''} | {_bytes(p.get('peak_rss_bytes'))} |" for p in processes]
+    notes = document.get("notes") or []
+    if notes:
+        lines += ["", "## Notes", ""] + [f"- {note}" for note in notes]
+    return "\n".join(lines) + "\n"
+
+
+def _results_table(results: Sequence[Mapping[str, Any]]) -> list[str]:
+    lag_headers = [f"{kind} {LAG_LABELS[key]}" for kind in ("delivery", "release") for key in LAG_KEYS]
+    header = ["system", "jobs", "delivered", "duplicates", *lag_headers, "runs/s"]
+    rows = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+    for result in results:
+        cells = [str(result.get("system")), _count(result.get("jobs")), _count(result.get("delivered")),
+                 _count(result.get("duplicates"))]
+        for kind in ("delivery_lag_ms", "release_lag_ms"):
+            figures = result.get(kind) or {}
+            cells += [_ms(figures.get(key)) for key in LAG_KEYS]
+        cells.append(_number(result.get("runs_per_s")))
+        rows.append("| " + " | ".join(cells) + " |")
+    rows.append("")
+    rows.append("Lags in milliseconds: delivery = worker receive − scheduled; release = node release − scheduled.")
+    return rows
+
+
+def _ratios_table(ratios: Mapping[str, Mapping[str, Mapping[str, float | None]]]) -> list[str]:
+    peers = list(ratios)
+    rows = ["| lag | " + " | ".join(f"vs {peer}" for peer in peers) + " |", "|---|" + "---:|" * len(peers)]
+    for kind, label in (("delivery_lag_ms", "delivery"), ("release_lag_ms", "release")):
+        for key in LAG_KEYS:
+            cells = [_number(ratios[peer].get(kind, {}).get(key)) for peer in peers]
+            rows.append(f"| {label} {LAG_LABELS[key]} | " + " | ".join(cells) + " |")
+    return rows
+
+
+def _targets_table(targets: Sequence[Mapping[str, Any]]) -> list[str]:
+    rows = ["| target | measured | limit | status | note |", "|---|---:|---:|---|---|"]
+    for target in targets:
+        unit = target.get("unit", "")
+        measured = target.get("measured")
+        shown = "—" if measured is None else f"{_number(measured)} {unit}".strip()
+        if measured is None and target.get("status") == "MISSED":
+            shown = "never"  # runs not delivered at all: infinitely late
+        limit = f"{target.get('op', '')} {_number(target.get('limit'))} {unit}".strip()
+        rows.append(f"| {target.get('name')} | {shown} | {limit} | {target.get('status')} | {target.get('note', '')} |")
+    return rows
+
+
+def _figure_rows(results: Sequence[Mapping[str, Any]]) -> list[str]:
+    shown = [(key, label, unit) for key, label, unit in _FIGURES if any(key in result for result in results)]
+    if not shown:
+        return []
+    systems = [str(result.get("system")) for result in results]
+    rows = ["| figure | " + " | ".join(systems) + " |", "|---|" + "---:|" * len(systems)]
+    for key, label, unit in shown:
+        cells = []
+        for result in results:
+            value = result.get(key)
+            if value is None:
+                cells.append("")
+            elif unit == "bytes" and key.endswith("_bytes"):
+                cells.append(_bytes(value))
+            elif isinstance(value, Mapping):
+                cells.append(" / ".join(_ms(value.get(key)) or "—" for key in ("p50", "p99", "max")) + f" {unit}")
+            else:
+                cells.append(f"{_number(value)} {unit}".strip() if isinstance(value, int | float) else str(value))
+        rows.append(f"| {label} | " + " | ".join(cells) + " |")
+    return rows
+
+
+def _count(value: Any) -> str:
+    return f"{value:,}" if isinstance(value, int) else ("" if value is None else str(value))
+
+
+def _ms(value: Any) -> str:
+    return "" if value is None else f"{value:,.3f}" if value < 10 else f"{value:,.1f}"
+
+
+def _number(value: Any) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value)
+    if isinstance(value, float) and math.isinf(value):
+        return "∞"
+    if isinstance(value, int) or float(value).is_integer():
+        return f"{int(value):,}"
+    if abs(value) >= 100:
+        return f"{value:,.1f}"
+    if abs(value) >= 1:
+        return f"{value:.2f}"
+    return f"{value:.3g}"
+
+
+def _bytes(value: Any) -> str:
+    if not isinstance(value, int | float):
+        return ""
+    return f"{value / MIB:,.1f} MiB" if value >= MIB else f"{value:,.0f} B"
+
+
+def write_outputs(document: Mapping[str, Any], out_dir: Path, samples: Mapping[str, Sequence[float]]) -> list[Path]:
+    """result.json, result.md and, when matplotlib is installed and there are samples, lag.png."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = [out_dir / "result.json", out_dir / "result.md"]
+    written[0].write_text(to_json(document) + "\n")
+    written[1].write_text(render_markdown(document))
+    plot = plot_lags(samples, out_dir / "lag.png", title=f"{document.get('scenario')} ({document.get('backend')})")
+    if plot is not None:
+        written.append(plot)
+    return written
+
+
+def plot_lags(samples: Mapping[str, Sequence[float]], path: Path, *, title: str) -> Path | None:
+    """The cumulative distribution of delivery lag per system, log scale; None without matplotlib
+    (or with no samples)."""
+    series = {name: sorted(values) for name, values in samples.items() if values}
+    if not series:
+        return None
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    figure, axes = plt.subplots(figsize=(8, 4.5))
+    for name, values in series.items():
+        count = len(values)
+        # Positive values only on a log axis; a lag below 1 µs is drawn at 1 µs.
+        axes.plot([max(value, 0.001) for value in values], [(index + 1) / count for index in range(count)], label=name)
+    axes.set_xscale("log")
+    axes.set_xlabel("delivery lag (ms, log scale)")
+    axes.set_ylabel("fraction of runs")
+    axes.set_title(f"Lag distribution: {title}")
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend(loc="lower right")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path

@@ -1,0 +1,167 @@
+"""Running one scenario end to end: set up, measure within a hard deadline, tear down, report.
+
+Teardown never depends on the scenario finishing: processes are stopped by the context managers
+they were started in, the PostgreSQL cluster by its own, on success, error, timeout, Ctrl-C
+(SIGINT) and SIGTERM alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import platform
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from bench.harness import JOB_CREATION, Bench, BenchTimeout, Progress, harness_memory
+from bench.pgcluster import ThrowawayPostgres
+from bench.report import render_markdown, to_json, write_outputs
+from bench.scenarios import SCENARIOS, Scenario
+from bench.stats import lag_ratios
+from bench.targets import as_json, evaluate, result_of
+from fastlane.errors import FastlaneError
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_INTERRUPTED = 130
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Options:
+    scenario: str
+    backend: str = "sqlite"
+    nodes: int = 1
+    workers: int = 1
+    scale: float = 1.0
+    json: bool = False
+    out: str | None = None
+
+
+def run_benchmark(options: Options) -> int:
+    """Run the scenario, print the report (Markdown, or JSON with ``json``), write ``out``."""
+    scenario = SCENARIOS[options.scenario]
+    started_at = datetime.now(UTC)
+    started = time.monotonic()
+    progress = Progress()
+    out = Path(options.out) if options.out else None
+    with tempfile.TemporaryDirectory(prefix="fastlane-bench-") as scratch:
+        bench = Bench(scenario=options.scenario, backend=options.backend, nodes=options.nodes,
+                      workers=options.workers, scale=options.scale, workdir=Path(scratch), progress=progress)
+        try:
+            results = _run(scenario, bench)
+        except KeyboardInterrupt:
+            progress.end()
+            print("interrupted: everything started was stopped", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        except (BenchTimeout, RuntimeError, OSError, FastlaneError) as error:
+            progress.end()
+            print(f"error: the {options.scenario} run failed: {error}", file=sys.stderr)
+            return EXIT_FAILED
+        finally:
+            progress.end()
+            if out is not None:
+                _keep_logs(bench.workdir, out / "logs")
+    document = build_document(bench, results, started_at=started_at, elapsed_s=time.monotonic() - started)
+    if out is not None:
+        written = write_outputs(document, out, bench.samples)
+        print(f"wrote {', '.join(str(path) for path in written)}", file=sys.stderr)
+    print(to_json(document) if options.json else render_markdown(document))
+    return EXIT_OK
+
+
+def _run(scenario: Scenario, bench: Bench) -> list[dict[str, object]]:
+    with contextlib.ExitStack() as stack:
+        if bench.backend == "postgres":
+            bench.progress.phase("starting a throwaway PostgreSQL")
+            bench.pg = stack.enter_context(ThrowawayPostgres())
+        try:
+            import uvloop
+        except ImportError:
+            return asyncio.run(_bounded(scenario, bench))
+        return uvloop.run(_bounded(scenario, bench))
+
+
+async def _bounded(scenario: Scenario, bench: Bench) -> list[dict[str, object]]:
+    """The scenario under its hard deadline; SIGTERM cancels it like Ctrl-C does."""
+    task = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    assert task is not None
+    with contextlib.suppress(NotImplementedError):
+        loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    budget = scenario.budget(bench)
+    deadline = asyncio.timeout(budget)
+    try:
+        async with deadline:
+            return await scenario.measure(bench)
+    except TimeoutError:
+        if deadline.expired():
+            raise BenchTimeout(f"it ran past its hard deadline of {budget:.0f} s") from None
+        raise
+    except asyncio.CancelledError:
+        raise KeyboardInterrupt from None
+    finally:
+        with contextlib.suppress(NotImplementedError):
+            loop.remove_signal_handler(signal.SIGTERM)
+
+
+def build_document(bench: Bench, results: list[dict[str, object]], *, started_at: datetime,
+                   elapsed_s: float) -> dict[str, Any]:
+    """The result document: what ``--json`` prints and result.json holds."""
+    document: dict[str, Any] = {
+        "scenario": bench.scenario,
+        "backend": bench.backend,
+        "nodes": bench.nodes,
+        "workers": bench.workers,
+        "scale": bench.scale,
+        "started_at": started_at.isoformat(timespec="seconds"),
+        "elapsed_s": round(elapsed_s, 1),
+        "job_creation": JOB_CREATION,
+        "machine": machine(),
+        "results": results,
+    }
+    fastlane = result_of(document, "fastlane")
+    peers = [result for result in results if result.get("system") != "fastlane"]
+    if fastlane is not None and peers:
+        document["ratios"] = {str(peer["system"]): lag_ratios(fastlane, peer) for peer in peers}
+    document["targets"] = as_json(evaluate(document))
+    document["processes"] = [memory.as_json() for memory in (*bench.memory, harness_memory())]
+    document["notes"] = list(bench.notes)
+    return document
+
+
+def machine() -> dict[str, object]:
+    """What the numbers were measured on."""
+    description: dict[str, object] = {"cpus": os.cpu_count(), "python": platform.python_version()}
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                description["cpu"] = line.split(":", 1)[1].strip()
+                break
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                description["memory"] = f"{int(line.split()[1]) / (1 << 20):.1f} GiB"
+                break
+    for package in ("fastlane", "apscheduler"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            description[package] = metadata.version(package)
+    return description
+
+
+def _keep_logs(workdir: Path, target: Path) -> None:
+    logs = sorted(path for path in workdir.glob("*.log") if path.is_file())
+    if not logs:
+        return
+    target.mkdir(parents=True, exist_ok=True)
+    for path in logs:
+        with contextlib.suppress(OSError):
+            shutil.copyfile(path, target / path.name)

@@ -1,0 +1,29 @@
+"""The scenarios ``fastlane bench`` runs, by name.
+
+Each measures with a :class:`~bench.harness.Bench` and returns one result per system measured;
+its ``budget`` is the hard deadline in seconds, generous enough that only a hung run reaches it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from bench.harness import Bench
+from bench.scenarios import cron, failover, oneshot, scale, sustained
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Scenario:
+    measure: Callable[[Bench], Awaitable[list[dict[str, object]]]]
+    budget: Callable[[Bench], float]
+
+
+SCENARIOS: dict[str, Scenario] = {
+    "spread": Scenario(measure=oneshot.spread, budget=oneshot.spread_budget),
+    "burst": Scenario(measure=oneshot.burst, budget=oneshot.burst_budget),
+    "sustained": Scenario(measure=sustained.sustained, budget=sustained.budget),
+    "cron": Scenario(measure=cron.cron, budget=cron.budget),
+    "scale": Scenario(measure=scale.scale, budget=scale.budget),
+    "failover": Scenario(measure=failover.failover, budget=failover.budget),
+}

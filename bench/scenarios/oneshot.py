@@ -1,0 +1,117 @@
+"""``spread`` and ``burst``: one-shot jobs at known instants, on fastlane and on APScheduler.
+
+- spread: 30,000 jobs due at 1,000 a second for 30 s (scaled: ``30,000 x scale`` jobs over
+  ``max(1, 30 x scale)`` s).
+- burst: 100,000 jobs due at the same instant (scaled: ``100,000 x scale``); the figure is how
+  long after the instant the last run arrived.
+
+Both systems get the same shape of due instants (the same offsets from a base time that each
+picks after creating its jobs); they run one after the other, never at once.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from bench.cluster import FastlaneCluster
+from bench.harness import (
+    CREATE_WORST_S,
+    JOB_TYPE,
+    START_ALLOWANCE_S,
+    Bench,
+    Deadline,
+    JobWriter,
+    RecordTail,
+    micros,
+    note_overrun,
+    now_utc,
+    sleep_until,
+    system_result,
+    wait_for_runs,
+)
+from bench.peer import ADD_JOB_WORST_S, PEERS, STARTUP_ALLOWANCE_S, peer_available, run_peer
+from bench.stats import Deliveries
+from fastlane.models import JobSpec, Schedule
+
+SPREAD_JOBS = 30_000
+SPREAD_OVER_S = 30.0
+BURST_JOBS = 100_000
+FASTLANE_GRACE_S = 60.0  # after the last due instant, for the last runs to arrive
+PEER_GRACE_S = 60.0
+PEER_SQL_GRACE_PER_JOB_S = 0.01  # the SQLAlchemy store deletes each fired job in its own transaction
+# A burst is started this long before its instant, so that the window (all of the burst) is
+# loaded and every process is idle and connected when it comes.
+BURST_LAUNCH_LEAD = timedelta(seconds=9)
+
+
+async def spread(bench: Bench) -> list[dict[str, object]]:
+    jobs = bench.scaled(SPREAD_JOBS, minimum=10)
+    over = bench.seconds(SPREAD_OVER_S, minimum=1.0)
+    offsets = [index * over / jobs for index in range(jobs)]
+    return await _measure(bench, "spread", offsets)
+
+
+async def burst(bench: Bench) -> list[dict[str, object]]:
+    jobs = bench.scaled(BURST_JOBS, minimum=10)
+    return await _measure(bench, "burst", [0.0] * jobs)
+
+
+def spread_budget(bench: Bench) -> float:
+    jobs = bench.scaled(SPREAD_JOBS, minimum=10)
+    return _budget(jobs, bench.seconds(SPREAD_OVER_S, minimum=1.0))
+
+
+def burst_budget(bench: Bench) -> float:
+    return _budget(bench.scaled(BURST_JOBS, minimum=10), 0.0)
+
+
+def _budget(jobs: int, over: float) -> float:
+    fastlane = START_ALLOWANCE_S + jobs * CREATE_WORST_S + over + FASTLANE_GRACE_S
+    peers = 2 * (STARTUP_ALLOWANCE_S + jobs * ADD_JOB_WORST_S + over + PEER_GRACE_S) + jobs * PEER_SQL_GRACE_PER_JOB_S
+    return fastlane + peers + 60
+
+
+async def _measure(bench: Bench, name: str, offsets: list[float]) -> list[dict[str, object]]:
+    results = [await _fastlane(bench, name, offsets)]
+    if peer_available(bench):
+        for system in PEERS:
+            grace = PEER_GRACE_S + (PEER_SQL_GRACE_PER_JOB_S * len(offsets) if PEERS[system] == "sqlalchemy" else 0)
+            result, got, base_us = await run_peer(bench, system, offsets, grace_s=grace)
+            if name == "burst":
+                result["last_delivery_after_instant_s"] = _last_after(got, base_us)
+            results.append(result)
+    return results
+
+
+async def _fastlane(bench: Bench, name: str, offsets: list[float]) -> dict[str, object]:
+    jobs = len(offsets)
+    url = await bench.fresh_database("fastlane")
+    launch_lead = max(bench.launch_lead, BURST_LAUNCH_LEAD) if name == "burst" else bench.launch_lead
+    async with JobWriter(url, bench.progress) as writer:
+        first = now_utc() + await writer.plan_lead_in(jobs, launch_lead)
+        instants = [first + timedelta(seconds=offset) for offset in offsets]
+        specs = (JobSpec(name=f"{name}-{index}", job_type=JOB_TYPE, schedule=Schedule.at_instant(instant))
+                 for index, instant in enumerate(instants))
+        created = await writer.create(specs, jobs, f"creating {jobs:,} one-shot jobs")
+    # Start so that the first runs fall inside the window the node loads at start-up.
+    await sleep_until(first - launch_lead, bench.progress, "waiting to start the processes")
+    async with FastlaneCluster(bench, url, nodes=bench.nodes, workers=bench.workers) as cluster:
+        ready_at = await cluster.start()
+        overrun = note_overrun(bench, first, ready_at)
+        tail = RecordTail(cluster.record_paths)
+        deadline = Deadline((max(instants) - now_utc()).total_seconds() + FASTLANE_GRACE_S)
+        await wait_for_runs(tail, jobs, deadline, bench.progress)
+    got = tail.deliveries()  # after the stop: a run delivered twice while draining counts too
+    figures: dict[str, object] = {"insert_s": round(created.seconds, 2), "lead_in_overrun_s": round(overrun, 2)}
+    if name == "burst":
+        figures["last_delivery_after_instant_s"] = _last_after(got, micros(first))
+    if got.delivered < jobs:
+        bench.note(f"fastlane delivered {got.delivered:,} of {jobs:,} runs before the deadline")
+    return system_result(bench, "fastlane", jobs=jobs, got=got, **figures)
+
+
+def _last_after(got: Deliveries, instant_us: int) -> float | None:
+    """Seconds from ``instant_us`` to the last first receipt."""
+    if not got.first or not instant_us:
+        return None
+    return round((max(record.received_us for record in got.first) - instant_us) / 1e6, 4)

@@ -1,0 +1,148 @@
+"""``scale``: 1,000,000 stored jobs; memory per in-window job; time to rebuild a 100,000-job window.
+
+900,000 one-shot jobs are due a month ahead (stored, never in the window); 100,000 are due at an
+instant D, spread over one second, created last. Then, with no worker:
+
+1. Memory: a node starts while D is still beyond its 10-s window, so it starts with an empty
+   window; its RSS then is the *before*. When D comes within 10 s its loader reads the 100,000
+   jobs into the window; its RSS once ``fastlane_heap_size`` shows them all is the *after*.
+   Memory per in-window job = (after − before) / jobs in the window. RSS includes what the
+   allocator keeps after the load's temporary rows, as an operator would see it.
+2. Rebuild: that node stops (handing its shards back) and a new one starts while the 100,000
+   jobs are inside the window: from starting the process to health SERVING is the rebuild time
+   (``rebuild_s``; it includes interpreter start-up); the log's "acquired N shards" to "window
+   rebuilt" is the load alone (``rebuild_log_s``).
+
+Scaled: ``1,000,000 x scale`` stored jobs, ``100,000 x scale`` of them in the window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import orjson
+
+from bench.cluster import FastlaneCluster
+from bench.harness import (
+    CREATE_WORST_S,
+    INSERT_SAFETY,
+    JOB_TYPE,
+    START_ALLOWANCE_S,
+    Bench,
+    Deadline,
+    JobWriter,
+    current_rss,
+    now_utc,
+    sleep_until,
+)
+from bench.stats import percentiles
+from fastlane.models import JobSpec, Schedule
+
+STORED_JOBS = 1_000_000
+WINDOW_JOBS = 100_000
+WINDOW = timedelta(seconds=10)  # the node's default window
+# After the last job is created: starting the first node, settling, and still ahead of the window.
+ENTER_LEAD = WINDOW + timedelta(seconds=12)
+SETTLE_S = 1.0
+HEAP_SIZE = "fastlane_heap_size"
+
+
+def budget(bench: Bench) -> float:
+    return START_ALLOWANCE_S * 3 + bench.scaled(STORED_JOBS, 100) * CREATE_WORST_S + ENTER_LEAD.total_seconds()
+
+
+async def scale(bench: Bench) -> list[dict[str, object]]:
+    stored = bench.scaled(STORED_JOBS, minimum=100)
+    window_jobs = min(bench.scaled(WINDOW_JOBS, minimum=10), stored)
+    url = await bench.fresh_database("fastlane")
+    async with JobWriter(url, bench.progress) as writer:
+        far = now_utc() + timedelta(days=30)
+        filler = stored - window_jobs
+        specs = (JobSpec(name=f"later-{index}", job_type=JOB_TYPE,
+                         schedule=Schedule.at_instant(far + timedelta(seconds=index))) for index in range(filler))
+        created = await writer.create(specs, filler, f"creating {filler:,} jobs due in a month")
+        per_job = created.seconds / created.count if created.count else CREATE_WORST_S
+        due = now_utc() + timedelta(seconds=window_jobs * per_job * INSERT_SAFETY) + ENTER_LEAD
+        step = timedelta(seconds=1) / window_jobs
+        specs = (JobSpec(name=f"window-{index}", job_type=JOB_TYPE, schedule=Schedule.at_instant(due + index * step))
+                 for index in range(window_jobs))
+        created_window = await writer.create(specs, window_jobs, f"creating {window_jobs:,} jobs due together")
+    figures: dict[str, object] = {"stored_jobs": stored, "window_jobs": window_jobs,
+                                  "insert_s": round(created.seconds + created_window.seconds, 2)}
+    figures.update(await _memory(bench, url, due, window_jobs))
+    figures.update(await _rebuild(bench, url, window_jobs))
+    empty = percentiles([])
+    return [{"system": "fastlane", "scenario": bench.scenario, "backend": bench.backend, "jobs": stored,
+             "delivered": 0, "duplicates": 0, "delivery_lag_ms": empty, "release_lag_ms": empty, "runs_per_s": None,
+             **figures}]
+
+
+async def _memory(bench: Bench, url: str, due: datetime, window_jobs: int) -> dict[str, object]:
+    async with FastlaneCluster(bench, url, workers=0, label="fastlane-load") as cluster:
+        ready_at = await cluster.start(with_workers=False)
+        daemon = cluster.daemons[0]
+        await asyncio.sleep(SETTLE_S)
+        if due - now_utc() <= WINDOW + timedelta(seconds=0.5):
+            late = (ready_at - (due - WINDOW)).total_seconds()
+            bench.note(f"memory not measured: creating the jobs overran, the window jobs were already due within "
+                       f"the window when the node was ready ({late:+.1f} s)")
+            return {}
+        before = current_rss(daemon.pid)
+        await sleep_until(due - WINDOW, bench.progress, "waiting for the jobs to enter the window")
+        bench.progress.phase("loading the window")
+        deadline = Deadline(15.0)
+        held = 0.0
+        while not deadline.expired:
+            held = await cluster.metric_total(HEAP_SIZE)
+            bench.progress.update(int(held), window_jobs)
+            if held >= window_jobs:
+                break
+            await asyncio.sleep(0.1)
+        bench.progress.end()
+        await asyncio.sleep(0.5)  # let the loader's batch finish allocating
+        after = current_rss(daemon.pid)
+    if held < window_jobs:
+        bench.note(f"only {held:,.0f} of {window_jobs:,} jobs entered the window in time")
+    figures: dict[str, object] = {"rss_before_bytes": before, "rss_after_bytes": after, "jobs_in_window": int(held)}
+    if before is not None and after is not None and held:
+        figures["bytes_per_window_job"] = round((after - before) / held, 1)
+    return figures
+
+
+async def _rebuild(bench: Bench, url: str, window_jobs: int) -> dict[str, object]:
+    async with FastlaneCluster(bench, url, workers=0, label="fastlane-rebuild") as cluster:
+        await cluster.start(with_workers=False)
+        assert cluster.started_at is not None and cluster.ready_at is not None
+        rebuild_s = (cluster.ready_at - cluster.started_at).total_seconds()
+        log_path = cluster.daemons[0].log_path
+    figures: dict[str, object] = {"rebuild_s": round(rebuild_s, 3)}
+    acquired, rebuilt, loaded = _rebuild_events(log_path)
+    if acquired and rebuilt:
+        figures["rebuild_log_s"] = round((rebuilt - acquired).total_seconds(), 3)
+    if loaded is not None:
+        figures["rebuild_jobs"] = loaded
+        if loaded < window_jobs:
+            bench.note(f"the rebuilt window held {loaded:,} jobs, not {window_jobs:,}")
+    return figures
+
+
+def _rebuild_events(path: Path) -> tuple[datetime | None, datetime | None, int | None]:
+    """From a node's JSON log: when it acquired its first shards, when the window was rebuilt, how many jobs."""
+    acquired = rebuilt = None
+    loaded = None
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            entry = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        message = str(entry.get("msg", ""))
+        stamp = datetime.fromisoformat(str(entry.get("ts", "")).replace("Z", "+00:00")) if entry.get("ts") else None
+        if acquired is None and message.startswith("acquired "):
+            acquired = stamp
+        elif rebuilt is None and message.startswith("window rebuilt"):
+            rebuilt = stamp
+            words = message.split(": ", 1)[-1].split()
+            loaded = int(words[0]) if words and words[0].isdigit() else None
+    return acquired, rebuilt, loaded

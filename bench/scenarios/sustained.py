@@ -1,0 +1,101 @@
+"""``sustained``: the most runs per second delivered and acknowledged end to end.
+
+20,000 interval jobs fire every second (an offered load of 20,000 runs/s, above what the target
+asks), their phases spread evenly over the second. After a warm-up, the rate is the increase of
+``fastlane_runs_total{outcome="succeeded"}`` over the measuring window, summed over the nodes'
+metrics: a run counts once its worker's result is durable and acknowledged. An overloaded node
+falls behind; the lag percentiles (of the runs scheduled inside the window that arrived before
+the processes were stopped: compare ``delivered_in_window`` with ``due_in_window``) show by how
+much. Occurrences a node found more than the misfire grace late are coalesced (the jobs' default
+policy), so under overload ``due_in_window`` counts more than can ever arrive.
+Scaled: ``20,000 x scale`` jobs, warm-up ``max(3, 10 x scale)`` s, window ``max(5, 30 x scale)`` s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+
+from bench.cluster import FastlaneCluster
+from bench.harness import (
+    CREATE_WORST_S,
+    JOB_TYPE,
+    START_ALLOWANCE_S,
+    Bench,
+    JobWriter,
+    RecordTail,
+    micros,
+    note_overrun,
+    now_utc,
+    sleep_until,
+    system_result,
+)
+from fastlane.models import JobSpec, Schedule
+
+JOBS = 20_000
+EVERY = timedelta(seconds=1)
+SUCCEEDED = 'fastlane_runs_total{outcome="succeeded"}'
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    warmup_s: float
+    window_s: float
+
+    @property
+    def total(self) -> float:
+        return self.warmup_s + self.window_s
+
+
+def timing(bench: Bench) -> Timing:
+    return Timing(warmup_s=bench.seconds(10.0, 3.0), window_s=bench.seconds(30.0, 5.0))
+
+
+def budget(bench: Bench) -> float:
+    return START_ALLOWANCE_S * 2 + bench.scaled(JOBS, 10) * CREATE_WORST_S + timing(bench).total
+
+
+async def sustained(bench: Bench) -> list[dict[str, object]]:
+    jobs = bench.scaled(JOBS, minimum=10)
+    times = timing(bench)
+    url = await bench.fresh_database("fastlane")
+    async with JobWriter(url, bench.progress) as writer:
+        first = now_utc() + await writer.plan_lead_in(jobs, bench.launch_lead)
+        phase = EVERY / jobs
+        specs = (JobSpec(name=f"every-{index}", job_type=JOB_TYPE,
+                         schedule=Schedule.interval(EVERY, anchor=first + index * phase)) for index in range(jobs))
+        created = await writer.create(specs, jobs, f"creating {jobs:,} interval jobs (every 1 s)")
+    await sleep_until(first - bench.launch_lead, bench.progress, "waiting to start the processes")
+    async with FastlaneCluster(bench, url, nodes=bench.nodes, workers=bench.workers) as cluster:
+        ready_at = await cluster.start()
+        overrun = note_overrun(bench, first, ready_at)
+        window_start = first + timedelta(seconds=times.warmup_s)
+        await sleep_until(window_start, bench.progress, "warming up")
+        before, started = await cluster.metric_total(SUCCEEDED), time.monotonic()
+        bench.progress.phase("measuring succeeded runs/s")
+        while (elapsed := time.monotonic() - started) < times.window_s:
+            await asyncio.sleep(min(1.0, times.window_s - elapsed))
+            now_total = await cluster.metric_total(SUCCEEDED)
+            rate = (now_total - before) / max(time.monotonic() - started, 1e-6)
+            bench.progress.update(round(time.monotonic() - started), round(times.window_s), f"{rate:9,.0f} runs/s")
+        after, ended = await cluster.metric_total(SUCCEEDED), time.monotonic()
+        window_end = now_utc()
+    tail = RecordTail(cluster.record_paths)
+    measured = round((after - before) / (ended - started), 1)
+    start_us, end_us = micros(window_start), micros(window_end)
+    in_window = tail.deliveries(lambda record: start_us <= record.scheduled_us < end_us)
+    everything = tail.deliveries()
+    result = system_result(bench, "fastlane", jobs=jobs, got=in_window,
+                           offered_runs_per_s=round(jobs / EVERY.total_seconds(), 1),
+                           window_s=round(ended - started, 2), succeeded_in_window=int(after - before),
+                           due_in_window=round(jobs * (window_end - window_start) / EVERY),
+                           insert_s=round(created.seconds, 2), lead_in_overrun_s=round(overrun, 2))
+    # Delivered and duplicates over the whole run, as the workers counted them; lags are of the
+    # runs scheduled inside the window.
+    result["delivered_in_window"] = in_window.delivered
+    result["delivered"] = everything.delivered
+    result["duplicates"] = everything.duplicates
+    result["runs_per_s"] = measured
+    return [result]

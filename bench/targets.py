@@ -1,0 +1,116 @@
+"""The goals each scenario is measured against, evaluated from a result document.
+
+A missed target is reported, never an error: the command still succeeds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from bench.stats import Target, lag_of, ratio, scale_note
+
+PEER_MEMORY = "apscheduler-memory"
+PEER_SQLALCHEMY = "apscheduler-sqlalchemy"
+
+SPREAD_P99_MS = 5.0
+BURST_JOBS = 100_000
+BURST_WITHIN_S = 1.5
+SUSTAINED_RUNS_PER_S = 10_000.0
+VS_SQLALCHEMY_AT_MOST = 0.1  # at least 10x lower
+VS_MEMORY_AT_MOST = 2.0
+BYTES_PER_WINDOW_JOB = 500.0
+REBUILD_JOBS = 100_000
+REBUILD_S = 2.0
+FAILOVER_SLACK_S = 1.0
+
+
+def result_of(document: Mapping[str, Any], system: str) -> Mapping[str, Any] | None:
+    """The result of ``system`` in the document, if it was measured."""
+    for result in document.get("results", ()):
+        if isinstance(result, Mapping) and result.get("system") == system:
+            found: Mapping[str, Any] = result
+            return found
+    return None
+
+
+def evaluate(document: Mapping[str, Any]) -> list[Target]:
+    """The targets of the document's scenario, with the measured values filled in."""
+    scenario = document.get("scenario")
+    fastlane = result_of(document, "fastlane")
+    if scenario == "spread":
+        return _spread(document, fastlane)
+    if scenario == "burst":
+        return _burst(fastlane)
+    if scenario == "sustained":
+        return _sustained(document, fastlane)
+    if scenario == "scale":
+        return _scale(fastlane)
+    if scenario == "failover":
+        return _failover(fastlane)
+    return []
+
+
+def _spread(document: Mapping[str, Any], fastlane: Mapping[str, Any] | None) -> list[Target]:
+    p99 = lag_of(fastlane, "delivery_lag_ms", "p99")
+    targets = [Target(name="spread p99 delivery lag", limit=SPREAD_P99_MS, op="<=", unit="ms", measured=p99)]
+    for peer, limit, wording in (
+        (PEER_SQLALCHEMY, VS_SQLALCHEMY_AT_MOST, "spread p99 vs APScheduler + SQLAlchemy store (≥10x lower)"),
+        (PEER_MEMORY, VS_MEMORY_AT_MOST, "spread p99 vs APScheduler in-memory store (≤2x)"),
+    ):
+        theirs = result_of(document, peer)
+        measured = ratio(p99, lag_of(theirs, "delivery_lag_ms", "p99"))
+        targets.append(Target(name=wording, limit=limit, op="<=", unit="ratio", measured=measured,
+                              applies=theirs is not None, note="" if theirs else f"{peer} was not run"))
+    return targets
+
+
+def _burst(fastlane: Mapping[str, Any] | None) -> list[Target]:
+    if fastlane is None:
+        return [Target(name="burst: all delivered within 1.5 s of the instant", limit=BURST_WITHIN_S, op="<=",
+                       unit="s", measured=None)]
+    jobs, delivered = int(fastlane.get("jobs", 0)), int(fastlane.get("delivered", 0))
+    last = fastlane.get("last_delivery_after_instant_s")
+    complete = delivered >= jobs
+    note = scale_note(jobs, BURST_JOBS)
+    if not complete:
+        note = "; ".join(filter(None, [f"only {delivered:,} of {jobs:,} delivered", note]))
+    # Runs never delivered count as infinitely late: the target is about all of them.
+    measured = float(last) if complete and last is not None else (float("inf") if not complete else None)
+    return [Target(name=f"burst: all {jobs:,} delivered within {BURST_WITHIN_S:g} s of the instant",
+                   limit=BURST_WITHIN_S, op="<=", unit="s", measured=measured, note=note)]
+
+
+def _sustained(document: Mapping[str, Any], fastlane: Mapping[str, Any] | None) -> list[Target]:
+    backend, nodes = document.get("backend"), document.get("nodes", 1)
+    applies = backend == "postgres" and nodes == 1
+    note = "" if applies else f"the target is for PostgreSQL with one node (this run: {backend}, {nodes} node(s))"
+    measured = fastlane.get("runs_per_s") if fastlane else None
+    offered = fastlane.get("offered_runs_per_s") if fastlane else None
+    if applies and measured is not None and offered is not None and offered < SUSTAINED_RUNS_PER_S:
+        note = f"offered load was only {offered:,.0f} runs/s (scaled down): capacity not reached"
+    return [Target(name="sustained runs/s (PostgreSQL, one node)", limit=SUSTAINED_RUNS_PER_S, op=">=",
+                   unit="runs/s", measured=measured, applies=applies, note=note)]
+
+
+def _scale(fastlane: Mapping[str, Any] | None) -> list[Target]:
+    per_job = fastlane.get("bytes_per_window_job") if fastlane else None
+    rebuild = fastlane.get("rebuild_s") if fastlane else None
+    window = int(fastlane.get("window_jobs", 0)) if fastlane else 0
+    return [
+        Target(name="memory per in-window job", limit=BYTES_PER_WINDOW_JOB, op="<=", unit="bytes",
+               measured=per_job, note=scale_note(window, REBUILD_JOBS)),
+        Target(name=f"rebuild of a {window:,}-job window (start to SERVING)", limit=REBUILD_S, op="<=", unit="s",
+               measured=rebuild, note=scale_note(window, REBUILD_JOBS)),
+    ]
+
+
+def _failover(fastlane: Mapping[str, Any] | None) -> list[Target]:
+    ttl = float(fastlane.get("lease_ttl_s", 0)) if fastlane else 0.0
+    gap = fastlane.get("failover_gap_s") if fastlane else None
+    return [Target(name="failover gap (worst lateness of the killed node's shards)", limit=ttl + FAILOVER_SLACK_S,
+                   op="<=", unit="s", measured=gap, note=f"lease TTL {ttl:g} s + {FAILOVER_SLACK_S:g} s")]
+
+
+def as_json(targets: Sequence[Target]) -> list[dict[str, object]]:
+    return [target.as_json() for target in targets]

@@ -1,0 +1,364 @@
+"""The benchmark harness: its pure arithmetic and reports exactly, and one quick real run (e2e)."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import orjson
+import pytest
+
+from bench.harness import Bench, ProcessMemory, Progress, RecordTail
+from bench.processes import ROOT, child_environment
+from bench.report import render_markdown, to_json, write_outputs
+from bench.runner import build_document
+from bench.scenarios import cron, failover
+from bench.stats import (
+    RunRecord,
+    Status,
+    Target,
+    deliveries,
+    delivery_span_s,
+    lag_ratios,
+    parse_record,
+    percentiles,
+    ratio,
+    runs_per_second,
+)
+from bench.targets import evaluate
+from fastlane.cli.main import main
+
+LAG_KEYS = {"p50", "p95", "p99", "p999", "max"}
+
+
+def record(run_id: str, scheduled: int, released: int, received: int, job_id: str = "") -> RunRecord:
+    return RunRecord(run_id=run_id, scheduled_us=scheduled, released_us=released, received_us=received, job_id=job_id)
+
+
+def lags(p50: float, p95: float, p99: float, p999: float, top: float) -> dict[str, float]:
+    return {"p50": p50, "p95": p95, "p99": p99, "p999": p999, "max": top}
+
+
+# -- percentiles -------------------------------------------------------------------------------
+
+
+def test_percentiles_are_nearest_rank_on_exact_fractions() -> None:
+    assert percentiles(range(1, 1001)) == {"p50": 500, "p95": 950, "p99": 990, "p999": 999, "max": 1000}
+
+
+def test_percentiles_of_few_values_are_observed_values() -> None:
+    assert percentiles([float(value) for value in range(10, 0, -1)]) == lags(5.0, 10.0, 10.0, 10.0, 10.0)
+    assert percentiles([7.25]) == lags(7.25, 7.25, 7.25, 7.25, 7.25)
+
+
+def test_percentiles_round_to_microseconds_in_milliseconds() -> None:
+    assert percentiles([0.0004, 1.23456]) == lags(0.0, 1.235, 1.235, 1.235, 1.235)
+
+
+def test_percentiles_of_nothing_are_none() -> None:
+    assert percentiles([]) == dict.fromkeys(LAG_KEYS)
+
+
+# -- records and deliveries --------------------------------------------------------------------
+
+
+def test_a_worker_line_parses_with_or_without_its_job_id() -> None:
+    assert parse_record("r1 100 150 400 job-9") == record("r1", 100, 150, 400, "job-9")
+    assert parse_record("r1 100 0 400\n") == record("r1", 100, 0, 400)
+
+
+@pytest.mark.parametrize("line", ["", "r1 100 150", "r1 100 x 400", "   "])
+def test_blank_torn_or_garbled_lines_are_skipped(line: str) -> None:
+    assert parse_record(line) is None
+
+
+def test_a_run_received_again_is_a_duplicate_and_its_first_receipt_counts() -> None:
+    got = deliveries([
+        record("a", 1_000, 1_500, 3_000),
+        record("b", 2_000, 0, 2_500),
+        record("a", 1_000, 1_400, 2_000),  # an earlier receipt, read later (another worker's file)
+        record("a", 1_000, 1_500, 9_000),
+    ])
+    assert got.delivered == 2
+    assert got.duplicates == 2
+    assert sorted(got.delivery_lags_ms()) == [0.5, 1.0]
+    assert got.release_lags_ms() == [0.4]  # b's node said nothing about its release
+
+
+def test_runs_per_second_over_the_delivery_span() -> None:
+    records = [record("a", 1_000_000, 0, 1_500_000), record("b", 2_000_000, 0, 3_000_000)]
+    assert delivery_span_s(records) == 2.0
+    assert runs_per_second(len(records), delivery_span_s(records)) == 1.0
+    assert delivery_span_s([]) is None
+    assert runs_per_second(5, None) is None
+    assert runs_per_second(5, 0.0) is None
+
+
+def test_record_tail_reads_only_what_is_new_and_waits_for_unfinished_lines(tmp_path: Path) -> None:
+    path = tmp_path / "received.txt"
+    tail = RecordTail([path, tmp_path / "absent.txt"])
+    assert tail.read() == 0
+    path.write_text("r1 1 2 3 j1\nr2 4 5")
+    assert tail.read() == 1
+    with path.open("a") as handle:
+        handle.write(" 6 j2\n")
+    assert tail.read() == 2
+    assert [entry.run_id for entry in tail.records] == ["r1", "r2"]
+    assert tail.records[1] == record("r2", 4, 5, 6, "j2")
+
+
+# -- ratios and targets ------------------------------------------------------------------------
+
+
+def test_ratio_keeps_four_significant_digits() -> None:
+    assert ratio(2, 3) == 0.6667
+    assert ratio(10, 3) == 3.333
+    assert ratio(1000, 3) == 333.3
+    assert ratio(0, 3) == 0.0
+    assert ratio(1, 0) is None
+    assert ratio(None, 3) is None
+    assert ratio(3, None) is None
+
+
+def test_lag_ratios_divide_every_figure_of_both_lags() -> None:
+    ours = {"delivery_lag_ms": lags(1, 2, 3, 4, 5), "release_lag_ms": lags(1, 1, 1, 1, 1)}
+    theirs = {"delivery_lag_ms": lags(2, 4, 30, 40, 0), "release_lag_ms": lags(4, 4, 4, 4, 4)}
+    assert lag_ratios(ours, theirs) == {
+        "delivery_lag_ms": {"p50": 0.5, "p95": 0.5, "p99": 0.1, "p999": 0.1, "max": None},
+        "release_lag_ms": dict.fromkeys(LAG_KEYS, 0.25),
+    }
+
+
+@pytest.mark.parametrize(
+    ("op", "measured", "applies", "expected"),
+    [
+        ("<=", 5.0, True, Status.MET),
+        ("<=", 5.001, True, Status.MISSED),
+        (">=", 10_000.0, True, Status.MET),
+        (">=", 9_999.9, True, Status.MISSED),
+        ("<=", None, True, Status.NOT_APPLICABLE),
+        ("<=", 1.0, False, Status.NOT_APPLICABLE),
+        ("<=", float("inf"), True, Status.MISSED),
+    ],
+)
+def test_target_status(op: str, measured: float | None, applies: bool, expected: Status) -> None:
+    limit = 10_000.0 if op == ">=" else 5.0
+    target = Target(name="t", limit=limit, op=op, unit="ms", measured=measured, applies=applies)
+    assert target.status is expected
+
+
+def test_a_target_with_an_unknown_operator_is_an_error() -> None:
+    with pytest.raises(ValueError, match="operator"):
+        _ = Target(name="t", limit=1, op="<", unit="", measured=0.5).status
+
+
+def spread_document() -> dict[str, object]:
+    return {
+        "scenario": "spread", "backend": "sqlite", "nodes": 1, "scale": 1.0,
+        "results": [
+            {"system": "fastlane", "jobs": 30_000, "delivered": 30_000, "duplicates": 0, "runs_per_s": 1000.5,
+             "delivery_lag_ms": lags(0.5, 1.5, 3.0, 6.0, 9.0), "release_lag_ms": lags(0.1, 0.2, 0.3, 0.4, 0.5)},
+            {"system": "apscheduler-memory", "jobs": 30_000, "delivered": 30_000, "duplicates": 0, "runs_per_s": 999.0,
+             "delivery_lag_ms": lags(0.1, 0.5, 1.0, 2.0, 3.0), "release_lag_ms": lags(0.1, 0.5, 1.0, 2.0, 3.0)},
+            {"system": "apscheduler-sqlalchemy", "jobs": 30_000, "delivered": 30_000, "duplicates": 0,
+             "runs_per_s": 800.0, "delivery_lag_ms": lags(10, 20, 60, 80, 100),
+             "release_lag_ms": lags(10, 20, 60, 80, 100)},
+        ],
+    }
+
+
+def test_spread_targets_compare_fastlane_with_both_peers() -> None:
+    targets = evaluate(spread_document())
+    assert [(t.measured, t.limit, t.status) for t in targets] == [
+        (3.0, 5.0, Status.MET),
+        (0.05, 0.1, Status.MET),  # 3 ms against 60 ms: 20x lower
+        (3.0, 2.0, Status.MISSED),  # 3 ms against 1 ms
+    ]
+
+
+def test_spread_targets_without_the_peer_do_not_apply() -> None:
+    document = spread_document()
+    document["results"] = document["results"][:1]  # type: ignore[index]
+    statuses = [target.status for target in evaluate(document)]
+    assert statuses == [Status.MET, Status.NOT_APPLICABLE, Status.NOT_APPLICABLE]
+
+
+def test_a_burst_with_runs_missing_misses_its_target_whatever_the_last_arrival() -> None:
+    document = {"scenario": "burst", "results": [
+        {"system": "fastlane", "jobs": 100_000, "delivered": 99_999, "last_delivery_after_instant_s": 0.9}]}
+    (target,) = evaluate(document)
+    assert target.status is Status.MISSED
+    assert target.measured == float("inf")
+    assert target.note == "only 99,999 of 100,000 delivered"
+
+
+def test_a_complete_scaled_burst_is_judged_by_its_last_arrival() -> None:
+    document = {"scenario": "burst", "results": [
+        {"system": "fastlane", "jobs": 5_000, "delivered": 5_000, "last_delivery_after_instant_s": 0.28}]}
+    (target,) = evaluate(document)
+    assert (target.measured, target.status) == (0.28, Status.MET)
+    assert target.note == "measured with 5,000 jobs; the target is stated for 100,000"
+
+
+def test_sustained_target_applies_only_to_postgres_with_one_node() -> None:
+    result = {"system": "fastlane", "runs_per_s": 12_000.0, "offered_runs_per_s": 20_000.0}
+    on_postgres = evaluate({"scenario": "sustained", "backend": "postgres", "nodes": 1, "results": [result]})
+    on_sqlite = evaluate({"scenario": "sustained", "backend": "sqlite", "nodes": 1, "results": [result]})
+    assert on_postgres[0].status is Status.MET
+    assert on_sqlite[0].status is Status.NOT_APPLICABLE
+
+
+def test_scale_and_failover_targets() -> None:
+    scale = evaluate({"scenario": "scale", "results": [
+        {"system": "fastlane", "window_jobs": 100_000, "bytes_per_window_job": 650.0, "rebuild_s": 1.5}]})
+    assert [(t.measured, t.status) for t in scale] == [(650.0, Status.MISSED), (1.5, Status.MET)]
+    failover_targets = evaluate({"scenario": "failover", "results": [
+        {"system": "fastlane", "lease_ttl_s": 5.0, "failover_gap_s": 6.2}]})
+    assert [(t.limit, t.measured, t.status) for t in failover_targets] == [(6.0, 6.2, Status.MISSED)]
+
+
+# -- reports -----------------------------------------------------------------------------------
+
+
+def test_markdown_report_has_results_ratios_and_targets() -> None:
+    document = spread_document()
+    fastlane, memory, sql = document["results"]  # type: ignore[misc]
+    document["ratios"] = {"apscheduler-memory": lag_ratios(fastlane, memory),
+                          "apscheduler-sqlalchemy": lag_ratios(fastlane, sql)}
+    document["targets"] = [target.as_json() for target in evaluate(document)]
+    document["processes"] = [{"name": "fastlane node-1", "pid": 42, "peak_rss_bytes": 3 * (1 << 20)}]
+    document["notes"] = ["a note"]
+    text = render_markdown(document)
+    lines = text.splitlines()
+    assert lines[0] == "# fastlane bench: spread"
+    assert ("| fastlane | 30,000 | 30,000 | 0 | 0.500 | 1.500 | 3.000 | 6.000 | 9.000 "
+            "| 0.100 | 0.200 | 0.300 | 0.400 | 0.500 | 1,000.5 |") in lines
+    assert "| delivery p99 | 3 | 0.05 |" in lines
+    assert "| spread p99 delivery lag | 3 ms | <= 5 ms | MET |  |" in lines
+    assert "| spread p99 vs APScheduler in-memory store (≤2x) | 3 ratio | <= 2 ratio | MISSED |  |" in lines
+    assert "| fastlane node-1 | 42 | 3.0 MiB |" in lines
+    assert lines[-1] == "- a note"
+
+
+def test_the_document_carries_ratios_to_each_peer_targets_and_memory(tmp_path: Path) -> None:
+    bench = Bench(scenario="spread", backend="sqlite", nodes=1, workers=1, scale=1.0, workdir=tmp_path)
+    bench.memory.append(ProcessMemory("fastlane node-1", 42, 1 << 20))
+    bench.note("a note")
+    results = spread_document()["results"]
+    started_at = datetime(2030, 1, 1, tzinfo=UTC)
+    document = build_document(bench, results, started_at=started_at, elapsed_s=12.34)  # type: ignore[arg-type]
+    assert list(document["ratios"]) == ["apscheduler-memory", "apscheduler-sqlalchemy"]
+    assert document["ratios"]["apscheduler-sqlalchemy"]["delivery_lag_ms"]["p99"] == 0.05
+    assert [target["status"] for target in document["targets"]] == ["MET", "MET", "MISSED"]
+    assert [entry["name"] for entry in document["processes"]] == ["fastlane node-1", "harness"]
+    assert (document["notes"], document["elapsed_s"], document["started_at"]) == (
+        ["a note"], 12.3, "2030-01-01T00:00:00+00:00")
+
+
+def test_json_turns_infinity_into_null() -> None:
+    assert orjson.loads(to_json({"measured": float("inf")})) == {"measured": None}
+
+
+def test_outputs_are_written_to_the_directory(tmp_path: Path) -> None:
+    document = spread_document()
+    written = write_outputs(document, tmp_path / "out", {"fastlane": [0.5, 1.0, 2.0]})
+    names = {path.name for path in written}
+    assert {"result.json", "result.md"} <= names
+    assert orjson.loads((tmp_path / "out" / "result.json").read_bytes())["scenario"] == "spread"
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert "lag.png" not in names
+    else:
+        assert (tmp_path / "out" / "lag.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_progress_off_a_terminal_prints_each_phase_once_at_its_end() -> None:
+    stream = io.StringIO()
+    progress = Progress(stream, width=10, log_interval=3600)
+    progress.phase("creating jobs")
+    progress.update(5, 10, force=True)
+    progress.update(10, 10)
+    progress.phase("runs received")
+    progress.end()
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith("creating jobs") and "[##########] 10/10" in lines[0]
+    assert lines[1].startswith("runs received")
+
+
+# -- scenario arithmetic -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("scale", "period", "text"), [
+    (1.0, 60, "* * * * *"), (0.5, 30, "*/30 * * * * *"), (0.1, 6, "*/6 * * * * *"), (0.01, 5, "*/5 * * * * *"),
+])
+def test_cron_period_and_expression_follow_the_scale(scale: float, period: int, text: str) -> None:
+    assert cron.period_s(scale) == period
+    assert cron.expression(period) == text
+
+
+def test_cron_next_boundary_is_strictly_after() -> None:
+    at = datetime(2030, 1, 1, 12, 0, 0, tzinfo=UTC)
+    assert cron.next_boundary(at, 5) == datetime(2030, 1, 1, 12, 0, 5, tzinfo=UTC)
+    assert cron.next_boundary(at.replace(second=59, microsecond=1), 60) == datetime(2030, 1, 1, 12, 1, tzinfo=UTC)
+
+
+def test_failover_counts_occurrences_never_delivered() -> None:
+    second = 1_000_000
+    got = deliveries([
+        record("a0", 10 * second + 250_000, 0, 0, "a"),  # before the kill: gives job a's phase
+        record("a2", 12 * second + 250_000, 0, 0, "a"),  # 11.25 and 13.25 s never came
+        record("b0", 10 * second + 500_000, 0, 0, "b"),  # job b: not watched
+    ])
+    assert failover._missing(got, lambda entry: entry.job_id == "a", 11 * second, 14 * second) == 2
+
+
+# -- the command -------------------------------------------------------------------------------
+
+
+def test_bench_help_documents_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--help"]) == 0
+    text = capsys.readouterr().out
+    for flag in ("--backend", "--nodes", "--workers", "--scale", "--json", "--out", "spread", "burst", "sustained",
+                 "cron", "scale", "failover"):
+        assert flag in text
+
+
+@pytest.mark.parametrize("argv", [
+    ["bench", "failover"],
+    ["bench", "failover", "--backend", "postgres", "--nodes", "2"],
+    ["bench", "spread", "--nodes", "2"],
+    ["bench", "spread", "--scale", "0"],
+    ["bench", "nothing"],
+])
+def test_bench_refuses_impossible_combinations(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    assert "usage:" in capsys.readouterr().err
+
+
+@pytest.mark.e2e
+def test_a_tiny_spread_run_delivers_every_job_once(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    completed = subprocess.run(
+        [sys.executable, "-m", "fastlane", "bench", "spread", "--scale", "0.01", "--json", "--out", str(out)],
+        cwd=ROOT, env=child_environment(), capture_output=True, timeout=240, check=False,
+    )
+    assert completed.returncode == 0, completed.stderr.decode()[-3000:]
+    document = orjson.loads(completed.stdout)
+    assert document == orjson.loads((out / "result.json").read_bytes())
+    (fastlane,) = [result for result in document["results"] if result["system"] == "fastlane"]
+    assert {"system", "scenario", "backend", "jobs", "delivered", "duplicates", "delivery_lag_ms",
+            "release_lag_ms", "runs_per_s"} <= set(fastlane)
+    assert fastlane["jobs"] == 300
+    assert fastlane["delivered"] == fastlane["jobs"]
+    assert fastlane["duplicates"] == 0
+    assert set(fastlane["delivery_lag_ms"]) == LAG_KEYS
+    assert set(fastlane["release_lag_ms"]) == LAG_KEYS
+    assert all(value is not None for value in fastlane["delivery_lag_ms"].values())
+    assert (fastlane["scenario"], fastlane["backend"]) == ("spread", "sqlite")
+    assert document["targets"][0]["name"] == "spread p99 delivery lag"
+    assert (out / "result.md").read_text().startswith("# fastlane bench: spread")
