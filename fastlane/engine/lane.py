@@ -37,7 +37,7 @@ from fastlane.storage import Occurrence, Store
 log = logging.getLogger("fastlane.lane")
 
 FAR_FUTURE = datetime(9999, 1, 1, tzinfo=UTC)
-MAX_SCAN = 100_000  # jobs read by one window scan
+SCAN_PAGE = 20_000  # jobs read by one window query
 EXPIRY_CHECK_EVERY = timedelta(seconds=1)
 RETRY_AFTER_STORAGE_ERROR = timedelta(milliseconds=500)
 
@@ -106,7 +106,7 @@ class FastLane:
     async def shards_acquired(self, leases: Sequence[ShardLease]) -> None:
         """Rebuild the window of newly owned shards from the database."""
         shard_ids = [lease.shard_id for lease in leases]
-        jobs = await self._store.load_due_jobs(shard_ids, self._horizon)
+        jobs = await self._load_window(shard_ids, self._horizon, at_or_after=None)
         for job in jobs:
             self._plan(job)
         # Materialised but never delivered (or waiting for a retry): release them again.
@@ -320,17 +320,12 @@ class FastLane:
             # plans its next occurrence itself when it falls before the claimed horizon.
             self._horizon = max(upper, lower)
             try:
-                jobs = await self._store.load_due_jobs(
-                    owned, self._horizon, at_or_after=None if full else lower, limit=MAX_SCAN
-                )
+                jobs = await self._load_window(owned, self._horizon, at_or_after=None if full else lower)
                 pending = await self._store.pending_runs(owned, self._horizon) if full else []
             except StorageError as error:
                 log.warning("window scan failed: %s", error)
                 self._horizon = lower
                 continue
-            if len(jobs) == MAX_SCAN and jobs[-1].next_fire_at is not None:
-                # More than one scan can hold: what lies beyond the last row comes next time.
-                self._horizon = jobs[-1].next_fire_at
             if full:
                 last_full_scan = now
             for job in jobs:
@@ -341,6 +336,21 @@ class FastLane:
                 # dispatcher confirms each in the database before sending, so one held elsewhere
                 # in this node is not sent twice.
                 self.schedule_run(run, recovered=True)
+
+    async def _load_window(self, shard_ids: list[int], before: datetime, *, at_or_after: datetime | None) -> list[Job]:
+        """Every due job of these shards in the range, read in pages so no query is unbounded."""
+        jobs: list[Job] = []
+        after: tuple[datetime, str] | None = None
+        while True:
+            page = await self._store.load_due_jobs(
+                shard_ids, before, at_or_after=at_or_after, after_job=after, limit=SCAN_PAGE
+            )
+            jobs += page
+            if len(page) < SCAN_PAGE:
+                return jobs
+            last = page[-1]
+            assert last.next_fire_at is not None  # the query only returns jobs with one
+            after = (last.next_fire_at, last.job_id)
 
     async def _expiry_loop(self) -> None:
         """Attempts whose worker stopped heartbeating go back to the queue (or die)."""

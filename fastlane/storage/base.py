@@ -215,9 +215,11 @@ class Store(Protocol):
         before: datetime,
         *,
         at_or_after: datetime | None = None,
+        after_job: tuple[datetime, str] | None = None,
         limit: int = 100_000,
     ) -> list[Job]:
-        """Active jobs of these shards with ``at_or_after <= next_fire_at < before``, earliest first."""
+        """Active jobs of these shards with ``at_or_after <= next_fire_at < before``, in
+        ``(next_fire_at, job_id)`` order; ``after_job`` continues after that key (paging)."""
         ...
 
     async def materialise_runs(self, fences: Sequence[ShardLease], occurrences: Sequence[Occurrence]) -> list[Run]:

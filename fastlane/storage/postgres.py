@@ -313,17 +313,20 @@ class PostgresStore:
         before: datetime,
         *,
         at_or_after: datetime | None = None,
+        after_job: tuple[datetime, str] | None = None,
         limit: int = 100_000,
     ) -> list[Job]:
+        after_time, after_id = after_job or (None, "")
         async with self._connection() as db:
             rows = await db.fetch(
                 """
                 SELECT * FROM jobs
                 WHERE state = 'active' AND shard_id = ANY($1::int[]) AND next_fire_at < $2
                   AND ($3::timestamptz IS NULL OR next_fire_at >= $3)
-                ORDER BY next_fire_at LIMIT $4
+                  AND ($5::timestamptz IS NULL OR (next_fire_at, job_id) > ($5, $6))
+                ORDER BY next_fire_at, job_id LIMIT $4
                 """,
-                list(shard_ids), before, at_or_after, limit,
+                list(shard_ids), before, at_or_after, limit, after_time, after_id,
             )
         return [codec.build_job(row) for row in rows]
 

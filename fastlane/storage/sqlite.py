@@ -330,9 +330,11 @@ class SQLiteStore:
         before: datetime,
         *,
         at_or_after: datetime | None = None,
+        after_job: tuple[datetime, str] | None = None,
         limit: int = 100_000,
     ) -> list[Job]:
         lower = _instant(at_or_after)
+        after_time, after_id = (to_micros(after_job[0]), after_job[1]) if after_job else (None, "")
         async with self._read() as db:
             rows = await _all(
                 db,
@@ -340,9 +342,10 @@ class SQLiteStore:
                 SELECT * FROM jobs
                 WHERE state = 'active' AND shard_id IN (SELECT value FROM json_each(?)) AND next_fire_at < ?
                   AND (? IS NULL OR next_fire_at >= ?)
-                ORDER BY next_fire_at LIMIT ?
+                  AND (? IS NULL OR (next_fire_at, job_id) > (?, ?))
+                ORDER BY next_fire_at, job_id LIMIT ?
                 """,
-                (_json_list(shard_ids), to_micros(before), lower, lower, limit),
+                (_json_list(shard_ids), to_micros(before), lower, lower, after_time, after_time, after_id, limit),
             )
         return [codec.build_job(row) for row in rows]
 

@@ -618,3 +618,18 @@ async def test_cancel_previous_reports_a_queued_run_it_cancelled(store):
     second = await occurrence_now(store, leases, job.job_id)
     # The node holds the queued run in memory: it must learn to drop it.
     assert [(run.run_id, run.state) for run in second.cancelling] == [(queued.run_id, RunState.CANCELLED)]
+
+
+async def test_due_jobs_page_by_fire_time_then_id(store):
+    at = datetime.now(UTC) + timedelta(minutes=5)
+    for index in range(5):  # all due at the same instant: paging must not repeat or skip any
+        await store.create_job(spec(f"same-{index}", schedule=Schedule.at_instant(at)))
+    horizon = at + timedelta(seconds=1)
+    first = await store.load_due_jobs(range(SHARDS), horizon, limit=2)
+    second = await store.load_due_jobs(range(SHARDS), horizon, limit=2,
+                                       after_job=(first[-1].next_fire_at, first[-1].job_id))
+    third = await store.load_due_jobs(range(SHARDS), horizon, limit=2,
+                                      after_job=(second[-1].next_fire_at, second[-1].job_id))
+    paged = [job.job_id for job in first + second + third]
+    assert len(paged) == 5 and len(set(paged)) == 5
+    assert paged == sorted(paged)  # one fire time: job id order

@@ -182,3 +182,19 @@ async def test_a_run_released_twice_is_sent_once(store):
     finally:
         dispatcher.stop()
         await asyncio.wait_for(journal, 5)
+
+
+async def test_a_window_larger_than_one_page_is_loaded_whole(store, monkeypatch):
+    from fastlane.engine import lane as lane_module
+
+    monkeypatch.setattr(lane_module, "SCAN_PAGE", 3)
+    at = datetime.now(UTC) + timedelta(seconds=1)
+    jobs = [(await store.create_job(JobSpec(name=f"j{i}", job_type="t", schedule=Schedule.at_instant(at))))[0]
+            for i in range(8)]
+    dispatch = RecordingDispatch()
+    engine = await start_engine(store, dispatch)  # the rebuild reads the window in pages of 3
+    try:
+        await until(lambda: all(dispatch.times_of(job.job_id) for job in jobs))
+        assert sorted(len(dispatch.times_of(job.job_id)) for job in jobs) == [1] * 8
+    finally:
+        await stop_engine(*engine)
