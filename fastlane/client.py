@@ -13,12 +13,10 @@ Every method returns domain models (:mod:`fastlane.models`); a failed call raise
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Final, TypeVar
@@ -28,10 +26,26 @@ import orjson
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from fastlane import wire
-from fastlane._proto import admin_pb2, admin_pb2_grpc, jobs_pb2, jobs_pb2_grpc, runs_pb2, runs_pb2_grpc
+from fastlane._proto import (
+    admin_pb2,
+    admin_pb2_grpc,
+    jobs_pb2,
+    jobs_pb2_grpc,
+    runs_pb2,
+    runs_pb2_grpc,
+)
 from fastlane.api.status import error_from_rpc
 from fastlane.config import DEFAULT_SERVER
-from fastlane.models import DEFAULT_TENANT, Attempt, Job, JobSpec, JobState, Run, RunState, Schedule
+from fastlane.models import (
+    DEFAULT_TENANT,
+    Attempt,
+    Job,
+    JobSpec,
+    JobState,
+    Run,
+    RunState,
+    Schedule,
+)
 from fastlane.storage.base import Page
 
 R = TypeVar("R")

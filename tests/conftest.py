@@ -12,7 +12,12 @@ import uuid
 
 import pytest
 
-from bench.pgcluster import ThrowawayPostgres, create_database, drop_database, dsn_from_env
+from bench.pgcluster import (
+    ThrowawayPostgres,
+    create_database,
+    drop_database,
+    dsn_from_env,
+)
 
 
 @pytest.fixture(scope="session")

@@ -29,7 +29,13 @@ from bench.harness import (
     system_result,
     wait_for_runs,
 )
-from bench.peer import ADD_JOB_WORST_S, PEERS, STARTUP_ALLOWANCE_S, peer_available, run_peer
+from bench.peer import (
+    ADD_JOB_WORST_S,
+    PEERS,
+    STARTUP_ALLOWANCE_S,
+    peer_available,
+    run_peer,
+)
 from bench.stats import Deliveries
 from fastlane.models import JobSpec, Schedule
 

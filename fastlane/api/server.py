@@ -6,8 +6,16 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from fastlane._proto import admin_pb2, admin_pb2_grpc, jobs_pb2, jobs_pb2_grpc, runs_pb2, runs_pb2_grpc
-from fastlane._proto import workers_pb2, workers_pb2_grpc
+from fastlane._proto import (
+    admin_pb2,
+    admin_pb2_grpc,
+    jobs_pb2,
+    jobs_pb2_grpc,
+    runs_pb2,
+    runs_pb2_grpc,
+    workers_pb2,
+    workers_pb2_grpc,
+)
 from fastlane.api.admin import AdminServicer
 from fastlane.api.jobs import JobServicer
 from fastlane.api.runs import RunServicer

@@ -15,7 +15,14 @@ import grpc
 
 from fastlane import wire
 from fastlane._proto import workers_pb2, workers_pb2_grpc
-from fastlane.engine.dispatch import Acknowledge, Assign, Cancel, Dispatcher, Outgoing, WorkerSession
+from fastlane.engine.dispatch import (
+    Acknowledge,
+    Assign,
+    Cancel,
+    Dispatcher,
+    Outgoing,
+    WorkerSession,
+)
 from fastlane.models import AttemptOutcome
 from fastlane.storage import AttemptResult, Heartbeat
 

@@ -14,7 +14,12 @@ from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from fastlane.cli.arguments import SERVER_ENV, UsageError, positive_int, positive_seconds
+from fastlane.cli.arguments import (
+    SERVER_ENV,
+    UsageError,
+    positive_int,
+    positive_seconds,
+)
 from fastlane.config import DEFAULT_DB_URL, DEFAULT_SERVER, Settings, default_node_id
 from fastlane.storage.base import DEFAULT_SHARD_COUNT, open_store
 

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import argparse
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 

@@ -22,9 +22,9 @@ import itertools
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from typing import Protocol
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import Protocol
 
 from fastlane.clock import Clock
 from fastlane.config import Settings
@@ -40,6 +40,7 @@ FAR_FUTURE = datetime(9999, 1, 1, tzinfo=UTC)
 SCAN_PAGE = 20_000  # jobs read by one window query
 EXPIRY_CHECK_EVERY = timedelta(seconds=1)
 RETRY_AFTER_STORAGE_ERROR = timedelta(milliseconds=500)
+
 
 class ShardView(Protocol):
     def fence(self, shard_id: int) -> ShardLease | None: ...

@@ -18,18 +18,18 @@ from fastlane.models import (
     AttemptOutcome,
     Delivery,
     Job,
-    JobState,
-    NodeInfo,
-    Run,
-    RunState,
-    ShardLease,
     JobSpec,
+    JobState,
     MisfireKind,
     MisfirePolicy,
+    NodeInfo,
     OverlapPolicy,
     RetryPolicy,
+    Run,
+    RunState,
     Schedule,
     ScheduleKind,
+    ShardLease,
 )
 
 

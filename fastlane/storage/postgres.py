@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 
 import asyncpg
 
+from fastlane.clock import from_micros, to_micros
 from fastlane.errors import (
     ConfigurationError,
     InvalidState,
@@ -40,15 +41,14 @@ from fastlane.models import (
     validate_spec,
 )
 from fastlane.schedules import first_fire
-from fastlane.clock import from_micros, to_micros
 from fastlane.storage import codec, common
 from fastlane.storage.base import (
     AttemptResult,
     Cancellation,
     Change,
-    Materialised,
     Dispatch,
     Heartbeat,
+    Materialised,
     Occurrence,
     Page,
     ResultOutcome,

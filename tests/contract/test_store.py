@@ -9,21 +9,35 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from fastlane.errors import InvalidArgument, InvalidState, JobAlreadyExists, JobNotFound, RunNotFound, StaleFence
+from fastlane.errors import (
+    InvalidArgument,
+    InvalidState,
+    JobAlreadyExists,
+    JobNotFound,
+    RunNotFound,
+    StaleFence,
+)
 from fastlane.models import (
     AttemptOutcome,
     Delivery,
-    OverlapPolicy,
     JobSpec,
     JobState,
     NodeInfo,
+    OverlapPolicy,
     RetryPolicy,
     RunState,
     Schedule,
     ShardLease,
 )
 from fastlane.policies import plan_occurrence
-from fastlane.storage import AttemptResult, Change, Dispatch, Heartbeat, Occurrence, open_store
+from fastlane.storage import (
+    AttemptResult,
+    Change,
+    Dispatch,
+    Heartbeat,
+    Occurrence,
+    open_store,
+)
 
 SHARDS = 4
 TTL = timedelta(seconds=30)

@@ -15,7 +15,14 @@ from pathlib import Path
 import orjson
 import pytest
 
-from bench.processes import ROOT, Daemon, Process, WorkerProcess, child_environment, free_port  # noqa: F401
+from bench.processes import (  # noqa: F401
+    ROOT,
+    Daemon,
+    Process,
+    WorkerProcess,
+    child_environment,
+    free_port,
+)
 from fastlane.client import Client
 
 HERE = Path(__file__).resolve().parent

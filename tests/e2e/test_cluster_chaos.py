@@ -18,9 +18,9 @@ from pathlib import Path
 
 import orjson
 import pytest
+from conftest import HERE, wait_for
 
 from bench.processes import Daemon, WorkerProcess, child_environment, free_port
-from conftest import HERE, wait_for
 from fastlane.client import Client
 from fastlane.models import JobSpec, RunState, Schedule
 from fastlane.storage import open_store

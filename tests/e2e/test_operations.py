@@ -7,8 +7,8 @@ import sys
 
 import orjson
 import pytest
-
 from conftest import ROOT, Daemon, Recorder, child_environment, wait_for
+
 from fastlane.storage import open_store
 
 pytestmark = pytest.mark.e2e
@@ -43,8 +43,9 @@ async def test_cli_creates_a_job_and_lists_its_runs(daemon: Daemon, recorder: Re
 
 
 async def test_metrics_report_lag_outcomes_heap_and_workers(daemon: Daemon, recorder: Recorder, client):
-    from fastlane.models import Schedule
     from datetime import timedelta
+
+    from fastlane.models import Schedule
 
     await client.create("metered", "e2e", Schedule.interval(timedelta(milliseconds=200)))
 

@@ -7,8 +7,8 @@ from collections import Counter
 from datetime import UTC, datetime, timedelta
 
 import pytest
-
 from conftest import Daemon, Recorder, instant, wait_for
+
 from fastlane.models import AttemptOutcome, RunState, Schedule
 
 pytestmark = pytest.mark.e2e

@@ -20,8 +20,20 @@ import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from fastlane import wire
-from fastlane._proto import admin_pb2, admin_pb2_grpc, jobs_pb2, jobs_pb2_grpc, runs_pb2, runs_pb2_grpc
-from fastlane.api.status import RemoteAlreadyExists, RemoteNotFound, RemoteUnavailable, status_of
+from fastlane._proto import (
+    admin_pb2,
+    admin_pb2_grpc,
+    jobs_pb2,
+    jobs_pb2_grpc,
+    runs_pb2,
+    runs_pb2_grpc,
+)
+from fastlane.api.status import (
+    RemoteAlreadyExists,
+    RemoteNotFound,
+    RemoteUnavailable,
+    status_of,
+)
 from fastlane.cli.main import main
 from fastlane.client import Client
 from fastlane.errors import FastlaneError, JobAlreadyExists, JobNotFound, RunNotFound

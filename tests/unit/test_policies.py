@@ -7,7 +7,15 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from fastlane.models import Job, JobSpec, JobState, MisfireKind, MisfirePolicy, RetryPolicy, Schedule
+from fastlane.models import (
+    Job,
+    JobSpec,
+    JobState,
+    MisfireKind,
+    MisfirePolicy,
+    RetryPolicy,
+    Schedule,
+)
 from fastlane.policies import backoff_delay, next_retry_at, plan_occurrence
 
 T0 = datetime(2027, 1, 1, 12, 0, tzinfo=UTC)
