@@ -77,6 +77,14 @@ async def due_now(store, job_id: str, seconds_ago: float = 0.5) -> None:
     await store.update_job("default", job_id, replace(current.spec, schedule=Schedule.at_instant(at)))
 
 
+async def lease_expired(store, shard_id: int, timeout: float = 5.0) -> None:
+    """Wait until an attempt of the shard has an expired lease, by the database clock."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while shard_id not in await store.shards_with_expired_leases([shard_id]):
+        assert asyncio.get_running_loop().time() < deadline, "the attempt's lease never expired"
+        await asyncio.sleep(0.02)
+
+
 async def materialise_job(store, leases, job_id: str):
     job = await store.get_job("default", job_id)
     now = await store.db_now()
@@ -409,7 +417,7 @@ async def test_a_superseded_result_is_recorded_but_does_not_change_the_run(store
     leases, run = await scheduled_run(store)
     await store.record_dispatches([Dispatch(run_id=run.run_id, lease_token=1, worker_id="w1", node_id="n",
                                             lease_ttl=timedelta(milliseconds=200), dispatched_at=NOW)])
-    await asyncio.sleep(0.3)
+    await lease_expired(store, run.shard_id)
     requeued = await store.requeue_expired(leases[run.shard_id])
     assert [r.run_id for r in requeued] == [run.run_id] and requeued[0].state is RunState.SCHEDULED
     await store.record_dispatches([Dispatch(run_id=run.run_id, lease_token=2, worker_id="w2", node_id="n", lease_ttl=TTL, dispatched_at=NOW)])
@@ -552,7 +560,7 @@ async def test_an_at_most_once_run_whose_worker_vanished_is_lost(store):
     leases, run = await scheduled_run(store, delivery=Delivery.AT_MOST_ONCE)
     await store.record_dispatches([Dispatch(run_id=run.run_id, lease_token=1, worker_id="w", node_id="n",
                                             lease_ttl=timedelta(milliseconds=100), dispatched_at=NOW)])
-    await asyncio.sleep(0.2)
+    await lease_expired(store, run.shard_id)
     assert await store.requeue_expired(leases[run.shard_id]) == []
     assert (await store.get_run("default", run.run_id)).state is RunState.LOST
 
@@ -578,9 +586,11 @@ async def test_heartbeats_list_the_live_nodes(store, second_store):
     both = await second_store.heartbeat_node(node("node-b", eligible=False, note="clock off"), TTL)
     assert [(n.node_id, n.eligible) for n in both] == [("node-a", True), ("node-b", False)]
     assert both[1].note == "clock off" and both[1].heartbeat_at >= both[0].heartbeat_at
-    await asyncio.sleep(0.3)
-    # node-a has not beaten for longer than the window: no longer live, though still listed.
-    live = await second_store.heartbeat_node(node("node-b"), timedelta(milliseconds=200))
+    # Once node-a has not beaten for longer than the window it is no longer live, though listed.
+    deadline = asyncio.get_running_loop().time() + 5
+    while len(live := await second_store.heartbeat_node(node("node-b"), timedelta(milliseconds=200))) > 1:
+        assert asyncio.get_running_loop().time() < deadline, "node-a stayed live"
+        await asyncio.sleep(0.02)
     assert [n.node_id for n in live] == ["node-b"]
     assert [n.node_id for n in await store.list_nodes()] == ["node-a", "node-b"]
     await store.remove_node("node-a")

@@ -171,7 +171,7 @@ async def test_a_run_released_twice_is_sent_once(store):
         dispatcher.release([run])  # written by this node: sent at once
         dispatcher.release([run], confirm_first=True)  # the same run found again in the database
         await dispatcher.flush(5)
-        await asyncio.sleep(0.1)  # let a confirmed send, if any had been started, finish
+        await until(lambda: not dispatcher.holds(run.run_id))  # every send, fast or confirmed, settled
         sent = []
         while not session.outbox.empty():
             message = session.outbox.get_nowait()
