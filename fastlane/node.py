@@ -16,6 +16,7 @@ import signal
 from datetime import timedelta
 
 from fastlane._proto import admin_pb2
+from fastlane.aio import first_of
 from fastlane.api.admin import AdminServicer
 from fastlane.api.jobs import JobServicer
 from fastlane.api.runs import RunServicer
@@ -124,7 +125,7 @@ class Node:
                 journal = group.create_task(dispatcher.run(), name="dispatch-journal")
                 watcher = group.create_task(store.watch_changes(follower.enqueue), name="change-listener")
                 following = group.create_task(follower.run(), name="change-follower")
-                await _first_of(shards_ready, self._stop)
+                await first_of(shards_ready, self._stop)
                 if not self._stop.is_set():
                     await server.set_ready(True)
                     self.ready.set()
@@ -150,15 +151,6 @@ class Node:
         finally:
             await server.stop(0)
         log.info("node %s stopped", settings.node_id)
-
-
-async def _first_of(*events: asyncio.Event) -> None:
-    waiters = [asyncio.ensure_future(event.wait()) for event in events]
-    try:
-        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiter in waiters:
-            waiter.cancel()
 
 
 def _redact(url: str) -> str:

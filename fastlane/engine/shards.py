@@ -22,6 +22,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 
+from fastlane.aio import first_of
 from fastlane.clock import Clock, SystemClock
 from fastlane.errors import FastlaneError, StorageError
 from fastlane.metrics import Metrics
@@ -128,7 +129,7 @@ class ShardOwnership:
                 break
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._until_next_cycle(interval)):
-                    await _first_of(self._stopping, self._wake)
+                    await first_of(self._stopping, self._wake)
 
     async def _follow_membership(self) -> None:
         """Measure the clock, heartbeat, and work out this node's fair share."""
@@ -275,15 +276,6 @@ class ShardOwnership:
                 await asyncio.shield(self._store.release_shards(leases))
                 log.info("released %d shards", len(leases))
             await asyncio.shield(self._store.remove_node(self._node_id))
-
-
-async def _first_of(*events: asyncio.Event) -> None:
-    waiters = [asyncio.ensure_future(event.wait()) for event in events]
-    try:
-        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiter in waiters:
-            waiter.cancel()
 
 
 def _tokens(leases: Sequence[ShardLease]) -> str:
