@@ -38,6 +38,7 @@ log = logging.getLogger("fastlane.node")
 # Workers heartbeat every in-flight attempt this often; leases are at least three times longer.
 HEARTBEAT_INTERVAL = timedelta(seconds=1)
 DRAIN_TIMEOUT = 5.0
+HEALTH_CHECK_EVERY = timedelta(seconds=1)
 SERVER_GRACE = 2.0
 
 
@@ -65,6 +66,20 @@ class Node:
             await self._run_with(store)
         finally:
             await store.close()
+
+    async def _report_health(self, server: ApiServer, ownership: ShardOwnership) -> None:
+        """Readiness follows the database: a node that cannot reach it (so cannot renew its
+        leases, and fires nothing) says NOT_SERVING until it can again."""
+        serving = True
+        while True:
+            await asyncio.sleep(HEALTH_CHECK_EVERY.total_seconds())
+            if ownership.healthy != serving:
+                serving = ownership.healthy
+                if serving:
+                    log.info("database reachable again: serving")
+                else:
+                    log.warning("cannot reach the database: not serving")
+                await server.set_ready(serving)
 
     async def _run_with(self, store: Store) -> None:
         settings, metrics = self.settings, self.metrics
@@ -130,7 +145,9 @@ class Node:
                     await server.set_ready(True)
                     self.ready.set()
                     log.info("node %s ready: %d shards, %d in window", settings.node_id, len(ownership.leases), lane.size)
+                health = group.create_task(self._report_health(server, ownership), name="health")
                 await self._stop.wait()
+                health.cancel()
                 log.info("node %s stopping", settings.node_id)
                 # Not ready, stop firing, send nothing new, make the dispatches durable, hand the
                 # shards over; then drain results while the streams are still open.

@@ -76,6 +76,7 @@ class ShardOwnership:
         self._share = 0
         self._wake = asyncio.Event()
         self._next_change_at: datetime | None = None
+        self._last_upkeep = time.monotonic()
         self._ttl = ttl
         self._metrics = metrics
         self._on_acquired = on_acquired
@@ -103,6 +104,11 @@ class ShardOwnership:
             return []
         return sorted(self._leases)
 
+    @property
+    def healthy(self) -> bool:
+        """Whether the last lease cycle that reached the database is recent (within a TTL)."""
+        return time.monotonic() - self._last_upkeep < self._ttl.total_seconds()
+
     def wake(self) -> None:
         """Look at the cluster again now (a node joined or left)."""
         self._wake.set()
@@ -122,6 +128,7 @@ class ShardOwnership:
                     await self._acquire()
                 if not self._rebuilds:
                     ready.set()
+                self._last_upkeep = time.monotonic()
             except (StorageError, TimeoutError) as error:
                 log.warning("shard lease upkeep failed: %s", error or "timed out")
             self._expire_locally()

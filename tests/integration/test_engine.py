@@ -198,3 +198,29 @@ async def test_a_window_larger_than_one_page_is_loaded_whole(store, monkeypatch)
         assert sorted(len(dispatch.times_of(job.job_id)) for job in jobs) == [1] * 8
     finally:
         await stop_engine(*engine)
+
+
+async def test_ownership_reports_unhealthy_while_the_database_is_unreachable(store):
+    async def acquired(leases):  # type: ignore[no-untyped-def]
+        pass
+
+    ownership = ShardOwnership(store, node_id="node-a", ttl=timedelta(seconds=1), metrics=Metrics(),
+                               on_acquired=acquired, on_lost=lambda ids: None)
+    ready = asyncio.Event()
+    task = asyncio.create_task(ownership.run(ready))
+    real_db_now = store.db_now
+
+    async def unreachable():  # type: ignore[no-untyped-def]
+        raise StorageUnavailable("database down (test)")
+
+    try:
+        await asyncio.wait_for(ready.wait(), 10)
+        assert ownership.healthy
+        store.db_now = unreachable  # type: ignore[method-assign]
+        await until(lambda: not ownership.healthy)
+        store.db_now = real_db_now  # type: ignore[method-assign]
+        await until(lambda: ownership.healthy)
+    finally:
+        store.db_now = real_db_now  # type: ignore[method-assign]
+        await ownership.stop()
+        task.cancel()
