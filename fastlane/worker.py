@@ -13,53 +13,42 @@ Example::
 Each node pushes attempts over one stream, never more than the credits this worker granted, and
 only for the shards it owns: so the worker keeps a stream to every live node of the cluster. The
 addresses it is given are seeds: it asks them (``AdminService.GetCluster``) which nodes are live,
-and keeps following as nodes join and leave. The stream plumbing (batching, heartbeats, reconnects,
-handing work over from a stream that leaves) lives in :mod:`fastlane._worker_stream`.
+and keeps following as nodes join and leave. Behind this module: :mod:`fastlane._worker_membership`
+(the set of streams, following the cluster), :mod:`fastlane._worker_stream` (one stream: hello,
+heartbeats, reconnects), :mod:`fastlane._worker_runs` (running handlers, buffering their results)
+and :mod:`fastlane._worker_cli` (``fastlane worker``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import importlib
 import inspect
 import logging
 import numbers
 import os
 import secrets
-import signal
 import socket
-import sys
 from collections.abc import Awaitable, Callable, Sequence
-from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-import grpc
 import orjson
 
-from fastlane._proto import admin_pb2, admin_pb2_grpc
+from fastlane import _worker_cli
 from fastlane._proto import workers_pb2 as pb
-from fastlane._worker_stream import (
-    CHANNEL_OPTIONS,
-    NodeStream,
-    RunSlot,
-    Verdict,
-    drain_streams,
-    judge_attempt,
-    retire_stream,
-)
+from fastlane._worker_membership import ClusterStreams
+from fastlane._worker_runs import RunSlot, run_attempt
+from fastlane._worker_stream import NodeStream
 from fastlane.errors import ConfigurationError
-from fastlane.models import MAX_CHECKPOINT_BYTES, AttemptOutcome
+from fastlane.models import MAX_CHECKPOINT_BYTES
 
 log = logging.getLogger("fastlane.worker")
 
 Handler = Callable[["RunContext"], Awaitable[None]]
 H = TypeVar("H", bound=Handler)
 
-_DISCOVERY_TIMEOUT = 2.0  # per GetCluster call; a node that takes longer is skipped this round
-_UNSPECIFIED_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})  # a listen address, not one to dial
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunContext:
@@ -163,13 +152,7 @@ class Worker:
         self._discovery_interval = discovery_interval
         self._worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self._handlers: dict[str, Handler] = {}
-        self._streams: dict[str, NodeStream] = {}  # by address: the streams taking work
-        self._serving: dict[NodeStream, asyncio.Task[None]] = {}  # every stream's serve() task
-        self._retiring: dict[NodeStream, asyncio.Task[None]] = {}  # leaving streams: retire_stream()
-        self._crashed: list[asyncio.Task[None]] = []
-        self._crash = asyncio.Event()
-        self._discovery_failing: bool | None = None  # for one log line per change, not per check
-        self._unusable_addresses: set[str] = set()
+        self._streams: ClusterStreams | None = None  # from run(): the seeds are final by then
         self._started = False
         self._stop_requested = asyncio.Event()
         self._finished = asyncio.Event()
@@ -187,12 +170,12 @@ class Worker:
     @property
     def connected(self) -> bool:
         """Whether at least one node has welcomed this worker on its current stream."""
-        return any(stream.connected for stream in self._serving)
+        return self._streams is not None and self._streams.connected
 
     @property
     def node_addresses(self) -> tuple[str, ...]:
         """The addresses of the nodes this worker takes work from now (leaving streams excluded)."""
-        return tuple(self._streams)
+        return self._streams.addresses if self._streams is not None else ()
 
     def handler(self, job_type: str) -> Callable[[H], H]:
         """Register the decorated ``async def fn(ctx: RunContext) -> None`` for ``job_type``.
@@ -239,22 +222,24 @@ class Worker:
                 return
             if not self._handlers:
                 raise ConfigurationError("no handlers: register one with @worker.handler(job_type) first")
+            streams = self._streams = ClusterStreams(self._servers, self._open_stream)
             for address in self._servers:
-                self._add_stream(address)
+                streams.add(address)
             following: asyncio.Task[None] | None = None
             if self._follow_cluster:
                 log.info("following the cluster's membership from %s (every %g s)",
                          ", ".join(self._servers), self._discovery_interval)
-                following = asyncio.create_task(self._follow_membership(), name="worker-membership")
+                following = asyncio.create_task(
+                    streams.follow(self._discovery_interval, self._stop_requested), name="worker-membership"
+                )
             try:
-                await self._serve_until_stopped(following)
+                await self._serve_until_stopped(streams, following)
                 if following is not None:
                     following.cancel()  # no stream comes or goes while the rest drain
                     await asyncio.gather(following, return_exceptions=True)
-                await drain_streams(list(self._streams.values()), list(self._serving.values()),
-                                    self._drain_timeout, dict(self._retiring))
+                await streams.drain(self._drain_timeout)
             finally:
-                await self._tear_down(following)
+                await streams.tear_down(following)
         finally:
             self._finished.set()
 
@@ -270,9 +255,9 @@ class Worker:
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    async def _serve_until_stopped(self, following: asyncio.Task[None] | None) -> None:
+    async def _serve_until_stopped(self, streams: ClusterStreams, following: asyncio.Task[None] | None) -> None:
         stop_wait = asyncio.create_task(self._stop_requested.wait(), name="worker-stop-wait")
-        crash_wait = asyncio.create_task(self._crash.wait(), name="worker-crash-wait")
+        crash_wait = asyncio.create_task(streams.crash.wait(), name="worker-crash-wait")
         watched = [stop_wait, crash_wait, *([following] if following is not None else [])]
         try:
             done, _ = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
@@ -280,164 +265,19 @@ class Worker:
             stop_wait.cancel()
             crash_wait.cancel()
         # Following the membership ends by itself only at a stop; any other ending is a crash.
-        ended = self._crashed[:1] or [t for t in done if t is following and not self._stop_requested.is_set()]
+        ended = streams.crashed[:1] or [t for t in done if t is following and not self._stop_requested.is_set()]
         for task in ended:
             task.result()  # these loops only end early by crashing: surface it
             raise RuntimeError(f"worker task {task.get_name()} ended unexpectedly")
 
-    async def _tear_down(self, following: asyncio.Task[None] | None) -> None:
-        handlers = [task for stream in self._serving for task in stream.abort()]
-        tasks = [*self._serving.values(), *self._retiring.values(), *([following] if following else [])]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, *handlers, return_exceptions=True)
-
-    def _task_ended(self, task: asyncio.Task[None], *, expected: bool) -> None:
-        if task.cancelled() or (expected and task.exception() is None):
-            return
-        self._crashed.append(task)
-        self._crash.set()
-
-    # -- node streams ----------------------------------------------------------------------
-
-    def _add_stream(self, address: str) -> None:
-        stream = NodeStream(address, worker_id=self._worker_id, job_types=self.job_types,
-                            concurrency=self._concurrency, launch=self._run_attempt)
-        serving = asyncio.create_task(stream.serve(), name=f"worker-stream:{address}")
-        # serve() returns only once the stream was closed on purpose; ending otherwise is a crash.
-        serving.add_done_callback(lambda task: self._task_ended(task, expected=stream.closing))
-        self._streams[address] = stream
-        self._serving[stream] = serving
-
-    def _retire_stream(self, address: str) -> None:
-        stream = self._streams.pop(address)
-        retiring = asyncio.create_task(
-            retire_stream(stream, self._serving[stream], functools.partial(self._successor, stream)),
-            name=f"worker-retire:{address}",
-        )
-        self._retiring[stream] = retiring
-        retiring.add_done_callback(functools.partial(self._retired, stream))
-
-    def _retired(self, stream: NodeStream, task: asyncio.Task[None]) -> None:
-        self._retiring.pop(stream, None)
-        if not task.cancelled() and task.exception() is None:
-            self._serving.pop(stream, None)
-            log.info("stream to %s closed", stream.address)
-        self._task_ended(task, expected=True)
-
-    def _successor(self, leaving: NodeStream) -> NodeStream | None:
-        """The stream that takes over the work of a leaving one whose node is gone: a connected
-        one if there is any."""
-        candidates = [s for s in self._streams.values() if s is not leaving and not s.closing]
-        return next((s for s in candidates if s.connected), candidates[0] if candidates else None)
-
-    # -- cluster membership ----------------------------------------------------------------
-
-    async def _follow_membership(self) -> None:
-        stubs: dict[str, tuple[grpc.aio.Channel, admin_pb2_grpc.AdminServiceStub]] = {}
-        try:
-            while True:
-                nodes = await self._ask_cluster(stubs)
-                if nodes is None:
-                    self._fall_back_to_seeds()
-                else:
-                    self._follow(nodes)
-                with suppress(TimeoutError):
-                    async with asyncio.timeout(self._discovery_interval):
-                        await self._stop_requested.wait()
-                        return
-        finally:
-            await asyncio.gather(*(channel.close() for channel, _ in stubs.values()), return_exceptions=True)
-
-    async def _ask_cluster(
-        self, stubs: dict[str, tuple[grpc.aio.Channel, admin_pb2_grpc.AdminServiceStub]]
-    ) -> list[admin_pb2.NodeStatus] | None:
-        """The cluster's nodes, from the first seed or known node that answers; None if none does."""
-        candidates = list(dict.fromkeys([*self._servers, *self._streams]))
-        for address in stubs.keys() - set(candidates):
-            await stubs.pop(address)[0].close()
-        failures: list[str] = []
-        for address in candidates:
-            if address not in stubs:
-                channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
-                stubs[address] = (channel, admin_pb2_grpc.AdminServiceStub(channel))
-            try:
-                status = await stubs[address][1].GetCluster(admin_pb2.GetClusterRequest(), timeout=_DISCOVERY_TIMEOUT)
-            except grpc.aio.AioRpcError as error:
-                failures.append(f"{address}: {error.code().name}")
-                continue
-            except Exception as error:  # one odd answer must not end the worker; the next check retries
-                failures.append(f"{address}: {type(error).__name__}: {error}")
-                continue
-            if self._discovery_failing:
-                log.info("cluster membership known again (from %s)", address)
-            self._discovery_failing = False
-            return list(status.nodes)
-        if not self._discovery_failing:
-            # Once per outage: an older daemon without GetCluster answers UNIMPLEMENTED every time.
-            log.info("no node reports the cluster's membership (%s): keeping the streams to %s",
-                     "; ".join(failures), ", ".join(self._streams))
-        self._discovery_failing = True
-        return None
-
-    def _follow(self, nodes: Sequence[admin_pb2.NodeStatus]) -> None:
-        live: dict[str, str] = {}  # address: node id
-        for node in nodes:
-            if node.live and self._usable(node):
-                live.setdefault(node.address, node.node_id)
-        if not live:
-            self._fall_back_to_seeds()  # a cluster still starting: its nodes have not heartbeaten
-            return
-        # Add before removing, so a leaving stream whose node is gone has a stream to hand over to.
-        for address, node_id in live.items():
-            if address not in self._streams:
-                log.info("node %s at %s is live: adding a stream to it", node_id, address)
-                self._add_stream(address)
-        # A stream that works, or may yet (to a seed spelled otherwise than the node advertises
-        # itself, say), stays until one to a listed node works: listed addresses the worker cannot
-        # reach must not leave it with no work at all.
-        anchored = any(self._streams[address].connected for address in live)
-        for address in [address for address in self._streams if address not in live]:
-            stream = self._streams[address]
-            if not anchored and not stream.down:
-                continue
-            log.info("%s is not a live cluster member: removing its stream (%d runs in flight finish first)",
-                     address, stream.in_flight)
-            self._retire_stream(address)
-
-    def _usable(self, node: admin_pb2.NodeStatus) -> bool:
-        if not node.address:
-            return False  # not known yet
-        host = node.address.rpartition(":")[0]
-        if host not in _UNSPECIFIED_HOSTS:
-            return True
-        if node.address not in self._unusable_addresses:
-            self._unusable_addresses.add(node.address)
-            log.warning("node %s advertises %r, which a worker cannot dial: start it with --advertise HOST:PORT",
-                        node.node_id, node.address)
-        return False
-
-    def _fall_back_to_seeds(self) -> None:
-        """Without a usable answer, keep every stream; add the seeds back if no stream is up."""
-        if any(stream.connected for stream in self._streams.values()):
-            return
-        for address in self._servers:
-            if address not in self._streams:
-                log.info("no live node is known and no stream is up: adding a stream to seed %s", address)
-                self._add_stream(address)
-
-    # -- one attempt -----------------------------------------------------------------------
+    def _open_stream(self, address: str) -> NodeStream:
+        return NodeStream(address, worker_id=self._worker_id, job_types=self.job_types,
+                          concurrency=self._concurrency, launch=self._run_attempt)
 
     async def _run_attempt(self, slot: RunSlot, assignment: pb.Assignment, received_at: datetime) -> None:
         ctx = _context(slot, assignment, received_at)
-        timeout = assignment.timeout.ToTimedelta().total_seconds() if assignment.HasField("timeout") else None
-        started_at = datetime.now(UTC)
         handler = self._handlers.get(assignment.job_type)
-        if handler is None:
-            verdict = Verdict(AttemptOutcome.FAILED, "UnknownJobType", f"no handler here for {ctx.job_type!r}")
-        else:
-            verdict = await judge_attempt(functools.partial(handler, ctx), slot, timeout or None)
-        slot.stream.finish(slot, verdict.result(slot, started_at, datetime.now(UTC)))
+        await run_attempt(slot, assignment, functools.partial(handler, ctx) if handler is not None else None)
 
     def _configure(self, servers: str | Sequence[str] | None, concurrency: int | None) -> None:
         # Also called by run_worker_cli, after __init__: the command line's servers and concurrency win.
@@ -471,10 +311,6 @@ def _context(slot: RunSlot, a: pb.Assignment, received_at: datetime) -> RunConte
         _slot=slot,
     )
 
-
-# -- command line ------------------------------------------------------------------------------
-
-
 def run_worker_cli(target: str, servers: Sequence[str], concurrency: int | None) -> int:
     """Run the worker named by ``target`` until SIGTERM or SIGINT; return the exit code.
 
@@ -489,77 +325,4 @@ def run_worker_cli(target: str, servers: Sequence[str], concurrency: int | None)
     Returns:
         0 after a graceful stop, 1 after a forced exit, 2 if the target is unusable.
     """
-    try:
-        worker = _load_worker(target)
-        worker._configure(servers, concurrency)
-        if not worker.job_types:
-            raise ConfigurationError(f"{target!r} has no handlers: register one with @worker.handler(job_type)")
-    except ConfigurationError as exc:
-        print(f"fastlane worker: {exc}", file=sys.stderr)
-        return 2
-    try:
-        import uvloop
-    except ImportError:
-        loop_factory = None
-    else:
-        loop_factory = uvloop.new_event_loop
-    with asyncio.Runner(loop_factory=loop_factory) as runner:
-        return runner.run(_run_until_signalled(worker))
-
-
-async def _run_until_signalled(worker: Worker) -> int:
-    loop = asyncio.get_running_loop()
-    running = asyncio.create_task(worker.run(), name="worker-run")
-    stopping: list[asyncio.Task[None]] = []
-
-    def on_signal(signum: signal.Signals) -> None:
-        if not stopping:
-            log.info("%s received: stopping gracefully (send it again to exit at once)", signum.name)
-            stopping.append(loop.create_task(worker.stop(), name="worker-graceful-stop"))
-        else:
-            log.warning("%s received again: exiting at once", signum.name)
-            running.cancel()
-
-    signals = (signal.SIGTERM, signal.SIGINT)
-    for signum in signals:
-        with suppress(NotImplementedError):  # platforms without loop signal handlers
-            loop.add_signal_handler(signum, on_signal, signum)
-    try:
-        await running
-        return 0
-    except asyncio.CancelledError:
-        if running.cancelled() and len(stopping) == 1:
-            return 1
-        raise
-    finally:
-        for signum in signals:
-            with suppress(NotImplementedError):
-                loop.remove_signal_handler(signum)
-        for task in stopping:
-            task.cancel()
-
-
-def _load_worker(target: str) -> Worker:
-    module_name, _, attribute = target.partition(":")
-    if not module_name or not attribute:
-        raise ConfigurationError(f"worker target {target!r} must look like 'package.module:attribute'")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # as `python -m` would, so a worker module beside you imports
-    try:
-        found: Any = importlib.import_module(module_name)
-    except Exception as exc:  # whatever breaks the import, report it the same way
-        raise ConfigurationError(f"cannot import {module_name!r} for {target!r}: {type(exc).__name__}: {exc}") from exc
-    for name in attribute.split("."):
-        try:
-            found = getattr(found, name)
-        except AttributeError:
-            raise ConfigurationError(f"{module_name!r} has no attribute {attribute!r} (from {target!r})") from None
-    if not isinstance(found, Worker) and callable(found):
-        try:
-            found = found()
-        except Exception as exc:  # a failing factory is an unusable target too
-            raise ConfigurationError(f"{target!r} raised {type(exc).__name__}: {exc}") from exc
-    if not isinstance(found, Worker):
-        kind = type(found).__name__
-        raise ConfigurationError(f"{target!r} is a {kind}, not a fastlane Worker (or a function returning one)")
-    return found
+    return _worker_cli.run_worker_cli(target, servers, concurrency, Worker)

@@ -1,0 +1,332 @@
+"""The attempts a worker runs for one node stream: outcomes, timeouts, cancellation, results.
+
+:func:`run_attempt` runs one handler under its timeout and :func:`judge_attempt` maps how it ended
+to the protocol's outcomes. :class:`RunSlot` is the mutable side of one attempt in flight, and
+:class:`RunBook` holds, for one stream, the attempts in flight and the results the node has not
+acknowledged: it outlives the stream's connections, and gives all it holds to another stream's book
+when its node leaves. :func:`result_messages` and :func:`heartbeat_messages` pack them into as few messages as fit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol, TypeVar
+
+from fastlane._proto import workers_pb2 as pb
+from fastlane.errors import PermanentError
+from fastlane.models import AttemptOutcome
+from fastlane.wire import timestamp
+
+log = logging.getLogger("fastlane.worker")
+
+RunKey = tuple[str, int]  # (run_id, lease_token): one attempt
+Launch = Callable[["RunSlot", pb.Assignment, datetime], Coroutine[Any, Any, None]]
+_Item = TypeVar("_Item", pb.RunResult, pb.RunHeartbeat)
+
+MAX_ERROR_MESSAGE = 2000
+# gRPC servers refuse messages over 4 MiB by default; batches are cut well below that.
+_MESSAGE_BUDGET = 3 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """How an attempt ended, before it is stamped with its run and times."""
+
+    outcome: AttemptOutcome
+    error_code: str = ""
+    error_message: str = ""
+
+    def result(self, slot: RunSlot, started_at: datetime, finished_at: datetime) -> pb.RunResult:
+        return pb.RunResult(
+            run_id=slot.run_id,
+            lease_token=slot.lease_token,
+            outcome=self.outcome.value,
+            error_code=self.error_code,
+            error_message=self.error_message[:MAX_ERROR_MESSAGE],
+            started_at=timestamp(started_at),
+            finished_at=timestamp(finished_at),
+        )
+
+
+_SUCCEEDED = Verdict(AttemptOutcome.SUCCEEDED)
+
+
+async def run_attempt(slot: RunSlot, assignment: pb.Assignment, call: Callable[[], Awaitable[None]] | None) -> None:
+    """Run one assigned attempt (``call``, or ``None`` if no handler takes its type) and report it."""
+    timeout = assignment.timeout.ToTimedelta().total_seconds() if assignment.HasField("timeout") else None
+    started_at = datetime.now(UTC)
+    if call is None:
+        verdict = Verdict(AttemptOutcome.FAILED, "UnknownJobType", f"no handler here for {assignment.job_type!r}")
+    else:
+        verdict = await judge_attempt(call, slot, timeout or None)
+    slot.stream.finish(slot, verdict.result(slot, started_at, datetime.now(UTC)))
+
+
+async def judge_attempt(call: Callable[[], Awaitable[None]], slot: RunSlot, timeout: float | None) -> Verdict:
+    """Await a handler call and say how it ended, as the protocol's outcomes."""
+    deadline = asyncio.timeout(timeout)
+    try:
+        async with deadline:
+            await call()
+    except asyncio.CancelledError:
+        if slot.stop_reason is None:
+            raise  # the worker itself is being torn down: nothing to report
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        return slot.stop_reason
+    except TimeoutError as exc:
+        if deadline.expired():
+            message = f"the handler ran past its timeout of {timeout:g} s"
+            return Verdict(AttemptOutcome.TIMED_OUT, "TimeoutError", message)
+        return _failure(AttemptOutcome.FAILED, exc)
+    except PermanentError as exc:
+        return _failure(AttemptOutcome.PERMANENT_FAILURE, exc)
+    except Exception as exc:  # any handler error fails the attempt, never the worker
+        return _failure(AttemptOutcome.FAILED, exc)
+    return _SUCCEEDED
+
+
+def _failure(outcome: AttemptOutcome, exc: Exception) -> Verdict:
+    # DEBUG, not higher: under load a failing job type would flood the log with one line per run.
+    log.debug("handler failed (%s)", outcome.value, exc_info=exc)
+    try:
+        message = str(exc)
+    except Exception:  # a broken __str__ must not lose the result
+        message = f"<unprintable {type(exc).__name__}>"
+    return Verdict(outcome, type(exc).__name__, message)
+
+
+class RunReporter(Protocol):
+    """The stream an attempt in flight reports through (a :class:`~fastlane._worker_stream.NodeStream`)."""
+
+    def finish(self, slot: RunSlot, result: pb.RunResult) -> None: ...
+
+    def mark_changed(self, slot: RunSlot) -> None: ...
+
+    async def beat_now(self, slot: RunSlot) -> None: ...
+
+
+class RunSlot:
+    """The mutable side of one attempt in flight: its task, progress, checkpoint, stop reason."""
+
+    __slots__ = (
+        "stream", "run_id", "lease_token", "task", "progress", "sent_progress",
+        "checkpoint", "unsent_checkpoint", "stop_reason",
+    )
+
+    def __init__(self, stream: RunReporter, run_id: str, lease_token: int) -> None:
+        self.stream = stream
+        self.run_id = run_id
+        self.lease_token = lease_token
+        self.task: asyncio.Task[None] | None = None
+        self.progress: float | None = None
+        self.sent_progress: float | None = None
+        self.checkpoint: bytes | None = None  # the latest this attempt saved
+        self.unsent_checkpoint: bytes | None = None
+        self.stop_reason: Verdict | None = None  # set when the worker itself cancels the handler
+
+    @property
+    def key(self) -> RunKey:
+        return (self.run_id, self.lease_token)
+
+    def set_progress(self, fraction: float) -> None:
+        self.progress = fraction
+        self.stream.mark_changed(self)
+
+    def set_checkpoint(self, data: bytes) -> None:
+        self.checkpoint = self.unsent_checkpoint = data
+        self.stream.mark_changed(self)
+
+    async def heartbeat(self) -> None:
+        await self.stream.beat_now(self)
+
+    def beat(self) -> pb.RunHeartbeat:
+        beat = pb.RunHeartbeat(run_id=self.run_id, lease_token=self.lease_token, started=True)
+        if self.progress is not None and self.progress != self.sent_progress:
+            beat.progress = self.sent_progress = self.progress
+        if self.unsent_checkpoint is not None:
+            beat.checkpoint, self.unsent_checkpoint = self.unsent_checkpoint, None
+        return beat
+
+    def resync(self) -> None:
+        # A new connection may reach a node that never saw the last beat: send everything again.
+        self.sent_progress = None
+        self.unsent_checkpoint = self.checkpoint
+
+    def stop(self, verdict: Verdict) -> None:
+        """Cancel the handler, reporting ``verdict`` for it."""
+        if self.stop_reason is not None or self.task is None:
+            return
+        self.stop_reason = verdict
+        self.task.cancel()
+        # A task cancelled before its first step never runs its body, so it reports nothing itself.
+        # The slot may have moved to another stream by then (hand_over): settle it where it is.
+        self.task.add_done_callback(self._settle_stopped)
+
+    def _settle_stopped(self, task: asyncio.Task[None]) -> None:
+        if self.stop_reason is not None:
+            now = datetime.now(UTC)
+            self.stream.finish(self, self.stop_reason.result(self, now, now))  # no-op if already reported
+
+
+class RunBook:
+    """One stream's attempts in flight and the results its node has not acknowledged.
+
+    Results wait in ``pending`` (with the credits their runs free) until the stream's flusher sends
+    them, and in ``unacked`` until the node acknowledges them. Attempts adopted from a leaving stream
+    report here but free no credit: this stream's node never granted them.
+    """
+
+    def __init__(self) -> None:
+        self.in_flight: dict[RunKey, RunSlot] = {}
+        self.unacked: dict[RunKey, pb.RunResult] = {}
+        self._adopted: set[RunKey] = set()  # in flight here, assigned through another stream
+        self.ack_clock = time.monotonic()  # last ack, or when the first unacked result appeared
+        self._pending: list[pb.RunResult] = []  # finished, not yet written to the current connection
+        self._pending_credits = 0
+        self._changed: set[RunKey] = set()  # due in the next prompt heartbeat
+        self.results_ready = asyncio.Event()
+        self.settled = asyncio.Event()  # a run finished, a result was acknowledged, the stream went down
+
+    @property
+    def own_in_flight(self) -> int:
+        """The attempts in flight on this stream's own credits."""
+        return len(self.in_flight) - len(self._adopted)
+
+    def start(
+        self, reporter: RunReporter, assignments: Iterable[pb.Assignment], received_at: datetime, launch: Launch
+    ) -> None:
+        """Launch a task for each new assignment; the slots report through ``reporter``."""
+        loop = asyncio.get_running_loop()
+        for assignment in assignments:
+            key = (assignment.run_id, assignment.lease_token)
+            if key in self.in_flight or key in self.unacked:
+                log.warning("ignoring a repeated assignment of run %s (lease %d)", *key)
+                continue
+            slot = RunSlot(reporter, assignment.run_id, assignment.lease_token)
+            self.in_flight[key] = slot
+            slot.task = loop.create_task(launch(slot, assignment, received_at), name=f"run:{assignment.run_id}")
+
+    def mark_changed(self, key: RunKey) -> None:
+        self._changed.add(key)
+
+    def finish(self, slot: RunSlot, result: pb.RunResult) -> None:
+        """Buffer an attempt's result with the credit it frees."""
+        if self.in_flight.pop(slot.key, None) is None:
+            return  # aborted, or already settled after a cancel
+        self._changed.discard(slot.key)
+        if not self.unacked:
+            self.ack_clock = time.monotonic()
+        self.unacked[slot.key] = result
+        self._pending.append(result)
+        if slot.key in self._adopted:
+            self._adopted.discard(slot.key)  # its credit was another node's
+        else:
+            self._pending_credits += 1
+        self.results_ready.set()
+        self.settled.set()
+
+    def acknowledge(self, acks: Iterable[pb.ResultAck]) -> None:
+        for ack in acks:
+            self.unacked.pop((ack.run_id, ack.lease_token), None)
+        self.ack_clock = time.monotonic()
+        self.settled.set()
+
+    def take_pending(self) -> tuple[list[pb.RunResult], int]:
+        """The results not yet sent and the credits they free; both are then forgotten here."""
+        batch, self._pending = self._pending, []
+        credits, self._pending_credits = self._pending_credits, 0
+        return batch, credits
+
+    def resend_all(self) -> list[pb.RunResult]:
+        """For a new connection: every unacknowledged result, and every attempt's full state again."""
+        # The Hello's credits already count every finished run, so nothing pending is granted again.
+        self._pending, self._pending_credits = [], 0
+        for slot in self.in_flight.values():
+            slot.resync()
+        self.ack_clock = time.monotonic()  # everything unacknowledged is about to be sent again
+        return list(self.unacked.values())
+
+    def beats_due(self, *, full: bool) -> list[RunSlot]:
+        """The attempts the next heartbeat carries: all of them, or those that changed."""
+        if full:
+            slots = list(self.in_flight.values())
+        else:
+            slots = [slot for key in self._changed if (slot := self.in_flight.get(key)) is not None]
+        self._changed.clear()
+        return slots
+
+    def take_all(self) -> tuple[list[RunSlot], list[pb.RunResult]]:
+        """Give up every attempt in flight and every unacknowledged result, for another stream."""
+        slots, results = list(self.in_flight.values()), list(self.unacked.values())
+        self.in_flight, self.unacked = {}, {}
+        self._adopted.clear()
+        self._changed.clear()
+        self._pending, self._pending_credits = [], 0
+        self.settled.set()
+        return slots, results
+
+    def adopt(self, slots: Sequence[RunSlot], results: Sequence[pb.RunResult]) -> None:
+        """Take over what another stream gave up (:meth:`take_all`)."""
+        if results and not self.unacked:
+            self.ack_clock = time.monotonic()
+        for slot in slots:
+            slot.resync()  # this node may not have heard the last progress or checkpoint
+            self.in_flight[slot.key] = slot
+            self._adopted.add(slot.key)
+            self._changed.add(slot.key)
+        for result in results:
+            key = (result.run_id, result.lease_token)
+            if key not in self.unacked:
+                self.unacked[key] = result
+                self._pending.append(result)
+        if results:
+            self.results_ready.set()
+        self.settled.set()
+
+    def cancel(self, runs: Iterable[pb.ResultAck], verdict: Verdict) -> None:
+        for ref in runs:
+            slot = self.in_flight.get((ref.run_id, ref.lease_token))
+            if slot is not None:
+                slot.stop(verdict)
+
+    def abandon(self, verdict: Verdict) -> None:
+        for slot in list(self.in_flight.values()):
+            slot.stop(verdict)
+
+    def abort(self) -> list[asyncio.Task[None]]:
+        tasks = [slot.task for slot in self.in_flight.values() if slot.task is not None]
+        self.in_flight.clear()
+        self._adopted.clear()
+        for task in tasks:
+            task.cancel()
+        return tasks
+
+
+def result_messages(results: Iterable[pb.RunResult]) -> Iterator[pb.WorkerMessage]:
+    return _batches(results, lambda batch: pb.WorkerMessage(results=pb.Results(results=batch)))
+
+
+def heartbeat_messages(beats: Iterable[pb.RunHeartbeat]) -> Iterator[pb.WorkerMessage]:
+    return _batches(beats, lambda batch: pb.WorkerMessage(heartbeats=pb.Heartbeats(beats=batch)))
+
+
+def _batches(items: Iterable[_Item], wrap: Callable[[list[_Item]], pb.WorkerMessage]) -> Iterator[pb.WorkerMessage]:
+    """As few messages as fit under the size budget (normally one)."""
+    batch: list[_Item] = []
+    size = 0
+    for item in items:
+        item_size = item.ByteSize() + 8
+        if batch and size + item_size > _MESSAGE_BUDGET:
+            yield wrap(batch)
+            batch, size = [], 0
+        batch.append(item)
+        size += item_size
+    if batch:
+        yield wrap(batch)
