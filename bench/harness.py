@@ -356,6 +356,19 @@ class JobWriter:
         return timedelta(seconds=count * per_job * INSERT_SAFETY) + launch_lead + timedelta(seconds=1)
 
 
+async def create_phased_interval_jobs(bench: Bench, url: str, jobs: int, every: timedelta) -> tuple[datetime, Created]:
+    """Create ``jobs`` interval jobs whose phases spread evenly over one period, then wait until
+    it is time to start the processes. Returns the first fire time and what creating took."""
+    async with JobWriter(url, bench.progress) as writer:
+        first = now_utc() + await writer.plan_lead_in(jobs, bench.launch_lead)
+        phase = every / jobs
+        specs = (JobSpec(name=f"every-{index}", job_type=JOB_TYPE,
+                         schedule=Schedule.interval(every, anchor=first + index * phase)) for index in range(jobs))
+        created = await writer.create(specs, jobs, f"creating {jobs:,} interval jobs (every {every.total_seconds():g} s)")
+    await sleep_until(first - bench.launch_lead, bench.progress, "waiting to start the processes")
+    return first, created
+
+
 def note_overrun(bench: Bench, first_due: datetime, ready_at: datetime) -> float:
     """If everything was up only after the first run was due, say so: those runs were late for
     reasons outside what is measured."""

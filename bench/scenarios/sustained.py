@@ -21,18 +21,16 @@ from datetime import timedelta
 from bench.cluster import FastlaneCluster
 from bench.harness import (
     CREATE_WORST_S,
-    JOB_TYPE,
     START_ALLOWANCE_S,
     Bench,
-    JobWriter,
     RecordTail,
+    create_phased_interval_jobs,
     micros,
     note_overrun,
     now_utc,
     sleep_until,
     system_result,
 )
-from fastlane.models import JobSpec, Schedule
 
 JOBS = 20_000
 EVERY = timedelta(seconds=1)
@@ -61,13 +59,7 @@ async def sustained(bench: Bench) -> list[dict[str, object]]:
     jobs = bench.scaled(JOBS, minimum=10)
     times = timing(bench)
     url = await bench.fresh_database("fastlane")
-    async with JobWriter(url, bench.progress) as writer:
-        first = now_utc() + await writer.plan_lead_in(jobs, bench.launch_lead)
-        phase = EVERY / jobs
-        specs = (JobSpec(name=f"every-{index}", job_type=JOB_TYPE,
-                         schedule=Schedule.interval(EVERY, anchor=first + index * phase)) for index in range(jobs))
-        created = await writer.create(specs, jobs, f"creating {jobs:,} interval jobs (every 1 s)")
-    await sleep_until(first - bench.launch_lead, bench.progress, "waiting to start the processes")
+    first, created = await create_phased_interval_jobs(bench, url, jobs, EVERY)
     async with FastlaneCluster(bench, url, nodes=bench.nodes, workers=bench.workers) as cluster:
         ready_at = await cluster.start()
         overrun = note_overrun(bench, first, ready_at)

@@ -610,7 +610,7 @@ async def test_committed_changes_reach_the_other_nodes(store, second_store, db_u
         if db_url.startswith("sqlite"):
             # A single node owns an SQLite database: there is nobody to tell, and nothing arrives.
             await store.create_job(spec())
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.2)  # a quiet period: nothing may arrive in it
             assert changes == [] and not watcher.done()
             return
         await asyncio.wait_for(arrived.wait(), 10)  # the listener announces itself once connected
