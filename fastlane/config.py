@@ -32,7 +32,8 @@ class Settings:
     shard_count: int = 64
     shard_lease_ttl: timedelta = timedelta(seconds=10)
     window: timedelta = timedelta(seconds=10)  # how far ahead the heap holds due work
-    lead: timedelta = timedelta(milliseconds=250)  # how early runs are written before they are due
+    # How early runs are at least written before they are due (earlier when many are due together).
+    lead: timedelta = timedelta(milliseconds=250)
     scan_interval: timedelta = timedelta(seconds=1)  # reads the jobs entering the window
     # Rereads the whole window and the runs nobody holds: the safety net for changes made
     # through another node (and any missed notification).

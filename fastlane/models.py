@@ -202,6 +202,42 @@ class Job:
         return self.spec.job_type
 
 
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """What decides a job's occurrences: its recurrence and its misfire policy.
+
+    ``recurrence`` is None for a one-shot job (``now``, ``at``): it has no next occurrence. Jobs
+    with the same timing share one value, so the window holds each distinct timing once.
+    """
+
+    recurrence: Schedule | None
+    misfire: MisfirePolicy
+
+    @staticmethod
+    def of(spec: JobSpec) -> Timing:
+        return Timing(None if spec.schedule.is_one_shot else spec.schedule, spec.misfire)
+
+
+@dataclass(frozen=True, slots=True)
+class DueJob:
+    """A job as the in-memory window holds it: just enough to plan its next occurrences.
+
+    The window holds up to hundreds of thousands of these, so it keeps four references rather
+    than the whole job; the materialising transaction reads nothing else.
+    """
+
+    job_id: str
+    shard_id: int
+    next_fire_at: datetime
+    timing: Timing
+
+    @staticmethod
+    def of(job: Job) -> DueJob:
+        if job.next_fire_at is None:
+            raise ValueError(f"job {job.job_id} has no next_fire_at; it is not due")
+        return DueJob(job.job_id, job.shard_id, job.next_fire_at, Timing.of(job.spec))
+
+
 # -- runs and attempts -------------------------------------------------------------------------
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from datetime import datetime, timedelta
 
-from fastlane.models import Job, MisfireKind, RetryPolicy
+from fastlane.models import DueJob, MisfireKind, RetryPolicy, Schedule
 from fastlane.schedules import next_fire_after
 from fastlane.storage.base import Occurrence
 
@@ -19,7 +19,7 @@ MAX_OCCURRENCES_WALKED = 10_000
 MAX_SKIPPED_RECORDED = 1_000
 
 
-def plan_occurrence(job: Job, now: datetime, horizon: datetime) -> Occurrence:
+def plan_occurrence(job: DueJob, now: datetime, horizon: datetime) -> Occurrence:
     """Decide which occurrences of a due job to fire and which to record as skipped.
 
     Occurrences from ``job.next_fire_at`` up to ``horizon`` are considered. One found more than
@@ -32,9 +32,8 @@ def plan_occurrence(job: Job, now: datetime, horizon: datetime) -> Occurrence:
     - ``skip``: none fires.
     """
     due = job.next_fire_at
-    if due is None:
-        raise ValueError(f"job {job.job_id} has no next_fire_at; it is not due")
-    policy = job.spec.misfire
+    policy = job.timing.misfire
+    recurrence = job.timing.recurrence
     missed: list[datetime] = []
     on_time: list[datetime] = []
     occurrence: datetime | None = due
@@ -44,9 +43,9 @@ def plan_occurrence(job: Job, now: datetime, horizon: datetime) -> Occurrence:
         walked += 1
         if walked >= MAX_OCCURRENCES_WALKED:
             # Jump over the rest of a very long outage: they count as missed but are not listed.
-            occurrence = next_fire_after(job.spec.schedule, max(occurrence, now - policy.grace))
+            occurrence = _next(recurrence, max(occurrence, now - policy.grace))
             continue
-        occurrence = next_fire_after(job.spec.schedule, occurrence)
+        occurrence = _next(recurrence, occurrence)
 
     fire: list[datetime]
     skipped: list[datetime]
@@ -68,6 +67,10 @@ def plan_occurrence(job: Job, now: datetime, horizon: datetime) -> Occurrence:
         skipped_times=tuple(skipped[-MAX_SKIPPED_RECORDED:]),
         next_fire_at=occurrence,
     )
+
+
+def _next(recurrence: Schedule | None, after: datetime) -> datetime | None:
+    return None if recurrence is None else next_fire_after(recurrence, after)
 
 
 def backoff_delay(policy: RetryPolicy, failed_attempts: int, rng: random.Random) -> timedelta:

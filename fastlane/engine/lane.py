@@ -20,17 +20,17 @@ import contextlib
 import heapq
 import itertools
 import logging
-from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
-from fastlane.clock import Clock
+from fastlane.clock import EPOCH, Clock
 from fastlane.config import Settings
 from fastlane.errors import StaleFence, StorageError
 from fastlane.metrics import Metrics
-from fastlane.models import Job, JobState, Run, ShardLease
+from fastlane.models import DueJob, Job, JobState, Run, ShardLease
 from fastlane.policies import plan_occurrence
 from fastlane.storage import Occurrence, Store
 
@@ -40,6 +40,12 @@ FAR_FUTURE = datetime(9999, 1, 1, tzinfo=UTC)
 SCAN_PAGE = 20_000  # jobs read by one window query
 EXPIRY_CHECK_EVERY = timedelta(seconds=1)
 RETRY_AFTER_STORAGE_ERROR = timedelta(milliseconds=500)
+# Planned jobs are counted per slot of fire time, so the materialiser sees a crowd coming (say
+# 100,000 jobs due at one instant) and starts writing it early enough to finish in time. In steady
+# load a slot is also the span of fire times one materialisation takes together.
+SLOT = timedelta(milliseconds=100)
+INITIAL_WRITE_RATE = 5_000.0  # occurrences per second, until measured
+RATE_SAMPLE_MIN = 200  # smaller batches are dominated by the round trip: not a rate sample
 
 
 class ShardView(Protocol):
@@ -86,8 +92,10 @@ class FastLane:
         self._on_stale = on_stale
         self._dispatch = dispatch
         self._seq = itertools.count()
-        self._planned: list[tuple[datetime, int, Job]] = []
+        self._planned: list[tuple[datetime, int, DueJob]] = []
         self._planned_at: dict[str, datetime] = {}  # the one live heap entry per job
+        self._planned_per_slot: Counter[int] = Counter()  # heap entries (live or dead) by fire slot
+        self._write_rate = INITIAL_WRITE_RATE  # occurrences materialised per second (moving average)
         # (available_at, sequence, run, recovered): a recovered run came back from the database
         # rather than from this node's own write, so its dispatch is confirmed before sending.
         self._releasing: list[tuple[datetime, int, Run, bool]] = []
@@ -110,6 +118,7 @@ class FastLane:
         jobs = await self._load_window(shard_ids, self._horizon, at_or_after=None)
         for job in jobs:
             self._plan(job)
+        self._plan_wake.set()  # a crowd among them may need writing before the earliest job
         # Materialised but never delivered (or waiting for a retry): release them again.
         runs = await self._store.pending_runs(shard_ids, FAR_FUTURE)
         for run in runs:
@@ -121,6 +130,7 @@ class FastLane:
         lost = set(shard_ids)
         self._planned = [entry for entry in self._planned if entry[2].shard_id not in lost]
         heapq.heapify(self._planned)
+        self._planned_per_slot = Counter(_slot(at) for at, _, _ in self._planned)
         self._planned_at = {job.job_id: at for at, _, job in self._planned if self._planned_at.get(job.job_id) == at}
         self._drop_releasing(lambda run: run.shard_id in lost)
 
@@ -129,7 +139,7 @@ class FastLane:
         if self._fence(job.shard_id) is None:
             return
         if job.state is JobState.ACTIVE and job.next_fire_at is not None and job.next_fire_at < self._horizon:
-            self._plan(job)
+            self._plan(DueJob.of(job))
         else:
             self.job_removed(job.job_id)
 
@@ -167,12 +177,13 @@ class FastLane:
         self._releasing_ids = {entry[2].run_id for entry in self._releasing}
         self._update_size()
 
-    def _plan(self, job: Job) -> None:
+    def _plan(self, job: DueJob) -> None:
         fire_at = job.next_fire_at
-        if fire_at is None or self._planned_at.get(job.job_id) == fire_at:
+        if self._planned_at.get(job.job_id) == fire_at:
             return
         self._planned_at[job.job_id] = fire_at
         heapq.heappush(self._planned, (fire_at, next(self._seq), job))
+        self._planned_per_slot[_slot(fire_at)] += 1
         if self._planned[0][2] is job:
             self._plan_wake.set()
         self._update_size()
@@ -233,36 +244,55 @@ class FastLane:
             await self._sleep(self._release_wake, delay)
 
     async def _materialise_loop(self) -> None:
-        """Write runs a short lead before they are due, in fenced batches."""
-        lead = self._settings.lead
+        """Write runs a short lead before they are due (earlier for a crowd), in fenced batches."""
         while not self._stopping.is_set():
             now = self._clock.now()
-            batch = self._pop_planned(now + lead)
-            if batch:
-                await self._materialise(batch, now)
-                continue
-            delay = (self._planned[0][0] - lead - now).total_seconds() if self._planned else 3600.0
+            start, through = write_start(self._planned_per_slot, self._settings.lead, self._write_rate)
+            if start <= now:
+                batch = self._pop_planned(through)
+                if batch:
+                    await self._timed_materialise(batch, now)
+                    continue
+            delay = (start - now).total_seconds() if self._planned else 3600.0
             await self._sleep(self._plan_wake, delay)
 
-    def _pop_planned(self, cutoff: datetime) -> list[Job]:
-        batch: list[Job] = []
+    def _pop_planned(self, cutoff: datetime) -> list[DueJob]:
+        batch: list[DueJob] = []
         while self._planned and self._planned[0][0] <= cutoff and len(batch) < self._settings.max_batch:
             fire_at, _, job = heapq.heappop(self._planned)
+            self._uncount(fire_at)
             if self._planned_at.get(job.job_id) == fire_at:
                 del self._planned_at[job.job_id]
                 batch.append(job)
         return batch
 
-    async def _materialise(self, jobs: list[Job], now: datetime) -> None:
-        by_shard: dict[int, list[Job]] = defaultdict(list)
+    def _uncount(self, fire_at: datetime) -> None:
+        slot = _slot(fire_at)
+        left = self._planned_per_slot[slot] - 1
+        if left > 0:
+            self._planned_per_slot[slot] = left
+        else:
+            del self._planned_per_slot[slot]
+
+    async def _timed_materialise(self, jobs: list[DueJob], now: datetime) -> None:
+        started = time.perf_counter()
+        await self._materialise(jobs, now)
+        if len(jobs) >= RATE_SAMPLE_MIN:
+            rate = len(jobs) / max(time.perf_counter() - started, 1e-6)
+            self._write_rate = 0.7 * self._write_rate + 0.3 * rate
+
+    async def _materialise(self, jobs: list[DueJob], now: datetime) -> None:
+        by_shard: dict[int, list[DueJob]] = defaultdict(list)
         for job in jobs:
             by_shard[job.shard_id].append(job)
         fences = [fence for shard_id in by_shard if (fence := self._fence(shard_id)) is not None]
         jobs = [job for fence in fences for job in by_shard[fence.shard_id]]
         if not jobs:
             return
+        # Occurrences up to the lead are written now; a job taken earlier than that (with its
+        # slot, or ahead of a crowd) gets at least its own occurrence.
         horizon = now + self._settings.lead
-        occurrences = [plan_occurrence(job, now, horizon) for job in jobs]
+        occurrences = [plan_occurrence(job, now, max(horizon, job.next_fire_at)) for job in jobs]
         try:
             written = await self._store.materialise_runs(fences, occurrences)
         except StaleFence as stale:
@@ -293,7 +323,7 @@ class FastLane:
             # committed): continue from the job as it is now.
             self.job_changed(job)
 
-    def _plan_next(self, jobs: list[Job], occurrences: list[Occurrence], advanced: frozenset[str]) -> None:
+    def _plan_next(self, jobs: list[DueJob], occurrences: list[Occurrence], advanced: frozenset[str]) -> None:
         """Keep a recurring job in the window when its next occurrence falls inside it."""
         for job, occurrence in zip(jobs, occurrences, strict=True):
             upcoming = occurrence.next_fire_at
@@ -303,7 +333,7 @@ class FastLane:
             # A plan at or before the occurrence just written is stale (the database has moved
             # past it); a later one came from a newer change and wins.
             if planned is None or planned <= occurrence.expected_next_fire_at:
-                self._plan(replace(job, next_fire_at=upcoming))
+                self._plan(DueJob(job.job_id, job.shard_id, upcoming, job.timing))
 
     async def _load_loop(self) -> None:
         """Read what enters the window; now and then rescan all of it as a safety net."""
@@ -332,15 +362,19 @@ class FastLane:
             for job in jobs:
                 if self._fence(job.shard_id) is not None:
                     self._plan(job)  # a no-op when the heap already holds this fire time
+            if jobs:
+                self._plan_wake.set()  # a crowd among them may need writing before the earliest job
             for run in pending:
                 # Runs nobody holds in memory (a failed send, a retry decided elsewhere): the
                 # dispatcher confirms each in the database before sending, so one held elsewhere
                 # in this node is not sent twice.
                 self.schedule_run(run, recovered=True)
 
-    async def _load_window(self, shard_ids: list[int], before: datetime, *, at_or_after: datetime | None) -> list[Job]:
+    async def _load_window(
+        self, shard_ids: list[int], before: datetime, *, at_or_after: datetime | None
+    ) -> list[DueJob]:
         """Every due job of these shards in the range, read in pages so no query is unbounded."""
-        jobs: list[Job] = []
+        jobs: list[DueJob] = []
         after: tuple[datetime, str] | None = None
         while True:
             page = await self._store.load_due_jobs(
@@ -349,9 +383,7 @@ class FastLane:
             jobs += page
             if len(page) < SCAN_PAGE:
                 return jobs
-            last = page[-1]
-            assert last.next_fire_at is not None  # the query only returns jobs with one
-            after = (last.next_fire_at, last.job_id)
+            after = (page[-1].next_fire_at, page[-1].job_id)
 
     async def _expiry_loop(self) -> None:
         """Attempts whose worker stopped heartbeating go back to the queue (or die)."""
@@ -376,3 +408,32 @@ class FastLane:
                         self.schedule_run(run, recovered=True)
             except StorageError as error:
                 log.warning("lease expiry check failed: %s", error)
+
+
+def write_start(planned_per_slot: Mapping[int, int], lead: timedelta, write_rate: float) -> tuple[datetime, datetime]:
+    """When to start writing planned jobs, and up to which fire time to take them.
+
+    ``planned_per_slot``: jobs planned per slot of fire time; ``write_rate``: occurrences written
+    per second. Every job of a slot must be written ``lead`` before the slot begins, and writing
+    the jobs of that slot and of all earlier ones takes their number over the write rate: the slot
+    whose deadline comes first decides. In steady load that is the first slot (one batch per
+    slot); when a crowd is due (100,000 jobs at one instant) it is the crowd's slot, seconds before
+    its time, and batches follow one another until the crowd is written.
+    """
+    start = through = FAR_FUTURE
+    written_by = 0
+    for slot in sorted(planned_per_slot):
+        written_by += planned_per_slot[slot]
+        slot_begins = _instant_of_slot(slot)
+        slot_start = slot_begins - lead - timedelta(seconds=written_by / write_rate)
+        if slot_start < start:
+            start, through = slot_start, slot_begins + SLOT
+    return start, through
+
+
+def _slot(instant: datetime) -> int:
+    return (instant - EPOCH) // SLOT
+
+
+def _instant_of_slot(slot: int) -> datetime:
+    return EPOCH + slot * SLOT

@@ -18,6 +18,7 @@ from fastlane.errors import ConfigurationError
 from fastlane.models import (
     Attempt,
     AttemptOutcome,
+    DueJob,
     Job,
     JobSpec,
     JobState,
@@ -217,12 +218,14 @@ class Store(Protocol):
         at_or_after: datetime | None = None,
         after_job: tuple[datetime, str] | None = None,
         limit: int = 100_000,
-    ) -> list[Job]:
+    ) -> list[DueJob]:
         """Active jobs of these shards with ``at_or_after <= next_fire_at < before``, in
-        ``(next_fire_at, job_id)`` order; ``after_job`` continues after that key (paging)."""
+        ``(next_fire_at, job_id)`` order; ``after_job`` continues after that key (paging).
+
+        Only what the window holds is read and decoded: id, shard, fire time and timing."""
         ...
 
-    async def materialise_runs(self, fences: Sequence[ShardLease], occurrences: Sequence[Occurrence]) -> list[Run]:
+    async def materialise_runs(self, fences: Sequence[ShardLease], occurrences: Sequence[Occurrence]) -> Materialised:
         """Write runs for due occurrences and advance ``next_fire_at`` in one transaction fenced
         on every lease in ``fences``; occurrences of jobs outside those shards are ignored.
 

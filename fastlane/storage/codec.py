@@ -7,6 +7,7 @@ Both backends use this module, so they store byte-identical documents.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
@@ -17,6 +18,7 @@ from fastlane.models import (
     Attempt,
     AttemptOutcome,
     Delivery,
+    DueJob,
     Job,
     JobSpec,
     JobState,
@@ -30,6 +32,7 @@ from fastlane.models import (
     Schedule,
     ScheduleKind,
     ShardLease,
+    Timing,
 )
 
 
@@ -85,6 +88,14 @@ def retry_from_dict(doc: dict[str, Any]) -> RetryPolicy:
     )
 
 
+def misfire_from_dict(doc: dict[str, Any]) -> MisfirePolicy:
+    return MisfirePolicy(
+        kind=MisfireKind(doc["kind"]),
+        grace=timedelta(seconds=doc["grace"]),
+        fire_all_cap=doc["fire_all_cap"],
+    )
+
+
 def encode_policies(spec: JobSpec) -> bytes:
     """The JSON document stored beside a job's columns."""
     return orjson.dumps(
@@ -116,7 +127,6 @@ def decode_spec(
     priority: int,
 ) -> JobSpec:
     doc = orjson.loads(policies)
-    misfire = doc["misfire"]
     return JobSpec(
         tenant=tenant,
         name=name,
@@ -125,11 +135,7 @@ def decode_spec(
         priority=priority,
         schedule=schedule_from_dict(doc["schedule"]),
         retry=retry_from_dict(doc["retry"]),
-        misfire=MisfirePolicy(
-            kind=MisfireKind(misfire["kind"]),
-            grace=timedelta(seconds=misfire["grace"]),
-            fire_all_cap=misfire["fire_all_cap"],
-        ),
+        misfire=misfire_from_dict(doc["misfire"]),
         overlap=OverlapPolicy(doc["overlap"]),
         delivery=Delivery(doc["delivery"]),
         timeout=_delta(doc.get("timeout")),
@@ -169,6 +175,27 @@ def build_job(row: Mapping[str, Any]) -> Job:
         updated_at=row["updated_at"],
         version=row["version"],
     )
+
+
+# The window's columns: the schedule only for recurring jobs (a one-shot has no next occurrence,
+# and leaving its instant out lets every one-shot with the same misfire policy share one Timing).
+DUE_JOB_SCHEDULE = "CASE WHEN {kind} IN ('now', 'at') THEN NULL ELSE {schedule} END"
+
+
+@functools.lru_cache(maxsize=4096)
+def decode_timing(schedule: str | bytes | None, misfire: str | bytes) -> Timing:
+    """The timing stored as these JSON texts. Cached: most jobs in a window share a handful of
+    timings, and a cache hit decodes nothing and makes the jobs share one value in memory."""
+    return Timing(
+        None if schedule is None else schedule_from_dict(orjson.loads(schedule)),
+        misfire_from_dict(orjson.loads(misfire)),
+    )
+
+
+def build_due_job(
+    job_id: str, shard_id: int, next_fire_at: datetime, schedule: str | bytes | None, misfire: str | bytes
+) -> DueJob:
+    return DueJob(job_id, shard_id, next_fire_at, decode_timing(schedule, misfire))
 
 
 def build_run(row: Mapping[str, Any]) -> Run:

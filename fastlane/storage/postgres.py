@@ -29,6 +29,7 @@ from fastlane.errors import (
 from fastlane.models import (
     Attempt,
     AttemptOutcome,
+    DueJob,
     Job,
     JobSpec,
     JobState,
@@ -68,6 +69,17 @@ _FENCE = """
       ON s.shard_id = f.shard_id AND s.owner = f.owner AND s.token = f.token
     WHERE s.lease_expires_at > clock_timestamp()
     FOR SHARE OF s
+"""
+
+_LOAD_DUE_JOBS = f"""
+    SELECT job_id, shard_id, next_fire_at,
+           {codec.DUE_JOB_SCHEDULE.format(kind="policies->'schedule'->>'kind'", schedule="policies->'schedule'")},
+           policies->'misfire'
+    FROM jobs
+    WHERE state = 'active' AND shard_id = ANY($1::int[]) AND next_fire_at < $2
+      AND ($3::timestamptz IS NULL OR next_fire_at >= $3)
+      AND ($5::timestamptz IS NULL OR (next_fire_at, job_id) > ($5, $6))
+    ORDER BY next_fire_at, job_id LIMIT $4
 """
 
 _INSERT_RUNS = """
@@ -315,20 +327,13 @@ class PostgresStore:
         at_or_after: datetime | None = None,
         after_job: tuple[datetime, str] | None = None,
         limit: int = 100_000,
-    ) -> list[Job]:
+    ) -> list[DueJob]:
         after_time, after_id = after_job or (None, "")
         async with self._connection() as db:
             rows = await db.fetch(
-                """
-                SELECT * FROM jobs
-                WHERE state = 'active' AND shard_id = ANY($1::int[]) AND next_fire_at < $2
-                  AND ($3::timestamptz IS NULL OR next_fire_at >= $3)
-                  AND ($5::timestamptz IS NULL OR (next_fire_at, job_id) > ($5, $6))
-                ORDER BY next_fire_at, job_id LIMIT $4
-                """,
-                list(shard_ids), before, at_or_after, limit, after_time, after_id,
+                _LOAD_DUE_JOBS, list(shard_ids), before, at_or_after, limit, after_time, after_id
             )
-        return [codec.build_job(row) for row in rows]
+        return [codec.build_due_job(*row) for row in rows]
 
     async def materialise_runs(self, fences: Sequence[ShardLease], occurrences: Sequence[Occurrence]) -> Materialised:
         async with self._transaction() as db:

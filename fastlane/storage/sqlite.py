@@ -35,6 +35,7 @@ from fastlane.errors import (
 from fastlane.models import (
     Attempt,
     AttemptOutcome,
+    DueJob,
     Job,
     JobSpec,
     JobState,
@@ -76,6 +77,18 @@ _TIME_COLUMNS = frozenset({
     "next_fire_at", "created_at", "updated_at", "scheduled_for", "available_at", "lease_expires_at",
     "first_attempt_at", "finished_at", "dispatched_at", "started_at",
 })
+
+_LOAD_DUE_JOBS = f"""
+    SELECT job_id, shard_id, next_fire_at,
+           {codec.DUE_JOB_SCHEDULE.format(kind="json_extract(policies, '$.schedule.kind')",
+                                          schedule="json_extract(policies, '$.schedule')")},
+           json_extract(policies, '$.misfire')
+    FROM jobs
+    WHERE state = 'active' AND shard_id IN (SELECT value FROM json_each(?)) AND next_fire_at < ?
+      AND (? IS NULL OR next_fire_at >= ?)
+      AND (? IS NULL OR (next_fire_at, job_id) > (?, ?))
+    ORDER BY next_fire_at, job_id LIMIT ?
+"""
 
 _FENCE = f"""
     SELECT 1 FROM shards WHERE shard_id = ? AND owner = ? AND token = ? AND lease_expires_at > {NOW}
@@ -332,22 +345,14 @@ class SQLiteStore:
         at_or_after: datetime | None = None,
         after_job: tuple[datetime, str] | None = None,
         limit: int = 100_000,
-    ) -> list[Job]:
+    ) -> list[DueJob]:
         lower = _instant(at_or_after)
         after_time, after_id = (to_micros(after_job[0]), after_job[1]) if after_job else (None, "")
-        async with self._read() as db:
-            rows = await _all(
-                db,
-                """
-                SELECT * FROM jobs
-                WHERE state = 'active' AND shard_id IN (SELECT value FROM json_each(?)) AND next_fire_at < ?
-                  AND (? IS NULL OR next_fire_at >= ?)
-                  AND (? IS NULL OR (next_fire_at, job_id) > (?, ?))
-                ORDER BY next_fire_at, job_id LIMIT ?
-                """,
-                (_json_list(shard_ids), to_micros(before), lower, lower, after_time, after_time, after_id, limit),
-            )
-        return [codec.build_job(row) for row in rows]
+        params = (_json_list(shard_ids), to_micros(before), lower, lower, after_time, after_time, after_id, limit)
+        async with self._read() as db, db.execute(_LOAD_DUE_JOBS, params) as cursor:
+            rows = await cursor.fetchall()
+        return [codec.build_due_job(job_id, shard_id, from_micros(fire_at), schedule, misfire)
+                for job_id, shard_id, fire_at, schedule, misfire in rows]
 
     async def materialise_runs(self, fences: Sequence[ShardLease], occurrences: Sequence[Occurrence]) -> Materialised:
         async with self._transaction() as db:

@@ -20,8 +20,11 @@ from fastlane.errors import (
 from fastlane.models import (
     AttemptOutcome,
     Delivery,
+    DueJob,
     JobSpec,
     JobState,
+    MisfireKind,
+    MisfirePolicy,
     NodeInfo,
     OverlapPolicy,
     RetryPolicy,
@@ -88,7 +91,7 @@ async def lease_expired(store, shard_id: int, timeout: float = 5.0) -> None:
 async def materialise_job(store, leases, job_id: str):
     job = await store.get_job("default", job_id)
     now = await store.db_now()
-    occurrence = plan_occurrence(job, now, now)
+    occurrence = plan_occurrence(DueJob.of(job), now, now)
     return (await store.materialise_runs([leases[job.shard_id]], [occurrence])).runs
 
 
@@ -199,9 +202,10 @@ async def test_load_due_jobs_respects_shards_horizon_and_watermark(store):
         jobs.append(job)
     horizon = now + timedelta(seconds=6)
     due = await store.load_due_jobs(range(SHARDS), horizon)
-    assert [job.name for job in due] == [f"at-{index}" for index in range(6)]
+    assert [job.job_id for job in due] == [job.job_id for job in jobs[:6]]
+    assert [job.next_fire_at for job in due] == [job.next_fire_at for job in jobs[:6]]
     later = await store.load_due_jobs(range(SHARDS), now + timedelta(seconds=9), at_or_after=horizon)
-    assert [job.name for job in later] == [f"at-{index}" for index in range(6, 9)]
+    assert [job.job_id for job in later] == [job.job_id for job in jobs[6:9]]
     one_shard = jobs[0].shard_id
     scoped = await store.load_due_jobs([one_shard], now + timedelta(seconds=20))
     assert scoped and all(job.shard_id == one_shard for job in scoped)
@@ -254,7 +258,7 @@ async def test_stale_token_cannot_materialise_runs(store, second_store):
     assert successor.token == stale.token + 1
     now = await store.db_now()
     with pytest.raises(StaleFence) as raised:
-        await store.materialise_runs([stale], [plan_occurrence(job, now, now)])
+        await store.materialise_runs([stale], [plan_occurrence(DueJob.of(job), now, now)])
     assert raised.value.shard_id == job.shard_id and raised.value.token == stale.token
     unchanged = await store.get_job("default", job.job_id)
     assert unchanged.next_fire_at == job.next_fire_at and unchanged.state is JobState.ACTIVE
@@ -274,7 +278,7 @@ async def test_one_stale_fence_refuses_the_whole_batch(store, second_store):
     await second_store.acquire_shards("node-b", TTL, limit=1, shard_ids=[shards[-1]])
     now = await store.db_now()
     with pytest.raises(StaleFence) as raised:
-        await store.materialise_runs([leases[s] for s in shards], [plan_occurrence(j, now, now) for j in jobs])
+        await store.materialise_runs([leases[s] for s in shards], [plan_occurrence(DueJob.of(j), now, now) for j in jobs])
     assert raised.value.shard_id == shards[-1]
     assert (await store.list_runs("default")).items == []
 
@@ -297,7 +301,7 @@ async def test_racing_materialisations_create_exactly_one_run(store, second_stor
     now = await store.db_now()
     by_shard: dict[int, list[Occurrence]] = {}
     for job in jobs:
-        by_shard.setdefault(job.shard_id, []).append(plan_occurrence(job, now, now))
+        by_shard.setdefault(job.shard_id, []).append(plan_occurrence(DueJob.of(job), now, now))
     # Both connections believe they hold every shard (same owner and token): only the database decides.
     results = await asyncio.gather(*(
         writer.materialise_runs([leases[shard_id]], occurrences)
@@ -642,6 +646,26 @@ async def test_cancel_previous_reports_a_queued_run_it_cancelled(store):
     second = await occurrence_now(store, leases, job.job_id)
     # The node holds the queued run in memory: it must learn to drop it.
     assert [(run.run_id, run.state) for run in second.cancelling] == [(queued.run_id, RunState.CANCELLED)]
+
+
+async def test_due_jobs_carry_their_timing_and_share_equal_ones(store):
+    now = await store.db_now()
+    skip_late = MisfirePolicy(kind=MisfireKind.SKIP, grace=timedelta(seconds=3))
+    cron = Schedule.cron_expr("*/2 * * * * *", "Europe/London")
+    created = [
+        (await store.create_job(spec("once-a", schedule=Schedule.at_instant(now + timedelta(seconds=1)))))[0],
+        (await store.create_job(spec("once-b", schedule=Schedule.at_instant(now + timedelta(seconds=2)))))[0],
+        (await store.create_job(spec("cron-a", schedule=cron, misfire=skip_late)))[0],
+        (await store.create_job(spec("cron-b", schedule=cron, misfire=skip_late)))[0],
+    ]
+    due = {job.job_id: job for job in await store.load_due_jobs(range(SHARDS), now + timedelta(minutes=1))}
+    once_a, once_b, cron_a, cron_b = (due[job.job_id] for job in created)
+    assert once_a.timing.recurrence is None and once_a.timing.misfire == MisfirePolicy()
+    assert cron_a.timing.recurrence == cron and cron_a.timing.misfire == skip_late
+    assert [job.shard_id for job in (once_a, once_b, cron_a, cron_b)] == [job.shard_id for job in created]
+    assert [job.next_fire_at for job in (once_a, once_b, cron_a, cron_b)] == [job.next_fire_at for job in created]
+    # Equal timings are one value in memory, however many jobs hold them.
+    assert once_a.timing is once_b.timing and cron_a.timing is cron_b.timing
 
 
 async def test_due_jobs_page_by_fire_time_then_id(store):

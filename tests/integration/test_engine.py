@@ -200,6 +200,24 @@ async def test_a_window_larger_than_one_page_is_loaded_whole(store, monkeypatch)
         await stop_engine(*engine)
 
 
+async def test_a_crowd_due_at_one_instant_is_written_before_it(store):
+    # 600 jobs due together and a lead of 10 ms: written only a lead ahead, most of them would
+    # still be being written at the instant. The lane sees the crowd and starts early enough.
+    at = (datetime.now(UTC) + timedelta(seconds=3)).replace(microsecond=0) + timedelta(seconds=1)
+    for index in range(600):
+        await store.create_job(JobSpec(name=f"crowd-{index}", job_type="t", schedule=Schedule.at_instant(at)))
+    dispatch = RecordingDispatch()
+    engine = await start_engine(store, dispatch, lead=timedelta(milliseconds=10))
+    try:
+        await until(lambda: len(dispatch.released) >= 600, timeout=20)
+        runs = [await store.get_run("default", run.run_id) for run in dispatch.released]
+        assert all(run.scheduled_for == at for run in runs)
+        late = [run.created_at - at for run in runs if run.created_at >= at]
+        assert late == [], f"{len(late)} of 600 runs were written after their instant (worst {max(late)})"
+    finally:
+        await stop_engine(*engine)
+
+
 async def test_ownership_reports_unhealthy_while_the_database_is_unreachable(store):
     async def acquired(leases):  # type: ignore[no-untyped-def]
         pass

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from fastlane.models import (
+    DueJob,
     Job,
     JobSpec,
     JobState,
@@ -23,13 +24,13 @@ SECOND = timedelta(seconds=1)
 
 
 def interval_job(kind: MisfireKind = MisfireKind.FIRE_ONCE, *, grace: float = 5, cap: int = 100,
-                 next_fire_at: datetime = T0) -> Job:
+                 next_fire_at: datetime = T0) -> DueJob:
     spec = JobSpec(
         name="j", job_type="t", schedule=Schedule.interval(10 * SECOND, anchor=T0),
         misfire=MisfirePolicy(kind=kind, grace=grace * SECOND, fire_all_cap=cap),
     )
-    return Job(job_id="job-1", shard_id=0, spec=spec, state=JobState.ACTIVE, next_fire_at=next_fire_at,
-               created_at=T0, updated_at=T0)
+    return DueJob.of(Job(job_id="job-1", shard_id=0, spec=spec, state=JobState.ACTIVE, next_fire_at=next_fire_at,
+                         created_at=T0, updated_at=T0))
 
 
 def test_an_on_time_occurrence_fires_alone_and_advances_the_job():
@@ -81,11 +82,11 @@ def test_a_missed_one_shot_is_fired_once_or_skipped():
     spec = JobSpec(name="j", job_type="t", schedule=Schedule.at_instant(T0))
     job = Job(job_id="j", shard_id=0, spec=spec, state=JobState.ACTIVE, next_fire_at=T0, created_at=T0, updated_at=T0)
     late = T0 + timedelta(hours=1)
-    assert plan_occurrence(job, now=late, horizon=late).fire_times == (T0,)
+    assert plan_occurrence(DueJob.of(job), now=late, horizon=late).fire_times == (T0,)
     skip = Job(job_id="j", shard_id=0, spec=JobSpec(name="j", job_type="t", schedule=Schedule.at_instant(T0),
                misfire=MisfirePolicy(kind=MisfireKind.SKIP)), state=JobState.ACTIVE, next_fire_at=T0,
                created_at=T0, updated_at=T0)
-    planned = plan_occurrence(skip, now=late, horizon=late)
+    planned = plan_occurrence(DueJob.of(skip), now=late, horizon=late)
     assert planned.fire_times == () and planned.skipped_times == (T0,) and planned.next_fire_at is None
 
 

@@ -1,0 +1,45 @@
+"""When the materialiser writes planned jobs: a lead before they are due, earlier for a crowd."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from fastlane.engine.lane import FAR_FUTURE, SLOT, _slot, write_start
+
+LEAD = timedelta(milliseconds=250)
+T = datetime(2027, 3, 1, 9, 30, tzinfo=UTC)  # at a slot boundary
+
+
+def test_nothing_planned_means_nothing_to_write():
+    assert write_start({}, LEAD, 5_000.0) == (FAR_FUTURE, FAR_FUTURE)
+
+
+def test_a_lone_job_is_written_a_lead_before_its_slot_with_its_slot():
+    start, through = write_start({_slot(T + timedelta(milliseconds=40)): 1}, LEAD, 1_000.0)
+    assert start == T - LEAD - timedelta(milliseconds=1)
+    assert through == T + SLOT
+
+
+def test_steady_load_takes_one_slot_at_a_time():
+    # 100 jobs in each of the next 50 slots, written at 5,000 a second: the first slot decides.
+    planned = {_slot(T) + index: 100 for index in range(50)}
+    start, through = write_start(planned, LEAD, 5_000.0)
+    assert start == T - LEAD - timedelta(milliseconds=20)
+    assert through == T + SLOT
+
+
+def test_a_crowd_is_started_early_enough_to_be_written_before_its_lead():
+    crowd_at = T + timedelta(seconds=3)
+    planned = {_slot(T) + index: 10 for index in range(5)}  # a few jobs first
+    planned[_slot(crowd_at)] = 100_000
+    start, through = write_start(planned, LEAD, 20_000.0)
+    # Everything up to the crowd (100,050 jobs) takes 5.0025 s to write.
+    assert start == crowd_at - LEAD - timedelta(seconds=100_050 / 20_000)
+    assert through == crowd_at + SLOT
+
+
+def test_a_slower_writer_starts_a_crowd_earlier():
+    planned = {_slot(T): 10_000}
+    fast, _ = write_start(planned, LEAD, 10_000.0)
+    slow, _ = write_start(planned, LEAD, 2_000.0)
+    assert fast - slow == timedelta(seconds=4)
