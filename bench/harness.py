@@ -137,6 +137,7 @@ class Bench:
     workers: int
     scale: float
     workdir: Path
+    peer: bool = True
     pg: ThrowawayPostgres | None = None
     progress: Progress = field(default_factory=Progress)
     notes: list[str] = field(default_factory=list)

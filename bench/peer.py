@@ -25,7 +25,10 @@ MISSING = "APScheduler 3 is not installed (pip install 'apscheduler<4' SQLAlchem
 
 
 def peer_available(bench: Bench) -> bool:
-    """Whether the peer's packages are importable; notes why not once."""
+    """Whether the peer runs: asked for and its packages importable; notes why not once."""
+    if not bench.peer:
+        bench.note("peer not run (--no-peer)")
+        return False
     needed = ["apscheduler", "sqlalchemy"] + (["psycopg2"] if bench.pg is not None else [])
     missing = [name for name in needed if importlib.util.find_spec(name) is None]
     if missing:

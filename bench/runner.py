@@ -42,6 +42,7 @@ class Options:
     nodes: int = 1
     workers: int = 1
     scale: float = 1.0
+    peer: bool = True  # run APScheduler beside fastlane where the scenario has a peer
     json: bool = False
     out: str | None = None
 
@@ -55,7 +56,8 @@ def run_benchmark(options: Options) -> int:
     out = Path(options.out) if options.out else None
     with tempfile.TemporaryDirectory(prefix="fastlane-bench-") as scratch:
         bench = Bench(scenario=options.scenario, backend=options.backend, nodes=options.nodes,
-                      workers=options.workers, scale=options.scale, workdir=Path(scratch), progress=progress)
+                      workers=options.workers, scale=options.scale, peer=options.peer, workdir=Path(scratch),
+                      progress=progress)
         try:
             results = _run(scenario, bench)
         except KeyboardInterrupt:

@@ -57,6 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="no-op worker processes, each connected to every node (default: 1)")
     parser.add_argument("--scale", metavar="FRACTION", type=_scale, default=1.0,
                         help="shrink (or grow) job counts and durations for a quick run, e.g. 0.01 (default: 1.0)")
+    parser.add_argument("--no-peer", action="store_true",
+                        help="measure fastlane only: do not run APScheduler on spread and burst")
     parser.add_argument("--json", action="store_true",
                         help="print the result as one JSON document instead of the Markdown report")
     parser.add_argument("--out", metavar="DIR",
@@ -75,4 +77,4 @@ def run(args: argparse.Namespace) -> int:
     from bench.runner import Options, run_benchmark
 
     return run_benchmark(Options(scenario=args.scenario, backend=args.backend, nodes=nodes, workers=args.workers,
-                                 scale=args.scale, json=args.json, out=args.out))
+                                 scale=args.scale, peer=not args.no_peer, json=args.json, out=args.out))
