@@ -57,7 +57,8 @@ class WorkerServicer(workers_pb2_grpc.WorkerServiceServicer):
                 outgoing = await _next(session, reader)
                 if outgoing is None:
                     break
-                await context.write(_to_pb(outgoing))
+                for message in _coalesced(outgoing, session):
+                    await context.write(_to_pb(message))
         finally:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -90,6 +91,23 @@ async def _next(session: WorkerSession, reader: asyncio.Task[None]) -> Outgoing 
         return getter.result()
     getter.cancel()
     return None
+
+
+def _coalesced(first: Outgoing, session: WorkerSession) -> list[Outgoing]:
+    """``first`` and everything queued behind it, consecutive assignments (and acknowledgements)
+    merged into one message each: under load one write carries many runs. Order is kept, so a
+    cancel never overtakes the assignment it cancels."""
+    messages = [first]
+    while not session.outbox.empty():
+        following = session.outbox.get_nowait()
+        last = messages[-1]
+        if isinstance(last, Assign) and isinstance(following, Assign):
+            messages[-1] = Assign(last.runs + following.runs)
+        elif isinstance(last, Acknowledge) and isinstance(following, Acknowledge):
+            messages[-1] = Acknowledge(last.results + following.results)
+        else:
+            messages.append(following)
+    return messages
 
 
 def _heartbeat(beat: workers_pb2.RunHeartbeat) -> Heartbeat:
