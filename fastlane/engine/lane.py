@@ -46,6 +46,7 @@ RETRY_AFTER_STORAGE_ERROR = timedelta(milliseconds=500)
 SLOT = timedelta(milliseconds=100)
 INITIAL_WRITE_RATE = 5_000.0  # occurrences per second, until measured
 RATE_SAMPLE_MIN = 200  # smaller batches are dominated by the round trip: not a rate sample
+MAX_WRITTEN_AHEAD = 150_000  # runs written ahead of a crowd and waiting in memory, at most
 
 
 class ShardView(Protocol):
@@ -105,6 +106,7 @@ class FastLane:
         self._plan_wake = asyncio.Event()
         self._release_wake = asyncio.Event()
         self._stopping = asyncio.Event()
+        self._held = _HeldRuns(self._releasing_ids, dispatch)
 
     # -- what the rest of the node tells the lane -----------------------------------------------
 
@@ -120,7 +122,7 @@ class FastLane:
             self._plan(job)
         self._plan_wake.set()  # a crowd among them may need writing before the earliest job
         # Materialised but never delivered (or waiting for a retry): release them again.
-        runs = await self._store.pending_runs(shard_ids, FAR_FUTURE)
+        runs = await self._store.pending_runs(shard_ids, FAR_FUTURE, skip=self._held)
         for run in runs:
             self.schedule_run(run, recovered=True)
         log.info("window rebuilt for %d shards: %d jobs due, %d runs pending", len(shard_ids), len(jobs), len(runs))
@@ -174,7 +176,8 @@ class FastLane:
         # Rare (cancel, delete, lost shards): a linear rebuild of the heap is fine.
         self._releasing = [entry for entry in self._releasing if not matches(entry[2])]
         heapq.heapify(self._releasing)
-        self._releasing_ids = {entry[2].run_id for entry in self._releasing}
+        self._releasing_ids.clear()  # in place: the held-runs view shares this set
+        self._releasing_ids.update(entry[2].run_id for entry in self._releasing)
         self._update_size()
 
     def _plan(self, job: DueJob) -> None:
@@ -248,6 +251,11 @@ class FastLane:
         while not self._stopping.is_set():
             now = self._clock.now()
             start, through = write_start(self._planned_per_slot, self._settings.lead, self._write_rate)
+            if self._planned and len(self._releasing_ids) >= MAX_WRITTEN_AHEAD:
+                # Enough runs are written and waiting already (a node behind its load): write
+                # no further ahead than the lead, and keep memory bounded.
+                head = self._planned[0][0]
+                start, through = max(start, head - self._settings.lead), head + SLOT
             if start <= now:
                 batch = self._pop_planned(through)
                 if batch:
@@ -352,7 +360,7 @@ class FastLane:
             self._horizon = max(upper, lower)
             try:
                 jobs = await self._load_window(owned, self._horizon, at_or_after=None if full else lower)
-                pending = await self._store.pending_runs(owned, self._horizon) if full else []
+                pending = await self._store.pending_runs(owned, self._horizon, skip=self._held) if full else []
             except StorageError as error:
                 log.warning("window scan failed: %s", error)
                 self._horizon = lower
@@ -408,6 +416,18 @@ class FastLane:
                         self.schedule_run(run, recovered=True)
             except StorageError as error:
                 log.warning("lease expiry check failed: %s", error)
+
+
+class _HeldRuns:
+    """The runs this node holds in memory (waiting for their time, queued or being dispatched):
+    what a rescan of the database need not read again."""
+
+    def __init__(self, releasing: set[str], dispatch: Dispatch) -> None:
+        self._releasing = releasing
+        self._dispatch = dispatch
+
+    def __contains__(self, run_id: object) -> bool:
+        return isinstance(run_id, str) and (run_id in self._releasing or self._dispatch.holds(run_id))
 
 
 def write_start(planned_per_slot: Mapping[int, int], lead: timedelta, write_rate: float) -> tuple[datetime, datetime]:

@@ -9,7 +9,7 @@ lease is still the caller's with the same token. Otherwise they write nothing an
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Container, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Generic, Protocol, TypeVar
@@ -234,8 +234,13 @@ class Store(Protocol):
         """
         ...
 
-    async def pending_runs(self, shard_ids: Collection[int], before: datetime) -> list[Run]:
-        """Runs in state ``scheduled`` (materialised, never or not yet again delivered) due before ``before``."""
+    async def pending_runs(
+        self, shard_ids: Collection[int], before: datetime, *, skip: Container[str] = frozenset()
+    ) -> list[Run]:
+        """Runs in state ``scheduled`` (materialised, never or not yet again delivered) due before
+        ``before``, in ``available_at`` order. Runs whose id is in ``skip`` (the caller holds them
+        already) are left out before their rows are read: a node behind on a large backlog reads
+        only ids, not every row it already has in memory."""
         ...
 
     async def requeue_expired(self, fence: ShardLease) -> list[Run]:

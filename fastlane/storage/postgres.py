@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import AsyncIterator, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Container, Sequence
 from datetime import datetime, timedelta
 
 import asyncpg
@@ -400,14 +400,22 @@ class PostgresStore:
             )
         return [codec.build_run(row) for row in rows]
 
-    async def pending_runs(self, shard_ids: Collection[int], before: datetime) -> list[Run]:
+    async def pending_runs(
+        self, shard_ids: Collection[int], before: datetime, *, skip: Container[str] = frozenset()
+    ) -> list[Run]:
         async with self._connection() as db:
-            rows = await db.fetch(
-                "SELECT * FROM runs WHERE state = 'scheduled' AND shard_id = ANY($1::int[]) AND available_at < $2 "
-                "ORDER BY available_at",
+            ids = await db.fetch(
+                "SELECT run_id FROM runs WHERE state = 'scheduled' AND shard_id = ANY($1::int[]) "
+                "AND available_at < $2 ORDER BY available_at",
                 list(shard_ids), before,
             )
-        return [codec.build_run(row) for row in rows]
+            wanted = [run_id for (run_id,) in ids if run_id not in skip]
+            rows = []
+            for chunk in common.chunks(wanted, common.PENDING_CHUNK):
+                rows += await db.fetch(
+                    "SELECT * FROM runs WHERE run_id = ANY($1::text[]) AND state = 'scheduled'", chunk
+                )
+        return sorted((codec.build_run(row) for row in rows), key=lambda run: run.available_at)
 
     async def requeue_expired(self, fence: ShardLease) -> list[Run]:
         async with self._transaction() as db:

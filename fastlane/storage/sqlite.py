@@ -14,7 +14,7 @@ import contextlib
 import random
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable, Collection, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Container, Iterable, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -426,15 +426,23 @@ class SQLiteStore:
         scheduled = sorted((run for run in runs if run.state is RunState.SCHEDULED), key=lambda run: run.scheduled_for)
         return Materialised(runs=scheduled, advanced=frozenset(overlap_of), cancelling=cancelling, changed=changed)
 
-    async def pending_runs(self, shard_ids: Collection[int], before: datetime) -> list[Run]:
+    async def pending_runs(
+        self, shard_ids: Collection[int], before: datetime, *, skip: Container[str] = frozenset()
+    ) -> list[Run]:
         async with self._read() as db:
-            rows = await _all(
-                db,
-                "SELECT * FROM runs WHERE state = 'scheduled' AND shard_id IN (SELECT value FROM json_each(?)) "
+            async with db.execute(
+                "SELECT run_id FROM runs WHERE state = 'scheduled' AND shard_id IN (SELECT value FROM json_each(?)) "
                 "AND available_at < ? ORDER BY available_at",
                 (_json_list(shard_ids), to_micros(before)),
-            )
-        return [codec.build_run(row) for row in rows]
+            ) as cursor:
+                wanted = [run_id for (run_id,) in await cursor.fetchall() if run_id not in skip]
+            rows = []
+            for chunk in common.chunks(wanted, common.PENDING_CHUNK):
+                rows += await _all(
+                    db, "SELECT * FROM runs WHERE run_id IN (SELECT value FROM json_each(?)) AND state = 'scheduled'",
+                    (_json_list(chunk),),
+                )
+        return sorted((codec.build_run(row) for row in rows), key=lambda run: run.available_at)
 
     async def requeue_expired(self, fence: ShardLease) -> list[Run]:
         async with self._transaction() as db:

@@ -668,6 +668,23 @@ async def test_due_jobs_carry_their_timing_and_share_equal_ones(store):
     assert once_a.timing is once_b.timing and cron_a.timing is cron_b.timing
 
 
+async def test_pending_runs_come_in_time_order_and_leave_out_the_ones_held(store):
+    leases = await own_all(store)
+    at = datetime.now(UTC) - timedelta(seconds=1)
+    runs = []
+    for index in range(6):
+        job, _ = await store.create_job(spec(f"pending-{index}", schedule=Schedule.at_instant(at)))
+        runs += await materialise_job(store, leases, job.job_id)
+        at -= timedelta(seconds=1)  # each run due before the previous one
+    later = datetime.now(UTC) + timedelta(seconds=5)
+    everything = await store.pending_runs(range(SHARDS), later)
+    assert [run.run_id for run in everything] == [run.run_id for run in reversed(runs)]
+    held = {runs[0].run_id, runs[3].run_id}
+    rest = await store.pending_runs(range(SHARDS), later, skip=held)
+    assert [run.run_id for run in rest] == [run.run_id for run in reversed(runs) if run.run_id not in held]
+    assert rest[0].payload == runs[-1].payload and rest[0].state is RunState.SCHEDULED
+
+
 async def test_due_jobs_page_by_fire_time_then_id(store):
     at = datetime.now(UTC) + timedelta(minutes=5)
     for index in range(5):  # all due at the same instant: paging must not repeat or skip any
