@@ -28,6 +28,9 @@ from fastlane.storage import AttemptResult, Heartbeat
 
 log = logging.getLogger("fastlane.api.workers")
 
+# Merged assignments stop growing at this many runs: a message stays well under gRPC's 4 MiB.
+MAX_RUNS_PER_MESSAGE = 1_000
+
 # What a worker may report; the rest of AttemptOutcome is decided by the node.
 _WORKER_OUTCOMES = frozenset({
     AttemptOutcome.SUCCEEDED, AttemptOutcome.FAILED, AttemptOutcome.PERMANENT_FAILURE,
@@ -101,7 +104,7 @@ def _coalesced(first: Outgoing, session: WorkerSession) -> list[Outgoing]:
     while not session.outbox.empty():
         following = session.outbox.get_nowait()
         last = messages[-1]
-        if isinstance(last, Assign) and isinstance(following, Assign):
+        if isinstance(last, Assign) and isinstance(following, Assign) and len(last.runs) < MAX_RUNS_PER_MESSAGE:
             messages[-1] = Assign(last.runs + following.runs)
         elif isinstance(last, Acknowledge) and isinstance(following, Acknowledge):
             messages[-1] = Acknowledge(last.results + following.results)

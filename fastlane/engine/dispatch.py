@@ -137,6 +137,7 @@ class Dispatcher:
         self._claimed: set[str] = set()  # runs assigned whose dispatch is not yet durable
         self._in_flight: dict[tuple[str, int], WorkerSession] = {}  # attempts sent, not yet reported
         self._background: set[asyncio.Task[None]] = set()
+        metrics.ready_queue.set_function(lambda: self.ready_depth)  # read when scraped
 
     # -- sessions -------------------------------------------------------------------------------
 
@@ -198,7 +199,6 @@ class Dispatcher:
             batches.setdefault(id(session), (session, []))[1].append(self._assign(session, run, now, confirm_first))
         for session, assigned in batches.values():
             self._send(session, assigned)
-        self._metrics.ready_queue.set(self.ready_depth)
 
     def holds(self, run_id: str) -> bool:
         """Whether this run is queued here or being dispatched (so must not be released again)."""
@@ -239,7 +239,6 @@ class Dispatcher:
         for job_type, queue in list(self._ready.items()):
             self._ready[job_type] = deque(waiting for waiting in queue if not matches(waiting.run))
         self._queued = {waiting.run.run_id for queue in self._ready.values() for waiting in queue}
-        self._metrics.ready_queue.set(self.ready_depth)
 
     def _pick(self, run: Run) -> WorkerSession | None:
         sessions = self._sessions.get(run.job_type)
@@ -284,7 +283,6 @@ class Dispatcher:
                 queue.extendleft(reversed(skipped))
         if assigned:
             self._send(session, assigned)
-            self._metrics.ready_queue.set(self.ready_depth)
 
     def _send(self, session: WorkerSession, assigned: list[Assigned]) -> None:
         fast = [item for item in assigned if not item.confirm_first]

@@ -107,6 +107,7 @@ class FastLane:
         self._release_wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._held = _HeldRuns(self._releasing_ids, dispatch)
+        metrics.heap_size.set_function(lambda: self.size)  # read when scraped, not kept up to date
 
     # -- what the rest of the node tells the lane -----------------------------------------------
 
@@ -148,7 +149,6 @@ class FastLane:
     def job_removed(self, job_id: str) -> None:
         # The heap entry stays but is dead: it no longer matches _planned_at when popped.
         self._planned_at.pop(job_id, None)
-        self._update_size()
 
     def schedule_run(self, run: Run, *, recovered: bool = False) -> None:
         """Release ``run`` at its ``available_at`` (a trigger, a retry, a rebuilt run)."""
@@ -160,7 +160,6 @@ class FastLane:
         heapq.heappush(self._releasing, (run.available_at, next(self._seq), run, recovered))
         if self._releasing[0][2] is run:
             self._release_wake.set()
-        self._update_size()
 
     def forget_run(self, run_id: str) -> None:
         """Drop a run waiting for its time (it was cancelled)."""
@@ -178,7 +177,6 @@ class FastLane:
         heapq.heapify(self._releasing)
         self._releasing_ids.clear()  # in place: the held-runs view shares this set
         self._releasing_ids.update(entry[2].run_id for entry in self._releasing)
-        self._update_size()
 
     def _plan(self, job: DueJob) -> None:
         fire_at = job.next_fire_at
@@ -189,10 +187,6 @@ class FastLane:
         self._planned_per_slot[_slot(fire_at)] += 1
         if self._planned[0][2] is job:
             self._plan_wake.set()
-        self._update_size()
-
-    def _update_size(self) -> None:
-        self._metrics.heap_size.set(self.size)
 
     # -- loops ----------------------------------------------------------------------------------
 
@@ -229,19 +223,21 @@ class FastLane:
             now = self._clock.now()
             due: list[Run] = []
             recovered: list[Run] = []
-            while self._releasing and self._releasing[0][0] <= now:
+            limit = self._settings.max_batch
+            while self._releasing and self._releasing[0][0] <= now and len(due) + len(recovered) < limit:
                 _, _, run, from_database = heapq.heappop(self._releasing)
                 self._releasing_ids.discard(run.run_id)
                 if self._fence(run.shard_id) is not None:
                     (recovered if from_database else due).append(run)
             if due or recovered:
-                for run in (*due, *recovered):
-                    self._metrics.trigger_lag.observe(max((now - run.available_at).total_seconds(), 0.0))
-                self._update_size()
                 if due:
                     self._dispatch.release(due)
                 if recovered:
                     self._dispatch.release(recovered, confirm_first=True)
+                for run in (*due, *recovered):  # after the release: sending comes first
+                    self._metrics.trigger_lag.observe(max((now - run.available_at).total_seconds(), 0.0))
+                # A backlog is released a batch at a time, letting the rest of the node run between.
+                await asyncio.sleep(0)
                 continue
             delay = (self._releasing[0][0] - now).total_seconds() if self._releasing else 3600.0
             await self._sleep(self._release_wake, delay)

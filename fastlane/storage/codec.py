@@ -198,6 +198,21 @@ def build_due_job(
     return DueJob(job_id, shard_id, next_fire_at, decode_timing(schedule, misfire))
 
 
+# Runs are built by the thousand per second: repeated values are decoded once.
+_RUN_STATES = {state.value: state for state in RunState}
+_DELIVERIES = {delivery.value: delivery for delivery in Delivery}
+
+
+@functools.lru_cache(maxsize=1024)
+def _retry_policy(document: str | bytes) -> RetryPolicy:
+    return retry_from_dict(orjson.loads(document))
+
+
+@functools.lru_cache(maxsize=1024)
+def _milliseconds(value: int) -> timedelta:
+    return timedelta(milliseconds=value)
+
+
 def build_run(row: Mapping[str, Any]) -> Run:
     return Run(
         run_id=row["run_id"],
@@ -207,15 +222,15 @@ def build_run(row: Mapping[str, Any]) -> Run:
         shard_id=row["shard_id"],
         scheduled_for=row["scheduled_for"],
         available_at=row["available_at"],
-        state=RunState(row["state"]),
+        state=_RUN_STATES[row["state"]],
         attempts=row["attempts"],
         payload=bytes(row["payload"]),
         priority=row["priority"],
         manual=bool(row["manual"]),
-        delivery=Delivery(row["delivery"]),
-        lease_ttl=timedelta(milliseconds=row["lease_ttl_ms"]),
-        retry=retry_from_dict(orjson.loads(row["retry"])),
-        timeout=None if row["timeout_ms"] is None else timedelta(milliseconds=row["timeout_ms"]),
+        delivery=_DELIVERIES[row["delivery"]],
+        lease_ttl=_milliseconds(row["lease_ttl_ms"]),
+        retry=_retry_policy(row["retry"]),
+        timeout=None if row["timeout_ms"] is None else _milliseconds(row["timeout_ms"]),
         cancel_requested=bool(row["cancel_requested"]),
         first_attempt_at=row["first_attempt_at"],
         lease_token=row["lease_token"],

@@ -410,12 +410,13 @@ class PostgresStore:
                 list(shard_ids), before,
             )
             wanted = [run_id for (run_id,) in ids if run_id not in skip]
-            rows = []
+            runs: list[Run] = []
             for chunk in common.chunks(wanted, common.PENDING_CHUNK):
-                rows += await db.fetch(
+                # Built chunk by chunk: the next query lets the event loop run between them.
+                runs += map(codec.build_run, await db.fetch(
                     "SELECT * FROM runs WHERE run_id = ANY($1::text[]) AND state = 'scheduled'", chunk
-                )
-        return sorted((codec.build_run(row) for row in rows), key=lambda run: run.available_at)
+                ))
+        return sorted(runs, key=lambda run: run.available_at)
 
     async def requeue_expired(self, fence: ShardLease) -> list[Run]:
         async with self._transaction() as db:

@@ -436,13 +436,14 @@ class SQLiteStore:
                 (_json_list(shard_ids), to_micros(before)),
             ) as cursor:
                 wanted = [run_id for (run_id,) in await cursor.fetchall() if run_id not in skip]
-            rows = []
+            runs: list[Run] = []
             for chunk in common.chunks(wanted, common.PENDING_CHUNK):
-                rows += await _all(
+                # Built chunk by chunk: the next query lets the event loop run between them.
+                runs += map(codec.build_run, await _all(
                     db, "SELECT * FROM runs WHERE run_id IN (SELECT value FROM json_each(?)) AND state = 'scheduled'",
                     (_json_list(chunk),),
-                )
-        return sorted((codec.build_run(row) for row in rows), key=lambda run: run.available_at)
+                ))
+        return sorted(runs, key=lambda run: run.available_at)
 
     async def requeue_expired(self, fence: ShardLease) -> list[Run]:
         async with self._transaction() as db:
