@@ -61,14 +61,15 @@ log = logging.getLogger("fastlane.storage.postgres")
 
 _MIGRATION_LOCK = 7_236_001  # pg_advisory_xact_lock key: one migrator at a time across nodes
 
-# Locks the fenced shard rows FOR SHARE: a takeover (an UPDATE of the row) waits for this
-# transaction, so the fence holds until commit.
+# Locks the fenced shard rows FOR KEY SHARE: a takeover (which locks the row FOR UPDATE) waits
+# for this transaction, so the fence holds until commit; the owner's own lease renewal (a plain
+# UPDATE, a weaker lock) does not, so renewals never queue behind data transactions.
 _FENCE = """
     SELECT s.shard_id FROM shards s
     JOIN unnest($1::int[], $2::text[], $3::bigint[]) AS f(shard_id, owner, token)
       ON s.shard_id = f.shard_id AND s.owner = f.owner AND s.token = f.token
     WHERE s.lease_expires_at > clock_timestamp()
-    FOR SHARE OF s
+    FOR KEY SHARE OF s
 """
 
 _LOAD_DUE_JOBS = f"""

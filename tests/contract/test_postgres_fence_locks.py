@@ -1,0 +1,59 @@
+"""PostgreSQL's fence locks: an open fenced transaction holds off a takeover but not a renewal.
+
+(SQLite has one writer at a time, so there the question does not arise.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+import asyncpg
+import pytest
+
+from fastlane.storage import open_store
+from fastlane.storage.postgres import _FENCE
+
+pytestmark = pytest.mark.postgres
+
+TTL = timedelta(seconds=30)
+
+
+@pytest.fixture
+async def stores(pg_dsn):
+    owner, other = open_store(pg_dsn, shard_count=4), open_store(pg_dsn, shard_count=4)
+    await owner.migrate()
+    yield owner, other
+    await owner.close()
+    await other.close()
+
+
+async def test_renewal_does_not_wait_for_an_open_fenced_transaction(stores, pg_dsn):
+    owner, _ = stores
+    [lease] = await owner.acquire_shards("node-a", TTL, limit=1, shard_ids=[2])
+    fenced = await asyncpg.connect(pg_dsn)
+    try:
+        async with fenced.transaction():
+            held = await fenced.fetch(_FENCE, [lease.shard_id], [lease.owner], [lease.token])
+            assert [row["shard_id"] for row in held] == [2]
+            renewed = await asyncio.wait_for(owner.renew_shards([lease], TTL), timeout=5)
+            assert [r.shard_id for r in renewed] == [2] and renewed[0].lease_expires_at > lease.lease_expires_at
+    finally:
+        await fenced.close()
+
+
+async def test_a_takeover_waits_until_the_fenced_transaction_ends(stores, pg_dsn):
+    owner, other = stores
+    [lease] = await owner.acquire_shards("node-a", timedelta(milliseconds=300), limit=1, shard_ids=[1])
+    fenced = await asyncpg.connect(pg_dsn)
+    try:
+        transaction = fenced.transaction()
+        await transaction.start()
+        assert await fenced.fetch(_FENCE, [lease.shard_id], [lease.owner], [lease.token])
+        await asyncio.sleep(0.5)  # the lease runs out while the fenced transaction is still open
+        assert await other.acquire_shards("node-b", TTL, limit=1, shard_ids=[1]) == []
+        await transaction.commit()
+        [taken] = await other.acquire_shards("node-b", TTL, limit=1, shard_ids=[1])
+        assert taken.owner == "node-b" and taken.token == lease.token + 1
+    finally:
+        await fenced.close()
