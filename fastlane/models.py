@@ -223,7 +223,7 @@ class DueJob:
     """A job as the in-memory window holds it: just enough to plan its next occurrences.
 
     The window holds up to hundreds of thousands of these, so it keeps four references rather
-    than the whole job; the materialising transaction reads nothing else.
+    than the whole job: planning its occurrences needs nothing else.
     """
 
     job_id: str

@@ -2,8 +2,10 @@
 
 Two heaps keyed by time:
 
-- *planned*: jobs whose ``next_fire_at`` falls inside the window. Shortly before each is due
-  (the *lead*), the materialiser writes its runs in a fenced batch and advances the job.
+- *planned*: jobs whose ``next_fire_at`` falls inside the window, as slim :class:`DueJob`
+  entries. At least the *lead* before each is due, the materialiser writes its runs in a fenced
+  batch and advances the job; when more jobs are due soon than it can write by then at its
+  measured rate (a crowd at one instant), it starts early enough to finish.
 - *releasing*: runs already durable, waiting for their instant (or their retry time). The timer
   sleeps until the earliest and hands every due run to the dispatcher: no database round trip
   sits between a run's time and its release.

@@ -62,6 +62,7 @@ from fastlane.storage.base import (
 )
 from fastlane.storage.migrations import migrations_for
 from fastlane.storage.transitions import CANCELLED_BY_REQUEST, OVERLAP_CANCELLED
+from fastlane.storage.turns import WriteTurns
 
 # The database clock, in integer microseconds. SQLite's own julianday('now') only has millisecond
 # resolution; an embedded database shares its host's clock anyway, so the connection gets a SQL
@@ -123,7 +124,7 @@ class SQLiteStore:
         self._requested_shards = shard_count
         self._writer: aiosqlite.Connection | None = None
         self._reader: aiosqlite.Connection | None = None
-        self._write_lock = asyncio.Lock()
+        self._write_lock = WriteTurns()
         self._read_lock = asyncio.Lock()
         self._shard_count: int | None = None
         self._rng = rng or random.Random()
@@ -144,8 +145,9 @@ class SQLiteStore:
         return connection
 
     @contextlib.asynccontextmanager
-    async def _transaction(self) -> AsyncIterator[aiosqlite.Connection]:
-        async with self._write_lock:
+    async def _transaction(self, *, urgent: bool = False) -> AsyncIterator[aiosqlite.Connection]:
+        """The write transaction; ``urgent`` (lease and membership upkeep) goes ahead of queued ones."""
+        async with self._write_lock.turn(urgent=urgent):
             if self._writer is None:
                 self._writer = await self._connect()
             db = self._writer
@@ -682,7 +684,7 @@ class SQLiteStore:
         self, owner: str, ttl: timedelta, *, limit: int, shard_ids: Collection[int] | None = None
     ) -> list[ShardLease]:
         wanted = None if shard_ids is None else _json_list(shard_ids)
-        async with self._transaction() as db:
+        async with self._transaction(urgent=True) as db:
             rows = await _all(
                 db,
                 f"""
@@ -702,7 +704,7 @@ class SQLiteStore:
     async def renew_shards(self, leases: Sequence[ShardLease], ttl: timedelta) -> list[ShardLease]:
         if not leases:
             return []
-        async with self._transaction() as db:
+        async with self._transaction(urgent=True) as db:
             rows = await _all(
                 db,
                 f"""
@@ -719,7 +721,7 @@ class SQLiteStore:
     async def release_shards(self, leases: Sequence[ShardLease]) -> None:
         if not leases:
             return
-        async with self._transaction() as db:
+        async with self._transaction(urgent=True) as db:
             await db.execute(
                 """
                 UPDATE shards SET owner = '', lease_expires_at = NULL
@@ -738,7 +740,7 @@ class SQLiteStore:
     # -- membership -----------------------------------------------------------------------------
 
     async def heartbeat_node(self, node: NodeInfo, live_within: timedelta) -> list[NodeInfo]:
-        async with self._transaction() as db:
+        async with self._transaction(urgent=True) as db:
             await db.execute(
                 f"""
                 INSERT INTO nodes (node_id, address, started_at, heartbeat_at, clock_offset_ms, shards_owned,
@@ -759,7 +761,7 @@ class SQLiteStore:
         return [codec.build_node(row) for row in rows]
 
     async def remove_node(self, node_id: str) -> None:
-        async with self._transaction() as db:
+        async with self._transaction(urgent=True) as db:
             await db.execute("DELETE FROM nodes WHERE node_id = ?", (node_id,))
 
     async def list_nodes(self) -> list[NodeInfo]:
