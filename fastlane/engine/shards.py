@@ -120,17 +120,23 @@ class ShardOwnership:
         interval = self._ttl.total_seconds() / 3
         while not self._stopping.is_set():
             self._wake.clear()
+            step = "renewing leases"
             try:
                 async with asyncio.timeout(interval):
                     await self._renew()
+                    step = "heartbeating membership"
                     await self._follow_membership()
+                    step = "releasing shards above the fair share"
                     await self._release_excess()
+                    step = "acquiring shards"
                     await self._acquire()
                 if not self._rebuilds:
                     ready.set()
                 self._last_upkeep = time.monotonic()
-            except (StorageError, TimeoutError) as error:
-                log.warning("shard lease upkeep failed: %s", error or "timed out")
+            except StorageError as error:
+                log.warning("shard lease upkeep failed while %s: %s", step, error)
+            except TimeoutError:
+                log.warning("shard lease upkeep timed out after %.1f s while %s", interval, step)
             self._expire_locally()
             if self._stopping.is_set():
                 break
