@@ -102,10 +102,23 @@ def _instant(value: datetime | None) -> int | None:
 
 def _row(row: sqlite3.Row) -> dict[str, Any]:
     """A row as a dict with instants turned back into aware datetimes."""
-    return {
-        key: (from_micros(row[key]) if key in _TIME_COLUMNS and row[key] is not None else row[key])
-        for key in row.keys()
-    }
+    return _rows([row])[0]
+
+
+def _rows(rows: Sequence[sqlite3.Row]) -> list[dict[str, Any]]:
+    """Rows as dicts with instants turned back into aware datetimes (columns looked at once)."""
+    if not rows:
+        return []
+    names = rows[0].keys()
+    instants = [index for index, name in enumerate(names) if name in _TIME_COLUMNS]
+    converted = []
+    for row in rows:
+        values = list(row)
+        for index in instants:
+            if values[index] is not None:
+                values[index] = from_micros(values[index])
+        converted.append(dict(zip(names, values, strict=True)))
+    return converted
 
 
 def _json(rows: Iterable[Sequence[Any]]) -> str:
@@ -562,17 +575,25 @@ class SQLiteStore:
                 (_json((d.run_id, d.lease_token, d.worker_id, common.micros_of_delta(d.lease_ttl), to_micros(d.dispatched_at))
                        for d in dispatches),),
             )
+            if not started:
+                return []
             sent = {d.run_id: d for d in dispatches}
-            rows = []
-            for run in started:
-                dispatch = sent[run["run_id"]]
-                rows.append(await _one(
-                    db,
-                    "INSERT INTO attempts (run_id, attempt, lease_token, worker_id, node_id, outcome, dispatched_at) "
-                    "VALUES (?, ?, ?, ?, ?, 'pending', ?) RETURNING *",
-                    (run["run_id"], run["attempts"], run["lease_token"], run["worker_id"], dispatch.node_id,
-                     to_micros(dispatch.dispatched_at)),
-                ))
+            # One statement for the whole batch: a row at a time would cross to SQLite's thread
+            # once per run, holding the single writer for seconds on a large batch.
+            rows = await _all(
+                db,
+                """
+                INSERT INTO attempts (run_id, attempt, lease_token, worker_id, node_id, outcome, dispatched_at)
+                SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'),
+                       json_extract(value, '$[3]'), json_extract(value, '$[4]'), 'pending',
+                       json_extract(value, '$[5]')
+                FROM json_each(?)
+                RETURNING *
+                """,
+                (_json((run["run_id"], run["attempts"], run["lease_token"], run["worker_id"],
+                        sent[run["run_id"]].node_id, to_micros(sent[run["run_id"]].dispatched_at))
+                       for run in started),),
+            )
         return [codec.build_attempt(row) for row in rows]
 
     async def record_heartbeats(self, heartbeats: Sequence[Heartbeat]) -> list[str]:
@@ -787,7 +808,7 @@ async def _one(db: aiosqlite.Connection, sql: str, params: Sequence[Any]) -> dic
 
 async def _all(db: aiosqlite.Connection, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
     async with db.execute(sql, params) as cursor:
-        return [_row(row) for row in await cursor.fetchall()]
+        return _rows(await cursor.fetchall())
 
 
 async def _value(db: aiosqlite.Connection, sql: str, params: Sequence[Any] = ()) -> Any:
