@@ -163,6 +163,18 @@ def first_of_each_attempt(results: Sequence[AttemptResult]) -> list[AttemptResul
     return unique
 
 
+def successes_first(results: Sequence[AttemptResult]) -> tuple[list[AttemptResult], list[AttemptResult]]:
+    """The first result of each attempt, split into successes and the rest.
+
+    A success of the current attempt ends its run the same way whatever the run holds, so the
+    stores apply successes in one set-based statement without reading the runs first; what it
+    does not apply (a stale attempt) goes through :func:`decide_results` with the rest."""
+    unique = first_of_each_attempt(results)
+    successes = [r for r in unique if r.outcome is AttemptOutcome.SUCCEEDED]
+    others = [r for r in unique if r.outcome is not AttemptOutcome.SUCCEEDED]
+    return successes, others
+
+
 def encode_change(change: Change) -> str:
     return orjson.dumps([change.kind, change.shard_id, change.tenant, change.key]).decode()
 

@@ -101,6 +101,27 @@ _INSERT_RUNS = """
 """
 
 
+# Successes of current attempts, in one statement: the run ends succeeded and its attempt says so.
+# A success whose attempt is no longer current matches nothing here and is decided in Python.
+_RECORD_SUCCESSES = """
+    WITH done AS (
+        UPDATE runs r SET state = 'succeeded', finished_at = clock_timestamp(), last_error = NULL,
+                          lease_token = NULL, lease_expires_at = NULL, updated_at = clock_timestamp()
+        FROM unnest($1::text[], $2::bigint[]) AS u(run_id, lease_token)
+        WHERE r.run_id = u.run_id AND r.lease_token = u.lease_token AND r.state IN ('dispatched', 'running')
+        RETURNING r.*, u.lease_token AS attempt_token
+    ), marked AS (
+        UPDATE attempts a SET outcome = 'succeeded', error_code = s.error_code, error_message = s.error_message,
+                              started_at = coalesce(s.started_at, a.started_at),
+                              finished_at = coalesce(s.finished_at, clock_timestamp())
+        FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::timestamptz[], $6::timestamptz[])
+             AS s(run_id, lease_token, error_code, error_message, started_at, finished_at)
+        JOIN done d ON d.run_id = s.run_id AND d.attempt_token = s.lease_token
+        WHERE a.run_id = s.run_id AND a.lease_token = s.lease_token
+    )
+    SELECT * FROM done
+"""
+
 CHANGES_CHANNEL = "fastlane_changes"
 LISTENER_PING = 10.0  # seconds between liveness checks of the LISTEN connection
 
@@ -599,13 +620,30 @@ class PostgresStore:
     async def record_results(self, results: Sequence[AttemptResult]) -> list[ResultOutcome]:
         if not results:
             return []
+        successes, others = common.successes_first(results)
         async with self._transaction() as db:
-            rows = await db.fetch(
-                "SELECT * FROM runs WHERE run_id = ANY($1::text[]) ORDER BY run_id FOR UPDATE",
-                list({r.run_id for r in results}),
-            )
-            now = await db.fetchval("SELECT clock_timestamp()")
-            return await self._apply_results(db, {row["run_id"]: codec.build_run(row) for row in rows}, results, now)
+            succeeded = await db.fetch(
+                _RECORD_SUCCESSES,
+                [r.run_id for r in successes], [r.lease_token for r in successes],
+                [r.error_code for r in successes], [r.error_message for r in successes],
+                [r.started_at for r in successes], [r.finished_at for r in successes],
+            ) if successes else []
+            applied = {(row["run_id"], row["attempt_token"]) for row in succeeded}
+            rest = [r for r in successes if (r.run_id, r.lease_token) not in applied] + others
+            outcomes = [ResultOutcome(run=codec.build_run(row), accepted=True) for row in succeeded]
+            released = await self._release_buffered(db, {row["job_id"] for row in succeeded})
+            for run in released:
+                await _notify(db, Change("run", run.shard_id, run.tenant, run.run_id))
+            outcomes += [ResultOutcome(run=run, accepted=True, released=True) for run in released]
+            if rest:
+                rows = await db.fetch(
+                    "SELECT * FROM runs WHERE run_id = ANY($1::text[]) ORDER BY run_id FOR UPDATE",
+                    list({r.run_id for r in rest}),
+                )
+                now = await db.fetchval("SELECT clock_timestamp()")
+                outcomes += await self._apply_results(
+                    db, {row["run_id"]: codec.build_run(row) for row in rows}, rest, now)
+            return outcomes
 
     async def _apply_results(
         self, db: asyncpg.Connection, runs: dict[str, Run], results: Sequence[AttemptResult], now: datetime

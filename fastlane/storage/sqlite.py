@@ -628,15 +628,51 @@ class SQLiteStore:
     async def record_results(self, results: Sequence[AttemptResult]) -> list[ResultOutcome]:
         if not results:
             return []
+        successes, others = common.successes_first(results)
         async with self._transaction() as db:
-            rows = await _all(
+            # Successes of current attempts set-wise (see common.successes_first). This is the
+            # only writer, so the tokens read here are still current at the update.
+            current = {
+                (row["run_id"], row["lease_token"])
+                for row in await _all(
+                    db,
+                    "SELECT run_id, lease_token FROM runs WHERE run_id IN (SELECT value FROM json_each(?)) "
+                    "AND state IN ('dispatched', 'running')",
+                    (_json_list({r.run_id for r in successes}),),
+                )
+            } if successes else set()
+            applied = [r for r in successes if (r.run_id, r.lease_token) in current]
+            succeeded = await _all(
                 db,
-                "SELECT * FROM runs WHERE run_id IN (SELECT value FROM json_each(?))",
-                (_json_list({r.run_id for r in results}),),
+                f"""
+                UPDATE runs SET state = 'succeeded', finished_at = {NOW}, last_error = NULL, lease_token = NULL,
+                                lease_expires_at = NULL, updated_at = {NOW}
+                WHERE run_id IN (SELECT value FROM json_each(?))
+                RETURNING *
+                """,
+                (_json_list(r.run_id for r in applied),),
+            ) if applied else []
+            await db.executemany(
+                f"UPDATE attempts SET outcome = 'succeeded', error_code = ?, error_message = ?, "
+                f"started_at = coalesce(?, started_at), finished_at = coalesce(?, {NOW}) "
+                "WHERE run_id = ? AND lease_token = ?",
+                [(r.error_code, r.error_message, _instant(r.started_at), _instant(r.finished_at), r.run_id,
+                  r.lease_token) for r in applied],
             )
-            now = from_micros(await _value(db, f"SELECT {NOW}"))
-            runs = {row["run_id"]: codec.build_run(row) for row in rows}
-            return await self._apply_results(db, runs, results, now)
+            outcomes = [ResultOutcome(run=codec.build_run(row), accepted=True) for row in succeeded]
+            released = await _release_buffered(db, {row["job_id"] for row in succeeded})
+            outcomes += [ResultOutcome(run=run, accepted=True, released=True) for run in released]
+            rest = [r for r in successes if (r.run_id, r.lease_token) not in current] + others
+            if rest:
+                rows = await _all(
+                    db,
+                    "SELECT * FROM runs WHERE run_id IN (SELECT value FROM json_each(?))",
+                    (_json_list({r.run_id for r in rest}),),
+                )
+                now = from_micros(await _value(db, f"SELECT {NOW}"))
+                runs = {row["run_id"]: codec.build_run(row) for row in rows}
+                outcomes += await self._apply_results(db, runs, rest, now)
+            return outcomes
 
     async def _apply_results(
         self, db: aiosqlite.Connection, runs: dict[str, Run], results: Sequence[AttemptResult], now: datetime

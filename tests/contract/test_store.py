@@ -476,6 +476,36 @@ def dispatch(run_id: str, token: int) -> Dispatch:
     return Dispatch(run_id=run_id, lease_token=token, worker_id="w", node_id="n", lease_ttl=TTL, dispatched_at=NOW)
 
 
+async def test_a_batch_of_results_mixing_current_stale_and_repeated_ones(store):
+    leases = await own_all(store)
+    runs = []
+    for index in range(4):
+        job, _ = await store.create_job(spec(f"mixed-{index}"))
+        await due_now(store, job.job_id)
+        runs += await materialise_job(store, leases, job.job_id)
+    await store.record_dispatches([dispatch(run.run_id, 10 + index) for index, run in enumerate(runs)])
+    finished = datetime(2027, 1, 1, 12, tzinfo=UTC)
+    ok, stale, failing, cancelled = runs
+    outcomes = await store.record_results([
+        AttemptResult(run_id=ok.run_id, lease_token=10, outcome=AttemptOutcome.SUCCEEDED, finished_at=finished),
+        AttemptResult(run_id=ok.run_id, lease_token=10, outcome=AttemptOutcome.FAILED),  # a resent copy
+        AttemptResult(run_id=stale.run_id, lease_token=99, outcome=AttemptOutcome.SUCCEEDED),  # not its attempt
+        AttemptResult(run_id=failing.run_id, lease_token=12, outcome=AttemptOutcome.FAILED, error_message="boom"),
+        AttemptResult(run_id=cancelled.run_id, lease_token=13, outcome=AttemptOutcome.CANCELLED),
+    ])
+    by_run = {(o.run.run_id, o.accepted): o.run for o in outcomes}
+    assert by_run[(ok.run_id, True)].state is RunState.SUCCEEDED
+    assert by_run[(stale.run_id, False)].state is RunState.DISPATCHED
+    assert by_run[(failing.run_id, True)].state is RunState.SCHEDULED
+    assert by_run[(cancelled.run_id, True)].state is RunState.CANCELLED
+    assert len(outcomes) == 4
+    [attempt] = await store.list_attempts(ok.run_id)
+    assert attempt.outcome is AttemptOutcome.SUCCEEDED and attempt.finished_at == finished
+    assert (await store.get_run("default", ok.run_id)).lease_token is None
+    assert (await store.get_run("default", stale.run_id)).state is RunState.DISPATCHED  # its own attempt goes on
+    assert [a.outcome for a in await store.list_attempts(stale.run_id)] == [AttemptOutcome.PENDING]
+
+
 async def states_of(store, job_id: str) -> list[str]:
     runs = (await store.list_runs("default", job_id=job_id)).items
     return [run.state.value for run in sorted(runs, key=lambda run: run.scheduled_for)]
