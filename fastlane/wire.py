@@ -14,6 +14,7 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from fastlane._proto import common_pb2 as pb
+from fastlane.clock import EPOCH
 from fastlane.errors import InvalidArgument
 from fastlane.models import (
     DEFAULT_TENANT,
@@ -39,26 +40,34 @@ E = TypeVar("E", bound=StrEnum)
 # -- scalars -----------------------------------------------------------------------------------
 
 
+# Timestamps and durations are converted by arithmetic on timedelta's normalised fields rather
+# than protobuf's From/ToDatetime helpers: every run crosses the wire with several of them, and
+# the helpers cost several times more.
+
+
 def timestamp(instant: datetime | None) -> Timestamp | None:
     if instant is None:
         return None
-    message = Timestamp()
-    message.FromDatetime(instant.astimezone(UTC))
-    return message
+    since = instant - EPOCH  # days may be negative; seconds and microseconds never are
+    return Timestamp(seconds=since.days * 86_400 + since.seconds, nanos=since.microseconds * 1_000)
 
 
 def instant(message: Timestamp, present: bool = True) -> datetime | None:
-    if not present:
-        return None
-    return message.ToDatetime(tzinfo=UTC)
+    return epoch_plus(message) if present else None
+
+
+def epoch_plus(message: Timestamp) -> datetime:
+    """The instant a (set) Timestamp holds, as aware UTC."""
+    return EPOCH + timedelta(seconds=message.seconds, microseconds=message.nanos // 1_000)
 
 
 def duration(delta: timedelta | None) -> Duration | None:
     if delta is None:
         return None
-    message = Duration()
-    message.FromTimedelta(delta)
-    return message
+    micros = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+    seconds, remainder = divmod(abs(micros), 1_000_000)
+    sign = -1 if micros < 0 else 1  # a negative Duration has seconds and nanos both negative
+    return Duration(seconds=sign * seconds, nanos=sign * remainder * 1_000)
 
 
 def enum_value(kind: type[E], text: str, field: str, default: E) -> E:

@@ -31,12 +31,12 @@ import secrets
 import socket
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, TypeVar
 
 import orjson
 
-from fastlane import _worker_cli
+from fastlane import _worker_cli, wire
 from fastlane._proto import workers_pb2 as pb
 from fastlane._worker_membership import ClusterStreams
 from fastlane._worker_runs import RunSlot, run_attempt
@@ -304,10 +304,10 @@ def _is_async(fn: object) -> bool:
 def _context(slot: RunSlot, a: pb.Assignment, received_at: datetime) -> RunContext:
     return RunContext(
         run_id=a.run_id, job_id=a.job_id, job_type=a.job_type, tenant=a.tenant, attempt=a.attempt,
-        payload=a.payload, scheduled_for=a.scheduled_for.ToDatetime(tzinfo=UTC),
+        payload=a.payload, scheduled_for=wire.epoch_plus(a.scheduled_for),
         idempotency_key=a.idempotency_key, lease_token=a.lease_token,
         checkpoint=a.checkpoint if a.HasField("checkpoint") else None, received_at=received_at,
-        released_at=a.released_at.ToDatetime(tzinfo=UTC) if a.HasField("released_at") else None,
+        released_at=wire.instant(a.released_at, a.HasField("released_at")),
         _slot=slot,
     )
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from datetime import UTC, timedelta
+from datetime import timedelta
 
 import grpc
 
@@ -136,8 +136,8 @@ def _result(result: workers_pb2.RunResult) -> AttemptResult | None:
         outcome=outcome,
         error_code=result.error_code or None,
         error_message=result.error_message or None,
-        started_at=result.started_at.ToDatetime(tzinfo=UTC) if result.HasField("started_at") else None,
-        finished_at=result.finished_at.ToDatetime(tzinfo=UTC) if result.HasField("finished_at") else None,
+        started_at=wire.instant(result.started_at, result.HasField("started_at")),
+        finished_at=wire.instant(result.finished_at, result.HasField("finished_at")),
     )
 
 

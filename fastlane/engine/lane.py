@@ -71,6 +71,11 @@ class Dispatch(Protocol):
 
     def holds(self, run_id: str) -> bool: ...
 
+    @property
+    def ready_depth(self) -> int:
+        """Released runs waiting for worker credits."""
+        ...
+
 
 class FastLane:
     """Owns the in-memory window of the shards this node holds."""
@@ -249,9 +254,10 @@ class FastLane:
         while not self._stopping.is_set():
             now = self._clock.now()
             start, through = write_start(self._planned_per_slot, self._settings.lead, self._write_rate)
-            if self._planned and len(self._releasing_ids) >= MAX_WRITTEN_AHEAD:
-                # Enough runs are written and waiting already (a node behind its load): write
-                # no further ahead than the lead, and keep memory bounded.
+            if self._planned and len(self._releasing_ids) + self._dispatch.ready_depth >= MAX_WRITTEN_AHEAD:
+                # Enough runs are written and waiting already, for their time or for workers (a
+                # node behind its load): writing further ahead would only take time from sending
+                # and fill memory, so write no further ahead than the lead.
                 head = self._planned[0][0]
                 start, through = max(start, head - self._settings.lead), head + SLOT
             if start <= now:

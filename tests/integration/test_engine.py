@@ -43,6 +43,8 @@ class RecordingDispatch:
     def holds(self, run_id: str) -> bool:
         return False
 
+    ready_depth = 0
+
     def times_of(self, job_id: str) -> list[datetime]:
         # A run released again from the database (the full scan's sweep) is confirmed by the real
         # dispatcher before it is sent; here, count each run once.
