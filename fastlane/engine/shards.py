@@ -151,7 +151,12 @@ class ShardOwnership:
         after = self._clock.now()
         self.clock_offset = database_now - (before + (after - before) / 2)
         self._metrics.clock_offset.set(self.clock_offset.total_seconds())
-        eligible = abs(self.clock_offset) <= self._max_clock_offset
+        # The database's time was read somewhere within the round trip, so the offset is known
+        # only to within half of it. A busy node can take long to see the answer: that is no
+        # reason to give up its shards, so only an offset beyond the bound by more than that
+        # uncertainty counts.
+        uncertainty = (after - before) / 2
+        eligible = abs(self.clock_offset) - uncertainty <= self._max_clock_offset
         note = "" if eligible else (
             f"clock offset to the database {self.clock_offset.total_seconds() * 1000:+.0f} ms exceeds "
             f"the bound of {self._max_clock_offset.total_seconds() * 1000:.0f} ms: owning no shards"

@@ -244,3 +244,57 @@ async def test_ownership_reports_unhealthy_while_the_database_is_unreachable(sto
         store.db_now = real_db_now  # type: ignore[method-assign]
         await ownership.stop()
         task.cancel()
+
+
+class SkewedClock:
+    """This host's clock, ``skew`` ahead of the database's."""
+
+    def __init__(self, skew: timedelta) -> None:
+        self.skew = skew
+
+    def now(self) -> datetime:
+        return datetime.now(UTC) + self.skew
+
+
+class SlowClockReads:
+    """A store whose database clock takes ``delay`` to answer, as from a node too busy to read it."""
+
+    def __init__(self, store, delay: float) -> None:  # type: ignore[no-untyped-def]
+        self._store = store
+        self._delay = delay
+
+    async def db_now(self) -> datetime:
+        answer = await self._store.db_now()
+        await asyncio.sleep(self._delay)
+        return answer
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(self._store, name)
+
+
+async def own_shards_with(store, clock) -> tuple[int, str]:  # type: ignore[no-untyped-def]
+    """How many shards a node with this store and clock comes to own, and its note."""
+    async def acquired(leases):  # type: ignore[no-untyped-def]
+        pass
+
+    ownership = ShardOwnership(store, node_id="node-a", ttl=timedelta(seconds=9), metrics=Metrics(),
+                               on_acquired=acquired, on_lost=lambda ids: None, clock=clock,
+                               max_clock_offset=timedelta(milliseconds=500))
+    ready = asyncio.Event()
+    task = asyncio.create_task(ownership.run(ready))
+    await until(lambda: ownership.note or ownership.leases, timeout=10)
+    owned, note = len(ownership.leases), ownership.note
+    await ownership.stop()
+    await asyncio.wait_for(task, 10)
+    return owned, note
+
+
+async def test_a_node_whose_clock_is_off_owns_no_shards(store):
+    owned, note = await own_shards_with(store, SkewedClock(timedelta(seconds=2)))
+    assert owned == 0 and "clock offset" in note
+
+
+async def test_a_slow_reading_of_the_database_clock_is_not_taken_for_a_skew(store):
+    # The answer takes 1.2 s: the measured offset is -0.6 s, but it is only known to within 0.6 s.
+    owned, note = await own_shards_with(SlowClockReads(store, 1.2), SkewedClock(timedelta(0)))
+    assert owned == SHARDS and note == ""
