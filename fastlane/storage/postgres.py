@@ -101,25 +101,24 @@ _INSERT_RUNS = """
 """
 
 
-# Successes of current attempts, in one statement: the run ends succeeded and its attempt says so.
+# Successes of current attempts, set-wise: the runs end succeeded, then their attempts say so.
 # A success whose attempt is no longer current matches nothing here and is decided in Python.
-_RECORD_SUCCESSES = """
-    WITH done AS (
-        UPDATE runs r SET state = 'succeeded', finished_at = clock_timestamp(), last_error = NULL,
-                          lease_token = NULL, lease_expires_at = NULL, updated_at = clock_timestamp()
-        FROM unnest($1::text[], $2::bigint[]) AS u(run_id, lease_token)
-        WHERE r.run_id = u.run_id AND r.lease_token = u.lease_token AND r.state IN ('dispatched', 'running')
-        RETURNING r.*, u.lease_token AS attempt_token
-    ), marked AS (
-        UPDATE attempts a SET outcome = 'succeeded', error_code = s.error_code, error_message = s.error_message,
-                              started_at = coalesce(s.started_at, a.started_at),
-                              finished_at = coalesce(s.finished_at, clock_timestamp())
-        FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::timestamptz[], $6::timestamptz[])
-             AS s(run_id, lease_token, error_code, error_message, started_at, finished_at)
-        JOIN done d ON d.run_id = s.run_id AND d.attempt_token = s.lease_token
-        WHERE a.run_id = s.run_id AND a.lease_token = s.lease_token
-    )
-    SELECT * FROM done
+# (Two statements: joining the attempts to the first one's output inside one query lets the
+# planner pick a nested loop over unindexed sets, quadratic in the batch.)
+_SUCCEED_RUNS = """
+    UPDATE runs r SET state = 'succeeded', finished_at = clock_timestamp(), last_error = NULL,
+                      lease_token = NULL, lease_expires_at = NULL, updated_at = clock_timestamp()
+    FROM unnest($1::text[], $2::bigint[]) AS u(run_id, lease_token)
+    WHERE r.run_id = u.run_id AND r.lease_token = u.lease_token AND r.state IN ('dispatched', 'running')
+    RETURNING r.*, u.lease_token AS attempt_token
+"""
+_SUCCEED_ATTEMPTS = """
+    UPDATE attempts a SET outcome = 'succeeded', error_code = s.error_code, error_message = s.error_message,
+                          started_at = coalesce(s.started_at, a.started_at),
+                          finished_at = coalesce(s.finished_at, clock_timestamp())
+    FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::timestamptz[], $6::timestamptz[])
+         AS s(run_id, lease_token, error_code, error_message, started_at, finished_at)
+    WHERE a.run_id = s.run_id AND a.lease_token = s.lease_token
 """
 
 CHANGES_CHANNEL = "fastlane_changes"
@@ -623,12 +622,16 @@ class PostgresStore:
         successes, others = common.successes_first(results)
         async with self._transaction() as db:
             succeeded = await db.fetch(
-                _RECORD_SUCCESSES,
-                [r.run_id for r in successes], [r.lease_token for r in successes],
-                [r.error_code for r in successes], [r.error_message for r in successes],
-                [r.started_at for r in successes], [r.finished_at for r in successes],
+                _SUCCEED_RUNS, [r.run_id for r in successes], [r.lease_token for r in successes]
             ) if successes else []
             applied = {(row["run_id"], row["attempt_token"]) for row in succeeded}
+            done = [r for r in successes if (r.run_id, r.lease_token) in applied]
+            if done:
+                await db.execute(
+                    _SUCCEED_ATTEMPTS,
+                    [r.run_id for r in done], [r.lease_token for r in done], [r.error_code for r in done],
+                    [r.error_message for r in done], [r.started_at for r in done], [r.finished_at for r in done],
+                )
             rest = [r for r in successes if (r.run_id, r.lease_token) not in applied] + others
             outcomes = [ResultOutcome(run=codec.build_run(row), accepted=True) for row in succeeded]
             released = await self._release_buffered(db, {row["job_id"] for row in succeeded})
