@@ -23,7 +23,7 @@ import contextlib
 import itertools
 import logging
 import random
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -424,16 +424,19 @@ class Dispatcher:
         for session, refs in acks.values():
             if session.connected:
                 session.outbox.put_nowait(Acknowledge(refs))
+        counted: Counter[str] = Counter()  # one metric update per outcome kind and batch
         for outcome in outcomes:
             if not outcome.accepted:
-                self._metrics.runs.labels(outcome="superseded").inc()
+                counted["superseded"] += 1
                 continue
-            run = outcome.run
+            state = outcome.state
             if outcome.released:
-                self._metrics.runs.labels(outcome="released_from_buffer").inc()
-            elif run.state is RunState.SCHEDULED:
-                self._metrics.runs.labels(outcome="retry").inc()
+                counted["released_from_buffer"] += 1
+            elif state is RunState.SCHEDULED:
+                counted["retry"] += 1
             else:
-                self._metrics.runs.labels(outcome=run.state.value).inc()
-            if run.state is RunState.SCHEDULED:
-                self._reschedule(run)
+                counted[state.value] += 1
+            if state is RunState.SCHEDULED:
+                self._reschedule(outcome.run)
+        for kind, count in counted.items():
+            self._metrics.runs.labels(outcome=kind).inc(count)

@@ -9,10 +9,10 @@ lease is still the caller's with the same token. Otherwise they write nothing an
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Container, Sequence
+from collections.abc import Callable, Collection, Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from fastlane.errors import ConfigurationError
 from fastlane.models import (
@@ -27,6 +27,7 @@ from fastlane.models import (
     RunState,
     ShardLease,
 )
+from fastlane.storage import codec
 
 DEFAULT_SHARD_COUNT = 64
 T = TypeVar("T")
@@ -86,17 +87,42 @@ class AttemptResult:
     finished_at: datetime | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
 class ResultOutcome:
     """What recording a result did to a run: ``accepted`` is False for a superseded attempt.
 
     ``released`` marks a run of the same job that left the overlap buffer because this one
     finished: it is now ``scheduled`` and due at once.
+
+    A store may hand over the run's row rather than the run: the node needs only ``state`` for
+    most results (a success), and building thousands of full runs a second for nothing shows in
+    its CPU profile. ``run`` is then built when first asked for.
     """
 
-    run: Run
-    accepted: bool
-    released: bool = False
+    __slots__ = ("accepted", "released", "_run", "_row")
+
+    def __init__(
+        self, *, accepted: bool, released: bool = False, run: Run | None = None, row: Mapping[str, Any] | None = None
+    ) -> None:
+        if (run is None) == (row is None):
+            raise ValueError("a result outcome needs the run or its row")
+        self.accepted = accepted
+        self.released = released
+        self._run = run
+        self._row = row
+
+    @property
+    def run(self) -> Run:
+        if self._run is None:
+            assert self._row is not None
+            self._run = codec.build_run(self._row)
+        return self._run
+
+    @property
+    def state(self) -> RunState:
+        return self._run.state if self._run is not None else codec.run_state(self._row)
+
+    def __repr__(self) -> str:
+        return f"ResultOutcome(run={self.run!r}, accepted={self.accepted}, released={self.released})"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -213,6 +213,11 @@ def _milliseconds(value: int) -> timedelta:
     return timedelta(milliseconds=value)
 
 
+def run_state(row: Mapping[str, Any] | None) -> RunState:
+    assert row is not None
+    return _RUN_STATES[row["state"]]
+
+
 def build_run(row: Mapping[str, Any]) -> Run:
     return Run(
         run_id=row["run_id"],

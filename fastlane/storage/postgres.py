@@ -633,7 +633,7 @@ class PostgresStore:
                     [r.error_message for r in done], [r.started_at for r in done], [r.finished_at for r in done],
                 )
             rest = [r for r in successes if (r.run_id, r.lease_token) not in applied] + others
-            outcomes = [ResultOutcome(run=codec.build_run(row), accepted=True) for row in succeeded]
+            outcomes = [ResultOutcome(row=row, accepted=True) for row in succeeded]
             released = await self._release_buffered(db, {row["job_id"] for row in succeeded})
             for run in released:
                 await _notify(db, Change("run", run.shard_id, run.tenant, run.run_id))

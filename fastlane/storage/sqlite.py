@@ -659,7 +659,7 @@ class SQLiteStore:
                 [(r.error_code, r.error_message, _instant(r.started_at), _instant(r.finished_at), r.run_id,
                   r.lease_token) for r in applied],
             )
-            outcomes = [ResultOutcome(run=codec.build_run(row), accepted=True) for row in succeeded]
+            outcomes = [ResultOutcome(row=row, accepted=True) for row in succeeded]
             released = await _release_buffered(db, {row["job_id"] for row in succeeded})
             outcomes += [ResultOutcome(run=run, accepted=True, released=True) for run in released]
             rest = [r for r in successes if (r.run_id, r.lease_token) not in current] + others
