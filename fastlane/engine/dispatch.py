@@ -147,7 +147,9 @@ class Dispatcher:
 
     @property
     def ready_depth(self) -> int:
-        return sum(len(queue) for queue in self._ready.values())
+        # Also read by the metrics thread: list() takes the queues in one step under the GIL,
+        # so a queue added meanwhile cannot break the iteration.
+        return sum(map(len, list(self._ready.values())))
 
     def connect(self, worker_id: str, job_types: Iterable[str], credits: int, tenant: str | None) -> WorkerSession:
         session = WorkerSession(worker_id=worker_id, job_types=frozenset(job_types), tenant=tenant or None,
