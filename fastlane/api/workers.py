@@ -60,7 +60,7 @@ class WorkerServicer(workers_pb2_grpc.WorkerServiceServicer):
                 outgoing = await _next(session, reader)
                 if outgoing is None:
                     break
-                for message in _coalesced(outgoing, session):
+                for message in coalesced(outgoing, session):
                     await context.write(_to_pb(message))
         finally:
             reader.cancel()
@@ -96,7 +96,7 @@ async def _next(session: WorkerSession, reader: asyncio.Task[None]) -> Outgoing 
     return None
 
 
-def _coalesced(first: Outgoing, session: WorkerSession) -> list[Outgoing]:
+def coalesced(first: Outgoing, session: WorkerSession) -> list[Outgoing]:
     """``first`` and everything queued behind it, consecutive assignments (and acknowledgements)
     merged into one message each: under load one write carries many runs. Order is kept, so a
     cancel never overtakes the assignment it cancels."""

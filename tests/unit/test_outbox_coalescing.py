@@ -1,0 +1,42 @@
+"""What a worker stream sends: queued messages merged, in order, within a size cap."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from fastlane.api.workers import MAX_RUNS_PER_MESSAGE, coalesced
+from fastlane.engine.dispatch import Acknowledge, Assign, AttemptRef, Cancel, WorkerSession
+
+
+def assign(*names: str) -> Assign:
+    # The merging looks only at how many runs a message holds, never into them.
+    return Assign(cast(Any, list(names)))
+
+
+def session_with(*queued: object) -> WorkerSession:
+    session = WorkerSession(worker_id="w", job_types=frozenset({"t"}), tenant=None, credits=0)
+    for message in queued:
+        session.outbox.put_nowait(cast(Any, message))
+    return session
+
+
+def test_consecutive_assignments_and_acknowledgements_go_out_as_one_message_each():
+    ack = Acknowledge([AttemptRef("r1", 1)])
+    session = session_with(assign("b"), assign("c"), ack, Acknowledge([AttemptRef("r2", 2)]), assign("d"))
+    sent = coalesced(assign("a"), session)
+    assert [type(m).__name__ for m in sent] == ["Assign", "Acknowledge", "Assign"]
+    assert sent[0].runs == ["a", "b", "c"] and sent[2].runs == ["d"]
+    assert [ref.run_id for ref in sent[1].results] == ["r1", "r2"]
+    assert session.outbox.empty()
+
+
+def test_a_cancel_is_never_merged_past_the_assignment_it_follows():
+    cancel = Cancel([AttemptRef("a", 1)], "cancelled")
+    sent = coalesced(assign("a"), session_with(cancel, assign("b")))
+    assert sent == [Assign(["a"]), cancel, Assign(["b"])]
+
+
+def test_a_merged_assignment_stops_growing_at_the_cap():
+    batch = [f"run-{i}" for i in range(MAX_RUNS_PER_MESSAGE)]
+    sent = coalesced(Assign(cast(Any, batch)), session_with(assign("next")))
+    assert [len(m.runs) for m in sent] == [MAX_RUNS_PER_MESSAGE, 1]
