@@ -28,6 +28,19 @@ async def stores(pg_dsn):
     await other.close()
 
 
+async def lease_ran_out(dsn: str, shard_id: int, timeout: float = 5.0) -> None:
+    """Wait until the shard's lease has expired by the database clock."""
+    watcher = await asyncpg.connect(dsn)
+    try:
+        deadline = asyncio.get_running_loop().time() + timeout
+        query = "SELECT lease_expires_at < clock_timestamp() FROM shards WHERE shard_id = $1"
+        while not await watcher.fetchval(query, shard_id):
+            assert asyncio.get_running_loop().time() < deadline, "the lease never ran out"
+            await asyncio.sleep(0.02)
+    finally:
+        await watcher.close()
+
+
 async def test_renewal_does_not_wait_for_an_open_fenced_transaction(stores, pg_dsn):
     owner, _ = stores
     [lease] = await owner.acquire_shards("node-a", TTL, limit=1, shard_ids=[2])
@@ -50,7 +63,7 @@ async def test_a_takeover_waits_until_the_fenced_transaction_ends(stores, pg_dsn
         transaction = fenced.transaction()
         await transaction.start()
         assert await fenced.fetch(_FENCE, [lease.shard_id], [lease.owner], [lease.token])
-        await asyncio.sleep(0.5)  # the lease runs out while the fenced transaction is still open
+        await lease_ran_out(pg_dsn, shard_id=1)  # while the fenced transaction is still open
         assert await other.acquire_shards("node-b", TTL, limit=1, shard_ids=[1]) == []
         await transaction.commit()
         [taken] = await other.acquire_shards("node-b", TTL, limit=1, shard_ids=[1])
