@@ -79,6 +79,7 @@ _TIME_COLUMNS = frozenset({
     "first_attempt_at", "finished_at", "dispatched_at", "started_at",
 })
 
+DUE_JOBS_CHUNK = 2_000
 _LOAD_DUE_JOBS = f"""
     SELECT job_id, shard_id, next_fire_at,
            {codec.DUE_JOB_SCHEDULE.format(kind="json_extract(policies, '$.schedule.kind')",
@@ -364,10 +365,14 @@ class SQLiteStore:
         lower = _instant(at_or_after)
         after_time, after_id = (to_micros(after_job[0]), after_job[1]) if after_job else (None, "")
         params = (_json_list(shard_ids), to_micros(before), lower, lower, after_time, after_time, after_id, limit)
+        jobs: list[DueJob] = []
         async with self._read() as db, db.execute(_LOAD_DUE_JOBS, params) as cursor:
-            rows = await cursor.fetchall()
-        return [codec.build_due_job(job_id, shard_id, from_micros(fire_at), schedule, misfire)
-                for job_id, shard_id, fire_at, schedule, misfire in rows]
+            # A few thousand rows at a time: the rows are thrown away as soon as they are decoded,
+            # and a smaller batch of them leaves less memory behind in the allocator.
+            while rows := await cursor.fetchmany(DUE_JOBS_CHUNK):
+                jobs += [codec.build_due_job(job_id, shard_id, from_micros(fire_at), schedule, misfire)
+                         for job_id, shard_id, fire_at, schedule, misfire in rows]
+        return jobs
 
     async def materialise_runs(self, fences: Sequence[ShardLease], occurrences: Sequence[Occurrence]) -> Materialised:
         async with self._transaction() as db:
