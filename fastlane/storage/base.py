@@ -113,13 +113,16 @@ class ResultOutcome:
     @property
     def run(self) -> Run:
         if self._run is None:
-            assert self._row is not None
-            self._run = codec.build_run(self._row)
+            self._run = codec.build_run(self._held_row())
         return self._run
 
     @property
     def state(self) -> RunState:
-        return self._run.state if self._run is not None else codec.run_state(self._row)
+        return self._run.state if self._run is not None else codec.run_state(self._held_row())
+
+    def _held_row(self) -> Mapping[str, Any]:
+        assert self._row is not None  # the constructor took one of the two
+        return self._row
 
     def __repr__(self) -> str:
         return f"ResultOutcome(run={self.run!r}, accepted={self.accepted}, released={self.released})"

@@ -213,8 +213,7 @@ def _milliseconds(value: int) -> timedelta:
     return timedelta(milliseconds=value)
 
 
-def run_state(row: Mapping[str, Any] | None) -> RunState:
-    assert row is not None
+def run_state(row: Mapping[str, Any]) -> RunState:
     return _RUN_STATES[row["state"]]
 
 
