@@ -43,6 +43,15 @@ class Metrics:
                                   "Database clock minus this node's clock, measured each lease cycle", registry=registry)
         self.materialised = Counter("fastlane_runs_materialised_total", "Runs written ahead of their time",
                                     registry=registry)
+        self.loop_failures = Counter("fastlane_loop_failures_total",
+                                     "Unexpected exceptions that stopped a background loop (restarted with backoff)",
+                                     ["loop"], registry=registry)
+        self.jobs_errored = Gauge("fastlane_jobs_errored",
+                                  "Jobs set aside in state errored because processing them raised (all tenants)",
+                                  registry=registry)
+        self.set_aside = Counter("fastlane_set_aside_total",
+                                 "Jobs or records this node set aside because processing them raised, by kind",
+                                 ["kind"], registry=registry)
 
     def serve(self, listen: str) -> None:
         """Expose /metrics over HTTP on ``HOST:PORT`` (a daemon thread)."""

@@ -1,25 +1,20 @@
 """The domain model: jobs, runs, attempts, shards and the policies that govern them.
 
-Everything here is an immutable value. Validation happens in one place, :func:`validate_job`,
-and raises :class:`~fastlane.errors.InvalidArgument` naming the field and the problem.
+Everything here is an immutable value. Input is bounded in one place, :mod:`fastlane.validation`.
 """
 
 from __future__ import annotations
 
-import re
 import uuid
 import zlib
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 
-from fastlane.errors import InvalidArgument
+from fastlane.limits import DEFAULT_MAX_PAYLOAD_BYTES as MAX_PAYLOAD_BYTES  # noqa: F401 - old import path
+from fastlane.limits import MAX_CHECKPOINT_BYTES, MIN_LEASE_TTL  # noqa: F401 - old import path
 
 DEFAULT_TENANT = "default"
-MAX_PAYLOAD_BYTES = 1 << 20
-MAX_CHECKPOINT_BYTES = 1 << 20
-# Workers heartbeat every second: a lease of three seconds survives two lost heartbeats.
-MIN_LEASE_TTL = timedelta(seconds=3)
 
 
 # -- enumerations ------------------------------------------------------------------------------
@@ -339,46 +334,6 @@ def idempotency_key(job_id: str, run_id: str, scheduled_for: datetime, manual: b
     return f"{job_id}:{scheduled_for.isoformat().replace('+00:00', 'Z')}"
 
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,199}$")
-
-
-def validate_spec(spec: JobSpec) -> JobSpec:
-    """Check a job spec; return it unchanged or raise :class:`InvalidArgument` naming the field."""
-    from fastlane.schedules import validate_schedule  # schedules imports models
-
-    if not _NAME.match(spec.tenant):
-        raise InvalidArgument("tenant", f"{spec.tenant!r} must be 1–200 of letters, digits and ._:/@-")
-    if not _NAME.match(spec.name):
-        raise InvalidArgument("name", f"{spec.name!r} must be 1–200 of letters, digits and ._:/@-")
-    if not _NAME.match(spec.job_type):
-        raise InvalidArgument("job_type", f"{spec.job_type!r} must be 1–200 of letters, digits and ._:/@-")
-    if len(spec.payload) > MAX_PAYLOAD_BYTES:
-        raise InvalidArgument("payload", f"{len(spec.payload)} bytes is over the limit of {MAX_PAYLOAD_BYTES}")
-    if not -1000 <= spec.priority <= 1000:
-        raise InvalidArgument("priority", f"{spec.priority} is out of range (-1000..1000)")
-    if spec.concurrency_key is not None:
-        raise InvalidArgument("concurrency_key", "per-key concurrency caps are not supported yet; leave it unset")
-    validate_schedule(spec.schedule)
-    retry = spec.retry
-    if retry.max_attempts < 1:
-        raise InvalidArgument("retry.max_attempts", f"{retry.max_attempts} must be at least 1")
-    if retry.backoff_base <= timedelta(0) or retry.backoff_cap < retry.backoff_base:
-        raise InvalidArgument("retry.backoff", "base must be positive and cap at least the base")
-    if retry.max_retry_time is not None and retry.max_retry_time <= timedelta(0):
-        raise InvalidArgument("retry.max_retry_time", "must be positive when set")
-    if spec.misfire.grace < timedelta(0):
-        raise InvalidArgument("misfire.grace", "must not be negative")
-    if spec.misfire.fire_all_cap < 1:
-        raise InvalidArgument("misfire.fire_all_cap", f"{spec.misfire.fire_all_cap} must be at least 1")
-    if spec.timeout is not None and spec.timeout <= timedelta(0):
-        raise InvalidArgument("timeout", "must be positive when set")
-    if spec.lease_ttl < MIN_LEASE_TTL:
-        raise InvalidArgument(
-            "lease_ttl", f"{spec.lease_ttl.total_seconds()} s is too short (at least {MIN_LEASE_TTL.total_seconds():.0f} s)"
-        )
-    return spec
-
-
 __all__ = [
     "Attempt",
     "AttemptOutcome",
@@ -400,5 +355,4 @@ __all__ = [
     "new_id",
     "replace",
     "shard_of",
-    "validate_spec",
 ]

@@ -23,9 +23,9 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 from croniter import CroniterBadDateError, croniter
 
 from fastlane.errors import ScheduleError, UnknownTimeZone
+from fastlane.limits import LAST_INSTANT, MIN_INTERVAL
 from fastlane.models import Schedule, ScheduleKind
 
-MIN_INTERVAL = timedelta(milliseconds=100)
 _ZERO = timedelta(0)
 _EXAMPLE_AT = "write e.g. 2027-03-14T07:00:00Z"
 
@@ -275,13 +275,17 @@ def _candidate_instants(cron: CronExpr, tz: ZoneInfo, after: datetime) -> Iterat
 def _cron_instants(cron: CronExpr, tz: ZoneInfo, after: datetime) -> Iterator[datetime]:
     """Fire instants (UTC, strictly increasing) strictly after ``after``."""
     last = after
+    if after >= LAST_INSTANT:
+        return
     try:
         for instant in _candidate_instants(cron, tz, after):
+            if instant >= LAST_INSTANT:
+                return  # the supported range ends: so does the schedule
             if instant > last:  # also collapses several gap times into one fire
                 last = instant
                 yield instant
-    except CroniterBadDateError:
-        return  # croniter found no further date within its search horizon
+    except (CroniterBadDateError, OverflowError):
+        return  # croniter found no further date within its search horizon or datetime's range
 
 
 # -- schedules ---------------------------------------------------------------------------------
@@ -337,9 +341,13 @@ def _interval_fires(s: Schedule, after: datetime) -> Iterator[datetime]:
     if s.every is None or s.every <= _ZERO:
         raise ValueError(f"an interval schedule needs a positive 'every', got {s.every!r}")
     anchor = s.anchor.astimezone(UTC)
-    # timedelta is exact integer microseconds, so anchor + k * every never drifts.
-    k = 0 if after < anchor else (after - anchor) // s.every + 1
-    while True:
+    if anchor >= LAST_INSTANT:
+        return
+    # timedelta is exact integer microseconds, so anchor + k * every never drifts. The last k
+    # is computed before multiplying, so no occurrence past the supported range is ever formed.
+    last_k = (LAST_INSTANT - anchor) // s.every
+    k = 0 if after < anchor else min((after - anchor) // s.every + 1, last_k + 1)
+    while k <= last_k:
         yield anchor + s.every * k
         k += 1
 
@@ -360,8 +368,9 @@ def _fires(s: Schedule, after: datetime) -> Iterator[datetime]:
 def next_fire_after(s: Schedule, after: datetime) -> datetime | None:
     """The first fire time strictly after the aware ``after``, as aware UTC.
 
-    Returns None for one-shot kinds (``now``, ``at``) and for a cron expression that never fires
-    again.
+    Returns None for one-shot kinds (``now``, ``at``), for a cron expression that never fires
+    again, and when the next fire time would fall past the supported range (``LAST_INSTANT``):
+    the schedule ends there rather than overflow.
 
     Raises:
         ValueError: ``after`` is naive, or an interval schedule has no anchor (the store sets it).

@@ -31,9 +31,9 @@ from fastlane.models import (
     MisfirePolicy,
     OverlapPolicy,
     RetryPolicy,
-    validate_spec,
 )
 from fastlane.schedules import local_time, preview
+from fastlane.validation import validate_spec
 from fastlane.wire import rfc3339
 
 MAX_PREVIEW = 1000

@@ -39,7 +39,6 @@ from fastlane.models import (
     ShardLease,
     new_id,
     shard_of,
-    validate_spec,
 )
 from fastlane.schedules import first_fire
 from fastlane.storage import codec, common
@@ -56,6 +55,7 @@ from fastlane.storage.base import (
 )
 from fastlane.storage.migrations import migrations_for
 from fastlane.storage.transitions import CANCELLED_BY_REQUEST, OVERLAP_CANCELLED
+from fastlane.validation import validate_spec
 
 log = logging.getLogger("fastlane.storage.postgres")
 

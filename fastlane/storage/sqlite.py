@@ -45,7 +45,6 @@ from fastlane.models import (
     ShardLease,
     new_id,
     shard_of,
-    validate_spec,
 )
 from fastlane.schedules import first_fire
 from fastlane.storage import codec, common
@@ -63,6 +62,7 @@ from fastlane.storage.base import (
 from fastlane.storage.migrations import migrations_for
 from fastlane.storage.transitions import CANCELLED_BY_REQUEST, OVERLAP_CANCELLED
 from fastlane.storage.turns import WriteTurns
+from fastlane.validation import validate_spec
 
 # The database clock, in integer microseconds. SQLite's own julianday('now') only has millisecond
 # resolution; an embedded database shares its host's clock anyway, so the connection gets a SQL

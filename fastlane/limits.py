@@ -1,0 +1,51 @@
+"""Every bound fastlane puts on input, in one place (applied by :mod:`fastlane.validation`).
+
+Instants are kept well inside what ``datetime`` can hold, so that adding any allowed duration,
+window or lead to any allowed instant cannot overflow; durations and counts are bounded so that
+backoff, retry budgets and misfire walks stay finite. The README's "Limits" table lists them.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+# -- instants ----------------------------------------------------------------------------------
+
+# Occurrences are computed up to LAST_INSTANT; a schedule whose next occurrence falls past it
+# ends. datetime.max is year 9999: a thousand years of room above LAST_INSTANT leaves space for
+# any window, lead, interval or retry delay allowed below.
+FIRST_INSTANT = datetime(1970, 1, 1, tzinfo=UTC)
+LAST_INSTANT = datetime(9000, 1, 1, tzinfo=UTC)
+
+# -- durations ---------------------------------------------------------------------------------
+
+MIN_INTERVAL = timedelta(milliseconds=100)
+MAX_INTERVAL = timedelta(days=100 * 366)
+# Workers heartbeat every second: a lease of three seconds survives two lost heartbeats.
+MIN_LEASE_TTL = timedelta(seconds=3)
+MAX_LEASE_TTL = timedelta(hours=24)
+MAX_TIMEOUT = timedelta(days=30)
+MAX_MISFIRE_GRACE = timedelta(days=366)
+MIN_BACKOFF = timedelta(milliseconds=1)
+MAX_BACKOFF = timedelta(days=7)
+MAX_RETRY_TIME = timedelta(days=366)
+
+# -- counts and sizes --------------------------------------------------------------------------
+
+MAX_ATTEMPTS = 1_000
+MAX_FIRE_ALL_CAP = 10_000
+MIN_PRIORITY, MAX_PRIORITY = -1000, 1000
+DEFAULT_PAGE_SIZE = 100
+MAX_PAGE_SIZE = 1_000
+MAX_PREVIEW = 1_000
+DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20
+# The largest payload limit a daemon may be configured with; the gRPC message limit is above it.
+PAYLOAD_CEILING_BYTES = 16 << 20
+MAX_CHECKPOINT_BYTES = 1 << 20
+MAX_NAME_LENGTH = 200
+MAX_ID_LENGTH = 200
+MAX_CRON_LENGTH = 200
+MAX_TIMEZONE_LENGTH = 64
+MAX_ERROR_TEXT = 4_000  # error codes and messages reported by workers are cut to this
+MAX_JOB_TYPES = 1_000  # job types one worker stream may declare
+

@@ -1,0 +1,184 @@
+"""The one place that bounds what callers send, before it reaches arithmetic, storage or memory.
+
+Every value that crosses the API is checked here (the servicers call these functions, and the
+stores call :func:`validate_spec` again as a last line), so a limit is written once. A bad value
+raises :class:`~fastlane.errors.InvalidArgument` naming the field as the proto names it and
+saying what would be right. The limits are documented in the README and in the proto comments.
+
+Why these bounds: instants are kept well inside what ``datetime`` can hold, so that adding any
+allowed duration, window or lead to any allowed instant cannot overflow; durations and counts
+are bounded so that backoff, retry budgets and misfire walks stay finite; strings have a length
+and no control characters (PostgreSQL refuses NUL in text, logs and terminals mangle the rest).
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta
+
+from fastlane.errors import InvalidArgument
+from fastlane.limits import (
+    DEFAULT_PAGE_SIZE,
+    FIRST_INSTANT,
+    LAST_INSTANT,
+    MAX_ATTEMPTS,
+    MAX_BACKOFF,
+    MAX_CRON_LENGTH,
+    MAX_ERROR_TEXT,
+    MAX_FIRE_ALL_CAP,
+    MAX_ID_LENGTH,
+    MAX_INTERVAL,
+    MAX_LEASE_TTL,
+    MAX_MISFIRE_GRACE,
+    MAX_NAME_LENGTH,
+    MAX_PAGE_SIZE,
+    MAX_PRIORITY,
+    MAX_RETRY_TIME,
+    MAX_TIMEOUT,
+    MIN_BACKOFF,
+    MIN_INTERVAL,
+    MIN_LEASE_TTL,
+    MIN_PRIORITY,
+    PAYLOAD_CEILING_BYTES,
+)
+from fastlane.models import JobSpec, Schedule, ScheduleKind
+from fastlane import schedules
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@-]*")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+# -- scalars -----------------------------------------------------------------------------------
+
+
+def name(field: str, value: str) -> str:
+    """A tenant, job name or job type: 1–200 of letters, digits and ``._:/@-``."""
+    if not (0 < len(value) <= MAX_NAME_LENGTH and _NAME.fullmatch(value)):
+        raise InvalidArgument(
+            field, f"{_shown(value)} must be 1–{MAX_NAME_LENGTH} of letters, digits and ._:/@- (starting with a letter or digit)"
+        )
+    return value
+
+
+def identifier(field: str, value: str, *, required: bool = True) -> str:
+    """A job, run or worker id: 1–200 characters, no control characters."""
+    if not value and not required:
+        return value
+    if not value:
+        raise InvalidArgument(field, "is required")
+    if len(value) > MAX_ID_LENGTH or _CONTROL.search(value):
+        raise InvalidArgument(field, f"{_shown(value)} must be 1–{MAX_ID_LENGTH} characters without control characters")
+    return value
+
+
+def text(field: str, value: str, *, max_length: int) -> str:
+    """Free text (a cron expression, a zone name): bounded, no control characters."""
+    if len(value) > max_length or _CONTROL.search(value):
+        raise InvalidArgument(field, f"{_shown(value)} must be at most {max_length} characters without control characters")
+    return value
+
+
+def instant(field: str, value: datetime) -> datetime:
+    """An instant within the supported range."""
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidArgument(field, f"{value.isoformat()} has no offset; use RFC 3339, e.g. 2027-01-01T09:00:00Z")
+    if not FIRST_INSTANT <= value < LAST_INSTANT:
+        raise InvalidArgument(
+            field, f"{value.isoformat()} is outside the supported range ({_day(FIRST_INSTANT)} to before {_day(LAST_INSTANT)})"
+        )
+    return value
+
+
+def duration(field: str, value: timedelta, low: timedelta, high: timedelta, *, low_inclusive: bool = True) -> timedelta:
+    """A duration within ``[low, high]`` (``(low, high]`` when ``low_inclusive`` is false)."""
+    too_low = value < low if low_inclusive else value <= low
+    if too_low or value > high:
+        bracket = "[" if low_inclusive else "("
+        raise InvalidArgument(
+            field, f"{value.total_seconds():g} s is out of range {bracket}{low.total_seconds():g} s, {high.total_seconds():g} s]"
+        )
+    return value
+
+
+def count(field: str, value: int, low: int, high: int) -> int:
+    if not low <= value <= high:
+        raise InvalidArgument(field, f"{value} is out of range ({low}..{high})")
+    return value
+
+
+def page_size(value: int) -> int:
+    """The page size a listing asked for; 0 means the default."""
+    return count("page_size", value, 0, MAX_PAGE_SIZE) or DEFAULT_PAGE_SIZE
+
+
+def payload(field: str, value: bytes, limit: int) -> bytes:
+    if len(value) > limit:
+        raise InvalidArgument(field, f"{len(value)} bytes is over the limit of {limit} bytes")
+    return value
+
+
+def progress(value: float) -> float:
+    """A run's progress: a number from 0 to 1 (NaN is refused)."""
+    if not 0.0 <= value <= 1.0:
+        raise InvalidArgument("progress", f"{value} is out of range (0..1)")
+    return value
+
+
+def error_text(value: str) -> str:
+    """An error code or message from a worker: kept, but cut to a bounded length and cleaned."""
+    return _CONTROL.sub(" ", value[:MAX_ERROR_TEXT]) if _CONTROL.search(value) or len(value) > MAX_ERROR_TEXT else value
+
+
+# -- job specs ---------------------------------------------------------------------------------
+
+
+def validate_spec(spec: JobSpec, *, max_payload: int = PAYLOAD_CEILING_BYTES) -> JobSpec:
+    """Check a job spec; return it unchanged or raise :class:`InvalidArgument` naming the field."""
+    name("spec.tenant", spec.tenant)
+    name("spec.name", spec.name)
+    name("spec.job_type", spec.job_type)
+    payload("spec.payload", spec.payload, max_payload)
+    count("spec.priority", spec.priority, MIN_PRIORITY, MAX_PRIORITY)
+    if spec.concurrency_key is not None:
+        raise InvalidArgument("spec.concurrency_key", "per-key concurrency caps are not supported yet; leave it unset")
+    validate_schedule(spec.schedule)
+    retry = spec.retry
+    count("spec.retry.max_attempts", retry.max_attempts, 1, MAX_ATTEMPTS)
+    duration("spec.retry.backoff_base", retry.backoff_base, MIN_BACKOFF, MAX_BACKOFF)
+    duration("spec.retry.backoff_cap", retry.backoff_cap, retry.backoff_base, MAX_BACKOFF)
+    if retry.max_retry_time is not None:
+        duration("spec.retry.max_retry_time", retry.max_retry_time, timedelta(0), MAX_RETRY_TIME, low_inclusive=False)
+    duration("spec.misfire.grace", spec.misfire.grace, timedelta(0), MAX_MISFIRE_GRACE)
+    count("spec.misfire.fire_all_cap", spec.misfire.fire_all_cap, 1, MAX_FIRE_ALL_CAP)
+    if spec.timeout is not None:
+        duration("spec.timeout", spec.timeout, timedelta(0), MAX_TIMEOUT, low_inclusive=False)
+    duration("spec.lease_ttl", spec.lease_ttl, MIN_LEASE_TTL, MAX_LEASE_TTL)
+    return spec
+
+
+def validate_schedule(schedule: Schedule) -> Schedule:
+    """A schedule's shape (``schedules`` checks the fields of its kind) and its fields' ranges."""
+    schedules.validate_schedule(schedule)
+    text("spec.schedule.cron.expression", schedule.cron or "", max_length=MAX_CRON_LENGTH)
+    if schedule.kind is ScheduleKind.AT and schedule.at is not None:
+        instant("spec.schedule.at", schedule.at)
+    if schedule.kind is ScheduleKind.INTERVAL:
+        if schedule.every is not None:
+            duration("spec.schedule.interval.every", schedule.every, MIN_INTERVAL, MAX_INTERVAL)
+        if schedule.anchor is not None:
+            instant("spec.schedule.interval.anchor", schedule.anchor)
+    return schedule
+
+
+def _shown(value: str) -> str:
+    return repr(value if len(value) <= 40 else value[:40] + "…")
+
+
+def _day(value: datetime) -> str:
+    return value.date().isoformat()
+
+
+__all__ = [
+    "count", "duration", "error_text", "identifier", "instant", "name", "page_size", "payload", "progress", "text",
+    "validate_schedule", "validate_spec",
+]
