@@ -7,6 +7,13 @@ API layer can pass ``str(error)`` to a person unchanged.
 
 from __future__ import annotations
 
+import secrets
+
+
+def new_error_id() -> str:
+    """A short id that ties what a caller or a stored record is told to a traceback in the log."""
+    return secrets.token_hex(6)
+
 
 class FastlaneError(Exception):
     """Root of every error fastlane raises on purpose."""

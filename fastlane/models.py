@@ -31,6 +31,7 @@ class JobState(StrEnum):
     ACTIVE = "active"
     PAUSED = "paused"
     COMPLETED = "completed"  # a one-shot job whose only occurrence has been materialised
+    ERRORED = "errored"  # set aside: processing it raised (see Job.error); resume takes it back
 
 
 class RunState(StrEnum):
@@ -183,6 +184,7 @@ class Job:
     created_at: datetime
     updated_at: datetime
     version: int = 1
+    error: str | None = None  # why it was set aside (state errored), with the error id of the log
 
     @property
     def tenant(self) -> str:

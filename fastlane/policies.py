@@ -74,8 +74,17 @@ def _next(recurrence: Schedule | None, after: datetime) -> datetime | None:
 
 
 def backoff_delay(policy: RetryPolicy, failed_attempts: int, rng: random.Random) -> timedelta:
-    """Exponential backoff with full jitter: uniform in [0, min(cap, base * 2^(n-1))]."""
-    ceiling = min(policy.backoff_cap, policy.backoff_base * (2 ** max(failed_attempts - 1, 0)))
+    """Exponential backoff with full jitter: uniform in [0, min(cap, base * 2^(n-1))].
+
+    The doublings are counted up to the cap before anything is multiplied, so a hundredth
+    attempt costs no 2^99 and cannot overflow ``timedelta``.
+    """
+    ceiling = policy.backoff_base
+    for _ in range(max(failed_attempts - 1, 0)):
+        if ceiling >= policy.backoff_cap:
+            break
+        ceiling *= 2
+    ceiling = min(ceiling, policy.backoff_cap)
     return timedelta(seconds=rng.uniform(0.0, ceiling.total_seconds()))
 
 

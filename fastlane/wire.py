@@ -1,7 +1,10 @@
 """Conversion between protobuf messages and domain models, in both directions.
 
 Servicers, the client SDK and the CLI all go through here, so a field is mapped in one place.
-Inbound conversions validate enumerations and raise :class:`InvalidArgument` naming the field.
+Inbound conversions never raise anything but :class:`InvalidArgument` naming the field as the
+proto names it: timestamps and durations are range-checked before they become ``datetime`` and
+``timedelta`` (where a year-1 instant or a 1e18-second duration would overflow), and enumerations
+are checked against their members. The ranges a field may take are :mod:`fastlane.validation`'s.
 """
 
 from __future__ import annotations
@@ -13,9 +16,13 @@ from typing import TypeVar
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from google.protobuf.message import Message
+
+from fastlane import validation
 from fastlane._proto import common_pb2 as pb
 from fastlane.clock import EPOCH
 from fastlane.errors import InvalidArgument
+from fastlane.limits import MAX_CRON_LENGTH, MAX_TIMEZONE_LENGTH
 from fastlane.models import (
     DEFAULT_TENANT,
     Attempt,
@@ -61,6 +68,26 @@ def epoch_plus(message: Timestamp) -> datetime:
     return EPOCH + timedelta(seconds=message.seconds, microseconds=message.nanos // 1_000)
 
 
+# Protobuf's own range for Timestamp (years 1..9999) and Duration (about ±10,000 years).
+_MIN_TIMESTAMP_SECONDS, _MAX_TIMESTAMP_SECONDS = -62_135_596_800, 253_402_300_799
+_MAX_DURATION_SECONDS = 315_576_000_000
+
+
+def instant_in(field: str, message: Timestamp) -> datetime:
+    """A request's (set) Timestamp as aware UTC, within the supported range."""
+    if not (_MIN_TIMESTAMP_SECONDS <= message.seconds <= _MAX_TIMESTAMP_SECONDS and 0 <= message.nanos < 1_000_000_000):
+        raise InvalidArgument(field, f"seconds={message.seconds} nanos={message.nanos} is not a valid timestamp")
+    return validation.instant(field, epoch_plus(message))
+
+
+def duration_in(field: str, message: Duration) -> timedelta:
+    """A request's (set) Duration; its range is checked where the field's bounds are known."""
+    seconds, nanos = message.seconds, message.nanos
+    if abs(seconds) > _MAX_DURATION_SECONDS or abs(nanos) >= 1_000_000_000 or seconds * nanos < 0:
+        raise InvalidArgument(field, f"seconds={seconds} nanos={nanos} is not a valid duration")
+    return timedelta(seconds=seconds, microseconds=nanos // 1_000 if nanos >= 0 else -((-nanos) // 1_000))
+
+
 def duration(delta: timedelta | None) -> Duration | None:
     if delta is None:
         return None
@@ -77,7 +104,7 @@ def enum_value(kind: type[E], text: str, field: str, default: E) -> E:
         return kind(text)
     except ValueError:
         allowed = ", ".join(member.value for member in kind)
-        raise InvalidArgument(field, f"{text!r} is not one of: {allowed}") from None
+        raise InvalidArgument(field, f"{text[:40]!r} is not one of: {allowed}") from None
 
 
 # -- schedules and specs -----------------------------------------------------------------------
@@ -93,20 +120,22 @@ def schedule_to_pb(schedule: Schedule) -> pb.Schedule:
     return pb.Schedule(interval=pb.Interval(every=duration(schedule.every), anchor=timestamp(schedule.anchor)))
 
 
-def schedule_from_pb(message: pb.Schedule) -> Schedule:
+def schedule_from_pb(message: pb.Schedule, field: str = "spec.schedule") -> Schedule:
     kind = message.WhichOneof("kind")
     if kind == "now":
         return Schedule.now()
     if kind == "at":
-        return Schedule.at_instant(message.at.ToDatetime(tzinfo=UTC))
+        return Schedule.at_instant(instant_in(f"{field}.at", message.at))
     if kind == "cron":
-        return Schedule.cron_expr(message.cron.expression, message.cron.timezone or "UTC")
+        cron = message.cron
+        validation.text(f"{field}.cron.expression", cron.expression, max_length=MAX_CRON_LENGTH)
+        validation.text(f"{field}.cron.timezone", cron.timezone, max_length=MAX_TIMEZONE_LENGTH)
+        return Schedule.cron_expr(cron.expression, cron.timezone or "UTC")
     if kind == "interval":
         interval = message.interval
-        return Schedule.interval(
-            interval.every.ToTimedelta(), instant(interval.anchor, interval.HasField("anchor"))
-        )
-    raise InvalidArgument("schedule", "is missing: set one of now, at, cron or interval")
+        anchor = instant_in(f"{field}.interval.anchor", interval.anchor) if interval.HasField("anchor") else None
+        return Schedule.interval(duration_in(f"{field}.interval.every", interval.every), anchor)
+    raise InvalidArgument(field, "is missing: set one of now, at, cron or interval")
 
 
 def spec_to_pb(spec: JobSpec) -> pb.JobSpec:
@@ -139,7 +168,11 @@ def spec_from_pb(message: pb.JobSpec, *, tenant: str | None = None) -> JobSpec:
     retry = message.retry
     misfire = message.misfire
     if not message.HasField("schedule"):
-        raise InvalidArgument("schedule", "is missing: set one of now, at, cron or interval")
+        raise InvalidArgument("spec.schedule", "is missing: set one of now, at, cron or interval")
+
+    def optional_duration(owner: Message, name: str, field: str, default: timedelta | None) -> timedelta | None:
+        return duration_in(field, getattr(owner, name)) if owner.HasField(name) else default
+
     return JobSpec(
         tenant=tenant or message.tenant or DEFAULT_TENANT,
         name=message.name,
@@ -150,19 +183,19 @@ def spec_from_pb(message: pb.JobSpec, *, tenant: str | None = None) -> JobSpec:
         concurrency_key=message.concurrency_key or None,
         retry=RetryPolicy(
             max_attempts=retry.max_attempts or defaults_retry.max_attempts,
-            max_retry_time=retry.max_retry_time.ToTimedelta() if retry.HasField("max_retry_time") else None,
-            backoff_base=retry.backoff_base.ToTimedelta() if retry.HasField("backoff_base") else defaults_retry.backoff_base,
-            backoff_cap=retry.backoff_cap.ToTimedelta() if retry.HasField("backoff_cap") else defaults_retry.backoff_cap,
+            max_retry_time=optional_duration(retry, "max_retry_time", "spec.retry.max_retry_time", None),
+            backoff_base=optional_duration(retry, "backoff_base", "spec.retry.backoff_base", defaults_retry.backoff_base),
+            backoff_cap=optional_duration(retry, "backoff_cap", "spec.retry.backoff_cap", defaults_retry.backoff_cap),
         ),
         misfire=MisfirePolicy(
-            kind=enum_value(MisfireKind, misfire.kind, "misfire.kind", defaults_misfire.kind),
-            grace=misfire.grace.ToTimedelta() if misfire.HasField("grace") else defaults_misfire.grace,
+            kind=enum_value(MisfireKind, misfire.kind, "spec.misfire.kind", defaults_misfire.kind),
+            grace=optional_duration(misfire, "grace", "spec.misfire.grace", defaults_misfire.grace),
             fire_all_cap=misfire.fire_all_cap or defaults_misfire.fire_all_cap,
         ),
-        overlap=enum_value(OverlapPolicy, message.overlap, "overlap", OverlapPolicy.ALLOW),
-        delivery=enum_value(Delivery, message.delivery, "delivery", Delivery.AT_LEAST_ONCE),
-        timeout=message.timeout.ToTimedelta() if message.HasField("timeout") else None,
-        lease_ttl=message.lease_ttl.ToTimedelta() if message.HasField("lease_ttl") else timedelta(seconds=30),
+        overlap=enum_value(OverlapPolicy, message.overlap, "spec.overlap", OverlapPolicy.ALLOW),
+        delivery=enum_value(Delivery, message.delivery, "spec.delivery", Delivery.AT_LEAST_ONCE),
+        timeout=optional_duration(message, "timeout", "spec.timeout", None),
+        lease_ttl=optional_duration(message, "lease_ttl", "spec.lease_ttl", timedelta(seconds=30)),  # type: ignore[arg-type]
     )
 
 
@@ -179,6 +212,7 @@ def job_to_pb(job: Job) -> pb.Job:
         updated_at=timestamp(job.updated_at),
         version=job.version,
         shard_id=job.shard_id,
+        error=job.error or "",
     )
 
 
@@ -236,6 +270,7 @@ def job_from_pb(message: pb.Job) -> Job:
         created_at=message.created_at.ToDatetime(tzinfo=UTC),
         updated_at=message.updated_at.ToDatetime(tzinfo=UTC),
         version=message.version,
+        error=message.error or None,
     )
 
 

@@ -94,7 +94,7 @@ class JobSpec(_message.Message):
     def __init__(self, tenant: _Optional[str] = ..., name: _Optional[str] = ..., job_type: _Optional[str] = ..., schedule: _Optional[_Union[Schedule, _Mapping]] = ..., payload: _Optional[bytes] = ..., priority: _Optional[int] = ..., concurrency_key: _Optional[str] = ..., retry: _Optional[_Union[RetryPolicy, _Mapping]] = ..., misfire: _Optional[_Union[MisfirePolicy, _Mapping]] = ..., overlap: _Optional[str] = ..., delivery: _Optional[str] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., lease_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("job_id", "spec", "state", "next_fire_at", "created_at", "updated_at", "version", "shard_id")
+    __slots__ = ("job_id", "spec", "state", "next_fire_at", "created_at", "updated_at", "version", "shard_id", "error")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -103,6 +103,7 @@ class Job(_message.Message):
     UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SHARD_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     spec: JobSpec
     state: str
@@ -111,7 +112,8 @@ class Job(_message.Message):
     updated_at: _timestamp_pb2.Timestamp
     version: int
     shard_id: int
-    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[str] = ..., next_fire_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., version: _Optional[int] = ..., shard_id: _Optional[int] = ...) -> None: ...
+    error: str
+    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[str] = ..., next_fire_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., version: _Optional[int] = ..., shard_id: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
 
 class Run(_message.Message):
     __slots__ = ("run_id", "job_id", "tenant", "job_type", "scheduled_for", "available_at", "state", "attempts", "manual", "worker_id", "progress", "last_error", "created_at", "finished_at", "idempotency_key", "shard_id", "checkpoint_bytes", "cancel_requested")

@@ -1,4 +1,10 @@
-"""Turn fastlane errors raised inside a servicer method into gRPC statuses with their message."""
+"""Turn errors raised inside a servicer method into gRPC statuses with their message.
+
+Expected errors (:class:`FastlaneError`) become the status of the one table in ``status``. Any
+other exception is a bug: the caller gets INTERNAL with an error id, the log gets the traceback
+under the same id, and the node goes on. UNKNOWN (what grpc answers for an escaped exception) is
+never returned.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +15,10 @@ from typing import Any, TypeVar
 
 import grpc
 
+from fastlane import validation
 from fastlane.api.status import status_of
-from fastlane.errors import FastlaneError
+from fastlane.errors import FastlaneError, new_error_id
+from fastlane.models import DEFAULT_TENANT
 
 log = logging.getLogger("fastlane.api")
 R = TypeVar("R")
@@ -25,8 +33,10 @@ def rpc(method: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
             return await method(self, request, context)
         except FastlaneError as error:
             await context.abort(status_of(error), str(error))
-        except (ValueError, TypeError) as error:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        except Exception:
+            error_id = new_error_id()
+            log.exception("%s failed unexpectedly (error id %s)", method.__name__, error_id)
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error {error_id}: see the node's log")
         raise AssertionError("unreachable: context.abort raises")
 
     return guarded
@@ -34,4 +44,4 @@ def rpc(method: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
 
 def tenant_of(requested: str) -> str:
     """The tenant a call acts for. Without authentication, the one the caller names."""
-    return requested or "default"
+    return validation.name("tenant", requested) if requested else DEFAULT_TENANT

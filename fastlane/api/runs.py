@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import grpc
 
-from fastlane import wire
+from fastlane import validation, wire
 from fastlane._proto import common_pb2, runs_pb2, runs_pb2_grpc
 from fastlane.api.guard import rpc, tenant_of
+from fastlane.errors import InvalidArgument
 from fastlane.engine.dispatch import Dispatcher
 from fastlane.engine.lane import FastLane
 from fastlane.models import RunState
@@ -21,25 +22,28 @@ class RunServicer(runs_pb2_grpc.RunServiceServicer):
 
     @rpc
     async def ListRuns(self, request: runs_pb2.ListRunsRequest, context: grpc.aio.ServicerContext) -> runs_pb2.ListRunsResponse:
-        states = [wire.enum_value(RunState, state, "states", RunState.SCHEDULED) for state in request.states]
+        states = [wire.enum_value(RunState, state, "states", RunState.SCHEDULED) for state in request.states[:len(RunState)]]
+        if len(request.states) > len(RunState):
+            raise InvalidArgument("states", f"at most {len(RunState)} states may be given")
+        job_id = validation.identifier("job_id", request.job_id, required=False) or None
         page = await self._store.list_runs(
-            tenant_of(request.tenant), job_id=request.job_id or None, states=states,
-            limit=request.page_size or 100, page_token=request.page_token,
+            tenant_of(request.tenant), job_id=job_id, states=states,
+            limit=validation.page_size(request.page_size), page_token=request.page_token,
         )
         return runs_pb2.ListRunsResponse(runs=[wire.run_to_pb(run) for run in page.items],
                                          next_page_token=page.next_page_token)
 
     @rpc
     async def GetRun(self, request: runs_pb2.RunRef, context: grpc.aio.ServicerContext) -> runs_pb2.RunDetail:
-        run = await self._store.get_run(tenant_of(request.tenant), request.run_id)
+        run = await self._store.get_run(tenant_of(request.tenant), _run_id(request))
         attempts = await self._store.list_attempts(run.run_id)
         return runs_pb2.RunDetail(run=wire.run_to_pb(run), attempts=[wire.attempt_to_pb(a) for a in attempts],
                                   checkpoint=run.checkpoint or b"")
 
     @rpc
     async def CancelRun(self, request: runs_pb2.RunRef, context: grpc.aio.ServicerContext) -> common_pb2.Run:
-        cancellation = await self._store.cancel_run(tenant_of(request.tenant), request.run_id)
-        self._lane.forget_run(request.run_id)
+        cancellation = await self._store.cancel_run(tenant_of(request.tenant), _run_id(request))
+        self._lane.forget_run(cancellation.run.run_id)
         self._dispatcher.cancel([cancellation.run])
         for run in cancellation.released:
             self._lane.schedule_run(run)
@@ -47,6 +51,10 @@ class RunServicer(runs_pb2_grpc.RunServiceServicer):
 
     @rpc
     async def RetryRun(self, request: runs_pb2.RunRef, context: grpc.aio.ServicerContext) -> common_pb2.Run:
-        run = await self._store.retry_run(tenant_of(request.tenant), request.run_id)
+        run = await self._store.retry_run(tenant_of(request.tenant), _run_id(request))
         self._lane.schedule_run(run)
         return wire.run_to_pb(run)
+
+
+def _run_id(request: runs_pb2.RunRef) -> str:
+    return validation.identifier("run_id", request.run_id)

@@ -30,7 +30,8 @@ from typing import Protocol
 
 from fastlane.clock import EPOCH, Clock
 from fastlane.config import Settings
-from fastlane.errors import StaleFence, StorageError
+from fastlane.errors import StaleFence, StorageError, StorageUnavailable, new_error_id
+from fastlane.limits import FIRST_INSTANT, MAX_ERROR_TEXT
 from fastlane.metrics import Metrics
 from fastlane.models import DueJob, Job, JobState, Run, ShardLease
 from fastlane.policies import plan_occurrence
@@ -297,16 +298,29 @@ class FastLane:
         by_shard: dict[int, list[DueJob]] = defaultdict(list)
         for job in jobs:
             by_shard[job.shard_id].append(job)
-        fences = [fence for shard_id in by_shard if (fence := self._fence(shard_id)) is not None]
-        jobs = [job for fence in fences for job in by_shard[fence.shard_id]]
-        if not jobs:
-            return
+        fences = {fence.shard_id: fence for shard_id in by_shard if (fence := self._fence(shard_id)) is not None}
         # Occurrences up to the lead are written now; a job taken earlier than that (with its
         # slot, or ahead of a crowd) gets at least its own occurrence.
         horizon = now + self._settings.lead
-        occurrences = [plan_occurrence(job, now, max(horizon, job.next_fire_at)) for job in jobs]
+        planned: list[tuple[DueJob, Occurrence]] = []
+        for shard_id in fences:
+            for job in by_shard[shard_id]:
+                try:
+                    planned.append((job, plan_occurrence(job, now, max(horizon, job.next_fire_at))))
+                except Exception as error:  # one job's bad timing must not stop the others
+                    await self._set_aside(job, "planning its occurrences", error)
+        await self._write(planned, fences)
+
+    async def _write(self, planned: list[tuple[DueJob, Occurrence]], fences: Mapping[int, ShardLease]) -> None:
+        """Write planned occurrences in one fenced batch. A batch that fails for a reason other
+        than the database being unreachable is split in halves until the job that makes it fail
+        is found and set aside; the rest is written."""
+        if not planned:
+            return
+        jobs = [job for job, _ in planned]
+        occurrences = [occurrence for _, occurrence in planned]
         try:
-            written = await self._store.materialise_runs(fences, occurrences)
+            written = await self._store.materialise_runs([fences[s] for s in sorted({job.shard_id for job in jobs})], occurrences)
         except StaleFence as stale:
             # Lost that shard; the others in the batch are still ours: try them again at once.
             self._on_stale(stale.shard_id, stale.token, str(stale))
@@ -314,13 +328,22 @@ class FastLane:
                 if job.shard_id != stale.shard_id:
                     self._plan(job)
             return
-        except StorageError as error:
+        except StorageUnavailable as error:
             # The transaction may or may not have committed: planning the same occurrences again
             # is safe, since the write only applies to a job still at the expected fire time.
             log.warning("materialisation of %d jobs failed, retrying: %s", len(jobs), error)
             await self._pause(RETRY_AFTER_STORAGE_ERROR.total_seconds())
             for job in jobs:
                 self._plan(job)
+            return
+        except Exception as error:
+            if len(planned) == 1:
+                await self._set_aside(jobs[0], "writing its runs", error)
+                return
+            log.warning("materialisation of %d jobs failed (%s): splitting the batch to find the job", len(jobs), error)
+            middle = len(planned) // 2
+            await self._write(planned[:middle], fences)
+            await self._write(planned[middle:], fences)
             return
         self._metrics.materialised.inc(len(written.runs))
         for run in written.runs:
@@ -334,6 +357,21 @@ class FastLane:
             # Our copy was stale (changed through another node, or read before our own write
             # committed): continue from the job as it is now.
             self.job_changed(job)
+
+    async def _set_aside(self, job: DueJob, step: str, error: Exception) -> None:
+        """Take a job whose processing raised out of the due set, with the reason, so that it
+        neither stops the node nor delays the other jobs. ``fastlane jobs resume`` takes it back."""
+        error_id = new_error_id()
+        reason = f"{step} raised {type(error).__name__}: {error} (error id {error_id})"[:MAX_ERROR_TEXT]
+        log.error("job %s set aside (state errored): %s", job.job_id, reason, exc_info=error)
+        self._metrics.set_aside.labels(kind="job").inc()
+        try:
+            await self._store.set_job_aside(job.job_id, reason)
+        except StorageError as store_error:
+            # Still active in the database: the next full scan brings it back to try again.
+            log.warning("could not set job %s aside: %s", job.job_id, store_error)
+            return
+        self._metrics.jobs_errored.inc()
 
     def _plan_next(self, jobs: list[DueJob], occurrences: list[Occurrence], advanced: frozenset[str]) -> None:
         """Keep a recurring job in the window when its next occurrence falls inside it."""
@@ -371,6 +409,7 @@ class FastLane:
                 continue
             if full:
                 last_full_scan = now
+                await self._count_errored_jobs()
             for job in jobs:
                 if self._fence(job.shard_id) is not None:
                     self._plan(job)  # a no-op when the heap already holds this fire time
@@ -381,6 +420,12 @@ class FastLane:
                 # dispatcher confirms each in the database before sending, so one held elsewhere
                 # in this node is not sent twice.
                 self.schedule_run(run, recovered=True)
+
+    async def _count_errored_jobs(self) -> None:
+        try:
+            self._metrics.jobs_errored.set(await self._store.count_jobs(JobState.ERRORED))
+        except StorageError as error:
+            log.warning("could not count errored jobs: %s", error)
 
     async def _load_window(
         self, shard_ids: list[int], before: datetime, *, at_or_after: datetime | None
@@ -448,7 +493,9 @@ def write_start(planned_per_slot: Mapping[int, int], lead: timedelta, write_rate
     written_by = 0
     for slot in sorted(planned_per_slot):
         written_by += planned_per_slot[slot]
-        slot_begins = _instant_of_slot(slot)
+        # A job due before the supported range (stored by an older version) is simply overdue:
+        # its deadline is taken as the range's start, so the arithmetic below cannot underflow.
+        slot_begins = max(_instant_of_slot(slot), FIRST_INSTANT)
         slot_start = slot_begins - lead - timedelta(seconds=written_by / write_rate)
         if slot_start < start:
             start, through = slot_start, slot_begins + SLOT

@@ -230,7 +230,16 @@ class Store(Protocol):
     async def pause_job(self, tenant: str, job_id: str) -> Job: ...
 
     async def resume_job(self, tenant: str, job_id: str) -> Job:
-        """Resume a paused job. Occurrences missed meanwhile stay due, for the misfire policy."""
+        """Resume a paused or errored job. Occurrences missed meanwhile stay due, for the misfire policy."""
+        ...
+
+    async def set_job_aside(self, job_id: str, reason: str) -> None:
+        """Put a job whose processing raised in state ``errored`` with ``reason``: it leaves the
+        due set (nothing fires for it) until an operator resumes it. Unknown jobs are ignored."""
+        ...
+
+    async def count_jobs(self, state: JobState) -> int:
+        """How many jobs of every tenant are in ``state`` (for gauges)."""
         ...
 
     async def delete_job(self, tenant: str, job_id: str) -> None:

@@ -174,6 +174,7 @@ def build_job(row: Mapping[str, Any]) -> Job:
         created_at=row["created_at"],
         updated_at=row["updated_at"],
         version=row["version"],
+        error=row["error"],
     )
 
 
@@ -278,16 +279,29 @@ def encode_page_token(*parts: object) -> str:
     return orjson.dumps(list(parts)).hex()
 
 
-def decode_page_token(token: str) -> list[Any]:
+_MAX_PAGE_TOKEN = 1_000  # characters: a token holds a sort key of a few dozen
+_TOKEN_PART_BOUND = 1 << 62
+
+
+def decode_page_token(token: str, *kinds: type) -> list[Any]:
+    """The parts of a token made by :func:`encode_page_token`, one of each of ``kinds`` (str or
+    int). Tokens are opaque to callers: anything else is refused as not from a previous page."""
     from fastlane.errors import InvalidArgument
 
+    refused = InvalidArgument("page_token", "is not a token returned by a previous page")
     try:
-        parts = orjson.loads(bytes.fromhex(token))
+        parts = orjson.loads(bytes.fromhex(token)) if len(token) <= _MAX_PAGE_TOKEN else None
     except ValueError as error:
-        raise InvalidArgument("page_token", "is not a token returned by a previous page") from error
-    if not isinstance(parts, list):
-        raise InvalidArgument("page_token", "is not a token returned by a previous page")
+        raise refused from error
+    if not isinstance(parts, list) or len(parts) != len(kinds) or not all(map(_is_part, parts, kinds)):
+        raise refused
     return parts
+
+
+def _is_part(value: object, kind: type) -> bool:
+    if kind is int:
+        return type(value) is int and abs(value) < _TOKEN_PART_BOUND
+    return type(value) is str and len(value) <= 200 and "\x00" not in value
 
 
 def build_node(row: Mapping[str, Any]) -> NodeInfo:

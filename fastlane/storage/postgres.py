@@ -261,7 +261,7 @@ class PostgresStore:
         limit: int = 100,
         page_token: str = "",
     ) -> Page[Job]:
-        after = codec.decode_page_token(page_token)[0] if page_token else ""
+        after = codec.decode_page_token(page_token, str)[0] if page_token else ""
         async with self._connection() as db:
             rows = await db.fetch(
                 """
@@ -301,22 +301,38 @@ class PostgresStore:
         return job
 
     async def pause_job(self, tenant: str, job_id: str) -> Job:
-        return await self._change_state(tenant, job_id, JobState.ACTIVE, JobState.PAUSED, "pause")
+        return await self._change_state(tenant, job_id, (JobState.ACTIVE,), JobState.PAUSED, "pause")
 
     async def resume_job(self, tenant: str, job_id: str) -> Job:
-        return await self._change_state(tenant, job_id, JobState.PAUSED, JobState.ACTIVE, "resume")
+        return await self._change_state(tenant, job_id, (JobState.PAUSED, JobState.ERRORED), JobState.ACTIVE, "resume")
 
-    async def _change_state(self, tenant: str, job_id: str, source: JobState, target: JobState, verb: str) -> Job:
+    async def set_job_aside(self, job_id: str, reason: str) -> None:
+        async with self._transaction() as db:
+            row = await db.fetchrow(
+                "UPDATE jobs SET state = $2, error = $3, version = version + 1, updated_at = clock_timestamp() "
+                "WHERE job_id = $1 RETURNING *",
+                job_id, JobState.ERRORED.value, reason,
+            )
+            if row is not None:
+                await _notify(db, Change("job", row["shard_id"], row["tenant"], job_id))
+
+    async def count_jobs(self, state: JobState) -> int:
+        async with self._connection() as db:
+            return int(await db.fetchval("SELECT count(*) FROM jobs WHERE state = $1", state.value))
+
+    async def _change_state(
+        self, tenant: str, job_id: str, sources: tuple[JobState, ...], target: JobState, verb: str
+    ) -> Job:
         async with self._transaction() as db:
             row = await db.fetchrow("SELECT * FROM jobs WHERE job_id = $1 AND tenant = $2 FOR UPDATE", job_id, tenant)
             if row is None:
                 raise JobNotFound(job_id)
             if row["state"] == target.value:
                 return codec.build_job(row)
-            if row["state"] != source.value:
+            if row["state"] not in sources:
                 raise InvalidState("job", job_id, row["state"], verb)
             row = await db.fetchrow(
-                "UPDATE jobs SET state = $2, version = version + 1, updated_at = clock_timestamp() "
+                "UPDATE jobs SET state = $2, error = NULL, version = version + 1, updated_at = clock_timestamp() "
                 "WHERE job_id = $1 RETURNING *",
                 job_id, target.value,
             )
@@ -726,7 +742,7 @@ class PostgresStore:
     ) -> Page[Run]:
         before_time, before_id = None, ""
         if page_token:
-            micros, before_id = codec.decode_page_token(page_token)
+            micros, before_id = codec.decode_page_token(page_token, int, str)
             before_time = from_micros(micros)
         async with self._connection() as db:
             rows = await db.fetch(

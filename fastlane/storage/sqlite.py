@@ -278,7 +278,7 @@ class SQLiteStore:
         limit: int = 100,
         page_token: str = "",
     ) -> Page[Job]:
-        after = codec.decode_page_token(page_token)[0] if page_token else ""
+        after = codec.decode_page_token(page_token, str)[0] if page_token else ""
         state_value = state.value if state else None
         async with self._read() as db:
             rows = await _all(
@@ -317,23 +317,37 @@ class SQLiteStore:
         return codec.build_job(row)
 
     async def pause_job(self, tenant: str, job_id: str) -> Job:
-        return await self._change_state(tenant, job_id, JobState.ACTIVE, JobState.PAUSED, "pause")
+        return await self._change_state(tenant, job_id, (JobState.ACTIVE,), JobState.PAUSED, "pause")
 
     async def resume_job(self, tenant: str, job_id: str) -> Job:
-        return await self._change_state(tenant, job_id, JobState.PAUSED, JobState.ACTIVE, "resume")
+        return await self._change_state(tenant, job_id, (JobState.PAUSED, JobState.ERRORED), JobState.ACTIVE, "resume")
 
-    async def _change_state(self, tenant: str, job_id: str, source: JobState, target: JobState, verb: str) -> Job:
+    async def set_job_aside(self, job_id: str, reason: str) -> None:
+        async with self._transaction() as db:
+            await db.execute(
+                f"UPDATE jobs SET state = ?, error = ?, version = version + 1, updated_at = {NOW} WHERE job_id = ?",
+                (JobState.ERRORED.value, reason, job_id),
+            )
+
+    async def count_jobs(self, state: JobState) -> int:
+        async with self._read() as db:
+            row = await _one(db, "SELECT count(*) AS n FROM jobs WHERE state = ?", (state.value,))
+        return int(row["n"]) if row is not None else 0
+
+    async def _change_state(
+        self, tenant: str, job_id: str, sources: tuple[JobState, ...], target: JobState, verb: str
+    ) -> Job:
         async with self._transaction() as db:
             row = await _one(db, "SELECT * FROM jobs WHERE job_id = ? AND tenant = ?", (job_id, tenant))
             if row is None:
                 raise JobNotFound(job_id)
             if row["state"] == target.value:
                 return codec.build_job(row)
-            if row["state"] != source.value:
+            if row["state"] not in sources:
                 raise InvalidState("job", job_id, row["state"], verb)
             row = await _one(
                 db,
-                f"UPDATE jobs SET state = ?, version = version + 1, updated_at = {NOW} WHERE job_id = ? RETURNING *",
+                f"UPDATE jobs SET state = ?, error = NULL, version = version + 1, updated_at = {NOW} WHERE job_id = ? RETURNING *",
                 (target.value, job_id),
             )
         return codec.build_job(row)
@@ -717,7 +731,7 @@ class SQLiteStore:
     ) -> Page[Run]:
         before_time, before_id = None, ""
         if page_token:
-            before_time, before_id = codec.decode_page_token(page_token)
+            before_time, before_id = codec.decode_page_token(page_token, int, str)
         state_list = _json_list(s.value for s in states)
         async with self._read() as db:
             rows = await _all(
