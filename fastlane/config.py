@@ -40,20 +40,28 @@ class Settings:
     full_scan_interval: timedelta = timedelta(seconds=30)
     max_batch: int = 2_000  # occurrences per materialisation transaction
     max_clock_offset: timedelta = timedelta(milliseconds=500)  # beyond it a node owns no shards
+    # Released runs a node keeps in memory per job type while no worker takes them; beyond it they
+    # wait in the database (where they already are) and are read back as workers take runs.
+    max_ready_per_type: int = 10_000
 
     def __post_init__(self) -> None:
-        host, _, port = self.listen.rpartition(":")
-        if not host or not port.isdigit():
-            raise ConfigurationError(f"--listen {self.listen!r}: expected HOST:PORT, e.g. 127.0.0.1:7070")
-        if not self.insecure and not _is_loopback(host):
-            raise ConfigurationError(
-                f"--listen {self.listen!r} is not a loopback address and no authentication is configured; "
-                "pass --insecure to listen on it anyway"
-            )
+        for flag, address in (("--listen", self.listen), ("--metrics", self.metrics_listen)):
+            if address is None:
+                continue
+            host, _, port = address.rpartition(":")
+            if not host or not port.isdigit():
+                raise ConfigurationError(f"{flag} {address!r}: expected HOST:PORT, e.g. 127.0.0.1:7070")
+            if not self.insecure and not _is_loopback(host):
+                raise ConfigurationError(
+                    f"{flag} {address!r} is not a loopback address and no authentication is configured; "
+                    "pass --insecure to listen on it anyway"
+                )
         if self.lead >= self.window:
             raise ConfigurationError("the materialisation lead must be shorter than the window")
         if self.shard_count < 1:
             raise ConfigurationError(f"shard count {self.shard_count} must be at least 1")
+        if self.max_ready_per_type < 1:
+            raise ConfigurationError(f"--max-ready-per-type {self.max_ready_per_type} must be at least 1")
 
     @property
     def advertised_address(self) -> str:

@@ -10,6 +10,8 @@ from prometheus_client import (
     start_http_server,
 )
 
+from fastlane.errors import ConfigurationError
+
 # Trigger lag is the product's promise: fine buckets from half a millisecond to ten seconds.
 _LAG_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -56,4 +58,7 @@ class Metrics:
     def serve(self, listen: str) -> None:
         """Expose /metrics over HTTP on ``HOST:PORT`` (a daemon thread)."""
         host, _, port = listen.rpartition(":")
-        start_http_server(int(port), addr=host or "127.0.0.1", registry=self.registry)
+        try:
+            start_http_server(int(port), addr=host.strip("[]") or "127.0.0.1", registry=self.registry)
+        except OSError as error:
+            raise ConfigurationError(f"--metrics {listen}: cannot listen: {error.strerror or error}") from error

@@ -27,6 +27,7 @@ from fastlane.limits import LAST_INSTANT, MIN_INTERVAL
 from fastlane.models import Schedule, ScheduleKind
 
 _ZERO = timedelta(0)
+_MICROSECOND = timedelta(microseconds=1)
 _EXAMPLE_AT = "write e.g. 2027-03-14T07:00:00Z"
 
 # -- time zones --------------------------------------------------------------------------------
@@ -345,7 +346,7 @@ def _interval_fires(s: Schedule, after: datetime) -> Iterator[datetime]:
         return
     # timedelta is exact integer microseconds, so anchor + k * every never drifts. The last k
     # is computed before multiplying, so no occurrence past the supported range is ever formed.
-    last_k = (LAST_INSTANT - anchor) // s.every
+    last_k = (LAST_INSTANT - anchor - _MICROSECOND) // s.every  # the range ends before LAST_INSTANT
     k = 0 if after < anchor else min((after - anchor) // s.every + 1, last_k + 1)
     while k <= last_k:
         yield anchor + s.every * k

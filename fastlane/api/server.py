@@ -36,6 +36,9 @@ class ApiServer:
     def __init__(self, listen: str, *, jobs: JobServicer, runs: RunServicer, workers: WorkerServicer,
                  admin: AdminServicer) -> None:
         self._server = grpc.aio.server(options=[
+            # gRPC sets SO_REUSEPORT by default, so a second node started on a taken port would
+            # listen beside the first and clients would reach either at random: refuse instead.
+            ("grpc.so_reuseport", 0),
             ("grpc.keepalive_time_ms", 10_000),
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
@@ -52,7 +55,9 @@ class ApiServer:
         except RuntimeError as error:
             raise ConfigurationError(f"cannot listen on {listen}: {error}") from error
         if self.port == 0:
-            raise ConfigurationError(f"cannot listen on {listen}: the address is in use or invalid")
+            raise ConfigurationError(
+                f"cannot listen on {listen}: the address is in use (is another fastlane node running?) or invalid"
+            )
 
     async def start(self) -> None:
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)

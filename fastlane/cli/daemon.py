@@ -48,11 +48,11 @@ def register(commands: Any) -> None:
     serve.add_argument(
         "--node-id", metavar="ID", help="unique name of this node (default: $FASTLANE_NODE_ID, else host name and pid)"
     )
-    serve.add_argument("--metrics", metavar="HOST:PORT", help="serve Prometheus metrics on this address (default: off)")
+    serve.add_argument("--metrics", metavar="HOST:PORT", help="serve Prometheus metrics on this address (default: off; a non-loopback address needs --insecure, like --listen)")
     serve.add_argument(
         "--insecure",
         action="store_true",
-        help="allow listening on a non-loopback address although no authentication is configured",
+        help="allow --listen and --metrics on a non-loopback address although no authentication is configured",
     )
     serve.add_argument(
         "--shards",
@@ -77,6 +77,14 @@ def register(commands: Any) -> None:
         default=defaults.max_clock_offset.total_seconds() * 1000,
         help="a node whose clock is further than this from the database's owns no shards "
         f"(default: {defaults.max_clock_offset.total_seconds() * 1000:g})",
+    )
+    serve.add_argument(
+        "--max-ready-per-type",
+        metavar="N",
+        type=positive_int,
+        default=defaults.max_ready_per_type,
+        help="most released runs kept in memory per job type while no worker takes them; beyond it they wait "
+        f"in the database and are read back as workers take runs (default: {defaults.max_ready_per_type})",
     )
     serve.set_defaults(handler=serve_node, command_parser=serve)
 
@@ -135,6 +143,7 @@ def serve_node(args: argparse.Namespace) -> int:
         shard_count=args.shards,
         shard_lease_ttl=timedelta(seconds=args.shard_lease_ttl),
         max_clock_offset=timedelta(milliseconds=args.max_clock_offset),
+        max_ready_per_type=args.max_ready_per_type,
     )
     from fastlane.node import serve
 

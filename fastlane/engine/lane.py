@@ -127,8 +127,7 @@ class FastLane:
         """Rebuild the window of newly owned shards from the database."""
         shard_ids = [lease.shard_id for lease in leases]
         jobs = await self._load_window(shard_ids, self._horizon, at_or_after=None)
-        for job in jobs:
-            self._plan(job)
+        await self._plan_loaded(jobs)
         self._plan_wake.set()  # a crowd among them may need writing before the earliest job
         # Materialised but never delivered (or waiting for a retry): release them again.
         runs = await self._store.pending_runs(shard_ids, FAR_FUTURE, skip=self._held)
@@ -186,13 +185,27 @@ class FastLane:
         self._releasing_ids.clear()  # in place: the held-runs view shares this set
         self._releasing_ids.update(entry[2].run_id for entry in self._releasing)
 
+    async def _plan_loaded(self, jobs: Iterable[DueJob]) -> None:
+        """Plan jobs read from the database; one the window cannot hold is set aside."""
+        refused: list[tuple[DueJob, Exception]] = []
+        for job in jobs:
+            if self._fence(job.shard_id) is None:
+                continue
+            try:
+                self._plan(job)  # a no-op when the heap already holds this fire time
+            except Exception as error:  # a value no check caught (stored by an older version)
+                refused.append((job, error))
+        for job, error in refused:
+            await self._set_aside(job, "loading it into the window", error)
+
     def _plan(self, job: DueJob) -> None:
         fire_at = job.next_fire_at
         if self._planned_at.get(job.job_id) == fire_at:
             return
+        slot = _slot(fire_at)  # first: a fire time the heap cannot order raises before any change
         self._planned_at[job.job_id] = fire_at
         heapq.heappush(self._planned, (fire_at, next(self._seq), job))
-        self._planned_per_slot[_slot(fire_at)] += 1
+        self._planned_per_slot[slot] += 1
         if self._planned[0][2] is job:
             self._plan_wake.set()
 
@@ -410,9 +423,7 @@ class FastLane:
             if full:
                 last_full_scan = now
                 await self._count_errored_jobs()
-            for job in jobs:
-                if self._fence(job.shard_id) is not None:
-                    self._plan(job)  # a no-op when the heap already holds this fire time
+            await self._plan_loaded(jobs)
             if jobs:
                 self._plan_wake.set()  # a crowd among them may need writing before the earliest job
             for run in pending:
