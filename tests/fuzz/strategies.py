@@ -1,0 +1,712 @@
+"""Seeded random and boundary requests for every RPC of a fastlane daemon.
+
+A strategy here draws a :class:`Probe`: the RPC to call, the fields that carry a fuzzed value (so
+answers can be grouped by field) and a function that builds the request from what the run has
+learnt so far (:class:`Memory`: ids of jobs and runs that exist, page tokens the daemon handed
+out), so that NOT_FOUND is not the only answer an id ever gets. Most requests start from a valid
+one and replace one to three fields, so the field to blame is known; some stay valid, and some of
+those create jobs that really fire on the recording worker (job type ``e2e``).
+
+Huge values (64 KiB strings, 1 MiB payloads) are built once here and sampled, never drawn byte by
+byte: hypothesis would spend its whole budget generating them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from google.protobuf.duration_pb2 import Duration
+from google.protobuf.message import Message
+from google.protobuf.timestamp_pb2 import Timestamp
+from hypothesis import strategies as st
+
+from fastlane._proto import admin_pb2, common_pb2, jobs_pb2, runs_pb2, workers_pb2
+
+# The job type the recording worker handles: jobs of this type really run.
+LIVE_JOB_TYPE = "e2e"
+LIVE_TENANT = "fuzz-live"
+
+# -- boundary values -----------------------------------------------------------------------------
+
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+INT32_EDGES = (0, 1, -1, 2, 5, 99, 100, 101, 999, 1000, 1001, 10_000, 10_001, -1000, -1001,
+               INT32_MAX, INT32_MIN, INT32_MAX - 1, INT32_MIN + 1)
+INT64_EDGES = (0, 1, -1, INT64_MAX, INT64_MIN, 2**62, -(2**62), 2**31, 2**53 + 1)
+
+
+def _epoch_seconds(year: int, month: int = 1, day: int = 1) -> int:
+    return int((datetime(year, month, day, tzinfo=UTC) - datetime(1970, 1, 1, tzinfo=UTC)).total_seconds())
+
+
+YEAR_1 = _epoch_seconds(1)  # -62135596800: the smallest Timestamp protobuf allows
+YEAR_9999_END = _epoch_seconds(9999, 12, 31) + 86_399  # 253402300799: the largest
+TIMESTAMP_SECONDS_EDGES = (
+    0, -1, 1, YEAR_1, YEAR_1 - 1, YEAR_9999_END, YEAR_9999_END + 1, _epoch_seconds(9999),
+    _epoch_seconds(9000), _epoch_seconds(9000) - 1, _epoch_seconds(8999, 12, 31), _epoch_seconds(3000),
+    _epoch_seconds(2038, 1, 19), _epoch_seconds(1969, 12, 31), 2**62, -(2**62), INT64_MAX, INT64_MIN,
+    2**31, -(2**31),
+)
+NANOS_EDGES = (0, 1, -1, 999_999_999, 1_000_000_000, -999_999_999, -1_000_000_000, INT32_MAX, INT32_MIN)
+
+YEAR_SECONDS = 31_556_952  # a Gregorian year
+DURATION_SECONDS_EDGES = (
+    0, 1, -1, 2, 3, 30, 60, 86_400, 10**18, -(10**18), 315_576_000_000, 315_576_000_001, -315_576_000_000,
+    8_000 * YEAR_SECONDS, 9_000 * YEAR_SECONDS, 100 * 366 * 86_400, 100 * 366 * 86_400 + 1, 7 * 86_400 + 1,
+    30 * 86_400 + 1, 366 * 86_400 + 1, INT64_MAX, INT64_MIN, 2**62,
+)
+
+CONTROL = "".join(map(chr, range(32))) + "\x7f"
+STRING_EDGES = (
+    "", "a", "A", "0", "-", ".", "_x", " ", "  padded  ", "a" * 200, "a" * 201, "é" * 201, "x" * 65_536,
+    "日本語" * 21_846, "\x00", "job\x00id", "\x00" * 200, CONTROL, "line\nbreak", "tab\there", "\x1b[31mred",
+    "é", "日本語", "😀", "😀" * 50, "\u202eevil", "\ufeffbom", "\u0301", "../../etc/passwd", "a/b:c@d",
+    "%s%n%x", "'; DROP TABLE jobs; --", "null", "None", "default", "fuzz", "e2e", "*", "?",
+)
+# Enum-like strings: each field's valid values are mixed in where the field is drawn.
+ENUM_NOISE = ("", "ACTIVE", " active", "active ", "Active", "unknown", "0", "1", "\x00", "x" * 201)
+
+PAGE_TOKEN_EDGES = ("", "5b5d", "5b", "7b7d", "00", "zz", "====", "e30=", "W10=", "eyJ", "-1", "0", "1",
+                    "x" * 201, "x" * 65_536, "\x00", "ffffffffffffffffffffffffffffffff")
+
+MIB = 1 << 20
+BYTES_EDGES = (b"", b"{}", b"[]", b"null", b'{"k": 1}', b"\x00" * 16, b"\xff\xfe\x00", bytes(range(256)),
+               b"x" * 65_536, b"x" * (MIB - 1), b"x" * MIB, b"x" * (MIB + 1), b"x" * (MIB + 4096))
+
+FLOAT_EDGES = (math.nan, -math.nan, math.inf, -math.inf, -1.0, 2.0, 0.0, -0.0, 1.0, 0.5, 1e-45, 1.0000001,
+               3.4e38, -3.4e38)
+
+OVERLAPS = ("allow", "skip", "buffer_one", "buffer_all", "cancel_previous")
+DELIVERIES = ("at_least_once", "at_most_once")
+MISFIRE_KINDS = ("fire_once", "fire_all", "skip")
+JOB_STATES = ("active", "paused", "completed", "errored")
+RUN_STATES = ("buffered", "scheduled", "dispatched", "running", "succeeded", "failed", "dead", "skipped",
+              "cancelled", "lost")
+OUTCOMES = ("succeeded", "failed", "permanent_failure", "timed_out", "cancelled", "pending", "lease_expired",
+            "superseded")
+CRON_EDGES = ("* * * * *", "*/5 * * * *", "0 9 * * 1-5", "30 */2 * * * *", "0 0 31 2 *", "0 0 29 2 *",
+              "0 0 30 2 *", "60 * * * *", "* 24 * * *", "* * 32 * *", "* * * 13 *", "* * * * 8", "*/0 * * * *",
+              "@yearly", "@reboot", "* * * * * * *", "* * * *", "", " ", "a b c d e", "0-59/1 * * * *",
+              "59 23 31 12 *", "0 2 * * *", "30 2 * * 0", "1-100000 * * * *", "*" * 201, "* * * * *\x00")
+TIMEZONE_EDGES = ("", "UTC", "Europe/Paris", "America/New_York", "Australia/Lord_Howe", "Asia/Kathmandu",
+                  "Etc/GMT+12", "Etc/GMT-14", "Mars/Olympus", "utc", "../../etc/passwd", "/etc/localtime",
+                  "Europe/Paris\x00", "x" * 65, "posixrules", "localtime", "Factory", "EST5EDT")
+
+
+def int32s() -> st.SearchStrategy[int]:
+    return st.one_of(st.sampled_from(INT32_EDGES), st.integers(INT32_MIN, INT32_MAX))
+
+
+def int64s() -> st.SearchStrategy[int]:
+    return st.one_of(st.sampled_from(INT64_EDGES), st.integers(INT64_MIN, INT64_MAX))
+
+
+def random_text(max_size: int = 40) -> st.SearchStrategy[str]:
+    # Lone surrogates cannot be encoded as UTF-8: the client would refuse them, not the daemon.
+    return st.text(st.characters(exclude_categories=("Cs",)), max_size=max_size)
+
+
+def strings() -> st.SearchStrategy[str]:
+    return st.one_of(st.sampled_from(STRING_EDGES), random_text())
+
+
+def enum_strings(valid: tuple[str, ...]) -> st.SearchStrategy[str]:
+    return st.one_of(st.sampled_from(valid), st.sampled_from(ENUM_NOISE), random_text(12))
+
+
+def byte_strings() -> st.SearchStrategy[bytes]:
+    return st.one_of(st.sampled_from(BYTES_EDGES), st.binary(max_size=64))
+
+
+def floats32() -> st.SearchStrategy[float]:
+    return st.one_of(st.sampled_from(FLOAT_EDGES), st.floats(width=32))
+
+
+def timestamps() -> st.SearchStrategy[Timestamp]:
+    """Protobuf Timestamps at the edges of every range involved, and anywhere in int64."""
+    now = int(time.time())
+    seconds = st.one_of(
+        st.sampled_from(TIMESTAMP_SECONDS_EDGES),
+        st.sampled_from((now, now + 2, now - 86_400, now + 86_400 * 365)),
+        st.integers(INT64_MIN, INT64_MAX),
+        st.integers(YEAR_1, YEAR_9999_END),
+    )
+    nanos = st.one_of(st.just(0), st.sampled_from(NANOS_EDGES), st.integers(INT32_MIN, INT32_MAX))
+    return st.builds(Timestamp, seconds=seconds, nanos=nanos)
+
+
+def durations() -> st.SearchStrategy[Duration]:
+    seconds = st.one_of(st.sampled_from(DURATION_SECONDS_EDGES), st.integers(INT64_MIN, INT64_MAX),
+                        st.integers(-(10**6), 10**6))
+    nanos = st.one_of(st.just(0), st.sampled_from(NANOS_EDGES + (100_000_000, 1_000)), st.integers(INT32_MIN, INT32_MAX))
+    return st.builds(Duration, seconds=seconds, nanos=nanos)
+
+
+def _now_plus(seconds: float) -> Timestamp:
+    stamp = Timestamp()
+    stamp.FromNanoseconds(int((time.time() + seconds) * 1e9))
+    return stamp
+
+
+# -- what a run learns ---------------------------------------------------------------------------
+
+
+@dataclass
+class Memory:
+    """Ids and tokens the daemon gave out during one fuzz run, for requests that name real things."""
+
+    jobs: list[tuple[str, str, str]] = field(default_factory=list)  # (tenant, job_id, name)
+    runs: list[tuple[str, str]] = field(default_factory=list)  # (tenant, run_id)
+    page_tokens: list[str] = field(default_factory=list)
+    live_jobs: list[str] = field(default_factory=list)  # job ids of valid jobs that fire on the recorder
+    storms_left: int = 4  # always-failing jobs with 100+ attempts: heavy, so only a few per run
+    _names: itertools.count = field(default_factory=itertools.count)
+
+    def unique_name(self, prefix: str) -> str:
+        return f"{prefix}-{next(self._names)}"
+
+    def job(self, index: int) -> tuple[str, str, str] | None:
+        return self.jobs[index % len(self.jobs)] if self.jobs else None
+
+    def run(self, index: int) -> tuple[str, str] | None:
+        return self.runs[index % len(self.runs)] if self.runs else None
+
+    def page_token(self, index: int) -> str:
+        return self.page_tokens[index % len(self.page_tokens)] if self.page_tokens else "5b5d"
+
+    def learn(self, response: Message) -> None:
+        """Remember the ids and tokens in a successful answer."""
+        if isinstance(response, jobs_pb2.CreateJobResponse):
+            self._job(response.job)
+        elif isinstance(response, common_pb2.Job):
+            self._job(response)
+        elif isinstance(response, common_pb2.Run):
+            self._run(response)
+        elif isinstance(response, runs_pb2.RunDetail):
+            self._run(response.run)
+        elif isinstance(response, jobs_pb2.ListJobsResponse):
+            for job in response.jobs[:20]:
+                self._job(job)
+            self._token(response.next_page_token)
+        elif isinstance(response, runs_pb2.ListRunsResponse):
+            for run in response.runs[:20]:
+                self._run(run)
+            self._token(response.next_page_token)
+
+    def _job(self, job: common_pb2.Job) -> None:
+        entry = (job.spec.tenant, job.job_id, job.spec.name)
+        if job.job_id and entry not in self.jobs[-50:]:
+            self.jobs = [*self.jobs[-499:], entry]
+
+    def _run(self, run: common_pb2.Run) -> None:
+        entry = (run.tenant, run.run_id)
+        if run.run_id and entry not in self.runs[-50:]:
+            self.runs = [*self.runs[-499:], entry]
+
+    def _token(self, token: str) -> None:
+        if token:
+            self.page_tokens = [*self.page_tokens[-99:], token]
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One request: the RPC, the fuzzed fields (empty: a valid request) and how to build it."""
+
+    service: str
+    method: str
+    fields: tuple[str, ...]
+    build: Callable[[Memory], Message]
+    live: bool = False  # a valid job that should fire on the recording worker
+
+    @property
+    def rpc(self) -> str:
+        return f"{self.service}/{self.method}"
+
+
+# -- mutations: each replaces one field of a message with a fuzzed value ---------------------------
+
+Mutator = Callable[[Message], None]
+
+
+def _setter(path: str, values: st.SearchStrategy[object]) -> st.SearchStrategy[Mutator]:
+    """A mutator setting the scalar or message field at dotted ``path`` (from the mutated message)."""
+    *owners, leaf = path.split(".")
+
+    def make(value: object) -> Mutator:
+        def mutate(message: Message) -> None:
+            for owner in owners:
+                message = getattr(message, owner)
+            if isinstance(value, Message):
+                getattr(message, leaf).CopyFrom(value)
+            else:
+                setattr(message, leaf, value)
+        return mutate
+
+    return values.map(make)
+
+
+def _clear(path: str) -> st.SearchStrategy[Mutator]:
+    *owners, leaf = path.split(".")
+
+    def mutate(message: Message) -> None:
+        for owner in owners:
+            message = getattr(message, owner)
+        message.ClearField(leaf)
+
+    return st.just(mutate)
+
+
+SCHEDULE_MUTATIONS: dict[str, st.SearchStrategy[Mutator]] = {
+    "schedule": _clear("kind"),  # no kind at all
+    "schedule.at": _setter("at", timestamps()),
+    "schedule.cron.expression": _setter("cron.expression", st.one_of(st.sampled_from(CRON_EDGES), strings())),
+    "schedule.cron.timezone": _setter("cron.timezone", st.one_of(st.sampled_from(TIMEZONE_EDGES), strings())),
+    "schedule.interval.every": _setter("interval.every", durations()),
+    "schedule.interval.anchor": _setter("interval.anchor", timestamps()),
+}
+
+SPEC_MUTATIONS: dict[str, st.SearchStrategy[Mutator]] = {
+    "spec.tenant": _setter("tenant", strings()),
+    "spec.name": _setter("name", strings()),
+    "spec.job_type": _setter("job_type", strings()),
+    "spec.payload": _setter("payload", byte_strings()),
+    "spec.priority": _setter("priority", int32s()),
+    "spec.concurrency_key": _setter("concurrency_key", strings()),
+    "spec.retry.max_attempts": _setter("retry.max_attempts", int32s()),
+    "spec.retry.max_retry_time": _setter("retry.max_retry_time", durations()),
+    "spec.retry.backoff_base": _setter("retry.backoff_base", durations()),
+    "spec.retry.backoff_cap": _setter("retry.backoff_cap", durations()),
+    "spec.misfire.kind": _setter("misfire.kind", enum_strings(MISFIRE_KINDS)),
+    "spec.misfire.grace": _setter("misfire.grace", durations()),
+    "spec.misfire.fire_all_cap": _setter("misfire.fire_all_cap", int32s()),
+    "spec.overlap": _setter("overlap", enum_strings(OVERLAPS)),
+    "spec.delivery": _setter("delivery", enum_strings(DELIVERIES)),
+    "spec.timeout": _setter("timeout", durations()),
+    "spec.lease_ttl": _setter("lease_ttl", durations()),
+    "spec.schedule": _clear("schedule"),
+    "spec.retry": _clear("retry"),
+    "spec.misfire": _clear("misfire"),
+}
+
+
+def _schedule_mutator(path: str) -> st.SearchStrategy[Mutator]:
+    inner = SCHEDULE_MUTATIONS[path]
+
+    def on_spec(mutate: Mutator) -> Mutator:
+        return lambda spec: mutate(spec.schedule)  # type: ignore[attr-defined]
+
+    return inner.map(on_spec)
+
+
+SPEC_MUTATIONS.update({f"spec.{path}": _schedule_mutator(path) for path in SCHEDULE_MUTATIONS if path != "schedule"})
+SPEC_MUTATIONS["spec.schedule.kind"] = _schedule_mutator("schedule")
+
+# How many fields a request has fuzzed: 0 (valid) about one time in seven.
+MUTATION_COUNTS = (0, 1, 1, 1, 1, 2, 2, 3)
+
+
+@st.composite
+def _mutations(draw: st.DrawFn, table: dict[str, st.SearchStrategy[Mutator]]) -> list[tuple[str, Mutator]]:
+    count = draw(st.sampled_from(MUTATION_COUNTS))
+    paths = draw(st.lists(st.sampled_from(sorted(table)), min_size=count, max_size=count, unique=True))
+    return [(path, draw(table[path])) for path in paths]
+
+
+# -- valid starting points -------------------------------------------------------------------------
+
+
+@st.composite
+def valid_schedules(draw: st.DrawFn) -> common_pb2.Schedule:
+    kind = draw(st.sampled_from(("now", "at", "cron", "interval")))
+    if kind == "now":
+        return common_pb2.Schedule(now=common_pb2.Now())
+    if kind == "at":
+        # An hour to a year ahead: valid, but never fires during the run (no worker load).
+        return common_pb2.Schedule(at=_now_plus(draw(st.integers(3600, 365 * 86_400))))
+    if kind == "cron":
+        return common_pb2.Schedule(cron=common_pb2.Cron(
+            expression=draw(st.sampled_from(("*/5 * * * *", "0 9 * * 1-5", "30 0 */2 * * *", "0 0 1 1 *"))),
+            timezone=draw(st.sampled_from(("", "UTC", "Europe/Paris", "America/New_York", "Asia/Kathmandu"))),
+        ))
+    interval = common_pb2.Interval(every=Duration(seconds=draw(st.sampled_from((60, 600, 86_400)))))
+    if draw(st.booleans()):
+        interval.anchor.CopyFrom(_now_plus(-draw(st.integers(0, 86_400))))
+    return common_pb2.Schedule(interval=interval)
+
+
+@st.composite
+def valid_specs(draw: st.DrawFn) -> common_pb2.JobSpec:
+    """A spec the daemon accepts; job type ``fuzz`` has no worker, so its runs only queue up."""
+    spec = common_pb2.JobSpec(
+        tenant=draw(st.sampled_from(("", "default", "fuzz-tenant"))),
+        name=f"fuzz-{draw(st.integers(0, 300))}",  # repeats: the idempotent and ALREADY_EXISTS paths
+        job_type=draw(st.sampled_from(("fuzz", "fuzz.other"))),
+        schedule=draw(valid_schedules()),
+        payload=draw(st.sampled_from((b"", b"{}", b'{"k": 1}'))),
+        priority=draw(st.sampled_from((0, 5, -1000, 1000))),
+        overlap=draw(st.sampled_from(("", *OVERLAPS))),
+        delivery=draw(st.sampled_from(("", *DELIVERIES))),
+    )
+    if draw(st.booleans()):
+        spec.retry.CopyFrom(common_pb2.RetryPolicy(
+            max_attempts=draw(st.sampled_from((0, 1, 3, 1000))),
+            backoff_base=Duration(seconds=1), backoff_cap=Duration(seconds=60)))
+    if draw(st.booleans()):
+        spec.misfire.CopyFrom(common_pb2.MisfirePolicy(
+            kind=draw(st.sampled_from(MISFIRE_KINDS)), grace=Duration(seconds=10), fire_all_cap=100))
+    if draw(st.booleans()):
+        spec.timeout.CopyFrom(Duration(seconds=30))
+        spec.lease_ttl.CopyFrom(Duration(seconds=draw(st.sampled_from((3, 30, 86_400)))))
+    return spec
+
+
+@st.composite
+def fuzzed_specs(draw: st.DrawFn) -> tuple[common_pb2.JobSpec, tuple[str, ...]]:
+    spec = draw(valid_specs())
+    mutations = draw(_mutations(SPEC_MUTATIONS))
+    for _, mutate in mutations:
+        mutate(spec)
+    return spec, tuple(path for path, _ in mutations)
+
+
+def live_spec(memory: Memory, kind: str) -> common_pb2.JobSpec:
+    """A valid job of the recording worker's type that fires within seconds of the request."""
+    spec = common_pb2.JobSpec(tenant=LIVE_TENANT, name=memory.unique_name(f"live-{kind}"), job_type=LIVE_JOB_TYPE,
+                              payload=b"{}", lease_ttl=Duration(seconds=5))
+    if kind == "now":
+        spec.schedule.now.SetInParent()
+    elif kind == "at":
+        spec.schedule.at.CopyFrom(_now_plus(2))
+    elif kind == "interval":
+        spec.schedule.interval.every.CopyFrom(Duration(seconds=10))
+    elif kind == "storm" and memory.storms_left > 0:
+        # Always fails, retried at once: the "max_attempts 100 with an always-failing worker" probe.
+        memory.storms_left -= 1
+        spec.schedule.now.SetInParent()
+        spec.payload = b'{"fail_until_attempt": 100000}'
+        spec.retry.CopyFrom(common_pb2.RetryPolicy(
+            max_attempts=100, backoff_base=Duration(nanos=1_000_000), backoff_cap=Duration(nanos=10_000_000)))
+    else:
+        spec.schedule.now.SetInParent()
+    return spec
+
+
+# -- one strategy per RPC --------------------------------------------------------------------------
+
+KNOWN = object()  # "use an id the daemon gave out" instead of a fuzzed one
+
+
+def _pick(draw: st.DrawFn, values: st.SearchStrategy[object], fuzz_one_in: int = 3) -> object:
+    return draw(values) if draw(st.integers(1, fuzz_one_in)) == 1 else KNOWN
+
+
+@st.composite
+def create_job(draw: st.DrawFn) -> Probe:
+    live = draw(st.integers(1, 8)) == 1
+    if live:
+        kind = draw(st.sampled_from(("now", "now", "at", "at", "interval", "storm")))
+        return Probe("JobService", "CreateJob", (), lambda memory: jobs_pb2.CreateJobRequest(spec=live_spec(memory, kind)),
+                     live=True)
+    spec, fields = draw(fuzzed_specs())
+    return Probe("JobService", "CreateJob", fields, lambda memory: jobs_pb2.CreateJobRequest(spec=spec))
+
+
+@st.composite
+def update_job(draw: st.DrawFn) -> Probe:
+    spec, fields = draw(fuzzed_specs())
+    job_id = _pick(draw, strings(), fuzz_one_in=4)
+    index = draw(st.integers(0, 10**6))
+
+    def build(memory: Memory) -> Message:
+        request = jobs_pb2.UpdateJobRequest(job_id="" if job_id is KNOWN else job_id, spec=spec)  # type: ignore[arg-type]
+        known = memory.job(index)
+        if job_id is KNOWN and known:
+            tenant, request.job_id, name = known
+            if "spec.tenant" not in fields:
+                request.spec.tenant = tenant
+            if "spec.name" not in fields:
+                request.spec.name = name
+        return request
+
+    return Probe("JobService", "UpdateJob", (*fields, *(() if job_id is KNOWN else ("job_id",))), build)
+
+
+@st.composite
+def job_ref(draw: st.DrawFn, method: str) -> Probe:
+    tenant = _pick(draw, strings(), fuzz_one_in=5)
+    job_id = _pick(draw, strings(), fuzz_one_in=3)
+    index = draw(st.integers(0, 10**6))
+
+    def build(memory: Memory) -> Message:
+        known = memory.job(index) or ("", "no-such-job", "")
+        return jobs_pb2.JobRef(tenant=known[0] if tenant is KNOWN else tenant,  # type: ignore[arg-type]
+                               job_id=known[1] if job_id is KNOWN else job_id)  # type: ignore[arg-type]
+
+    fields = tuple(name for name, value in (("tenant", tenant), ("job_id", job_id)) if value is not KNOWN)
+    return Probe("JobService", method, fields, build)
+
+
+@st.composite
+def list_jobs(draw: st.DrawFn) -> Probe:
+    request = jobs_pb2.ListJobsRequest(tenant=draw(st.sampled_from(("", "default", "fuzz-tenant", LIVE_TENANT))))
+    fields = []
+    if draw(st.booleans()):
+        request.tenant = draw(strings())
+        fields.append("tenant")
+    if draw(st.booleans()):
+        request.state = draw(enum_strings(JOB_STATES))
+        fields.append("state")
+    if draw(st.booleans()):
+        request.job_type = draw(strings())
+        fields.append("job_type")
+    if draw(st.booleans()):
+        request.page_size = draw(int32s())
+        fields.append("page_size")
+    token = _pick(draw, st.one_of(st.sampled_from(PAGE_TOKEN_EDGES), strings()), fuzz_one_in=2)
+    index = draw(st.integers(0, 10**6))
+    # A token handed out for another listing or other filters is a fuzzed value too.
+    fields.append("page_token" if token is not KNOWN else "page_token(reused)")
+
+    def build(memory: Memory) -> Message:
+        built = jobs_pb2.ListJobsRequest()
+        built.CopyFrom(request)
+        built.page_token = memory.page_token(index) if token is KNOWN else token  # type: ignore[assignment]
+        return built
+
+    return Probe("JobService", "ListJobs", tuple(fields), build)
+
+
+@st.composite
+def preview_schedule(draw: st.DrawFn) -> Probe:
+    request = jobs_pb2.PreviewScheduleRequest(schedule=draw(valid_schedules()))
+    mutations = draw(_mutations(SCHEDULE_MUTATIONS))
+    for _, mutate in mutations:
+        mutate(request.schedule)
+    fields = [path for path, _ in mutations]
+    if draw(st.booleans()):
+        request.after.CopyFrom(draw(timestamps()))
+        fields.append("after")
+    if draw(st.booleans()):
+        request.count = draw(int32s())
+        fields.append("count")
+    return Probe("JobService", "PreviewSchedule", tuple(fields), lambda memory: request)
+
+
+@st.composite
+def list_runs(draw: st.DrawFn) -> Probe:
+    request = runs_pb2.ListRunsRequest(tenant=draw(st.sampled_from(("", "default", "fuzz-tenant", LIVE_TENANT))))
+    fields = []
+    if draw(st.booleans()):
+        request.tenant = draw(strings())
+        fields.append("tenant")
+    if draw(st.booleans()):
+        request.states.extend(draw(st.one_of(
+            st.lists(enum_strings(RUN_STATES), max_size=4),
+            st.sampled_from((list(RUN_STATES) * 2, ["scheduled"] * 1000, ["x" * 201] * 11)),
+        )))
+        fields.append("states")
+    if draw(st.booleans()):
+        request.page_size = draw(int32s())
+        fields.append("page_size")
+    job_id = _pick(draw, strings(), fuzz_one_in=2)
+    token = _pick(draw, st.one_of(st.sampled_from(PAGE_TOKEN_EDGES), strings()), fuzz_one_in=2)
+    index = draw(st.integers(0, 10**6))
+    fields += ["job_id"] if job_id is not KNOWN else []
+    fields.append("page_token" if token is not KNOWN else "page_token(reused)")
+
+    def build(memory: Memory) -> Message:
+        built = runs_pb2.ListRunsRequest()
+        built.CopyFrom(request)
+        known = memory.job(index)
+        built.job_id = (known[1] if known else "") if job_id is KNOWN else job_id  # type: ignore[assignment]
+        built.page_token = memory.page_token(index) if token is KNOWN else token  # type: ignore[assignment]
+        return built
+
+    return Probe("RunService", "ListRuns", tuple(fields), build)
+
+
+@st.composite
+def run_ref(draw: st.DrawFn, method: str) -> Probe:
+    tenant = _pick(draw, strings(), fuzz_one_in=5)
+    run_id = _pick(draw, strings(), fuzz_one_in=3)
+    index = draw(st.integers(0, 10**6))
+
+    def build(memory: Memory) -> Message:
+        known = memory.run(index) or ("", "no-such-run")
+        return runs_pb2.RunRef(tenant=known[0] if tenant is KNOWN else tenant,  # type: ignore[arg-type]
+                               run_id=known[1] if run_id is KNOWN else run_id)  # type: ignore[arg-type]
+
+    fields = tuple(name for name, value in (("tenant", tenant), ("run_id", run_id)) if value is not KNOWN)
+    return Probe("RunService", method, fields, build)
+
+
+def get_cluster() -> st.SearchStrategy[Probe]:
+    return st.just(Probe("AdminService", "GetCluster", (), lambda memory: admin_pb2.GetClusterRequest()))
+
+
+def api_probes() -> st.SearchStrategy[Probe]:
+    """Any request to JobService, RunService or AdminService; CreateJob and UpdateJob, which have
+    the most fields, are drawn most often."""
+    return st.one_of(
+        create_job(), create_job(), create_job(), create_job(),
+        update_job(), update_job(),
+        job_ref("GetJob"), job_ref("PauseJob"), job_ref("ResumeJob"), job_ref("DeleteJob"), job_ref("TriggerJob"),
+        list_jobs(), preview_schedule(), preview_schedule(),
+        list_runs(), run_ref("GetRun"), run_ref("CancelRun"), run_ref("RetryRun"),
+        get_cluster(),
+    )
+
+
+# -- the worker stream -----------------------------------------------------------------------------
+
+WORKER_JOB_TYPE = "fuzz-w"  # jobs of this type exist so misbehaving streams really get assignments
+
+
+@dataclass(frozen=True)
+class Step:
+    """One message a misbehaving worker sends; ``build`` sees the assignments received so far."""
+
+    kind: str
+    build: Callable[[Memory, list[workers_pb2.Assignment]], workers_pb2.WorkerMessage]
+    pause: float = 0.0  # seconds to wait first (so assignments can arrive)
+
+
+@dataclass(frozen=True)
+class Session:
+    """A worker stream from open to close."""
+
+    steps: tuple[Step, ...]
+    ending: str  # half_close | cancel | cancel_after_linger
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return tuple(step.kind for step in self.steps)
+
+
+def _job_types() -> st.SearchStrategy[list[str]]:
+    return st.one_of(
+        st.just([WORKER_JOB_TYPE]),
+        st.just(["fuzz", WORKER_JOB_TYPE]),
+        st.just([LIVE_JOB_TYPE]),  # steals the good worker's runs, then never reports them
+        st.just([]),
+        st.lists(strings(), max_size=5),
+        st.sampled_from((
+            [f"type-{i}" for i in range(1000)], [f"type-{i}" for i in range(1001)],
+            [f"type-{i:0>40}" for i in range(5000)], [WORKER_JOB_TYPE] * 3000, ["x" * 65_536],
+        )),
+    )
+
+
+@st.composite
+def hellos(draw: st.DrawFn) -> Step:
+    hello = workers_pb2.Hello(
+        worker_id=draw(st.one_of(st.just(""), st.sampled_from(("fuzz-worker", "w\x00id", CONTROL, "x" * 10_000)),
+                                 strings())),
+        job_types=draw(_job_types()),
+        credits=draw(st.one_of(st.sampled_from((0, 1, 10, 100)), int32s())),
+        tenant=draw(st.one_of(st.just(""), strings())),
+    )
+    return Step("hello", lambda memory, assigned: workers_pb2.WorkerMessage(hello=hello))
+
+
+@st.composite
+def credits(draw: st.DrawFn) -> Step:
+    grant = draw(int32s())
+    return Step("credit", lambda memory, assigned: workers_pb2.WorkerMessage(credit=workers_pb2.CreditGrant(credits=grant)))
+
+
+@st.composite
+def _run_ids(draw: st.DrawFn) -> Callable[[Memory, list[workers_pb2.Assignment]], tuple[str, int]]:
+    """A (run_id, lease_token) for a heartbeat or result: a run this stream was given (right or
+    wrong token), a run of the daemon's, or a random one."""
+    source = draw(st.sampled_from(("assigned", "assigned_wrong_token", "known", "random", "random")))
+    index, token, run_id = draw(st.integers(0, 10**6)), draw(int64s()), draw(strings())
+
+    def pick(memory: Memory, assigned: list[workers_pb2.Assignment]) -> tuple[str, int]:
+        owned = [a for a in assigned if a.job_type != LIVE_JOB_TYPE]  # never complete the good worker's runs
+        if source.startswith("assigned") and owned:
+            assignment = owned[index % len(owned)]
+            return assignment.run_id, assignment.lease_token + (0 if source == "assigned" else 1 + token % 1000)
+        known = memory.run(index)
+        if source == "known" and known:
+            return known[1], token
+        return run_id, token
+
+    return pick
+
+
+@st.composite
+def heartbeats(draw: st.DrawFn) -> Step:
+    beats = []
+    for _ in range(draw(st.integers(0, 3))):
+        target = draw(_run_ids())
+        started = draw(st.booleans())
+        progress = draw(st.one_of(st.none(), floats32()))
+        checkpoint = draw(st.one_of(st.none(), byte_strings()))
+        beats.append((target, started, progress, checkpoint))
+
+    def build(memory: Memory, assigned: list[workers_pb2.Assignment]) -> workers_pb2.WorkerMessage:
+        message = workers_pb2.WorkerMessage(heartbeats=workers_pb2.Heartbeats())
+        for target, started, progress, checkpoint in beats:
+            run_id, token = target(memory, assigned)
+            beat = message.heartbeats.beats.add(run_id=run_id, lease_token=token, started=started)
+            if progress is not None:
+                beat.progress = progress
+            if checkpoint is not None:
+                beat.checkpoint = checkpoint
+        return message
+
+    return Step("heartbeats", build, pause=draw(st.sampled_from((0.0, 0.0, 0.05))))
+
+
+@st.composite
+def results(draw: st.DrawFn) -> Step:
+    reports = []
+    for _ in range(draw(st.integers(0, 3))):
+        reports.append((
+            draw(_run_ids()), draw(enum_strings(OUTCOMES)), draw(strings()), draw(strings()),
+            draw(st.one_of(st.none(), timestamps())), draw(st.one_of(st.none(), timestamps())),
+        ))
+
+    def build(memory: Memory, assigned: list[workers_pb2.Assignment]) -> workers_pb2.WorkerMessage:
+        message = workers_pb2.WorkerMessage(results=workers_pb2.Results())
+        for target, outcome, code, text, started_at, finished_at in reports:
+            run_id, token = target(memory, assigned)
+            result = message.results.results.add(run_id=run_id, lease_token=token, outcome=outcome,
+                                                 error_code=code, error_message=text)
+            if started_at is not None:
+                result.started_at.CopyFrom(started_at)
+            if finished_at is not None:
+                result.finished_at.CopyFrom(finished_at)
+        return message
+
+    return Step("results", build, pause=draw(st.sampled_from((0.0, 0.0, 0.05))))
+
+
+def empty_messages() -> st.SearchStrategy[Step]:
+    return st.just(Step("empty", lambda memory, assigned: workers_pb2.WorkerMessage()))
+
+
+def _followers() -> st.SearchStrategy[Step]:
+    return st.one_of(credits(), heartbeats(), heartbeats(), results(), results(), hellos(), empty_messages())
+
+
+@st.composite
+def sessions(draw: st.DrawFn) -> Session:
+    """Mostly a hello then anything; sometimes anything before the hello, or nothing at all."""
+    opening = draw(st.sampled_from(("hello", "hello", "hello", "hello", "other", "nothing")))
+    steps: list[Step] = []
+    if opening == "hello":
+        steps.append(draw(hellos()))
+    elif opening == "other":
+        steps.append(draw(st.one_of(credits(), heartbeats(), results(), empty_messages())))
+    if opening != "nothing":
+        steps += draw(st.lists(_followers(), max_size=6))
+    ending = draw(st.sampled_from(("half_close", "half_close", "cancel", "cancel_after_linger")))
+    return Session(tuple(steps), ending)
