@@ -50,14 +50,15 @@ class ApiServer:
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         reflection.enable_server_reflection((*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server)
+        refused = ConfigurationError(
+            f"cannot listen on {listen}: the address is in use (is another fastlane node running?) or invalid"
+        )
         try:
             self.port = self._server.add_insecure_port(listen)
         except RuntimeError as error:
-            raise ConfigurationError(f"cannot listen on {listen}: {error}") from error
+            raise refused from error
         if self.port == 0:
-            raise ConfigurationError(
-                f"cannot listen on {listen}: the address is in use (is another fastlane node running?) or invalid"
-            )
+            raise refused
 
     async def start(self) -> None:
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
