@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from fastlane.errors import ConfigurationError
+from fastlane.limits import DEFAULT_MAX_PAYLOAD_BYTES, PAYLOAD_CEILING_BYTES
 
 DEFAULT_SERVER = "127.0.0.1:7070"
 DEFAULT_DB_URL = "sqlite:///fastlane.db"
@@ -43,6 +44,7 @@ class Settings:
     # Released runs a node keeps in memory per job type while no worker takes them; beyond it they
     # wait in the database (where they already are) and are read back as workers take runs.
     max_ready_per_type: int = 10_000
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES  # largest job payload the API accepts
 
     def __post_init__(self) -> None:
         for flag, address in (("--listen", self.listen), ("--metrics", self.metrics_listen)):
@@ -60,6 +62,10 @@ class Settings:
             raise ConfigurationError("the materialisation lead must be shorter than the window")
         if self.shard_count < 1:
             raise ConfigurationError(f"shard count {self.shard_count} must be at least 1")
+        if not 1 <= self.max_payload_bytes <= PAYLOAD_CEILING_BYTES:
+            raise ConfigurationError(
+                f"--max-payload-bytes {self.max_payload_bytes} is out of range (1..{PAYLOAD_CEILING_BYTES})"
+            )
         if self.max_ready_per_type < 1:
             raise ConfigurationError(f"--max-ready-per-type {self.max_ready_per_type} must be at least 1")
 

@@ -21,6 +21,7 @@ from fastlane.api.jobs import JobServicer
 from fastlane.api.runs import RunServicer
 from fastlane.api.workers import WorkerServicer
 from fastlane.errors import ConfigurationError
+from fastlane.limits import PAYLOAD_CEILING_BYTES
 
 SERVICE_NAMES = (
     jobs_pb2.DESCRIPTOR.services_by_name["JobService"].full_name,
@@ -39,6 +40,9 @@ class ApiServer:
             # gRPC sets SO_REUSEPORT by default, so a second node started on a taken port would
             # listen beside the first and clients would reach either at random: refuse instead.
             ("grpc.so_reuseport", 0),
+            # Above the largest payload a node may accept, so a too-large job is refused by the
+            # validation point with the field named, not by the transport.
+            ("grpc.max_receive_message_length", PAYLOAD_CEILING_BYTES + (1 << 20)),
             ("grpc.keepalive_time_ms", 10_000),
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.min_ping_interval_without_data_ms", 5_000),

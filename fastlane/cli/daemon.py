@@ -21,6 +21,7 @@ from fastlane.cli.arguments import (
     positive_seconds,
 )
 from fastlane.config import DEFAULT_DB_URL, DEFAULT_SERVER, Settings, default_node_id
+from fastlane.limits import PAYLOAD_CEILING_BYTES
 from fastlane.storage.base import DEFAULT_SHARD_COUNT, open_store
 
 
@@ -86,6 +87,14 @@ def register(commands: Any) -> None:
         help="most released runs kept in memory per job type while no worker takes them; beyond it they wait "
         f"in the database and are read back as workers take runs (default: {defaults.max_ready_per_type})",
     )
+    serve.add_argument(
+        "--max-payload-bytes",
+        metavar="N",
+        type=positive_int,
+        default=defaults.max_payload_bytes,
+        help=f"largest job payload accepted, in bytes (default: {defaults.max_payload_bytes}, at most "
+        f"{PAYLOAD_CEILING_BYTES})",
+    )
     serve.set_defaults(handler=serve_node, command_parser=serve)
 
     worker = commands.add_parser(
@@ -144,6 +153,7 @@ def serve_node(args: argparse.Namespace) -> int:
         shard_lease_ttl=timedelta(seconds=args.shard_lease_ttl),
         max_clock_offset=timedelta(milliseconds=args.max_clock_offset),
         max_ready_per_type=args.max_ready_per_type,
+        max_payload_bytes=args.max_payload_bytes,
     )
     from fastlane.node import serve
 
