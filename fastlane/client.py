@@ -166,25 +166,32 @@ class Client:
         job_type: str | None = None,
         page_size: int = 100,
         page_token: str = "",
+        include_payload: bool = False,
     ) -> Page[Job]:
-        """One page of the tenant's jobs; pass ``next_page_token`` back for the next one."""
+        """One page of the tenant's jobs; pass ``next_page_token`` back for the next one.
+
+        Jobs come without their payload unless ``include_payload`` (``get_job`` always has it).
+        """
         request = jobs_pb2.ListJobsRequest(
             tenant=self.tenant,
             state=str(state or ""),
             job_type=job_type or "",
             page_size=page_size,
             page_token=page_token,
+            include_payload=include_payload,
         )
         response = await self._call(self._connect().jobs.ListJobs, request)
         return Page(items=[wire.job_from_pb(job) for job in response.jobs], next_page_token=response.next_page_token)
 
     async def iter_jobs(
-        self, *, state: JobState | str | None = None, job_type: str | None = None, page_size: int = 100
+        self, *, state: JobState | str | None = None, job_type: str | None = None, page_size: int = 100,
+        include_payload: bool = False,
     ) -> AsyncIterator[Job]:
         """Every job of the tenant matching the filters, fetching pages as needed."""
         page_token = ""
         while True:
-            page = await self.list_jobs(state=state, job_type=job_type, page_size=page_size, page_token=page_token)
+            page = await self.list_jobs(state=state, job_type=job_type, page_size=page_size, page_token=page_token,
+                                        include_payload=include_payload)
             for job in page.items:
                 yield job
             if not page.next_page_token:

@@ -98,3 +98,14 @@ def test_a_second_node_on_a_taken_port_refuses_to_start(daemon: Daemon, tmp_path
     assert second.popen.wait(30) != 0
     assert "address is in use" in second.log_path.read_text()
     assert daemon.popen is not None and daemon.popen.poll() is None
+
+
+async def test_listings_leave_payloads_out_unless_asked(daemon: Daemon, client):  # type: ignore[no-untyped-def]
+    """A page of a thousand 1 MiB payloads would be a gigabyte held for one answer."""
+    payload = b"p" * 100_000
+    job = await client.create("heavy", "e2e", Schedule.cron_expr("0 0 1 1 *"), payload=payload)
+    [listed] = (await client.list_jobs()).items
+    assert listed.job_id == job.job_id and listed.spec.payload == b""
+    [with_payload] = (await client.list_jobs(include_payload=True)).items
+    assert with_payload.spec.payload == payload
+    assert (await client.get_job(job.job_id)).spec.payload == payload
