@@ -2,6 +2,14 @@
 
 A reader task turns the worker's messages into dispatcher calls; the handler itself writes what
 the dispatcher puts in the session's outbox. Reads and writes run concurrently on the call.
+
+Every message is validated whole before any of it reaches the dispatcher. A bad Hello, and
+likewise a bad later message, ends the stream with INVALID_ARGUMENT naming the field (e.g.
+``results.results[3].run_id``). Ending the stream, rather than refusing the one item, because
+the protocol has no per-item refusal (an acknowledgement means "durable"), so a silently dropped
+item would look to the worker like a slow node; the status is the one answer it can see, and the
+SDK itself never sends what is refused here. Error codes and messages are the exception: they are
+a handler's arbitrary exception text, so they are cut to ``MAX_ERROR_TEXT`` and cleaned, not refused.
 """
 
 from __future__ import annotations
@@ -9,13 +17,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from datetime import timedelta
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import TypeVar
 
 import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
 
-from fastlane import wire
+from fastlane import validation, wire
 from fastlane._proto import workers_pb2, workers_pb2_grpc
 from fastlane.engine.dispatch import (
+    MAX_LEASE_TOKEN,
     Acknowledge,
     Assign,
     Cancel,
@@ -23,8 +35,12 @@ from fastlane.engine.dispatch import (
     Outgoing,
     WorkerSession,
 )
+from fastlane.errors import InvalidArgument
+from fastlane.limits import MAX_CHECKPOINT_BYTES, MAX_CREDITS, MAX_JOB_TYPES
 from fastlane.models import AttemptOutcome
 from fastlane.storage import AttemptResult, Heartbeat
+
+T = TypeVar("T")
 
 log = logging.getLogger("fastlane.api.workers")
 
@@ -49,8 +65,12 @@ class WorkerServicer(workers_pb2_grpc.WorkerServiceServicer):
         if first is grpc.aio.EOF or first.WhichOneof("body") != "hello":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message on a worker stream must be a hello")
         hello = first.hello
-        if not hello.worker_id or not hello.job_types:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "hello: worker_id and job_types are required")
+        try:
+            validate_hello(hello)
+        except InvalidArgument as error:
+            # The id is not logged as sent: it may be what is wrong (control characters, length).
+            log.warning("refused a worker stream: %s", error)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
         await context.write(workers_pb2.NodeMessage(welcome=workers_pb2.Welcome(
             node_id=self._node_id, heartbeat_interval=wire.duration(self._heartbeat_interval))))
         session = self._dispatcher.connect(hello.worker_id, hello.job_types, hello.credits, hello.tenant)
@@ -62,6 +82,9 @@ class WorkerServicer(workers_pb2_grpc.WorkerServiceServicer):
                     break
                 for message in coalesced(outgoing, session):
                     await context.write(_to_pb(message))
+            if (refused := _refusal(reader)) is not None:
+                log.warning("ended the stream of worker %s: %s", session.worker_id, refused)
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(refused))
         finally:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -69,17 +92,18 @@ class WorkerServicer(workers_pb2_grpc.WorkerServiceServicer):
             self._dispatcher.disconnect(session)
 
     async def _read(self, session: WorkerSession, context: grpc.aio.ServicerContext) -> None:
+        """Pass the worker's messages to the dispatcher; raises InvalidArgument at a bad one."""
         while True:
             message = await context.read()
             if message is grpc.aio.EOF:
                 return
             body = message.WhichOneof("body")
             if body == "credit":
-                self._dispatcher.grant(session, message.credit.credits)
+                self._dispatcher.grant(session, validation.count("credit.credits", message.credit.credits, 0, MAX_CREDITS))
             elif body == "heartbeats":
-                self._dispatcher.heartbeats(session, (_heartbeat(beat) for beat in message.heartbeats.beats))
+                self._dispatcher.heartbeats(session, heartbeats_of(message.heartbeats))
             elif body == "results":
-                self._dispatcher.results(session, [r for r in map(_result, message.results.results) if r])
+                self._dispatcher.results(session, results_of(message.results))
             else:
                 log.warning("worker %s sent an unexpected %s message", session.worker_id, body)
 
@@ -113,17 +137,54 @@ def coalesced(first: Outgoing, session: WorkerSession) -> list[Outgoing]:
     return messages
 
 
-def _heartbeat(beat: workers_pb2.RunHeartbeat) -> Heartbeat:
+def _refusal(reader: asyncio.Task[None]) -> InvalidArgument | None:
+    """Why the reader stopped reading, if it was a bad message."""
+    if not reader.done() or reader.cancelled():
+        return None
+    error = reader.exception()
+    return error if isinstance(error, InvalidArgument) else None
+
+
+# -- what a worker sends, validated ------------------------------------------------------------
+
+
+def validate_hello(hello: workers_pb2.Hello) -> None:
+    """Raise :class:`InvalidArgument` naming the first field of ``hello`` out of bounds."""
+    validation.identifier("hello.worker_id", hello.worker_id)
+    validation.count("hello.job_types (how many)", len(hello.job_types), 1, MAX_JOB_TYPES)
+    for index, job_type in enumerate(hello.job_types):
+        validation.name(f"hello.job_types[{index}]", job_type)
+    validation.count("hello.credits", hello.credits, 0, MAX_CREDITS)
+    if hello.tenant:
+        validation.name("hello.tenant", hello.tenant)
+
+
+def heartbeats_of(message: workers_pb2.Heartbeats) -> list[Heartbeat]:
+    return [_heartbeat(f"heartbeats.beats[{index}]", beat) for index, beat in enumerate(message.beats)]
+
+
+def results_of(message: workers_pb2.Results) -> list[AttemptResult]:
+    return [_result(f"results.results[{index}]", result) for index, result in enumerate(message.results)]
+
+
+def _heartbeat(field: str, beat: workers_pb2.RunHeartbeat) -> Heartbeat:
+    progress = None
+    if beat.HasField("progress"):
+        progress = _as_field(f"{field}.progress", lambda: validation.progress(beat.progress))
+    checkpoint = None
+    if beat.HasField("checkpoint"):
+        # Enforced here, not only by the SDK: the checkpoint is stored and handed to the next attempt.
+        checkpoint = validation.payload(f"{field}.checkpoint", beat.checkpoint, MAX_CHECKPOINT_BYTES)
     return Heartbeat(
-        run_id=beat.run_id,
-        lease_token=beat.lease_token,
+        run_id=validation.identifier(f"{field}.run_id", beat.run_id),
+        lease_token=_lease_token(f"{field}.lease_token", beat.lease_token),
         started=beat.started,
-        progress=beat.progress if beat.HasField("progress") else None,
-        checkpoint=beat.checkpoint if beat.HasField("checkpoint") else None,
+        progress=progress,
+        checkpoint=checkpoint,
     )
 
 
-def _result(result: workers_pb2.RunResult) -> AttemptResult | None:
+def _result(field: str, result: workers_pb2.RunResult) -> AttemptResult:
     try:
         outcome = AttemptOutcome(result.outcome)
     except ValueError:
@@ -131,14 +192,39 @@ def _result(result: workers_pb2.RunResult) -> AttemptResult | None:
     if outcome not in _WORKER_OUTCOMES:
         outcome = AttemptOutcome.FAILED
     return AttemptResult(
-        run_id=result.run_id,
-        lease_token=result.lease_token,
+        run_id=validation.identifier(f"{field}.run_id", result.run_id),
+        lease_token=_lease_token(f"{field}.lease_token", result.lease_token),
         outcome=outcome,
-        error_code=result.error_code or None,
-        error_message=result.error_message or None,
-        started_at=wire.instant(result.started_at, result.HasField("started_at")),
-        finished_at=wire.instant(result.finished_at, result.HasField("finished_at")),
+        error_code=validation.error_text(result.error_code) or None,
+        error_message=validation.error_text(result.error_message) or None,
+        started_at=_instant(f"{field}.started_at", result.started_at, result.HasField("started_at")),
+        finished_at=_instant(f"{field}.finished_at", result.finished_at, result.HasField("finished_at")),
     )
+
+
+def _lease_token(field: str, token: int) -> int:
+    # Every token a node hands out is positive; another cannot name an attempt.
+    return validation.count(field, token, 1, MAX_LEASE_TOKEN)
+
+
+# Protobuf's own range for a Timestamp: outside it the arithmetic of epoch_plus is meaningless.
+_TIMESTAMP_SECONDS = range(-62_135_596_800, 253_402_300_800)
+
+
+def _instant(field: str, stamp: Timestamp, present: bool) -> datetime | None:
+    if not present:
+        return None
+    if stamp.seconds not in _TIMESTAMP_SECONDS or not 0 <= stamp.nanos < 1_000_000_000:
+        raise InvalidArgument(field, f"seconds={stamp.seconds} nanos={stamp.nanos} is not a valid timestamp")
+    return validation.instant(field, wire.epoch_plus(stamp))
+
+
+def _as_field(field: str, check: Callable[[], T]) -> T:
+    """Run a validation helper that names a generic field, naming this one instead."""
+    try:
+        return check()
+    except InvalidArgument as error:
+        raise InvalidArgument(field, error.problem) from None
 
 
 def _to_pb(outgoing: Outgoing) -> workers_pb2.NodeMessage:

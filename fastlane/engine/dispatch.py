@@ -14,6 +14,16 @@ Two ways to send:
 
 A run is *claimed* from the moment it is assigned until its dispatch is durable; a second
 release of a claimed run is dropped. Results are acknowledged to the worker only once durable.
+
+Guards, so that one worker or one record cannot harm the rest:
+
+- A heartbeat or result counts only from the worker its attempt was sent to (lease tokens are
+  random, and checked against the attempt's ``worker_id``); others are refused and logged.
+- A journal write that fails for any reason but the database being unreachable is split until
+  the record that makes it fail is found; that one is set aside, the rest land.
+- The ready queue of a job type holds at most ``max_ready_per_type`` runs. Beyond it a run is
+  *parked*: only its id stays in memory (the run itself is ``scheduled`` in the database already)
+  and it is read back, oldest first, as workers take runs from the queue.
 """
 
 from __future__ import annotations
@@ -22,21 +32,42 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import random
+import secrets
 from collections import Counter, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import TypeVar
 
 from fastlane.clock import Clock
-from fastlane.errors import StorageError
+from fastlane.errors import StorageError, StorageUnavailable
+from fastlane.limits import LAST_INSTANT
 from fastlane.metrics import Metrics
-from fastlane.models import Delivery, Run, RunState
+from fastlane.models import Attempt, Delivery, Run, RunState
 from fastlane.storage import AttemptResult, Dispatch, Heartbeat, ResultOutcome, Store
 
 log = logging.getLogger("fastlane.dispatch")
 
-JOURNAL_RETRY = timedelta(milliseconds=200)
+JOURNAL_RETRY = timedelta(milliseconds=200)  # the first retry of an unavailable database
+JOURNAL_RETRY_CAP = timedelta(seconds=5)  # doubling up to this
+# Once stopping, the journal tries this long to make what it holds durable, then gives up (the
+# node waits a little longer than this for it): a node must stop while its database is down.
+JOURNAL_STOP_GRACE = timedelta(seconds=4)
+DEFAULT_MAX_READY_PER_TYPE = 10_000
+MAX_LEASE_TOKEN = (1 << 63) - 1  # lease_token columns are signed 64-bit integers
+RELOAD_BATCH = 1_000  # parked runs read back per query
+
+T = TypeVar("T")
+R = TypeVar("R")
+AttemptKey = tuple[str, int]  # (run_id, lease_token)
+
+
+def new_lease_token() -> int:
+    """A lease token nobody can guess: uniformly random in 1..2**63-1, a positive int64.
+
+    It is the attempt's credential: whoever presents (run_id, lease_token) speaks for the
+    attempt, so it must not be derivable from another attempt's token (a counter would be)."""
+    return secrets.randbelow(MAX_LEASE_TOKEN) + 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,11 +129,67 @@ class _Waiting:
 @dataclass
 class _Journal:
     dispatches: list[Dispatch] = field(default_factory=list)
-    heartbeats: dict[tuple[str, int], tuple[WorkerSession, Heartbeat]] = field(default_factory=dict)
+    heartbeats: dict[AttemptKey, tuple[WorkerSession, Heartbeat]] = field(default_factory=dict)
     results: list[tuple[WorkerSession, AttemptResult]] = field(default_factory=list)
+    # (worker_id, run_id, lease_token) of reports for attempts this node did not send to that
+    # worker's stream (sent before a reconnect, or by another node): checked in the database.
+    unvouched: set[tuple[str, str, int]] = field(default_factory=set)
 
     def __bool__(self) -> bool:
         return bool(self.dispatches or self.heartbeats or self.results)
+
+
+@dataclass(frozen=True, slots=True)
+class _Parked:
+    """A released run left in the database because its ready queue was full."""
+
+    shard_id: int
+    available_at: datetime
+
+
+class _AllBut:
+    """A ``skip`` for :meth:`Store.pending_runs` that skips every run but the wanted ones."""
+
+    def __init__(self, wanted: Iterable[str]) -> None:
+        self._wanted = set(wanted)
+
+    def __contains__(self, run_id: object) -> bool:
+        return run_id not in self._wanted
+
+
+async def write_isolating(
+    records: list[T],
+    write: Callable[[list[T]], Awaitable[R]],
+    *,
+    landed: Callable[[list[T], R], None],
+    rejected: Callable[[T, Exception], None],
+) -> None:
+    """Write ``records`` in order, in as few calls of ``write`` (one transaction each) as they allow.
+
+    A call that fails for any reason but :class:`StorageUnavailable` is split in halves until the
+    record that makes it fail is found: that one goes to ``rejected``, every other lands (and goes
+    to ``landed`` with what ``write`` returned for it). :class:`StorageUnavailable` propagates;
+    ``records`` is then left holding exactly what is not written yet, for the caller to retry.
+    """
+    chunks = [list(records)]  # the next chunk last; chunks are taken from the left of records
+    while chunks:
+        chunk = chunks.pop()
+        try:
+            outcome = await write(chunk)
+        except StorageUnavailable:
+            raise
+        except Exception as error:
+            if len(chunk) == 1:
+                del records[:1]
+                rejected(chunk[0], error)
+            else:
+                log.warning("journal write of %d records failed (%s): splitting it to find the bad one",
+                            len(chunk), error)
+                middle = len(chunk) // 2
+                chunks += [chunk[middle:], chunk[:middle]]
+            continue
+        del records[:len(chunk)]
+        landed(chunk, outcome)
 
 
 class Dispatcher:
@@ -116,26 +203,31 @@ class Dispatcher:
         clock: Clock,
         metrics: Metrics,
         reschedule: Callable[[Run], None],
+        max_ready_per_type: int = DEFAULT_MAX_READY_PER_TYPE,
     ) -> None:
         self._store = store
         self._node_id = node_id
         self._clock = clock
         self._metrics = metrics
         self._reschedule = reschedule
+        self._max_ready = max(max_ready_per_type, 1)
         self._sessions: dict[str, list[WorkerSession]] = {}  # by job type, rotated for fairness
         self._ready: dict[str, deque[_Waiting]] = {}
         self._queued: set[str] = set()  # run ids in the ready queues
+        # Runs beyond a full ready queue, by job type, oldest first; and the same ids in one set.
+        self._parked: dict[str, dict[str, _Parked]] = {}
+        self._parked_ids: set[str] = set()
+        self._reloading: set[str] = set()  # job types whose parked runs are being read back
         self._journal = _Journal()
         self._journal_ready = asyncio.Event()
         self._journal_idle = asyncio.Event()
         self._journal_idle.set()
         self._stopping = False
+        self._stop_requested = asyncio.Event()
+        self._journal_deadline: float | None = None  # loop time after which a stopping journal gives up
         self._assigning = True
-        # Lease tokens only need to differ between attempts of one run; a random start keeps
-        # two node incarnations from reusing the same sequence.
-        self._tokens = itertools.count(random.getrandbits(40) << 20)
         self._claimed: set[str] = set()  # runs assigned whose dispatch is not yet durable
-        self._in_flight: dict[tuple[str, int], WorkerSession] = {}  # attempts sent, not yet reported
+        self._in_flight: dict[AttemptKey, WorkerSession] = {}  # attempts sent, not yet reported
         self._background: set[asyncio.Task[None]] = set()
         metrics.ready_queue.set_function(lambda: self.ready_depth)  # read when scraped
 
@@ -150,6 +242,11 @@ class Dispatcher:
         # Also read by the metrics thread: list() takes the queues in one step under the GIL,
         # so a queue added meanwhile cannot break the iteration.
         return sum(map(len, list(self._ready.values())))
+
+    @property
+    def parked_count(self) -> int:
+        """Released runs waiting in the database (not in memory) because their queue was full."""
+        return len(self._parked_ids)
 
     def connect(self, worker_id: str, job_types: Iterable[str], credits: int, tenant: str | None) -> WorkerSession:
         session = WorkerSession(worker_id=worker_id, job_types=frozenset(job_types), tenant=tenant or None,
@@ -187,24 +284,12 @@ class Dispatcher:
         ``confirm_first``: the runs came from the database, not from this node's own writes,
         so each is sent only once its dispatch has durably taken it from ``scheduled``.
         """
-        now = self._clock.now()
-        batches: dict[int, tuple[WorkerSession, list[Assigned]]] = {}
-        for run in runs:
-            if run.run_id in self._claimed:
-                continue
-            session = self._pick(run) if self._assigning else None
-            if session is None:
-                if run.run_id not in self._queued:
-                    self._queued.add(run.run_id)
-                    self._ready.setdefault(run.job_type, deque()).append(_Waiting(run, confirm_first))
-                continue
-            batches.setdefault(id(session), (session, []))[1].append(self._assign(session, run, now, confirm_first))
-        for session, assigned in batches.values():
-            self._send(session, assigned)
+        self._hand_out(runs, confirm_first=confirm_first, reloaded=False)
 
     def holds(self, run_id: str) -> bool:
-        """Whether this run is queued here or being dispatched (so must not be released again)."""
-        return run_id in self._queued or run_id in self._claimed
+        """Whether this run is queued here, parked or being dispatched (so must not be released
+        again: a parked run is read back from the database by this dispatcher itself)."""
+        return run_id in self._queued or run_id in self._claimed or run_id in self._parked_ids
 
     def stop_assigning(self) -> None:
         """Shutting down: keep everything that is not yet sent for the successor."""
@@ -215,6 +300,7 @@ class Dispatcher:
         by_session: dict[int, tuple[WorkerSession, list[AttemptRef]]] = {}
         cancelled = {run.run_id for run in runs}
         self._drop_queued(lambda queued: queued.run_id in cancelled)
+        self._unpark(lambda run_id, _: run_id in cancelled)
         # By (run, token) rather than the run's stored token: an attempt sent a moment ago may
         # not be recorded yet.
         for (run_id, token), session in self._in_flight.items():
@@ -225,22 +311,66 @@ class Dispatcher:
 
     def forget_job(self, job_id: str) -> None:
         """The job was deleted: its queued runs were cancelled in the database."""
+        # Parked runs of the job are not known by job; reading them back skips them (cancelled).
         self._drop_queued(lambda queued: queued.job_id == job_id)
 
     def drop_shards(self, shard_ids: Iterable[int]) -> None:
         """Forget queued runs of shards this node lost; their new owner delivers them."""
         lost = set(shard_ids)
         self._drop_queued(lambda queued: queued.shard_id in lost)
+        self._unpark(lambda _, parked: parked.shard_id in lost)
 
     def forget_attempts(self, runs: Iterable[Run]) -> None:
         """These runs' earlier attempts expired: no result for them will be waited for."""
         expired = {run.run_id for run in runs}
         self._in_flight = {key: held for key, held in self._in_flight.items() if key[0] not in expired}
 
+    def _hand_out(self, runs: Iterable[Run], *, confirm_first: bool, reloaded: bool) -> None:
+        now = self._clock.now()
+        batches: dict[int, tuple[WorkerSession, list[Assigned]]] = {}
+        for run in runs:
+            if run.run_id in self._claimed or run.run_id in self._parked_ids:
+                continue  # a parked run comes back through _reload_parked, confirmed
+            session = self._pick(run) if self._assigning else None
+            if session is None:
+                self._wait(run, confirm_first, reloaded=reloaded)
+                continue
+            batches.setdefault(id(session), (session, []))[1].append(self._assign(session, run, now, confirm_first))
+        for session, assigned in batches.values():
+            self._send(session, assigned)
+
+    def _wait(self, run: Run, confirm_first: bool, *, reloaded: bool) -> None:
+        """Queue a run no worker can take now; park it when its queue is full.
+
+        A run released while older ones of its type are parked is parked behind them (unless it
+        is one of them coming back), so that a steady inflow cannot starve the parked runs."""
+        if run.run_id in self._queued:
+            return
+        queue = self._ready.setdefault(run.job_type, deque())
+        parked = self._parked.get(run.job_type)
+        if len(queue) < self._max_ready and (reloaded or not parked):
+            self._queued.add(run.run_id)
+            queue.append(_Waiting(run, confirm_first))
+            return
+        if not parked:
+            log.warning("ready queue of job type %r is full (%d runs): further runs wait in the database "
+                        "until workers take these", run.job_type, len(queue))
+            parked = self._parked[run.job_type] = {}
+        parked[run.run_id] = _Parked(run.shard_id, run.available_at)
+        self._parked_ids.add(run.run_id)
+
     def _drop_queued(self, matches: Callable[[Run], bool]) -> None:
         for job_type, queue in list(self._ready.items()):
             self._ready[job_type] = deque(waiting for waiting in queue if not matches(waiting.run))
         self._queued = {waiting.run.run_id for queue in self._ready.values() for waiting in queue}
+
+    def _unpark(self, matches: Callable[[str, _Parked], bool]) -> None:
+        for job_type, parked in list(self._parked.items()):
+            for run_id in [run_id for run_id, entry in parked.items() if matches(run_id, entry)]:
+                del parked[run_id]
+                self._parked_ids.discard(run_id)
+            if not parked:
+                del self._parked[job_type]
 
     def _pick(self, run: Run) -> WorkerSession | None:
         sessions = self._sessions.get(run.job_type)
@@ -256,7 +386,7 @@ class Dispatcher:
 
     def _assign(self, session: WorkerSession, run: Run, now: datetime, confirm_first: bool) -> Assigned:
         session.credits -= 1
-        token = next(self._tokens)
+        token = new_lease_token()
         self._claimed.add(run.run_id)
         self._in_flight[(run.run_id, token)] = session
         self._metrics.dispatch_lag.observe(max((now - run.available_at).total_seconds(), 0.0))
@@ -283,8 +413,53 @@ class Dispatcher:
                 assigned.append(self._assign(session, waiting.run, now, waiting.confirm_first))
             if queue is not None:
                 queue.extendleft(reversed(skipped))
+            self._refill(job_type)
         if assigned:
             self._send(session, assigned)
+
+    # -- parked runs ----------------------------------------------------------------------------
+
+    def _refill(self, job_type: str) -> None:
+        """Read parked runs of this type back once its queue is down to half (one task per type)."""
+        if (job_type in self._reloading or not self._parked.get(job_type)
+                or len(self._ready.get(job_type, ())) > self._max_ready // 2):
+            return
+        self._reloading.add(job_type)
+        task = asyncio.create_task(self._reload_parked(job_type), name=f"dispatch-reload:{job_type}")
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _reload_parked(self, job_type: str) -> None:
+        """Fill the queue of ``job_type`` from its parked runs, oldest first, while it has room.
+
+        The runs are released as read from the database (``confirm_first``): one that another
+        attempt took meanwhile is not sent twice, and one no longer ``scheduled`` (cancelled) is
+        not read at all."""
+        try:
+            while self._assigning and (room := self._max_ready - len(self._ready.get(job_type, ()))) > 0:
+                parked = self._parked.get(job_type)
+                if not parked:
+                    return
+                wanted = dict(itertools.islice(parked.items(), min(room, RELOAD_BATCH)))
+                try:
+                    runs = await self._store.pending_runs(
+                        {entry.shard_id for entry in wanted.values()},
+                        max(entry.available_at for entry in wanted.values()) + timedelta(microseconds=1),
+                        skip=_AllBut(wanted),
+                    )
+                except StorageError as error:
+                    # Still parked: the next credit granted for this type tries again.
+                    log.warning("could not read back %d parked runs of job type %r: %s", len(wanted), job_type, error)
+                    return
+                # Dropped meanwhile (a lost shard, a cancel) are not released; runs not found are
+                # no longer scheduled, or changed: the lane's full scan finds those still pending.
+                still_parked = [run for run in runs if run.run_id in self._parked_ids]
+                self._unpark(lambda run_id, _: run_id in wanted)
+                self._hand_out(still_parked, confirm_first=True, reloaded=True)
+        finally:
+            self._reloading.discard(job_type)
+
+    # -- sending --------------------------------------------------------------------------------
 
     def _send(self, session: WorkerSession, assigned: list[Assigned]) -> None:
         fast = [item for item in assigned if not item.confirm_first]
@@ -299,13 +474,17 @@ class Dispatcher:
             task.add_done_callback(self._background.discard)
 
     async def _send_confirmed(self, session: WorkerSession, assigned: list[Assigned]) -> None:
+        started: set[str] = set()
+
+        def landed(_: list[Dispatch], attempts: list[Attempt]) -> None:
+            started.update(attempt.run_id for attempt in attempts)
+
         try:
-            recorded = await self._store.record_dispatches([self._dispatch_record(session, item) for item in assigned])
+            await write_isolating([self._dispatch_record(session, item) for item in assigned],
+                                  self._store.record_dispatches, landed=landed, rejected=self._dispatch_set_aside)
         except StorageError as error:
             # Still scheduled in the database: the next rebuild or sweep brings them back.
             log.warning("could not record %d dispatches before sending; not sent: %s", len(assigned), error)
-            recorded = []
-        started = {attempt.run_id for attempt in recorded}
         for item in assigned:
             self._claimed.discard(item.run.run_id)
             if item.run.run_id not in started:
@@ -325,15 +504,42 @@ class Dispatcher:
     # -- what workers report --------------------------------------------------------------------
 
     def heartbeats(self, session: WorkerSession, beats: Iterable[Heartbeat]) -> None:
+        refused: list[AttemptKey] = []
         for beat in beats:
-            self._journal.heartbeats[(beat.run_id, beat.lease_token)] = (session, beat)
+            key = (beat.run_id, beat.lease_token)
+            if self._vouch(session, key, refused):
+                self._journal.heartbeats[key] = (session, beat)
+        self._log_refused(session, "heartbeats", refused)
         self._wake_journal()
 
     def results(self, session: WorkerSession, results: Iterable[AttemptResult]) -> None:
+        refused: list[AttemptKey] = []
         for result in results:
-            self._in_flight.pop((result.run_id, result.lease_token), None)
-            self._journal.results.append((session, result))
+            key = (result.run_id, result.lease_token)
+            if self._vouch(session, key, refused):
+                self._in_flight.pop(key, None)
+                self._journal.results.append((session, result))
+        self._log_refused(session, "results", refused)
         self._wake_journal()
+
+    def _vouch(self, session: WorkerSession, key: AttemptKey, refused: list[AttemptKey]) -> bool:
+        """Whether a report for this attempt may go to the journal: refused at once when this
+        node sent the attempt to another worker; when it did not send it at all (it went out
+        before a reconnect, or from another node), marked for a check against the database."""
+        holder = self._in_flight.get(key)
+        if holder is None:
+            self._journal.unvouched.add((session.worker_id, *key))
+        elif holder.worker_id != session.worker_id:
+            refused.append(key)
+            return False
+        return True
+
+    @staticmethod
+    def _log_refused(session: WorkerSession, kind: str, refused: list[AttemptKey]) -> None:
+        if refused:
+            run_id, token = refused[0]
+            log.warning("refused %d %s from worker %s for attempts sent to another worker (first: run %s, token %d)",
+                        len(refused), kind, session.worker_id, run_id, token)
 
     def _wake_journal(self) -> None:
         self._journal_idle.clear()
@@ -342,7 +548,11 @@ class Dispatcher:
     # -- the journal writer ---------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Flush the journal until stopped and drained; every batch is one round of durable writes."""
+        """Flush the journal until stopped and drained; every batch is one round of durable writes.
+
+        An unreachable database is retried with backoff; once stopping, only for
+        ``JOURNAL_STOP_GRACE``, then what is left is given up (and said so)."""
+        retry = JOURNAL_RETRY.total_seconds()
         while True:
             await self._journal_ready.wait()
             self._journal_ready.clear()
@@ -354,10 +564,15 @@ class Dispatcher:
             batch, self._journal = self._journal, _Journal()
             try:
                 await self._write(batch)
-            except StorageError as error:
-                log.warning("journal write failed, retrying: %s", error)
+                retry = JOURNAL_RETRY.total_seconds()
+            except StorageUnavailable as error:
                 self._requeue(batch)
-                await asyncio.sleep(JOURNAL_RETRY.total_seconds())
+                if self._stop_grace_over():
+                    self._give_up_journal(error)
+                    return
+                log.warning("journal write failed, retrying in %.1f s: %s", retry, error)
+                await self._retry_pause(retry)
+                retry = min(retry * 2, JOURNAL_RETRY_CAP.total_seconds())
             if not self._journal:
                 self._journal_idle.set()
             self._journal_ready.set()  # loop once more: returns if stopping and drained
@@ -369,33 +584,151 @@ class Dispatcher:
                 await self._journal_idle.wait()
 
     def stop(self) -> None:
-        """Let :meth:`run` return once the journal is drained."""
+        """Let :meth:`run` return once the journal is drained (or ``JOURNAL_STOP_GRACE`` passed)."""
+        if not self._stopping:
+            self._journal_deadline = asyncio.get_running_loop().time() + JOURNAL_STOP_GRACE.total_seconds()
         self._stopping = True
+        self._stop_requested.set()
         self._journal_ready.set()
+
+    def _stop_grace_over(self) -> bool:
+        return self._journal_deadline is not None and asyncio.get_running_loop().time() >= self._journal_deadline
+
+    async def _retry_pause(self, seconds: float) -> None:
+        """Sleep before a retry: cut short by a stop (one more try at once), and once stopping
+        never past the end of the grace."""
+        if self._journal_deadline is None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(seconds):
+                    await self._stop_requested.wait()
+            return
+        left = self._journal_deadline - asyncio.get_running_loop().time()
+        await asyncio.sleep(max(0.0, min(seconds, left)))
+
+    def _give_up_journal(self, error: Exception) -> None:
+        journal = self._journal
+        log.error("stopping with %d dispatches, %d heartbeats and %d results not durable (%s): those runs "
+                  "stay scheduled and are delivered again; the workers report those results to another node",
+                  len(journal.dispatches), len(journal.heartbeats), len(journal.results), error)
+        self._journal = _Journal()
+        self._journal_idle.set()
 
     def _requeue(self, batch: _Journal) -> None:
         batch.dispatches.extend(self._journal.dispatches)
         batch.heartbeats.update(self._journal.heartbeats)
         batch.results.extend(self._journal.results)
+        batch.unvouched |= self._journal.unvouched
         self._journal = batch
 
     async def _write(self, batch: _Journal) -> None:
+        """Write one batch: dispatches first (a result is never written before its dispatch).
+
+        What lands is removed from ``batch`` as it lands, so that after a failure the batch holds
+        exactly what is left to write."""
         if batch.dispatches:
-            recorded = {attempt.run_id for attempt in await self._store.record_dispatches(batch.dispatches)}
-            for dispatch in batch.dispatches:
-                self._claimed.discard(dispatch.run_id)
-            self._withdraw([d for d in batch.dispatches if d.run_id not in recorded])
-            batch.dispatches = []  # durable: not written again if a later step fails
+            await write_isolating(batch.dispatches, self._store.record_dispatches,
+                                  landed=self._dispatches_landed, rejected=self._dispatch_rejected)
+        if batch.unvouched:
+            await self._refuse_foreign(batch)
         if batch.heartbeats:
             beats = list(batch.heartbeats.values())
-            stale = set(await self._store.record_heartbeats([beat for _, beat in beats]))
-            batch.heartbeats = {}
-            self._cancel_stale(beats, stale)
+            try:
+                await write_isolating(beats, self._record_heartbeats, landed=self._cancel_stale,
+                                      rejected=self._heartbeat_rejected)
+            finally:
+                batch.heartbeats = {(beat.run_id, beat.lease_token): (session, beat) for session, beat in beats}
         if batch.results:
-            results = batch.results
-            outcomes = await self._store.record_results([result for _, result in results])
-            batch.results = []
-            self._settle(results, outcomes)
+            await write_isolating(batch.results, self._record_results, landed=self._settle,
+                                  rejected=self._result_rejected)
+
+    async def _record_heartbeats(self, beats: list[tuple[WorkerSession, Heartbeat]]) -> set[str]:
+        return set(await self._store.record_heartbeats([beat for _, beat in beats]))
+
+    async def _record_results(self, results: list[tuple[WorkerSession, AttemptResult]]) -> list[ResultOutcome]:
+        return await self._store.record_results([result for _, result in results])
+
+    def _dispatches_landed(self, dispatches: list[Dispatch], attempts: list[Attempt]) -> None:
+        recorded = {attempt.run_id for attempt in attempts}
+        for dispatch in dispatches:
+            self._claimed.discard(dispatch.run_id)
+        self._withdraw([d for d in dispatches if d.run_id not in recorded])
+
+    # -- records set aside ------------------------------------------------------------------------
+
+    def _set_aside(self, what: str, error: Exception) -> None:
+        self._metrics.set_aside.labels(kind="journal_record").inc()
+        log.error("journal record set aside, the others are written: %s failed with %s: %s",
+                  what, type(error).__name__, error, exc_info=not isinstance(error, StorageError))
+
+    def _dispatch_set_aside(self, dispatch: Dispatch, error: Exception) -> None:
+        # Not recorded: the run stays scheduled, and the lane's full scan delivers it again.
+        self._set_aside(f"dispatch of run {dispatch.run_id} to worker {dispatch.worker_id!r}", error)
+
+    def _dispatch_rejected(self, dispatch: Dispatch, error: Exception) -> None:
+        """A dispatch already sent (fast) that cannot be recorded: the worker is told to stop it."""
+        self._dispatch_set_aside(dispatch, error)
+        self._claimed.discard(dispatch.run_id)
+        self._withdraw([dispatch])
+
+    def _heartbeat_rejected(self, beat: tuple[WorkerSession, Heartbeat], error: Exception) -> None:
+        # The lease is not extended; the worker's next heartbeat tries again.
+        session, heartbeat = beat
+        self._set_aside(f"heartbeat of run {heartbeat.run_id} from worker {session.worker_id!r}", error)
+
+    def _result_rejected(self, reported: tuple[WorkerSession, AttemptResult], error: Exception) -> None:
+        # Not acknowledged: the worker keeps the result and reports it again after a reconnect;
+        # meanwhile the lease expires and the run is retried per its policy.
+        session, result = reported
+        self._set_aside(f"result of run {result.run_id} from worker {session.worker_id!r}", error)
+
+    # -- the attempt's worker -------------------------------------------------------------------
+
+    async def _refuse_foreign(self, batch: _Journal) -> None:
+        """Drop from ``batch`` the reports of attempts that were sent to another worker, judged
+        by the attempts table; attempts verified as the reporter's are adopted by its stream (so
+        later heartbeats need no check, and a cancel reaches it). An attempt with no row passes:
+        the store records such a result as superseded, as before."""
+        owners = await self._attempt_workers({(run_id, token) for _, run_id, token in batch.unvouched})
+        foreign = {(worker, run_id, token) for worker, run_id, token in batch.unvouched
+                   if owners.get((run_id, token), worker) != worker}
+        batch.unvouched = set()
+        finished = {(result.run_id, result.lease_token) for _, result in batch.results}
+        for key, (session, _) in batch.heartbeats.items():
+            if (session.worker_id, *key) not in foreign and key not in finished and session.connected:
+                self._in_flight.setdefault(key, session)
+        if not foreign:
+            return
+        by_worker: dict[str, list[AttemptKey]] = {}
+        for worker, run_id, token in foreign:
+            by_worker.setdefault(worker, []).append((run_id, token))
+        for worker, keys in by_worker.items():
+            run_id, token = keys[0]
+            log.warning("refused reports of worker %s for %d attempts sent to another worker (first: run %s, "
+                        "token %d)", worker, len(keys), run_id, token)
+        batch.heartbeats = {key: (session, beat) for key, (session, beat) in batch.heartbeats.items()
+                            if (session.worker_id, *key) not in foreign}
+        batch.results = [(session, result) for session, result in batch.results
+                         if (session.worker_id, result.run_id, result.lease_token) not in foreign]
+
+    async def _attempt_workers(self, keys: set[AttemptKey]) -> dict[AttemptKey, str]:
+        """The worker each of these attempts was sent to, as the attempts table records it.
+
+        A run whose attempts cannot be read (other than the database being unreachable) has its
+        attempts reported as sent to nobody, so its reports are refused rather than trusted."""
+        owners: dict[AttemptKey, str] = {}
+        for run_id in {run_id for run_id, _ in keys}:
+            try:
+                attempts = await self._store.list_attempts(run_id)
+            except StorageUnavailable:
+                raise
+            except Exception as error:
+                log.warning("could not read the attempts of run %s to check who reports them: %s", run_id, error)
+                owners.update({key: "" for key in keys if key[0] == run_id})
+                continue
+            owners.update({(run_id, attempt.lease_token): attempt.worker_id for attempt in attempts})
+        return owners
+
+    # -- acting on what was written -------------------------------------------------------------
 
     def _withdraw(self, dispatches: list[Dispatch]) -> None:
         """Sent, but the database did not take the run from ``scheduled`` (it was cancelled or
