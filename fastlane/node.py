@@ -14,6 +14,8 @@ import gc
 import logging
 import os
 import signal
+import time
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 
 from fastlane._proto import admin_pb2
@@ -29,19 +31,21 @@ from fastlane.engine.changes import ChangeFollower
 from fastlane.engine.dispatch import Dispatcher
 from fastlane.engine.lane import FastLane
 from fastlane.engine.shards import ShardOwnership
-from fastlane.errors import FastlaneError
+from fastlane.errors import FastlaneError, StorageUnavailable
 from fastlane.metrics import Metrics
 from fastlane.models import Run
 from fastlane.storage import Store, open_store
+from fastlane.supervise import Backoff, LoopGaveUp, supervised
 
 log = logging.getLogger("fastlane.node")
 
 # Workers heartbeat every in-flight attempt this often; leases are at least three times longer.
 HEARTBEAT_INTERVAL = timedelta(seconds=1)
 DRAIN_TIMEOUT = 5.0
-HEALTH_CHECK_EVERY = timedelta(seconds=1)
 SERVER_GRACE = 2.0
 GC_YOUNG_THRESHOLD = 50_000  # allocations between young-generation collections (default 700)
+STARTUP_DATABASE_WAIT = 60.0  # seconds a starting node waits for an unreachable database
+STARTUP_BACKOFF = Backoff(first=0.2, cap=5.0)
 
 
 class Node:
@@ -53,35 +57,71 @@ class Node:
         self.metrics = Metrics()
         self.ready = asyncio.Event()
         self._stop = asyncio.Event()
+        self._failure: FastlaneError | None = None  # why the node could not go on, if it could not
         self.port: int | None = None
 
     def request_stop(self) -> None:
         self._stop.set()
 
     async def run(self) -> None:
-        """Run until :meth:`request_stop`; raises if a component crashes."""
+        """Run until :meth:`request_stop`.
+
+        Raises:
+            FastlaneError: The node cannot go on (its database stayed unreachable at start-up,
+                or a background loop kept failing); it has stopped and says why.
+        """
         settings = self.settings
         store = open_store(settings.db_url, shard_count=settings.shard_count)
         try:
-            version = await store.migrate()
+            version = await self._migrate(store)
             log.info("database %s at schema version %d", _redact(settings.db_url), version)
             await self._run_with(store)
         finally:
             await store.close()
+        if self._failure is not None:
+            raise self._failure
+
+    async def _migrate(self, store: Store) -> int:
+        """Migrate, waiting a while for a database that cannot be reached yet: a node and its
+        database are often started together."""
+        deadline = time.monotonic() + STARTUP_DATABASE_WAIT
+        failures = 0
+        while True:
+            try:
+                return await store.migrate()
+            except StorageUnavailable as error:
+                failures += 1
+                delay = STARTUP_BACKOFF.delay(failures)
+                if time.monotonic() + delay > deadline or self._stop.is_set():
+                    raise
+                log.warning("cannot reach the database yet (%s); trying again in %.1f s", error, delay)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(delay):
+                        await self._stop.wait()
 
     async def _report_health(self, server: ApiServer, ownership: ShardOwnership) -> None:
         """Readiness follows the database: a node that cannot reach it (so cannot renew its
-        leases, and fires nothing) says NOT_SERVING until it can again."""
-        serving = True
+        leases, and fires nothing) says NOT_SERVING until it can again. Restartable: it says
+        the current state first."""
+        serving = ownership.healthy
+        await server.set_ready(serving)
         while True:
-            await asyncio.sleep(HEALTH_CHECK_EVERY.total_seconds())
-            if ownership.healthy != serving:
-                serving = ownership.healthy
-                if serving:
-                    log.info("database reachable again: serving")
-                else:
-                    log.warning("cannot reach the database: not serving")
-                await server.set_ready(serving)
+            await ownership.health_changed(serving)
+            serving = ownership.healthy
+            if serving:
+                log.info("database reachable again: serving")
+            else:
+                log.warning("cannot reach the database: not serving")
+            await server.set_ready(serving)
+
+    async def _supervise(self, name: str, make_loop: Callable[[], Awaitable[None]], until: asyncio.Event) -> None:
+        """Run a background loop under supervision; if it cannot go on, neither can the node."""
+        try:
+            await supervised(name, make_loop, metrics=self.metrics, stop=until)
+        except LoopGaveUp as failure:
+            log.error("node %s cannot go on: %s; stopping", self.settings.node_id, failure)
+            self._failure = self._failure or failure
+            self._stop.set()
 
     async def _run_with(self, store: Store) -> None:
         settings, metrics = self.settings, self.metrics
@@ -135,19 +175,28 @@ class Node:
         await server.start()
         log.info("node %s listening on %s", settings.node_id, settings.listen)
         shards_ready = asyncio.Event()
+        # The journal is restarted while it has results to record, even while stopping: it
+        # returns once drained. Only a drain that cannot finish in time is abandoned.
+        journal_abandoned = asyncio.Event()
         try:
             async with asyncio.TaskGroup() as group:
-                group.create_task(ownership.run(shards_ready), name="shard-ownership")
-                group.create_task(lane.run(), name="fast-lane")
-                journal = group.create_task(dispatcher.run(), name="dispatch-journal")
-                watcher = group.create_task(store.watch_changes(follower.enqueue), name="change-listener")
-                following = group.create_task(follower.run(), name="change-follower")
+
+                def supervise(
+                    name: str, make_loop: Callable[[], Awaitable[None]], until: asyncio.Event = self._stop
+                ) -> asyncio.Task[None]:
+                    return group.create_task(self._supervise(name, make_loop, until), name=name)
+
+                supervise("shard-ownership", lambda: ownership.run(shards_ready))
+                supervise("fast-lane", lane.run)
+                journal = supervise("dispatch-journal", dispatcher.run, until=journal_abandoned)
+                watcher = supervise("change-listener", lambda: store.watch_changes(follower.enqueue))
+                following = supervise("change-follower", follower.run)
                 await first_of(shards_ready, self._stop)
                 if not self._stop.is_set():
                     await server.set_ready(True)
                     self.ready.set()
                     log.info("node %s ready: %d shards, %d in window", settings.node_id, len(ownership.leases), lane.size)
-                health = group.create_task(self._report_health(server, ownership), name="health")
+                health = supervise("health", lambda: self._report_health(server, ownership))
                 await self._stop.wait()
                 health.cancel()
                 log.info("node %s stopping", settings.node_id)
@@ -165,6 +214,12 @@ class Node:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(DRAIN_TIMEOUT):
                         await asyncio.shield(journal)
+                if not journal.done():
+                    # The database is out of reach: the unrecorded results are lost here, and
+                    # their runs go to another attempt when their leases expire.
+                    log.warning("node %s could not record every result within %.0f s", settings.node_id, DRAIN_TIMEOUT)
+                    journal_abandoned.set()
+                    journal.cancel()
                 watcher.cancel()
                 following.cancel()
         finally:

@@ -52,6 +52,10 @@ class ChangeFollower:
                     self._lane.forget_job(change.key)
             except StorageError as error:
                 log.warning("could not follow %s %s (the full scan will): %s", change.kind, change.key, error)
+            except Exception:
+                # One change this code cannot handle must not stop the others from being followed.
+                log.exception("following %s %s failed; set aside (the full scan will pick it up)",
+                              change.kind, change.key)
 
     async def _apply(self, change: Change) -> None:
         if change.kind == "job":

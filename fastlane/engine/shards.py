@@ -28,6 +28,7 @@ from fastlane.errors import FastlaneError, StorageError
 from fastlane.metrics import Metrics
 from fastlane.models import NodeInfo, ShardLease
 from fastlane.storage import Store
+from fastlane.supervise import Backoff
 
 log = logging.getLogger("fastlane.shards")
 
@@ -88,6 +89,7 @@ class ShardOwnership:
         self._stopping = asyncio.Event()
         self._rebuilds: set[asyncio.Task[None]] = set()
         self._ready = asyncio.Event()  # set once the first windows are built
+        self._upkeep_done = asyncio.Event()  # set by each lease cycle that reached the database
 
     @property
     def leases(self) -> dict[int, ShardLease]:
@@ -118,6 +120,10 @@ class ShardOwnership:
         windows of the shards first acquired are built."""
         self._ready = ready
         interval = self._ttl.total_seconds() / 3
+        # While the database is out of reach, look again sooner than a full cycle: the node
+        # serves again (and re-acquires its share) soon after the database is back.
+        retry = Backoff(first=0.1, cap=interval)
+        failures = 0
         while not self._stopping.is_set():
             self._wake.clear()
             step = "renewing leases"
@@ -132,17 +138,40 @@ class ShardOwnership:
                     await self._acquire()
                 if not self._rebuilds:
                     ready.set()
-                self._last_upkeep = time.monotonic()
+                self._upkept()
+                failures = 0
             except StorageError as error:
+                failures += 1
                 log.warning("shard lease upkeep failed while %s: %s", step, error)
             except TimeoutError:
+                failures += 1
                 log.warning("shard lease upkeep timed out after %.1f s while %s", interval, step)
             self._expire_locally()
             if self._stopping.is_set():
                 break
+            wait = self._until_next_cycle(interval)
+            if failures:
+                wait = min(wait, retry.delay(failures))
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._until_next_cycle(interval)):
+                async with asyncio.timeout(wait):
                     await first_of(self._stopping, self._wake)
+
+    def _upkept(self) -> None:
+        """A lease cycle reached the database: healthy (again) for a TTL from now."""
+        self._last_upkeep = time.monotonic()
+        self._upkeep_done.set()
+
+    async def health_changed(self, healthy: bool) -> None:
+        """Return once :attr:`healthy` differs from ``healthy``: woken by a cycle that reached
+        the database, or by the moment the last one grows older than a TTL."""
+        while self.healthy == healthy:
+            self._upkeep_done.clear()
+            timeout = None
+            if healthy:
+                timeout = max(self._last_upkeep + self._ttl.total_seconds() - time.monotonic(), 0.0) + CHANGE_SLACK
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self._upkeep_done.wait()
 
     async def _follow_membership(self) -> None:
         """Measure the clock, heartbeat, and work out this node's fair share."""
@@ -193,7 +222,11 @@ class ShardOwnership:
             moments += [
                 shard.lease_expires_at
                 for shard in await self._store.list_shards()
-                if shard.owner and shard.owner not in live_ids and shard.lease_expires_at is not None
+                if shard.lease_expires_at is not None and shard.owner and (
+                    shard.owner not in live_ids
+                    # Dropped here while the database was out of reach, but not yet expired there.
+                    or (shard.owner == self._node_id and shard.shard_id not in self._leases)
+                )
             ]
         # Database time to this node's time: subtract the measured offset.
         self._next_change_at = min(moments) - self.clock_offset if moments else None
@@ -239,10 +272,13 @@ class ShardOwnership:
             await self._on_acquired(leases)
             if len(self._rebuilds) <= 1:  # only this one
                 self._ready.set()
-        except FastlaneError as error:
+        except Exception as error:
             # A half-built window would fire some jobs and silently not others: give the
-            # shards back so this node or another rebuilds them from scratch.
-            log.warning("window rebuild of %d shards failed, releasing them: %s", len(leases), error)
+            # shards back so this node or another rebuilds them from scratch. A bug (not a
+            # FastlaneError) gets its traceback logged, but is handled the same way: the
+            # rebuild runs in a task of its own, where nothing else would see it.
+            log.warning("window rebuild of %d shards failed, releasing them: %s", len(leases), error,
+                        exc_info=None if isinstance(error, FastlaneError) else error)
             held = [lease for lease in leases if self._leases.get(lease.shard_id) == lease]
             self._drop([lease.shard_id for lease in held], "rebuild_failed", "window rebuild failed")
             with contextlib.suppress(StorageError):

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 from collections.abc import AsyncIterator, Callable, Collection, Container, Sequence
 from datetime import datetime, timedelta
 
@@ -23,7 +24,6 @@ from fastlane.errors import (
     JobNotFound,
     RunNotFound,
     StaleFence,
-    StorageError,
     StorageUnavailable,
 )
 from fastlane.models import (
@@ -53,8 +53,10 @@ from fastlane.storage.base import (
     Page,
     ResultOutcome,
 )
+from fastlane.storage.driver_errors import POSTGRES_DRIVER_ERRORS, classify_postgres
 from fastlane.storage.migrations import migrations_for
 from fastlane.storage.transitions import CANCELLED_BY_REQUEST, OVERLAP_CANCELLED
+from fastlane.supervise import Backoff
 from fastlane.validation import validate_spec
 
 log = logging.getLogger("fastlane.storage.postgres")
@@ -123,6 +125,7 @@ _SUCCEED_ATTEMPTS = """
 
 CHANGES_CHANNEL = "fastlane_changes"
 LISTENER_PING = 10.0  # seconds between liveness checks of the LISTEN connection
+LISTENER_BACKOFF = Backoff(first=0.1, cap=2.0)  # between attempts to LISTEN again
 
 
 async def _notify(db: asyncpg.Connection, change: Change) -> None:
@@ -151,20 +154,25 @@ class PostgresStore:
                 self._pool = await asyncpg.create_pool(
                     self.url, min_size=1, max_size=self._pool_size, command_timeout=60
                 )
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
-                raise StorageUnavailable(f"cannot connect to PostgreSQL: {error}") from error
+            except POSTGRES_DRIVER_ERRORS as error:
+                raise classify_postgres(error, doing="connecting") from error
         return self._pool
 
     @contextlib.asynccontextmanager
     async def _connection(self) -> AsyncIterator[asyncpg.Connection]:
+        """A pooled connection; every driver error, from acquiring to releasing it, leaves as a
+        StorageError (StorageUnavailable when retrying may work)."""
         pool = await self._open()
         try:
             async with pool.acquire() as connection:
-                yield connection
-        except (OSError, asyncpg.ConnectionDoesNotExistError, asyncpg.CannotConnectNowError) as error:
-            raise StorageUnavailable(f"PostgreSQL connection failed: {error}") from error
-        except asyncpg.PostgresError as error:
-            raise StorageError(f"PostgreSQL error: {error}") from error
+                try:
+                    yield connection
+                except POSTGRES_DRIVER_ERRORS as error:
+                    # Whatever asyncpg raised (a transaction exit even raises InterfaceError), a
+                    # connection found closed means the database went away.
+                    raise classify_postgres(error, connection_closed=connection.is_closed()) from error
+        except POSTGRES_DRIVER_ERRORS as error:
+            raise classify_postgres(error, doing="acquiring a connection") from error
 
     @contextlib.asynccontextmanager
     async def _transaction(self) -> AsyncIterator[asyncpg.Connection]:
@@ -859,31 +867,49 @@ class PostgresStore:
         return [codec.build_node(row) for row in rows]
 
     async def watch_changes(self, on_change: Callable[[Change], None]) -> None:
+        """LISTEN for changes until cancelled; after a lost connection, connect and LISTEN again
+        with capped, jittered backoff (a restarting database is weather, not an error)."""
+        failures = 0
+        while True:
+            listening_since = time.monotonic()
+            try:
+                await self._listen_until_lost(on_change)
+            except StorageUnavailable as error:
+                # A session that lasted was no failure to connect: the backoff starts afresh.
+                failures = 1 if time.monotonic() - listening_since > LISTENER_PING else failures + 1
+                delay = LISTENER_BACKOFF.delay(failures, self._rng)
+                log.warning("change listener: %s (listening again in %.1f s)", error, delay)
+                await asyncio.sleep(delay)
+
+    async def _listen_until_lost(self, on_change: Callable[[Change], None]) -> None:
+        """One LISTEN session; raises StorageUnavailable once its connection is gone."""
+
         def deliver(_connection: object, _pid: int, _channel: str, payload: str) -> None:
             change = common.decode_change(payload)
             if change is not None:
                 on_change(change)
 
-        backoff = 0.1
-        while True:
-            try:
-                listener = await asyncpg.connect(self.url)
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
-                log.warning("cannot listen for changes (retrying in %.1f s): %s", backoff, error)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
-                continue
-            try:
-                await listener.add_listener(CHANGES_CHANNEL, deliver)
-                backoff = 0.1
-                # Changes missed while (re)connecting are found by the full scan; a members
-                # change makes every node look at the cluster again at once.
-                on_change(Change("members"))
-                while not listener.is_closed():
-                    await asyncio.sleep(LISTENER_PING)
+        try:
+            listener = await asyncpg.connect(self.url, timeout=LISTENER_PING)
+        except POSTGRES_DRIVER_ERRORS as error:
+            raise classify_postgres(error, doing="connecting to listen for changes") from error
+        lost = asyncio.Event()
+        listener.add_termination_listener(lambda _connection: lost.set())
+        try:
+            await listener.add_listener(CHANGES_CHANNEL, deliver)
+            # Changes missed while (re)connecting are found by the full scan; a members change
+            # makes every node look at the cluster again at once (and renew, if it could not).
+            on_change(Change("members"))
+            while not lost.is_set():
+                # A server that vanished without closing the socket is found by the ping.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(LISTENER_PING):
+                        await lost.wait()
+                if not lost.is_set():
                     await listener.execute("SELECT 1", timeout=LISTENER_PING)
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as error:
-                log.warning("change listener lost its connection: %s", error)
-            finally:
-                with contextlib.suppress(Exception):
-                    await listener.close(timeout=2)
+            raise StorageUnavailable("the change listener's connection was closed")
+        except POSTGRES_DRIVER_ERRORS as error:
+            raise classify_postgres(error, connection_closed=listener.is_closed(), doing="listening") from error
+        finally:
+            with contextlib.suppress(Exception):
+                await listener.close(timeout=2)

@@ -30,7 +30,6 @@ from fastlane.errors import (
     RunNotFound,
     StaleFence,
     StorageError,
-    StorageUnavailable,
 )
 from fastlane.models import (
     Attempt,
@@ -59,6 +58,7 @@ from fastlane.storage.base import (
     Page,
     ResultOutcome,
 )
+from fastlane.storage.driver_errors import SQLITE_DRIVER_ERRORS, classify_sqlite
 from fastlane.storage.migrations import migrations_for
 from fastlane.storage.transitions import CANCELLED_BY_REQUEST, OVERLAP_CANCELLED
 from fastlane.storage.turns import WriteTurns
@@ -146,6 +146,7 @@ class SQLiteStore:
     # -- plumbing -------------------------------------------------------------------------------
 
     async def _connect(self) -> aiosqlite.Connection:
+        connection: aiosqlite.Connection | None = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             connection = await aiosqlite.connect(self.path, isolation_level=None)
@@ -154,8 +155,11 @@ class SQLiteStore:
             await connection.execute("PRAGMA journal_mode = WAL")
             await connection.execute("PRAGMA synchronous = NORMAL")  # durable in WAL mode except on power loss
             await connection.execute("PRAGMA busy_timeout = 10000")
-        except (OSError, sqlite3.Error) as error:
-            raise StorageUnavailable(f"cannot open SQLite database {str(self.path)!r}: {error}") from error
+        except SQLITE_DRIVER_ERRORS as error:
+            if connection is not None:  # half set up: its thread must not linger
+                with contextlib.suppress(Exception):
+                    await connection.close()
+            raise classify_sqlite(error, doing=f"opening {str(self.path)!r}") from error
         return connection
 
     @contextlib.asynccontextmanager
@@ -170,13 +174,25 @@ class SQLiteStore:
                 try:
                     yield db
                 except BaseException:
-                    await db.execute("ROLLBACK")
+                    await self._roll_back(db)
                     raise
                 await db.execute("COMMIT")
-            except sqlite3.OperationalError as error:
-                raise StorageUnavailable(f"SQLite write failed: {error}") from error
-            except sqlite3.Error as error:
-                raise StorageError(f"SQLite error: {error}") from error
+            except SQLITE_DRIVER_ERRORS as error:
+                if self._writer is db and db.in_transaction:  # a failed COMMIT leaves it open
+                    await self._roll_back(db)
+                raise classify_sqlite(error) from error
+
+    async def _roll_back(self, db: aiosqlite.Connection) -> None:
+        """Roll back; a writer that cannot (its file gone, say) is closed, so the next
+        transaction starts on a fresh connection instead of failing on this one forever."""
+        try:
+            if db.in_transaction:  # SQLite rolls back by itself after some errors
+                await db.execute("ROLLBACK")
+        except (sqlite3.Error, ValueError):  # ValueError: aiosqlite's connection is already closed
+            if self._writer is db:
+                self._writer = None
+            with contextlib.suppress(Exception):
+                await db.close()
 
     @contextlib.asynccontextmanager
     async def _read(self) -> AsyncIterator[aiosqlite.Connection]:
@@ -185,8 +201,8 @@ class SQLiteStore:
                 self._reader = await self._connect()
             try:
                 yield self._reader
-            except sqlite3.Error as error:
-                raise StorageError(f"SQLite error: {error}") from error
+            except SQLITE_DRIVER_ERRORS as error:
+                raise classify_sqlite(error) from error
 
     async def close(self) -> None:
         for name in ("_writer", "_reader"):

@@ -1,0 +1,120 @@
+"""Driver exceptions, classified once at the store boundary: weather or a real error.
+
+Every exception the database driver raises becomes a :class:`StorageUnavailable` (retryable: the
+database is unreachable, restarting, overloaded, or a transaction lost a race it may win next
+time) or a plain :class:`StorageError` (permanent: retrying the same statement fails the same
+way). The stores raise the result ``from`` the driver's exception, so ``__cause__`` keeps it.
+
+Only :class:`StorageUnavailable` is retried by the node's loops; an operator sees the rest.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+import asyncpg
+
+from fastlane.errors import StorageError, StorageUnavailable
+
+# -- PostgreSQL ------------------------------------------------------------------------------------
+
+# SQLSTATE classes whose every condition is weather: 08 connection exception, 53 insufficient
+# resources (too many connections, out of memory, disk full), 57 operator intervention (admin or
+# crash shutdown, cannot connect now, query cancelled by a statement timeout), 58 system error (I/O).
+_RETRYABLE_SQLSTATE_CLASSES = frozenset({"08", "53", "57", "58"})
+_RETRYABLE_SQLSTATES = frozenset({
+    "40001",  # serialization_failure
+    "40P01",  # deadlock_detected
+    "40003",  # statement_completion_unknown
+    "55P03",  # lock_not_available
+    "25006",  # read_only_sql_transaction: connected to a standby during a failover
+})
+
+# asyncpg reports a connection or pool that is gone through InterfaceError and
+# InternalClientError with these words; the same classes also report caller mistakes (a wrong
+# argument type, say), which are permanent.
+_CLOSED_WORDS = ("closed", "closing", "connection lost", "not initialized", "terminated")
+
+POSTGRES_DRIVER_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+    OSError,
+    TimeoutError,
+)
+"""What the PostgreSQL store wraps; anything else (a bug, a cancellation) passes through."""
+
+
+def classify_postgres(error: BaseException, *, connection_closed: bool = False, doing: str = "") -> StorageError:
+    """The storage error to raise ``from`` an asyncpg (or socket) exception.
+
+    ``connection_closed`` says the connection the statement ran on turned out closed: whatever
+    asyncpg raised then, the cause is the lost connection, so it is weather. ``doing`` names the
+    step for the message ("connecting").
+    """
+    if _postgres_is_retryable(error) or connection_closed:
+        return StorageUnavailable(f"PostgreSQL unavailable{_while(doing)}: {_describe(error)}")
+    return StorageError(f"PostgreSQL error{_while(doing)}: {_describe(error)}")
+
+
+def _postgres_is_retryable(error: BaseException) -> bool:
+    if isinstance(error, OSError | TimeoutError):  # refused, reset, unreachable; a query timed out
+        return True
+    if isinstance(error, asyncpg.PostgresError):
+        sqlstate = getattr(error, "sqlstate", None) or ""
+        return sqlstate[:2] in _RETRYABLE_SQLSTATE_CLASSES or sqlstate in _RETRYABLE_SQLSTATES
+    if isinstance(error, asyncpg.exceptions.OutdatedSchemaCacheError):
+        return True  # a cached statement went stale after a migration: preparing it again works
+    if isinstance(error, asyncpg.exceptions.DataError | asyncpg.exceptions.ClientConfigurationError):
+        return False  # a bad argument or setting (its message may quote the value: no word matching)
+    if isinstance(error, asyncpg.InterfaceError | asyncpg.InternalClientError):
+        message = str(error).lower()
+        return any(words in message for words in _CLOSED_WORDS)
+    return False
+
+
+# -- SQLite ----------------------------------------------------------------------------------------
+
+# Primary result codes (extended code & 0xff) that are weather: another process holds the lock,
+# an I/O error, a full disk, a file that cannot be opened right now, a WAL protocol race.
+_SQLITE_RETRYABLE_CODES = frozenset({
+    sqlite3.SQLITE_BUSY,
+    sqlite3.SQLITE_LOCKED,
+    sqlite3.SQLITE_NOMEM,
+    sqlite3.SQLITE_IOERR,
+    sqlite3.SQLITE_FULL,
+    sqlite3.SQLITE_CANTOPEN,
+    sqlite3.SQLITE_PROTOCOL,
+})
+_SQLITE_RETRYABLE_WORDS = ("database is locked", "database table is locked", "busy", "disk i/o error",
+                           "closed database", "connection closed", "unable to open database file")
+
+SQLITE_DRIVER_ERRORS: tuple[type[BaseException], ...] = (sqlite3.Error, OSError)
+"""What the SQLite store wraps; anything else (a bug, a cancellation) passes through."""
+
+
+def classify_sqlite(error: BaseException, *, doing: str = "") -> StorageError:
+    """The storage error to raise ``from`` an sqlite3 (or file system) exception; ``doing``
+    names the step for the message ("opening '/var/lib/fastlane.db'")."""
+    if _sqlite_is_retryable(error):
+        return StorageUnavailable(f"SQLite unavailable{_while(doing)}: {_describe(error)}")
+    return StorageError(f"SQLite error{_while(doing)}: {_describe(error)}")
+
+
+def _sqlite_is_retryable(error: BaseException) -> bool:
+    if isinstance(error, OSError):
+        return True
+    code = getattr(error, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in _SQLITE_RETRYABLE_CODES
+    # No result code: a closed connection (ProgrammingError) or an error raised by the module itself.
+    message = str(error).lower()
+    return any(words in message for words in _SQLITE_RETRYABLE_WORDS)
+
+
+def _while(doing: str) -> str:
+    return f" while {doing}" if doing else ""
+
+
+def _describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__

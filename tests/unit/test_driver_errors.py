@@ -1,0 +1,148 @@
+"""Driver exceptions are classified once: weather (StorageUnavailable) or a permanent StorageError."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from fastlane.errors import StorageError, StorageUnavailable
+from fastlane.storage.driver_errors import (
+    POSTGRES_DRIVER_ERRORS,
+    SQLITE_DRIVER_ERRORS,
+    classify_postgres,
+    classify_sqlite,
+)
+
+# -- PostgreSQL ----------------------------------------------------------------------------------
+
+POSTGRES_WEATHER = [
+    asyncpg.ConnectionDoesNotExistError("connection was closed in the middle of operation"),
+    asyncpg.exceptions.ConnectionFailureError("connection failure"),
+    asyncpg.exceptions.AdminShutdownError("terminating connection due to administrator command"),
+    asyncpg.exceptions.CrashShutdownError("terminating connection because of crash of another server process"),
+    asyncpg.CannotConnectNowError("the database system is shutting down"),
+    asyncpg.CannotConnectNowError("the database system is starting up"),
+    asyncpg.TooManyConnectionsError("sorry, too many clients already"),
+    asyncpg.SerializationError("could not serialize access due to concurrent update"),
+    asyncpg.DeadlockDetectedError("deadlock detected"),
+    asyncpg.exceptions.LockNotAvailableError("could not obtain lock on row"),
+    asyncpg.exceptions.QueryCanceledError("canceling statement due to statement timeout"),
+    asyncpg.exceptions.ReadOnlySQLTransactionError("cannot execute UPDATE in a read-only transaction"),
+    asyncpg.exceptions.DiskFullError("could not extend file: No space left on device"),
+    asyncpg.InterfaceError("pool is closed"),
+    asyncpg.InterfaceError("pool is closing"),
+    asyncpg.InterfaceError("connection is closed"),
+    asyncpg.InterfaceError("cannot perform operation: connection is closed"),
+    asyncpg.InterfaceError("cannot call Transaction.__aexit__(): the underlying connection is closed"),
+    asyncpg.InternalClientError("cannot switch to state 15; connection is closed"),
+    asyncpg.exceptions.OutdatedSchemaCacheError("cached statement plan is invalid due to a database schema change"),
+    ConnectionResetError(104, "Connection reset by peer"),
+    ConnectionRefusedError(111, "Connection refused"),
+    OSError(113, "No route to host"),
+    TimeoutError(),
+]
+
+POSTGRES_PERMANENT = [
+    asyncpg.UndefinedTableError('relation "jobs" does not exist'),
+    asyncpg.exceptions.CharacterNotInRepertoireError('invalid byte sequence for encoding "UTF8": 0x00'),
+    asyncpg.exceptions.UntranslatableCharacterError("unsupported Unicode escape sequence"),
+    asyncpg.CheckViolationError('new row for relation "jobs" violates check constraint "jobs_priority"'),
+    asyncpg.UniqueViolationError("duplicate key value violates unique constraint"),
+    asyncpg.exceptions.InvalidPasswordError('password authentication failed for user "fastlane"'),
+    asyncpg.exceptions.InternalServerError("unexpected internal error"),
+    asyncpg.exceptions.DataError("invalid input for query argument $1: 'closed' (expected int, got str)"),
+    asyncpg.InterfaceError("cannot perform operation: another operation is in progress"),
+    asyncpg.InternalClientError("no binary format encoder for type foo"),
+]
+
+
+@pytest.mark.parametrize("error", POSTGRES_WEATHER, ids=lambda error: f"{type(error).__name__}:{error}")
+def test_postgres_connection_trouble_is_weather(error: BaseException) -> None:
+    assert isinstance(error, POSTGRES_DRIVER_ERRORS)
+    assert isinstance(classify_postgres(error), StorageUnavailable)
+
+
+@pytest.mark.parametrize("error", POSTGRES_PERMANENT, ids=lambda error: f"{type(error).__name__}:{error}")
+def test_postgres_errors_in_the_statement_or_its_data_are_permanent(error: BaseException) -> None:
+    assert isinstance(error, POSTGRES_DRIVER_ERRORS)
+    classified = classify_postgres(error)
+    assert isinstance(classified, StorageError)
+    assert not isinstance(classified, StorageUnavailable)
+
+
+def test_any_postgres_error_on_a_connection_found_closed_is_weather() -> None:
+    error = asyncpg.InterfaceError("cannot perform operation: another operation is in progress")
+    assert isinstance(classify_postgres(error, connection_closed=True), StorageUnavailable)
+
+
+def test_the_message_names_the_step_and_the_driver_error() -> None:
+    classified = classify_postgres(ConnectionRefusedError(111, "Connection refused"), doing="connecting")
+    assert str(classified) == "PostgreSQL unavailable while connecting: ConnectionRefusedError: [Errno 111] Connection refused"
+
+
+def test_bugs_and_cancellation_are_not_driver_errors() -> None:
+    for error in (KeyError("x"), TypeError("x"), ValueError("x")):
+        assert not isinstance(error, POSTGRES_DRIVER_ERRORS)
+        assert not isinstance(error, SQLITE_DRIVER_ERRORS)
+
+
+# -- SQLite: real errors from the sqlite3 module -------------------------------------------------
+
+
+@pytest.fixture
+def database(tmp_path: Path) -> Iterator[Path]:
+    path = tmp_path / "errors.db"
+    with sqlite3.connect(path) as setup:
+        setup.execute("CREATE TABLE jobs (priority INTEGER CHECK (priority >= 0))")
+    yield path
+
+
+def raised(path: Path, sql: str, *, isolation: str | None = None) -> sqlite3.Error:
+    connection = sqlite3.connect(path, timeout=0, isolation_level=isolation)
+    try:
+        connection.execute(sql)
+    except sqlite3.Error as error:
+        return error
+    finally:
+        connection.close()
+    raise AssertionError(f"{sql!r} did not fail")
+
+
+def test_sqlite_database_is_locked_is_weather(database: Path) -> None:
+    holder = sqlite3.connect(database, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        error = raised(database, "BEGIN IMMEDIATE", isolation=None)
+    finally:
+        holder.close()
+    assert "locked" in str(error)
+    assert isinstance(classify_sqlite(error), StorageUnavailable)
+
+
+def test_sqlite_a_closed_connection_is_weather(database: Path) -> None:
+    connection = sqlite3.connect(database)
+    connection.close()
+    with pytest.raises(sqlite3.ProgrammingError) as closed:
+        connection.execute("SELECT 1")
+    assert isinstance(classify_sqlite(closed.value), StorageUnavailable)
+
+
+def test_sqlite_a_file_that_cannot_be_opened_is_weather(tmp_path: Path) -> None:
+    with pytest.raises(sqlite3.OperationalError) as cannot_open:
+        sqlite3.connect(tmp_path / "missing-directory" / "x.db")
+    assert isinstance(classify_sqlite(cannot_open.value), StorageUnavailable)
+
+
+@pytest.mark.parametrize("sql", ["SELECT * FROM no_such_table", "INSERT INTO jobs VALUES (-1)", "SELEKT 1"])
+def test_sqlite_errors_in_the_statement_or_its_data_are_permanent(database: Path, sql: str) -> None:
+    classified = classify_sqlite(raised(database, sql))
+    assert isinstance(classified, StorageError)
+    assert not isinstance(classified, StorageUnavailable)
+
+
+def test_sqlite_file_system_errors_are_weather() -> None:
+    assert isinstance(classify_sqlite(PermissionError(13, "Permission denied")), StorageUnavailable)
