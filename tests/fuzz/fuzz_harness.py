@@ -115,11 +115,15 @@ class Tally:
         return sum(self.codes.values())
 
     def record(self, rpc: str, fields: tuple[str, ...], request: Message | dict[str, Any],
-               code: grpc.StatusCode | str, details: str) -> None:
+               code: grpc.StatusCode | str, details: str, *, expected: bool | None = None,
+               check_named: bool = True) -> None:
+        """Count one answer. ``code`` may be a label (a str) for an outcome that is no status,
+        e.g. a stream that never ended; it is a problem unless ``expected``. With ``check_named``,
+        an INVALID_ARGUMENT whose message names none of ``fields`` is noted (not failed)."""
         name = code if isinstance(code, str) else code.name
         self.codes[name] += 1
         self.by_rpc[rpc][name] += 1
-        allowed = not isinstance(code, str) and code in self.allowed
+        allowed = expected if expected is not None else (not isinstance(code, str) and code in self.allowed)
         if not allowed:
             key = (rpc, ",".join(fields) or "(valid request)", name)
             entry = self.problems.setdefault(key, {"count": 0})
@@ -127,7 +131,8 @@ class Tally:
             if "example" not in entry:
                 entry["example"] = request if isinstance(request, dict) else describe(request)
                 entry["details"] = details[:500]
-        elif code == grpc.StatusCode.INVALID_ARGUMENT and fields and not any(_named(f, details) for f in fields):
+        elif (check_named and code == grpc.StatusCode.INVALID_ARGUMENT and fields
+              and not any(_named(f, details) for f in fields)):
             # Reported, not failed: the message should name the field that was wrong.
             key = (rpc, ",".join(fields))
             entry = self.unnamed.setdefault(key, {"count": 0})

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import TypeVar
 
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.message import Message
@@ -30,6 +31,8 @@ from fastlane._proto import admin_pb2, common_pb2, jobs_pb2, runs_pb2, workers_p
 # The job type the recording worker handles: jobs of this type really run.
 LIVE_JOB_TYPE = "e2e"
 LIVE_TENANT = "fuzz-live"
+
+T = TypeVar("T")
 
 # -- boundary values -----------------------------------------------------------------------------
 
@@ -567,13 +570,16 @@ def api_probes() -> st.SearchStrategy[Probe]:
 
 WORKER_JOB_TYPE = "fuzz-w"  # jobs of this type exist so misbehaving streams really get assignments
 
+Build = Callable[[Memory, list[workers_pb2.Assignment]], workers_pb2.WorkerMessage]
+
 
 @dataclass(frozen=True)
 class Step:
-    """One message a misbehaving worker sends; ``build`` sees the assignments received so far."""
+    """One message a worker sends; ``build`` sees the assignments received so far."""
 
     kind: str
-    build: Callable[[Memory, list[workers_pb2.Assignment]], workers_pb2.WorkerMessage]
+    build: Build
+    fields: tuple[str, ...] = ()  # the fields carrying a fuzzed value
     pause: float = 0.0  # seconds to wait first (so assignments can arrive)
 
 
@@ -588,45 +594,75 @@ class Session:
     def kinds(self) -> tuple[str, ...]:
         return tuple(step.kind for step in self.steps)
 
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """The fuzzed fields, in order; a stream that does not open with a hello says so first."""
+        opening = () if self.steps and self.steps[0].kind == "hello" else (f"opens with {self.steps[0].kind if self.steps else 'nothing'}",)
+        second_hello = ("second hello",) if "hello" in self.kinds[1:] else ()
+        fields = [field for step in self.steps for field in step.fields]
+        return (*opening, *second_hello, *dict.fromkeys(fields))
+
+
+class _Fields:
+    """Draws each field valid, or (one time in ``one_in``) fuzzed, noting which were fuzzed."""
+
+    def __init__(self, draw: st.DrawFn, one_in: int) -> None:
+        self.draw, self.one_in, self.fuzzed = draw, one_in, []
+
+    def __call__(self, name: str, valid: st.SearchStrategy[T], fuzzed: st.SearchStrategy[T]) -> T:
+        if self.draw(st.integers(1, self.one_in)) == 1:
+            self.fuzzed.append(name)
+            return self.draw(fuzzed)
+        return self.draw(valid)
+
 
 def _job_types() -> st.SearchStrategy[list[str]]:
     return st.one_of(
-        st.just([WORKER_JOB_TYPE]),
-        st.just(["fuzz", WORKER_JOB_TYPE]),
-        st.just([LIVE_JOB_TYPE]),  # steals the good worker's runs, then never reports them
         st.just([]),
-        st.lists(strings(), max_size=5),
+        st.lists(strings(), min_size=1, max_size=5),
         st.sampled_from((
             [f"type-{i}" for i in range(1000)], [f"type-{i}" for i in range(1001)],
-            [f"type-{i:0>40}" for i in range(5000)], [WORKER_JOB_TYPE] * 3000, ["x" * 65_536],
+            [f"type-{i:0>40}" for i in range(5000)], [WORKER_JOB_TYPE] * 3000, ["x" * 65_536], ["x" * 201],
         )),
     )
 
 
 @st.composite
-def hellos(draw: st.DrawFn) -> Step:
+def hellos(draw: st.DrawFn, one_in: int = 6) -> Step:
+    field = _Fields(draw, one_in)
     hello = workers_pb2.Hello(
-        worker_id=draw(st.one_of(st.just(""), st.sampled_from(("fuzz-worker", "w\x00id", CONTROL, "x" * 10_000)),
-                                 strings())),
-        job_types=draw(_job_types()),
-        credits=draw(st.one_of(st.sampled_from((0, 1, 10, 100)), int32s())),
-        tenant=draw(st.one_of(st.just(""), strings())),
+        worker_id=field("hello.worker_id", st.sampled_from(("fuzz-worker", "w-1", "é")),
+                        st.one_of(st.sampled_from(("", "w\x00id", CONTROL, "x" * 10_000, "x" * 201)), strings())),
+        job_types=field("hello.job_types", st.sampled_from((
+            [WORKER_JOB_TYPE], ["fuzz", WORKER_JOB_TYPE], ["fuzz.other"],
+            [LIVE_JOB_TYPE],  # steals the good worker's runs, then never reports them
+        )), _job_types()),
+        credits=field("hello.credits", st.sampled_from((0, 1, 10, 100)), int32s()),
+        tenant=field("hello.tenant", st.sampled_from(("", "fuzz-w")), strings()),
     )
-    return Step("hello", lambda memory, assigned: workers_pb2.WorkerMessage(hello=hello))
+    return Step("hello", lambda memory, assigned: workers_pb2.WorkerMessage(hello=hello), tuple(field.fuzzed))
 
 
 @st.composite
 def credits(draw: st.DrawFn) -> Step:
-    grant = draw(int32s())
-    return Step("credit", lambda memory, assigned: workers_pb2.WorkerMessage(credit=workers_pb2.CreditGrant(credits=grant)))
+    field = _Fields(draw, 3)
+    grant = field("credit.credits", st.sampled_from((1, 5, 100)), int32s())
+    return Step("credit", lambda memory, assigned: workers_pb2.WorkerMessage(credit=workers_pb2.CreditGrant(credits=grant)),
+                tuple(field.fuzzed))
+
+
+RunTarget = Callable[[Memory, list[workers_pb2.Assignment]], tuple[str, int]]
 
 
 @st.composite
-def _run_ids(draw: st.DrawFn) -> Callable[[Memory, list[workers_pb2.Assignment]], tuple[str, int]]:
-    """A (run_id, lease_token) for a heartbeat or result: a run this stream was given (right or
-    wrong token), a run of the daemon's, or a random one."""
-    source = draw(st.sampled_from(("assigned", "assigned_wrong_token", "known", "random", "random")))
-    index, token, run_id = draw(st.integers(0, 10**6)), draw(int64s()), draw(strings())
+def _run_target(draw: st.DrawFn, field: _Fields, owner: str) -> RunTarget:
+    """A (run_id, lease_token) for a heartbeat or result: a run this stream was given (its token
+    or a wrong one), another run of the daemon's, an id no run has, or a fuzzed id."""
+    source = field(f"{owner}.run_id", st.sampled_from(("assigned", "assigned", "assigned_wrong_token", "known", "unknown")),
+                   st.just("fuzzed"))
+    index, token, fuzzed_id = draw(st.integers(0, 10**6)), draw(int64s()), draw(strings())
+    if source == "assigned_wrong_token":
+        field.fuzzed.append(f"{owner}.lease_token")
 
     def pick(memory: Memory, assigned: list[workers_pb2.Assignment]) -> tuple[str, int]:
         owned = [a for a in assigned if a.job_type != LIVE_JOB_TYPE]  # never complete the good worker's runs
@@ -635,21 +671,24 @@ def _run_ids(draw: st.DrawFn) -> Callable[[Memory, list[workers_pb2.Assignment]]
             return assignment.run_id, assignment.lease_token + (0 if source == "assigned" else 1 + token % 1000)
         known = memory.run(index)
         if source == "known" and known:
-            return known[1], token
-        return run_id, token
+            return known[1], token & INT64_MAX
+        if source == "fuzzed":
+            return fuzzed_id, token
+        return f"no-such-run-{index}", token & INT64_MAX
 
     return pick
 
 
 @st.composite
 def heartbeats(draw: st.DrawFn) -> Step:
+    field = _Fields(draw, 8)
     beats = []
     for _ in range(draw(st.integers(0, 3))):
-        target = draw(_run_ids())
-        started = draw(st.booleans())
-        progress = draw(st.one_of(st.none(), floats32()))
-        checkpoint = draw(st.one_of(st.none(), byte_strings()))
-        beats.append((target, started, progress, checkpoint))
+        target = draw(_run_target(field, "heartbeats.beats"))
+        progress = field("heartbeats.beats.progress", st.one_of(st.none(), st.sampled_from((0.0, 0.5, 1.0))), floats32())
+        checkpoint = field("heartbeats.beats.checkpoint", st.one_of(st.none(), st.sampled_from((b"", b"1", b"x" * MIB))),
+                           byte_strings())
+        beats.append((target, draw(st.booleans()), progress, checkpoint))
 
     def build(memory: Memory, assigned: list[workers_pb2.Assignment]) -> workers_pb2.WorkerMessage:
         message = workers_pb2.WorkerMessage(heartbeats=workers_pb2.Heartbeats())
@@ -662,16 +701,21 @@ def heartbeats(draw: st.DrawFn) -> Step:
                 beat.checkpoint = checkpoint
         return message
 
-    return Step("heartbeats", build, pause=draw(st.sampled_from((0.0, 0.0, 0.05))))
+    return Step("heartbeats", build, tuple(field.fuzzed), pause=draw(st.sampled_from((0.0, 0.0, 0.03))))
 
 
 @st.composite
 def results(draw: st.DrawFn) -> Step:
+    field = _Fields(draw, 8)
     reports = []
     for _ in range(draw(st.integers(0, 3))):
         reports.append((
-            draw(_run_ids()), draw(enum_strings(OUTCOMES)), draw(strings()), draw(strings()),
-            draw(st.one_of(st.none(), timestamps())), draw(st.one_of(st.none(), timestamps())),
+            draw(_run_target(field, "results.results")),
+            field("results.results.outcome", st.sampled_from(OUTCOMES[:5]), enum_strings(OUTCOMES)),
+            field("results.results.error_code", st.sampled_from(("", "E1")), strings()),
+            field("results.results.error_message", st.sampled_from(("", "boom")), strings()),
+            field("results.results.started_at", st.one_of(st.none(), st.just(_now_plus(0))), timestamps()),
+            field("results.results.finished_at", st.one_of(st.none(), st.just(_now_plus(0))), timestamps()),
         ))
 
     def build(memory: Memory, assigned: list[workers_pb2.Assignment]) -> workers_pb2.WorkerMessage:
@@ -686,21 +730,22 @@ def results(draw: st.DrawFn) -> Step:
                 result.finished_at.CopyFrom(finished_at)
         return message
 
-    return Step("results", build, pause=draw(st.sampled_from((0.0, 0.0, 0.05))))
+    return Step("results", build, tuple(field.fuzzed), pause=draw(st.sampled_from((0.0, 0.0, 0.03))))
 
 
 def empty_messages() -> st.SearchStrategy[Step]:
-    return st.just(Step("empty", lambda memory, assigned: workers_pb2.WorkerMessage()))
+    return st.just(Step("empty", lambda memory, assigned: workers_pb2.WorkerMessage(), ("body (unset)",)))
 
 
 def _followers() -> st.SearchStrategy[Step]:
-    return st.one_of(credits(), heartbeats(), heartbeats(), results(), results(), hellos(), empty_messages())
+    return st.one_of(credits(), heartbeats(), heartbeats(), results(), results(), results(), hellos(one_in=2),
+                     empty_messages())
 
 
 @st.composite
 def sessions(draw: st.DrawFn) -> Session:
     """Mostly a hello then anything; sometimes anything before the hello, or nothing at all."""
-    opening = draw(st.sampled_from(("hello", "hello", "hello", "hello", "other", "nothing")))
+    opening = draw(st.sampled_from(("hello",) * 8 + ("other", "nothing")))
     steps: list[Step] = []
     if opening == "hello":
         steps.append(draw(hellos()))

