@@ -76,15 +76,18 @@ async def supervised(
     metrics: Metrics,
     stop: asyncio.Event,
     backoff: Backoff = Backoff(),
-    give_up_after: int = GIVE_UP_AFTER,
+    give_up_after: int | None = None,
 ) -> None:
     """Run ``make_loop()`` until it returns, restarting it with backoff whenever it raises.
+
+    ``give_up_after`` defaults to :data:`GIVE_UP_AFTER`.
 
     Raises:
         LoopGaveUp: It failed unexpectedly ``give_up_after`` times in a row.
     """
     failures = 0  # in a row, weather included: sets the backoff
     crashes = 0  # unexpected failures in a row: decides giving up
+    limit = GIVE_UP_AFTER if give_up_after is None else give_up_after
     while True:
         started = time.monotonic()
         try:
@@ -103,7 +106,7 @@ async def supervised(
                 metrics.loop_failures.labels(loop=name).inc()
                 log.error("%s: the loop failed (%d in a row); restarting it in %.1f s", name, crashes, delay,
                           exc_info=error)
-                if crashes >= give_up_after and not stop.is_set():
+                if crashes >= limit and not stop.is_set():
                     raise LoopGaveUp(name, crashes, error) from error
         if stop.is_set() or await _stopped_within(stop, delay):
             return

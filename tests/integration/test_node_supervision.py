@@ -1,0 +1,76 @@
+"""A node's background loops are supervised: one that fails is logged, counted and restarted while
+the node goes on serving; one that keeps failing stops the node, which says why."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import pytest
+
+from bench.processes import free_port
+from fastlane.config import Settings
+from fastlane.engine.changes import ChangeFollower
+from fastlane.errors import FastlaneError
+from fastlane.node import Node
+from fastlane.supervise import LoopGaveUp
+
+
+def settings_for(tmp_path) -> Settings:  # type: ignore[no-untyped-def]
+    return Settings(db_url=f"sqlite:///{tmp_path}/node.db", listen=f"127.0.0.1:{free_port()}", node_id="node-a",
+                    shard_count=4)
+
+
+@contextlib.asynccontextmanager
+async def running(node: Node) -> AsyncIterator[asyncio.Task[None]]:
+    task = asyncio.create_task(node.run())
+    try:
+        yield task
+    finally:
+        node.request_stop()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(task, 20)
+
+
+def failures_counted(node: Node, loop: str) -> float:
+    return node.metrics.loop_failures.labels(loop=loop)._value.get()
+
+
+async def test_a_failing_loop_is_restarted_and_the_node_stays_ready(tmp_path, monkeypatch):
+    starts = 0
+    follow = ChangeFollower.run
+
+    async def fails_on_first_start(self: ChangeFollower) -> None:
+        nonlocal starts
+        starts += 1
+        if starts == 1:
+            raise RuntimeError("a bug in the change follower (test)")
+        await follow(self)
+
+    monkeypatch.setattr(ChangeFollower, "run", fails_on_first_start)
+    node = Node(settings_for(tmp_path))
+    async with running(node) as task:
+        await asyncio.wait_for(node.ready.wait(), 20)
+        async with asyncio.timeout(10):
+            while starts < 2:
+                await asyncio.sleep(0.02)
+        assert failures_counted(node, "change-follower") == 1
+        assert not task.done()
+        assert node.ready.is_set()
+
+
+async def test_a_loop_that_keeps_failing_stops_the_node_with_the_reason(tmp_path, monkeypatch):
+    async def always_fails(self: ChangeFollower) -> None:
+        raise RuntimeError("a bug in the change follower (test)")
+
+    monkeypatch.setattr(ChangeFollower, "run", always_fails)
+    monkeypatch.setattr("fastlane.supervise.GIVE_UP_AFTER", 3)
+    monkeypatch.setattr("fastlane.supervise.Backoff.delay", lambda self, failures, rng=None: 0.01)
+    node = Node(settings_for(tmp_path))
+    async with running(node) as task:
+        with pytest.raises(FastlaneError) as stopped:
+            await asyncio.wait_for(task, 20)
+    assert isinstance(stopped.value, LoopGaveUp)
+    assert "'change-follower' failed 3 times in a row" in str(stopped.value)
+    assert failures_counted(node, "change-follower") == 3
