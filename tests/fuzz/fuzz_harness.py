@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 import time
 from collections import Counter, defaultdict
@@ -301,6 +302,25 @@ class FuzzNode:
     def log_tail(self, lines: int = 60) -> str:
         return self.daemon.log_tail(lines) if self.daemon else ""
 
+    def log_errors(self, limit: int = 20) -> list[str]:
+        """The daemon's log lines at level error or worse (the node writes JSON lines), last first,
+        each with the end of its traceback."""
+        if self.daemon is None:
+            return []
+        found = []
+        for line in reversed(self.daemon.log_tail(100_000).splitlines()):
+            try:
+                entry = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                if "Error" in line or "Traceback" in line:
+                    found.append(line[-1000:])
+                continue
+            if isinstance(entry, dict) and entry.get("level") in ("error", "critical"):
+                found.append(f"{entry.get('ts')} {entry.get('logger')}: {entry.get('msg')}\n{str(entry.get('exc', ''))[-1500:]}")
+            if len(found) >= limit:
+                break
+        return found
+
     def health(self) -> str:
         """The daemon's overall gRPC health status name, or the error code name."""
         async def check() -> str:
@@ -388,10 +408,20 @@ class FuzzNode:
         assert self.alive(), f"the restarted daemon died:\n{self.log_tail()}"
 
 
-def report(tally: Tally, directory: Path) -> None:
-    """Print the tally (seen with ``pytest -s``), write it as JSON and keep it for the summary."""
+def report(tally: Tally, directory: Path, node: FuzzNode) -> None:
+    """Print the tally (seen with ``pytest -s``), write it as JSON and keep it for the summary.
+
+    pytest keeps only the last few temporary directories; with FASTLANE_FUZZ_REPORT_DIR set, the
+    JSON is also written there, to outlive them.
+    """
     tally.finish()
     tally.notes["total_seconds"] = round(time.monotonic() - tally.started, 1)
+    if not node.alive():
+        tally.notes["daemon_log_errors"] = node.log_errors()
     path = tally.write(directory)
+    if os.environ.get("FASTLANE_FUZZ_REPORT_DIR"):
+        keep = Path(os.environ["FASTLANE_FUZZ_REPORT_DIR"])
+        keep.mkdir(parents=True, exist_ok=True)
+        tally.write(keep)
     print(f"\n{tally.table()}\n  written to {path}")
     TALLIES.append({**tally.as_json(), "path": str(path)})

@@ -64,5 +64,5 @@ def test_every_rpc_answers_bad_input_with_a_documented_status(fuzz_node: FuzzNod
     except AssertionError as error:
         failures.append(str(error))
     finally:
-        report(tally, tmp_path)
+        report(tally, tmp_path, fuzz_node)
     assert not failures, "\n\n".join(failures)

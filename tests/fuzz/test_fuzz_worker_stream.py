@@ -177,5 +177,5 @@ def test_misbehaving_worker_streams_end_with_a_documented_status(fuzz_node: Fuzz
     except AssertionError as error:
         failures.append(str(error))
     finally:
-        report(tally, tmp_path)
+        report(tally, tmp_path, fuzz_node)
     assert not failures, "\n\n".join(failures)
