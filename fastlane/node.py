@@ -164,7 +164,7 @@ class Node:
 
         server = ApiServer(
             settings.listen,
-            jobs=JobServicer(store, lane, dispatcher),
+            jobs=JobServicer(store, lane, dispatcher, max_payload=settings.max_payload_bytes),
             runs=RunServicer(store, lane, dispatcher),
             workers=WorkerServicer(dispatcher, node_id=settings.node_id, heartbeat_interval=HEARTBEAT_INTERVAL),
             admin=AdminServicer(store, node_status, settings.node_id, live_within=settings.shard_lease_ttl),

@@ -116,8 +116,8 @@ class ShardOwnership:
         self._wake.set()
 
     async def run(self, ready: asyncio.Event) -> None:
-        """Acquire, then renew every third of the TTL until stopped. ``ready`` is set once the
-        windows of the shards first acquired are built."""
+        """Acquire, then renew every third of the TTL until stopped. ``ready`` is set once this
+        node holds its fair share of the shards and their windows are built."""
         self._ready = ready
         interval = self._ttl.total_seconds() / 3
         # While the database is out of reach, look again sooner than a full cycle: the node
@@ -136,7 +136,7 @@ class ShardOwnership:
                     await self._release_excess()
                     step = "acquiring shards"
                     await self._acquire()
-                if not self._rebuilds:
+                if self._owns_share_built():
                     ready.set()
                 self._upkept()
                 failures = 0
@@ -155,6 +155,12 @@ class ShardOwnership:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(wait):
                     await first_of(self._stopping, self._wake)
+
+    def _owns_share_built(self) -> bool:
+        """Whether this node holds its whole fair share with every window built: only then is
+        it ready. After a crash and restart, the leases of the previous incarnation are held
+        until they run out; a node that said SERVING before would fire nothing meanwhile."""
+        return not self._rebuilds and len(self._leases) >= self._share
 
     def _upkept(self) -> None:
         """A lease cycle reached the database: healthy (again) for a TTL from now."""
@@ -270,7 +276,8 @@ class ShardOwnership:
     async def _rebuild(self, leases: Sequence[ShardLease]) -> None:
         try:
             await self._on_acquired(leases)
-            if len(self._rebuilds) <= 1:  # only this one
+            self._rebuilds.discard(asyncio.current_task())  # type: ignore[arg-type]
+            if self._owns_share_built():
                 self._ready.set()
         except Exception as error:
             # A half-built window would fire some jobs and silently not others: give the

@@ -109,3 +109,29 @@ async def test_listings_leave_payloads_out_unless_asked(daemon: Daemon, client):
     [with_payload] = (await client.list_jobs(include_payload=True)).items
     assert with_payload.spec.payload == payload
     assert (await client.get_job(job.job_id)).spec.payload == payload
+
+
+async def test_a_node_restarted_after_a_crash_serves_only_once_it_owns_its_shards(db_url, tmp_path, processes):  # type: ignore[no-untyped-def]
+    """After SIGKILL the old incarnation's leases are held until they run out. The restarted
+    node once said SERVING at once while owning no shard, and a job fired seconds late."""
+    first = Daemon(db_url, tmp_path / "first.log", extra_args=["--shard-lease-ttl", "4"])
+    first.start()
+    processes.append(first)
+    await first.wait_ready()
+    first.kill()
+    again = Daemon(db_url, tmp_path / "again.log", extra_args=["--shard-lease-ttl", "4"])
+    again.start()
+    processes.append(again)
+    async with grpc.aio.insecure_channel(again.address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+
+        async def serving() -> bool:
+            try:
+                answer = await health.Check(health_pb2.HealthCheckRequest(), timeout=2)
+            except grpc.aio.AioRpcError:
+                return False
+            return answer.status == health_pb2.HealthCheckResponse.SERVING
+
+        await wait_for(serving, 30, "the restarted node to serve")
+    samples = again.metrics()
+    assert samples["fastlane_shards_owned"] == 8, "SERVING before owning its shards"
