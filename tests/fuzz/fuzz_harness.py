@@ -26,7 +26,15 @@ from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.processes import Daemon, WorkerProcess, child_environment
-from fastlane._proto import admin_pb2, admin_pb2_grpc, common_pb2, jobs_pb2, jobs_pb2_grpc, runs_pb2_grpc, workers_pb2_grpc
+from fastlane._proto import (
+    admin_pb2,
+    admin_pb2_grpc,
+    common_pb2,
+    jobs_pb2,
+    jobs_pb2_grpc,
+    runs_pb2_grpc,
+    workers_pb2_grpc,
+)
 
 E2E_DIR = Path(__file__).resolve().parent.parent / "e2e"  # where recording_worker.py lives
 
@@ -316,7 +324,8 @@ class FuzzNode:
                     found.append(line[-1000:])
                 continue
             if isinstance(entry, dict) and entry.get("level") in ("error", "critical"):
-                found.append(f"{entry.get('ts')} {entry.get('logger')}: {entry.get('msg')}\n{str(entry.get('exc', ''))[-1500:]}")
+                traceback_end = str(entry.get("exc", ""))[-1500:]
+                found.append(f"{entry.get('ts')} {entry.get('logger')}: {entry.get('msg')}\n{traceback_end}")
             if len(found) >= limit:
                 break
         return found

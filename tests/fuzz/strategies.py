@@ -147,7 +147,8 @@ def timestamps() -> st.SearchStrategy[Timestamp]:
 def durations() -> st.SearchStrategy[Duration]:
     seconds = st.one_of(st.sampled_from(DURATION_SECONDS_EDGES), st.integers(INT64_MIN, INT64_MAX),
                         st.integers(-(10**6), 10**6))
-    nanos = st.one_of(st.just(0), st.sampled_from(NANOS_EDGES + (100_000_000, 1_000)), st.integers(INT32_MIN, INT32_MAX))
+    nanos = st.one_of(st.just(0), st.sampled_from((*NANOS_EDGES, 100_000_000, 1_000)),
+                      st.integers(INT32_MIN, INT32_MAX))
     return st.builds(Duration, seconds=seconds, nanos=nanos)
 
 
@@ -414,8 +415,8 @@ def create_job(draw: st.DrawFn) -> Probe:
     live = draw(st.integers(1, 8)) == 1
     if live:
         kind = draw(st.sampled_from(("now", "now", "at", "at", "interval", "storm")))
-        return Probe("JobService", "CreateJob", (), lambda memory: jobs_pb2.CreateJobRequest(spec=live_spec(memory, kind)),
-                     live=True)
+        return Probe("JobService", "CreateJob", (),
+                     lambda memory: jobs_pb2.CreateJobRequest(spec=live_spec(memory, kind)), live=True)
     spec, fields = draw(fuzzed_specs())
     return Probe("JobService", "CreateJob", fields, lambda memory: jobs_pb2.CreateJobRequest(spec=spec))
 
@@ -427,7 +428,8 @@ def update_job(draw: st.DrawFn) -> Probe:
     index = draw(st.integers(0, 10**6))
 
     def build(memory: Memory) -> Message:
-        request = jobs_pb2.UpdateJobRequest(job_id="" if job_id is KNOWN else job_id, spec=spec)  # type: ignore[arg-type]
+        fuzzed_id = "" if job_id is KNOWN else job_id
+        request = jobs_pb2.UpdateJobRequest(job_id=fuzzed_id, spec=spec)  # type: ignore[arg-type]
         known = memory.job(index)
         if job_id is KNOWN and known:
             tenant, request.job_id, name = known
@@ -597,7 +599,8 @@ class Session:
     @property
     def fields(self) -> tuple[str, ...]:
         """The fuzzed fields, in order; a stream that does not open with a hello says so first."""
-        opening = () if self.steps and self.steps[0].kind == "hello" else (f"opens with {self.steps[0].kind if self.steps else 'nothing'}",)
+        first = self.steps[0].kind if self.steps else "nothing"
+        opening = () if first == "hello" else (f"opens with {first}",)
         second_hello = ("second hello",) if "hello" in self.kinds[1:] else ()
         fields = [field for step in self.steps for field in step.fields]
         return (*opening, *second_hello, *dict.fromkeys(fields))
@@ -647,8 +650,8 @@ def hellos(draw: st.DrawFn, one_in: int = 6) -> Step:
 def credits(draw: st.DrawFn) -> Step:
     field = _Fields(draw, 3)
     grant = field("credit.credits", st.sampled_from((1, 5, 100)), int32s())
-    return Step("credit", lambda memory, assigned: workers_pb2.WorkerMessage(credit=workers_pb2.CreditGrant(credits=grant)),
-                tuple(field.fuzzed))
+    message = workers_pb2.WorkerMessage(credit=workers_pb2.CreditGrant(credits=grant))
+    return Step("credit", lambda memory, assigned: message, tuple(field.fuzzed))
 
 
 RunTarget = Callable[[Memory, list[workers_pb2.Assignment]], tuple[str, int]]
@@ -658,8 +661,8 @@ RunTarget = Callable[[Memory, list[workers_pb2.Assignment]], tuple[str, int]]
 def _run_target(draw: st.DrawFn, field: _Fields, owner: str) -> RunTarget:
     """A (run_id, lease_token) for a heartbeat or result: a run this stream was given (its token
     or a wrong one), another run of the daemon's, an id no run has, or a fuzzed id."""
-    source = field(f"{owner}.run_id", st.sampled_from(("assigned", "assigned", "assigned_wrong_token", "known", "unknown")),
-                   st.just("fuzzed"))
+    sources = ("assigned", "assigned", "assigned_wrong_token", "known", "unknown")
+    source = field(f"{owner}.run_id", st.sampled_from(sources), st.just("fuzzed"))
     index, token, fuzzed_id = draw(st.integers(0, 10**6)), draw(int64s()), draw(strings())
     if source == "assigned_wrong_token":
         field.fuzzed.append(f"{owner}.lease_token")
@@ -685,9 +688,10 @@ def heartbeats(draw: st.DrawFn) -> Step:
     beats = []
     for _ in range(draw(st.integers(0, 3))):
         target = draw(_run_target(field, "heartbeats.beats"))
-        progress = field("heartbeats.beats.progress", st.one_of(st.none(), st.sampled_from((0.0, 0.5, 1.0))), floats32())
-        checkpoint = field("heartbeats.beats.checkpoint", st.one_of(st.none(), st.sampled_from((b"", b"1", b"x" * MIB))),
-                           byte_strings())
+        progress = field("heartbeats.beats.progress", st.one_of(st.none(), st.sampled_from((0.0, 0.5, 1.0))),
+                         floats32())
+        checkpoint = field("heartbeats.beats.checkpoint",
+                           st.one_of(st.none(), st.sampled_from((b"", b"1", b"x" * MIB))), byte_strings())
         beats.append((target, draw(st.booleans()), progress, checkpoint))
 
     def build(memory: Memory, assigned: list[workers_pb2.Assignment]) -> workers_pb2.WorkerMessage:

@@ -153,8 +153,8 @@ def test_misbehaving_worker_streams_end_with_a_documented_status(fuzz_node: Fuzz
     finally:
         channel.close()
     tally.finish()
-    tally.notes.update(sessions=sessions_played, messages_sent=messages_sent, runs_assigned_to_fuzzed_streams=runs_assigned,
-                       good_jobs=len(good_jobs))
+    tally.notes.update(sessions=sessions_played, messages_sent=messages_sent,
+                       runs_assigned_to_fuzzed_streams=runs_assigned, good_jobs=len(good_jobs))
     failures = []
     try:
         if tally.problems:
