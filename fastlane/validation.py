@@ -156,17 +156,28 @@ def validate_spec(spec: JobSpec, *, max_payload: int = PAYLOAD_CEILING_BYTES) ->
     return spec
 
 
-def validate_schedule(schedule: Schedule) -> Schedule:
-    """A schedule's shape (``schedules`` checks the fields of its kind) and its fields' ranges."""
-    schedules.validate_schedule(schedule)
-    text("spec.schedule.cron.expression", schedule.cron or "", max_length=MAX_CRON_LENGTH)
+# The proto path of each Schedule field, for the errors of ``schedules.validate_schedule``.
+_SCHEDULE_FIELDS = {
+    "kind": "", "at": ".at", "cron": ".cron.expression", "timezone": ".cron.timezone",
+    "every": ".interval.every", "anchor": ".interval.anchor",
+}
+
+
+def validate_schedule(schedule: Schedule, field: str = "spec.schedule") -> Schedule:
+    """A schedule's shape (``schedules`` checks the fields of its kind) and its fields' ranges;
+    errors name the field as the proto does, under ``field``."""
+    try:
+        schedules.validate_schedule(schedule)
+    except InvalidArgument as error:
+        raise InvalidArgument(field + _SCHEDULE_FIELDS.get(error.field, f".{error.field}"), error.problem) from None
+    text(f"{field}.cron.expression", schedule.cron or "", max_length=MAX_CRON_LENGTH)
     if schedule.kind is ScheduleKind.AT and schedule.at is not None:
-        instant("spec.schedule.at", schedule.at)
+        instant(f"{field}.at", schedule.at)
     if schedule.kind is ScheduleKind.INTERVAL:
         if schedule.every is not None:
-            duration("spec.schedule.interval.every", schedule.every, MIN_INTERVAL, MAX_INTERVAL)
+            duration(f"{field}.interval.every", schedule.every, MIN_INTERVAL, MAX_INTERVAL)
         if schedule.anchor is not None:
-            instant("spec.schedule.interval.anchor", schedule.anchor)
+            instant(f"{field}.interval.anchor", schedule.anchor)
     return schedule
 
 

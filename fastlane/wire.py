@@ -133,6 +133,8 @@ def schedule_from_pb(message: pb.Schedule, field: str = "spec.schedule") -> Sche
         return Schedule.cron_expr(cron.expression, cron.timezone or "UTC")
     if kind == "interval":
         interval = message.interval
+        if not interval.HasField("every"):
+            raise InvalidArgument(f"{field}.interval.every", "is required for an interval schedule")
         anchor = instant_in(f"{field}.interval.anchor", interval.anchor) if interval.HasField("anchor") else None
         return Schedule.interval(duration_in(f"{field}.interval.every", interval.every), anchor)
     raise InvalidArgument(field, "is missing: set one of now, at, cron or interval")

@@ -91,7 +91,7 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
         self, request: jobs_pb2.PreviewScheduleRequest, context: grpc.aio.ServicerContext
     ) -> jobs_pb2.PreviewScheduleResponse:
         count = validation.count("count", request.count or 5, 1, MAX_PREVIEW)
-        schedule = validation.validate_schedule(wire.schedule_from_pb(request.schedule, "schedule"))
+        schedule = validation.validate_schedule(wire.schedule_from_pb(request.schedule, "schedule"), "schedule")
         after = wire.instant_in("after", request.after) if request.HasField("after") else datetime.now(UTC)
         zone_name = schedule.timezone if schedule.kind is ScheduleKind.CRON else "UTC"
         fire_times = [
