@@ -32,6 +32,9 @@ class Metrics:
         self.heap_size = Gauge("fastlane_heap_size", "Jobs and runs held in the in-memory window", registry=registry)
         self.ready_queue = Gauge("fastlane_ready_queue_depth", "Released runs waiting for worker credits",
                                  registry=registry)
+        self.parked = Gauge("fastlane_runs_parked",
+                            "Released runs left in the database because their job type's ready queue was full",
+                            registry=registry)
         self.workers = Gauge("fastlane_workers_connected", "Worker streams connected to this node", registry=registry)
         self.shards_owned = Gauge("fastlane_shards_owned", "Shards this node holds a lease on", registry=registry)
         self.shards_lost = Counter("fastlane_shards_lost_total",

@@ -132,6 +132,7 @@ class Node:
                 lane.schedule_run(run)
 
         dispatcher = Dispatcher(store, node_id=settings.node_id, clock=self.clock, metrics=metrics,
+                                max_ready_per_type=settings.max_ready_per_type,
                                 reschedule=reschedule)
 
         def shards_lost(shard_ids: list[int]) -> None:

@@ -230,6 +230,7 @@ class Dispatcher:
         self._in_flight: dict[AttemptKey, WorkerSession] = {}  # attempts sent, not yet reported
         self._background: set[asyncio.Task[None]] = set()
         metrics.ready_queue.set_function(lambda: self.ready_depth)  # read when scraped
+        metrics.parked.set_function(lambda: self.parked_count)
 
     # -- sessions -------------------------------------------------------------------------------
 
