@@ -43,7 +43,8 @@ class Settings:
     max_clock_offset: timedelta = timedelta(milliseconds=500)  # beyond it a node owns no shards
     # Released runs a node keeps in memory per job type while no worker takes them; beyond it they
     # wait in the database (where they already are) and are read back as workers take runs.
-    max_ready_per_type: int = 10_000
+    max_ready_per_type: int = 150_000
+    max_ready_bytes_per_type: int = 64 << 20  # payload bytes of those runs, at most
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES  # largest job payload the API accepts
 
     def __post_init__(self) -> None:
@@ -66,6 +67,8 @@ class Settings:
             raise ConfigurationError(
                 f"--max-payload-bytes {self.max_payload_bytes} is out of range (1..{PAYLOAD_CEILING_BYTES})"
             )
+        if self.max_ready_bytes_per_type < 1:
+            raise ConfigurationError(f"--max-ready-bytes-per-type {self.max_ready_bytes_per_type} must be at least 1")
         if self.max_ready_per_type < 1:
             raise ConfigurationError(f"--max-ready-per-type {self.max_ready_per_type} must be at least 1")
 

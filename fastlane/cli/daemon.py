@@ -88,6 +88,14 @@ def register(commands: Any) -> None:
         f"in the database and are read back as workers take runs (default: {defaults.max_ready_per_type})",
     )
     serve.add_argument(
+        "--max-ready-bytes-per-type",
+        metavar="BYTES",
+        type=positive_int,
+        default=defaults.max_ready_bytes_per_type,
+        help="most payload bytes of those runs kept in memory per job type; beyond it runs wait in the database "
+        f"the same way (default: {defaults.max_ready_bytes_per_type})",
+    )
+    serve.add_argument(
         "--max-payload-bytes",
         metavar="N",
         type=positive_int,
@@ -153,6 +161,7 @@ def serve_node(args: argparse.Namespace) -> int:
         shard_lease_ttl=timedelta(seconds=args.shard_lease_ttl),
         max_clock_offset=timedelta(milliseconds=args.max_clock_offset),
         max_ready_per_type=args.max_ready_per_type,
+        max_ready_bytes_per_type=args.max_ready_bytes_per_type,
         max_payload_bytes=args.max_payload_bytes,
     )
     from fastlane.node import serve

@@ -21,7 +21,8 @@ Guards, so that one worker or one record cannot harm the rest:
   random, and checked against the attempt's ``worker_id``); others are refused and logged.
 - A journal write that fails for any reason but the database being unreachable is split until
   the record that makes it fail is found; that one is set aside, the rest land.
-- The ready queue of a job type holds at most ``max_ready_per_type`` runs. Beyond it a run is
+- The ready queue of a job type holds at most ``max_ready_per_type`` runs and
+  ``max_ready_bytes_per_type`` bytes of payload (at least one run). Beyond it a run is
   *parked*: only its id stays in memory (the run itself is ``scheduled`` in the database already)
   and it is read back, oldest first, as workers take runs from the queue.
 """
@@ -53,7 +54,10 @@ JOURNAL_RETRY_CAP = timedelta(seconds=5)  # doubling up to this
 # Once stopping, the journal tries this long to make what it holds durable, then gives up (the
 # node waits a little longer than this for it): a node must stop while its database is down.
 JOURNAL_STOP_GRACE = timedelta(seconds=4)
-DEFAULT_MAX_READY_PER_TYPE = 10_000
+# A whole crowd of small runs (the write-ahead holds up to 150,000) is sent from memory; large
+# payloads are bounded by bytes instead (a 1 MiB payload every 0.1 s fills 64 MiB in 6 s).
+DEFAULT_MAX_READY_PER_TYPE = 150_000
+DEFAULT_MAX_READY_BYTES_PER_TYPE = 64 << 20
 MAX_LEASE_TOKEN = (1 << 63) - 1  # lease_token columns are signed 64-bit integers
 RELOAD_BATCH = 1_000  # parked runs read back per query
 
@@ -204,6 +208,7 @@ class Dispatcher:
         metrics: Metrics,
         reschedule: Callable[[Run], None],
         max_ready_per_type: int = DEFAULT_MAX_READY_PER_TYPE,
+        max_ready_bytes_per_type: int = DEFAULT_MAX_READY_BYTES_PER_TYPE,
     ) -> None:
         self._store = store
         self._node_id = node_id
@@ -211,6 +216,8 @@ class Dispatcher:
         self._metrics = metrics
         self._reschedule = reschedule
         self._max_ready = max(max_ready_per_type, 1)
+        self._max_ready_bytes = max(max_ready_bytes_per_type, 1)
+        self._ready_bytes: Counter[str] = Counter()  # payload bytes in each ready queue
         self._sessions: dict[str, list[WorkerSession]] = {}  # by job type, rotated for fairness
         self._ready: dict[str, deque[_Waiting]] = {}
         self._queued: set[str] = set()  # run ids in the ready queues
@@ -349,9 +356,10 @@ class Dispatcher:
             return
         queue = self._ready.setdefault(run.job_type, deque())
         parked = self._parked.get(run.job_type)
-        if len(queue) < self._max_ready and (reloaded or not parked):
+        if self._has_room(run.job_type, len(run.payload)) and (reloaded or not parked):
             self._queued.add(run.run_id)
             queue.append(_Waiting(run, confirm_first))
+            self._ready_bytes[run.job_type] += len(run.payload)
             return
         if not parked:
             log.warning("ready queue of job type %r is full (%d runs): further runs wait in the database "
@@ -360,9 +368,18 @@ class Dispatcher:
         parked[run.run_id] = _Parked(run.shard_id, run.available_at)
         self._parked_ids.add(run.run_id)
 
+    def _has_room(self, job_type: str, payload_bytes: int) -> bool:
+        """Whether the ready queue of ``job_type`` can take one more run of that size (an empty
+        queue takes any run, so one larger than the byte bound still goes out)."""
+        queued = len(self._ready.get(job_type, ()))
+        return queued == 0 or (
+            queued < self._max_ready and self._ready_bytes[job_type] + payload_bytes <= self._max_ready_bytes
+        )
+
     def _drop_queued(self, matches: Callable[[Run], bool]) -> None:
         for job_type, queue in list(self._ready.items()):
-            self._ready[job_type] = deque(waiting for waiting in queue if not matches(waiting.run))
+            self._ready[job_type] = kept = deque(waiting for waiting in queue if not matches(waiting.run))
+            self._ready_bytes[job_type] = sum(len(waiting.run.payload) for waiting in kept)
         self._queued = {waiting.run.run_id for queue in self._ready.values() for waiting in queue}
 
     def _unpark(self, matches: Callable[[str, _Parked], bool]) -> None:
@@ -405,10 +422,12 @@ class Dispatcher:
             while queue and session.credits > 0:
                 waiting = queue.popleft()
                 self._queued.discard(waiting.run.run_id)
+                self._ready_bytes[job_type] -= len(waiting.run.payload)
                 if waiting.run.run_id in self._claimed:
                     continue
                 if session.tenant is not None and waiting.run.tenant != session.tenant:
                     self._queued.add(waiting.run.run_id)
+                    self._ready_bytes[job_type] += len(waiting.run.payload)
                     skipped.append(waiting)
                     continue
                 assigned.append(self._assign(session, waiting.run, now, waiting.confirm_first))
@@ -423,7 +442,8 @@ class Dispatcher:
     def _refill(self, job_type: str) -> None:
         """Read parked runs of this type back once its queue is down to half (one task per type)."""
         if (job_type in self._reloading or not self._parked.get(job_type)
-                or len(self._ready.get(job_type, ())) > self._max_ready // 2):
+                or len(self._ready.get(job_type, ())) > self._max_ready // 2
+                or self._ready_bytes[job_type] > self._max_ready_bytes // 2):
             return
         self._reloading.add(job_type)
         task = asyncio.create_task(self._reload_parked(job_type), name=f"dispatch-reload:{job_type}")
@@ -437,7 +457,8 @@ class Dispatcher:
         attempt took meanwhile is not sent twice, and one no longer ``scheduled`` (cancelled) is
         not read at all."""
         try:
-            while self._assigning and (room := self._max_ready - len(self._ready.get(job_type, ()))) > 0:
+            while (self._assigning and self._ready_bytes[job_type] < self._max_ready_bytes
+                   and (room := self._max_ready - len(self._ready.get(job_type, ()))) > 0):
                 parked = self._parked.get(job_type)
                 if not parked:
                     return
@@ -457,6 +478,8 @@ class Dispatcher:
                 still_parked = [run for run in runs if run.run_id in self._parked_ids]
                 self._unpark(lambda run_id, _: run_id in wanted)
                 self._hand_out(still_parked, confirm_first=True, reloaded=True)
+                if any(run.run_id in self._parked_ids for run in still_parked):
+                    return  # the queue is full by bytes: parked again, read back when it drains
         finally:
             self._reloading.discard(job_type)
 

@@ -56,11 +56,18 @@ async def work(dispatcher: Dispatcher, session: WorkerSession, assigned: Counter
             dispatcher.grant(session, len(message.runs))
 
 
-async def test_the_ready_queue_stays_at_its_bound_without_workers_and_every_run_fires_once_after(store):
+@pytest.mark.parametrize(
+    "bound",
+    [
+        pytest.param({"max_ready_per_type": BOUND}, id="runs"),
+        pytest.param({"max_ready_bytes_per_type": BOUND * len(PAYLOAD)}, id="bytes"),
+    ],
+)
+async def test_the_ready_queue_stays_at_its_bound_without_workers_and_every_run_fires_once_after(store, bound):
     metrics, clock = Metrics(), SystemClock()
     lane: FastLane | None = None
     dispatcher = Dispatcher(store, node_id="node-a", clock=clock, metrics=metrics,
-                            reschedule=lambda run: lane.schedule_run(run), max_ready_per_type=BOUND)
+                            reschedule=lambda run: lane.schedule_run(run), **bound)
 
     async def acquired(leases):  # type: ignore[no-untyped-def]
         await lane.shards_acquired(leases)
