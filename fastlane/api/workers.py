@@ -17,12 +17,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
-from datetime import datetime, timedelta
+from collections.abc import Callable, Iterable
+from datetime import timedelta
 from typing import TypeVar
 
 import grpc
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from fastlane import validation, wire
 from fastlane._proto import workers_pb2, workers_pb2_grpc
@@ -41,6 +40,7 @@ from fastlane.models import AttemptOutcome
 from fastlane.storage import AttemptResult, Heartbeat
 
 T = TypeVar("T")
+M = TypeVar("M")
 
 log = logging.getLogger("fastlane.api.workers")
 
@@ -160,31 +160,43 @@ def validate_hello(hello: workers_pb2.Hello) -> None:
 
 
 def heartbeats_of(message: workers_pb2.Heartbeats) -> list[Heartbeat]:
-    return [_heartbeat(f"heartbeats.beats[{index}]", beat) for index, beat in enumerate(message.beats)]
+    return _each("heartbeats.beats", message.beats, _heartbeat)
 
 
 def results_of(message: workers_pb2.Results) -> list[AttemptResult]:
-    return [_result(f"results.results[{index}]", result) for index, result in enumerate(message.results)]
+    return _each("results.results", message.results, _result)
 
 
-def _heartbeat(field: str, beat: workers_pb2.RunHeartbeat) -> Heartbeat:
+def _each(field: str, items: Iterable[M], convert: Callable[[M], T]) -> list[T]:
+    """Convert every item; an error names the item's index under ``field``. (Names are built
+    only on error: a busy worker reports thousands of results a second.)"""
+    converted = []
+    for index, item in enumerate(items):
+        try:
+            converted.append(convert(item))
+        except InvalidArgument as error:
+            raise InvalidArgument(f"{field}[{index}].{error.field}", error.problem) from None
+    return converted
+
+
+def _heartbeat(beat: workers_pb2.RunHeartbeat) -> Heartbeat:
     progress = None
     if beat.HasField("progress"):
-        progress = _as_field(f"{field}.progress", lambda: validation.progress(beat.progress))
+        progress = validation.progress(beat.progress)
     checkpoint = None
     if beat.HasField("checkpoint"):
         # Enforced here, not only by the SDK: the checkpoint is stored and handed to the next attempt.
-        checkpoint = validation.payload(f"{field}.checkpoint", beat.checkpoint, MAX_CHECKPOINT_BYTES)
+        checkpoint = validation.payload("checkpoint", beat.checkpoint, MAX_CHECKPOINT_BYTES)
     return Heartbeat(
-        run_id=validation.identifier(f"{field}.run_id", beat.run_id),
-        lease_token=_lease_token(f"{field}.lease_token", beat.lease_token),
+        run_id=validation.identifier("run_id", beat.run_id),
+        lease_token=_lease_token("lease_token", beat.lease_token),
         started=beat.started,
         progress=progress,
         checkpoint=checkpoint,
     )
 
 
-def _result(field: str, result: workers_pb2.RunResult) -> AttemptResult:
+def _result(result: workers_pb2.RunResult) -> AttemptResult:
     try:
         outcome = AttemptOutcome(result.outcome)
     except ValueError:
@@ -192,39 +204,19 @@ def _result(field: str, result: workers_pb2.RunResult) -> AttemptResult:
     if outcome not in _WORKER_OUTCOMES:
         outcome = AttemptOutcome.FAILED
     return AttemptResult(
-        run_id=validation.identifier(f"{field}.run_id", result.run_id),
-        lease_token=_lease_token(f"{field}.lease_token", result.lease_token),
+        run_id=validation.identifier("run_id", result.run_id),
+        lease_token=_lease_token("lease_token", result.lease_token),
         outcome=outcome,
         error_code=validation.error_text(result.error_code) or None,
         error_message=validation.error_text(result.error_message) or None,
-        started_at=_instant(f"{field}.started_at", result.started_at, result.HasField("started_at")),
-        finished_at=_instant(f"{field}.finished_at", result.finished_at, result.HasField("finished_at")),
+        started_at=wire.instant_in("started_at", result.started_at) if result.HasField("started_at") else None,
+        finished_at=wire.instant_in("finished_at", result.finished_at) if result.HasField("finished_at") else None,
     )
 
 
 def _lease_token(field: str, token: int) -> int:
     # Every token a node hands out is positive; another cannot name an attempt.
     return validation.count(field, token, 1, MAX_LEASE_TOKEN)
-
-
-# Protobuf's own range for a Timestamp: outside it the arithmetic of epoch_plus is meaningless.
-_TIMESTAMP_SECONDS = range(-62_135_596_800, 253_402_300_800)
-
-
-def _instant(field: str, stamp: Timestamp, present: bool) -> datetime | None:
-    if not present:
-        return None
-    if stamp.seconds not in _TIMESTAMP_SECONDS or not 0 <= stamp.nanos < 1_000_000_000:
-        raise InvalidArgument(field, f"seconds={stamp.seconds} nanos={stamp.nanos} is not a valid timestamp")
-    return validation.instant(field, wire.epoch_plus(stamp))
-
-
-def _as_field(field: str, check: Callable[[], T]) -> T:
-    """Run a validation helper that names a generic field, naming this one instead."""
-    try:
-        return check()
-    except InvalidArgument as error:
-        raise InvalidArgument(field, error.problem) from None
 
 
 def _to_pb(outgoing: Outgoing) -> workers_pb2.NodeMessage:
