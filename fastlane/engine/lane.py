@@ -332,8 +332,9 @@ class FastLane:
             return
         jobs = [job for job, _ in planned]
         occurrences = [occurrence for _, occurrence in planned]
+        batch_fences = [fences[shard_id] for shard_id in sorted({job.shard_id for job in jobs})]
         try:
-            written = await self._store.materialise_runs([fences[s] for s in sorted({job.shard_id for job in jobs})], occurrences)
+            written = await self._store.materialise_runs(batch_fences, occurrences)
         except StaleFence as stale:
             # Lost that shard; the others in the batch are still ours: try them again at once.
             self._on_stale(stale.shard_id, stale.token, str(stale))
