@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from datetime import datetime, timedelta
 
+from fastlane import schedules
 from fastlane.errors import InvalidArgument
 from fastlane.limits import (
     DEFAULT_PAGE_SIZE,
@@ -42,7 +43,6 @@ from fastlane.limits import (
     PAYLOAD_CEILING_BYTES,
 )
 from fastlane.models import JobSpec, Schedule, ScheduleKind
-from fastlane import schedules
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@-]*")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")

@@ -14,9 +14,8 @@ from enum import StrEnum
 from typing import TypeVar
 
 from google.protobuf.duration_pb2 import Duration
-from google.protobuf.timestamp_pb2 import Timestamp
-
 from google.protobuf.message import Message
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from fastlane import validation
 from fastlane._proto import common_pb2 as pb

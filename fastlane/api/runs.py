@@ -7,9 +7,9 @@ import grpc
 from fastlane import validation, wire
 from fastlane._proto import common_pb2, runs_pb2, runs_pb2_grpc
 from fastlane.api.guard import rpc, tenant_of
-from fastlane.errors import InvalidArgument
 from fastlane.engine.dispatch import Dispatcher
 from fastlane.engine.lane import FastLane
+from fastlane.errors import InvalidArgument
 from fastlane.models import RunState
 from fastlane.storage import Store
 

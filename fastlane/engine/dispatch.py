@@ -43,7 +43,6 @@ from typing import TypeVar
 
 from fastlane.clock import Clock
 from fastlane.errors import StorageError, StorageUnavailable
-from fastlane.limits import LAST_INSTANT
 from fastlane.metrics import Metrics
 from fastlane.models import Attempt, Delivery, Run, RunState
 from fastlane.storage import AttemptResult, Dispatch, Heartbeat, ResultOutcome, Store
@@ -500,7 +499,7 @@ class Dispatcher:
                 # Dropped meanwhile (a lost shard, a cancel) are not released; runs not found are
                 # no longer scheduled, or changed: the lane's full scan finds those still pending.
                 still_parked = [run for run in runs if run.run_id in self._parked_ids]
-                self._unpark(lambda run_id, _: run_id in wanted)
+                self._unpark(lambda run_id, _, wanted=wanted: run_id in wanted)
                 self._hand_out(still_parked, confirm_first=True, reloaded=True)
                 if any(run.run_id in self._parked_ids for run in still_parked):
                     return  # the queue is full by bytes: parked again, read back when it drains

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from fuzz_harness import TALLIES, FuzzNode
 
 

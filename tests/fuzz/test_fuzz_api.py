@@ -11,9 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
-
 from fuzz_harness import ALLOWED_CODES, FuzzNode, Tally, report
+from hypothesis import HealthCheck, Phase, given, settings
 from strategies import Memory, Probe, api_probes
 
 pytestmark = [pytest.mark.fuzz, pytest.mark.e2e, pytest.mark.timeout(420)]

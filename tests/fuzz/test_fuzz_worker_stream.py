@@ -21,12 +21,12 @@ from typing import Any
 
 import grpc
 import pytest
+from fuzz_harness import ALLOWED_STREAM_CODES, CALL_TIMEOUT, CHANNEL_OPTIONS, FuzzNode, Tally, describe, report
 from google.protobuf.duration_pb2 import Duration
 from hypothesis import HealthCheck, Phase, given, settings
+from strategies import WORKER_JOB_TYPE, Memory, Session, sessions
 
 from fastlane._proto import common_pb2, jobs_pb2, workers_pb2, workers_pb2_grpc
-from fuzz_harness import ALLOWED_STREAM_CODES, CALL_TIMEOUT, CHANNEL_OPTIONS, FuzzNode, Tally, describe, report
-from strategies import WORKER_JOB_TYPE, Memory, Session, sessions
 
 pytestmark = [pytest.mark.fuzz, pytest.mark.e2e, pytest.mark.timeout(420)]
 
