@@ -3,11 +3,13 @@
 All instants in and out are timezone-aware; results are UTC. Cron expressions are read in an IANA
 zone with Debian/Vixie cron DST semantics:
 
-- an expression with a fixed hour field (anything but a bare ``*``) fires wall-clock times skipped
-  by a spring-forward once, at the first instant after the gap, and repeated wall-clock times only
-  in their first pass;
-- an expression whose hour field is ``*`` follows elapsed time: it fires in both passes of a
-  repeated hour and not at all for times inside a gap.
+- a *fixed-time* expression (neither its minute nor its hour field begins with ``*``) fires
+  wall-clock times skipped by a spring-forward once, at the first instant after the gap, and
+  repeated wall-clock times only in their first pass;
+- a *wildcard* expression (its minute or its hour field begins with ``*``: ``*/15 * * * *``,
+  ``*/7 2 * * *``, ``30 */1 * * *``) follows elapsed time: it fires in both passes of a repeated
+  hour and not at all for times inside a gap (Debian's ``entry.c`` sets ``MIN_STAR``/``HR_STAR``
+  from the first character of those fields).
 """
 
 from __future__ import annotations
@@ -124,9 +126,11 @@ class CronExpr:
     fields: tuple[str, str, str, str, str, str]
 
     @property
-    def hour_is_wildcard(self) -> bool:
-        """True when the hour field is a bare ``*``: the expression follows elapsed time."""
-        return self.fields[2] == "*"
+    def is_wildcard(self) -> bool:
+        """True when the minute or the hour field begins with ``*`` (``*/15``, ``*``): the
+        expression follows elapsed time across DST, as Debian cron's ``MIN_STAR``/``HR_STAR``
+        jobs do. Otherwise it is a fixed-time expression."""
+        return self.fields[1].startswith("*") or self.fields[2].startswith("*")
 
     def iterator(self, start: datetime) -> croniter:
         """A croniter over naive wall-clock times strictly after the naive ``start``."""
@@ -250,12 +254,12 @@ def _candidate_instants(cron: CronExpr, tz: ZoneInfo, after: datetime) -> Iterat
     wall = local.replace(tzinfo=None)
     in_second_pass = local.fold == 1  # then the first pass of these wall times is already behind
     due: tuple[datetime, datetime] | None = None  # a repeated range whose second pass is owed
-    if cron.hour_is_wildcard and not in_second_pass and (folds := _folds(wall, tz))[0] < folds[1]:
+    if cron.is_wildcard and not in_second_pass and (folds := _folds(wall, tz))[0] < folds[1]:
         due = _repeated_walls(*folds, tz)  # after is in a first pass: the second pass is ahead
     for candidate in cron.iterator(wall):
         first, second = _folds(candidate, tz)
         if first < second:  # a repeated wall time (fall-back)
-            if not cron.hour_is_wildcard:
+            if not cron.is_wildcard:
                 yield first
             elif in_second_pass:
                 yield second
@@ -269,7 +273,7 @@ def _candidate_instants(cron: CronExpr, tz: ZoneInfo, after: datetime) -> Iterat
         in_second_pass = False
         if first == second:
             yield first
-        elif not cron.hour_is_wildcard:  # in a gap: fire once, at the first instant after it
+        elif not cron.is_wildcard:  # in a gap: fire once, at the first instant after it
             yield _transition(second, first, tz)
 
 

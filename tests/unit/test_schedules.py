@@ -98,12 +98,6 @@ def test_fixed_hour_time_repeated_by_fall_back_fires_only_in_first_pass(expr, tz
             ["2027-10-02T15:15Z", "2027-10-02T15:45Z", "2027-10-02T16:00Z", "2027-10-02T16:15Z",
              "2027-10-02T16:45Z", "2027-10-03T14:15Z"],
         ),
-        # A stepped hour is a fixed hour: 02:00 is skipped and fires at 03:00 EDT.
-        (
-            "0 */2 * * *", NY, "2027-03-14T04:00Z",
-            ["2027-03-14T05:00Z", "2027-03-14T07:00Z", "2027-03-14T08:00Z", "2027-03-14T10:00Z",
-             "2027-03-14T12:00Z", "2027-03-14T14:00Z"],
-        ),
         # Seconds inside the gap collapse too: 02:30:00 and 02:30:30 -> one fire at 03:00 EDT.
         (
             "*/30 30 2 * * *", NY, "2027-03-13T12:00Z",
@@ -266,10 +260,39 @@ def test_seven_is_sunday():
     assert got == utcs("2027-01-03T00:00Z")  # the first Sunday of 2027
 
 
-def test_parse_cron_reports_hour_wildcard():
-    assert parse_cron("30 * * * *").hour_is_wildcard
-    assert not parse_cron("30 */2 * * *").hour_is_wildcard
-    assert parse_cron("0 30 * * * *").hour_is_wildcard  # seconds first: the hour is the third field
+def test_a_minute_or_hour_field_beginning_with_a_star_makes_a_wildcard_expression():
+    """Debian's entry.c: MIN_STAR / HR_STAR from the first character of those fields."""
+    for wildcard in ("30 * * * *", "30 */2 * * *", "*/7 2 * * *", "*/20 1,2 * * SUN", "0 30 * * * *"):
+        assert parse_cron(wildcard).is_wildcard, wildcard
+    for fixed in ("30 2 * * *", "15,45 1-3 * * *", "*/30 30 2 * * *", "0 0 1 1 *"):
+        assert not parse_cron(fixed).is_wildcard, fixed
+
+
+@pytest.mark.parametrize(
+    ("expr", "tz", "after", "expected"),
+    [
+        # Found by comparing with Debian cron: a stepped minute or hour follows elapsed time.
+        (  # both passes of the repeated hour fire
+            "*/20 1,2 * * SUN", "Europe/London", "2027-10-30T21:28Z",
+            ["2027-10-31T00:00Z", "2027-10-31T00:20Z", "2027-10-31T00:40Z", "2027-10-31T01:00Z",
+             "2027-10-31T01:20Z", "2027-10-31T01:40Z", "2027-10-31T02:00Z"],
+        ),
+        (  # nothing fires for minutes inside the gap
+            "*/7 2 * * *", NY, "2027-03-14T00:55Z", ["2027-03-15T06:00Z"],
+        ),
+        (  # the stepped hour's 02:00 falls in the gap: skipped, not moved to 03:00 EDT
+            "0 */2 * * *", NY, "2027-03-14T04:00Z",
+            ["2027-03-14T05:00Z", "2027-03-14T08:00Z", "2027-03-14T10:00Z", "2027-03-14T12:00Z",
+             "2027-03-14T14:00Z", "2027-03-14T16:00Z"],
+        ),
+        (  # */1 is a wildcard hour: 01:30 fires in both passes of the fall-back
+            "30 */1 * * *", NY, "2027-11-07T04:00Z",
+            ["2027-11-07T04:30Z", "2027-11-07T05:30Z", "2027-11-07T06:30Z", "2027-11-07T07:30Z"],
+        ),
+    ],
+)
+def test_wildcard_minute_or_hour_follows_elapsed_time_like_debian(expr, tz, after, expected):
+    assert cron_preview(expr, tz, after, len(expected)) == utcs(*expected)
 
 
 @pytest.mark.parametrize(
