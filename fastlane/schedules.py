@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from functools import cache, lru_cache
-from itertools import islice
+from itertools import islice, takewhile
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from croniter import CroniterBadDateError, croniter
@@ -413,7 +413,67 @@ def preview(s: Schedule, after: datetime, count: int) -> list[datetime]:
     return list(islice(_fires(s, after), max(count, 0)))
 
 
+# -- why a fire time is where it is ------------------------------------------------------------
+
+
+def fire_notes(s: Schedule, fires: list[datetime], after: datetime) -> list[str | None]:
+    """For each of ``fires`` (as :func:`preview` returned them after ``after``), why a daylight
+    saving transition moved it, repeated it or skipped times before it; None when nothing did.
+
+    This is what users ask of a scheduler around DST, so ``fastlane jobs preview`` prints it.
+    """
+    if s.kind != ScheduleKind.CRON or s.cron is None:
+        return [None] * len(fires)
+    cron, tz = parse_cron(s.cron), zone(s.timezone)
+    notes: list[str | None] = []
+    previous = _require_aware(after, "after").astimezone(UTC)
+    for instant in fires:
+        parts = [part for part in (_pass_note(cron, tz, instant), _moved_note(cron, tz, instant),
+                                   _skipped_note(cron, tz, previous, instant)) if part]
+        notes.append("; ".join(parts) or None)
+        previous = instant
+    return notes
+
+
+def _pass_note(cron: CronExpr, tz: ZoneInfo, instant: datetime) -> str | None:
+    local = instant.astimezone(tz)
+    first, second = _folds(local.replace(tzinfo=None), tz)
+    if first >= second:
+        return None  # not a repeated wall time
+    if local.fold:
+        return f"second pass of the repeated {local:%H:%M} (clocks went back)"
+    if cron.is_wildcard:
+        return f"first pass of the repeated {local:%H:%M}; it fires again in the second"
+    return f"first pass of the repeated {local:%H:%M}; a fixed-time expression does not fire in the second"
+
+
+def _moved_note(cron: CronExpr, tz: ZoneInfo, instant: datetime) -> str | None:
+    wall = instant.astimezone(tz).replace(tzinfo=None)
+    if next(cron.iterator(wall - timedelta(seconds=1))) == wall:
+        return None  # the expression names this wall time itself
+    before = (instant - timedelta(seconds=1)).astimezone(tz)
+    jumped_from = (instant + (before.utcoffset() or _ZERO)).replace(tzinfo=None)  # the old wall clock
+    return (f"moved: its time fell in the gap when clocks jumped from {jumped_from:%H:%M} to {wall:%H:%M}; "
+            "it fires at the first valid instant after")
+
+
+def _skipped_note(cron: CronExpr, tz: ZoneInfo, previous: datetime, instant: datetime) -> str | None:
+    if not cron.is_wildcard or previous.astimezone(tz).utcoffset() == instant.astimezone(tz).utcoffset():
+        return None
+    jump = _transition(previous, instant, tz)
+    old = (jump - timedelta(seconds=1)).astimezone(tz).utcoffset() or _ZERO
+    new = jump.astimezone(tz).utcoffset() or _ZERO
+    if new <= old:
+        return None  # clocks went back: nothing is skipped
+    gap_start, gap_end = (jump + old).replace(tzinfo=None), (jump + new).replace(tzinfo=None)
+    skipped = list(islice(takewhile(lambda wall: wall < gap_end, cron.iterator(gap_start - timedelta(seconds=1))), 4))
+    if not skipped:
+        return None
+    shown = ", ".join(f"{wall:%H:%M}" for wall in skipped[:3]) + (", ..." if len(skipped) > 3 else "")
+    return f"skipped {shown}: inside the gap when clocks jumped from {gap_start:%H:%M} to {gap_end:%H:%M}"
+
+
 __all__ = [
-    "MIN_INTERVAL", "CronExpr", "first_fire", "local_time", "next_fire_after", "parse_at", "parse_cron",
+    "MIN_INTERVAL", "CronExpr", "fire_notes", "first_fire", "local_time", "next_fire_after", "parse_at", "parse_cron",
     "preview", "validate_schedule", "zone",
 ]

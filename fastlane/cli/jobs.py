@@ -32,7 +32,7 @@ from fastlane.models import (
     OverlapPolicy,
     RetryPolicy,
 )
-from fastlane.schedules import local_time, preview
+from fastlane.schedules import fire_notes, local_time, preview
 from fastlane.validation import validate_spec
 from fastlane.wire import rfc3339
 
@@ -321,11 +321,17 @@ def preview_schedule(args: argparse.Namespace) -> int:
         raise InvalidArgument("--count", f"{args.count} is over the limit of {MAX_PREVIEW}")
     after = instant_flag(args.after, "--after") if args.after is not None else datetime.now(UTC)
     display_zone = args.tz or "UTC"
-    fires = [(utc, local_time(utc, display_zone)) for utc in preview(schedule, after, args.count)]
+    instants = preview(schedule, after, args.count)
+    notes = fire_notes(schedule, instants, after)
+    fires = [(utc, local_time(utc, display_zone), why) for utc, why in zip(instants, notes, strict=True)]
     if args.json:
-        print_json([{"utc": rfc3339(utc), "local": local.isoformat()} for utc, local in fires])
+        print_json([{"utc": rfc3339(utc), "local": local.isoformat(), "note": why} for utc, local, why in fires])
         return 0
-    print_table(("UTC", f"LOCAL ({display_zone})"), [(rfc3339(utc), local.isoformat()) for utc, local in fires])
+    if any(notes):  # a daylight saving transition moved, repeated or skipped something: say so
+        print_table(("UTC", f"LOCAL ({display_zone})", "NOTE"),
+                    [(rfc3339(utc), local.isoformat(), why or "") for utc, local, why in fires])
+    else:
+        print_table(("UTC", f"LOCAL ({display_zone})"), [(rfc3339(utc), local.isoformat()) for utc, local, _ in fires])
     if not fires:
         note(f"(this schedule fires no more times after {rfc3339(after)})")
     return 0

@@ -50,9 +50,11 @@ def no_daemon(monkeypatch: pytest.MonkeyPatch) -> None:
             "30 2 * * *",
             "2027-03-13T12:00:00Z",
             [
-                ("2027-03-14T07:00:00Z", "2027-03-14T03:00:00-04:00"),  # 02:30 does not exist: first instant after
-                ("2027-03-15T06:30:00Z", "2027-03-15T02:30:00-04:00"),
-                ("2027-03-16T06:30:00Z", "2027-03-16T02:30:00-04:00"),
+                ("2027-03-14T07:00:00Z", "2027-03-14T03:00:00-04:00",  # 02:30 does not exist: first instant after
+                 "moved: its time fell in the gap when clocks jumped from 02:00 to 03:00; "
+                 "it fires at the first valid instant after"),
+                ("2027-03-15T06:30:00Z", "2027-03-15T02:30:00-04:00", None),
+                ("2027-03-16T06:30:00Z", "2027-03-16T02:30:00-04:00", None),
             ],
             id="spring-forward",
         ),
@@ -60,9 +62,10 @@ def no_daemon(monkeypatch: pytest.MonkeyPatch) -> None:
             "30 1 * * *",
             "2027-11-06T12:00:00Z",
             [
-                ("2027-11-07T05:30:00Z", "2027-11-07T01:30:00-04:00"),  # 01:30 happens twice: first pass only
-                ("2027-11-08T06:30:00Z", "2027-11-08T01:30:00-05:00"),
-                ("2027-11-09T06:30:00Z", "2027-11-09T01:30:00-05:00"),
+                ("2027-11-07T05:30:00Z", "2027-11-07T01:30:00-04:00",  # 01:30 happens twice: first pass only
+                 "first pass of the repeated 01:30; a fixed-time expression does not fire in the second"),
+                ("2027-11-08T06:30:00Z", "2027-11-08T01:30:00-05:00", None),
+                ("2027-11-09T06:30:00Z", "2027-11-09T01:30:00-05:00", None),
             ],
             id="fall-back",
         ),
@@ -87,7 +90,7 @@ def test_preview_follows_vixie_cron_across_dst(
     )
 
     assert (code, err) == (0, "")
-    assert orjson.loads(out) == [{"utc": utc, "local": local} for utc, local in expected]
+    assert orjson.loads(out) == [{"utc": utc, "local": local, "note": note} for utc, local, note in expected]
 
 
 def test_preview_prints_a_table_of_utc_and_local_times(capsys: pytest.CaptureFixture[str], no_daemon: None) -> None:
@@ -97,11 +100,10 @@ def test_preview_prints_a_table_of_utc_and_local_times(capsys: pytest.CaptureFix
     )  # fmt: skip
 
     assert code == 0
-    assert out.splitlines() == [
-        "UTC                   LOCAL (America/New_York)",
-        "2027-03-14T07:00:00Z  2027-03-14T03:00:00-04:00",
-        "2027-03-15T06:30:00Z  2027-03-15T02:30:00-04:00",
-    ]
+    header, moved, ordinary = out.splitlines()
+    assert header.split() == ["UTC", "LOCAL", "(America/New_York)", "NOTE"]
+    assert moved.startswith("2027-03-14T07:00:00Z  2027-03-14T03:00:00-04:00  moved: its time fell in the gap")
+    assert ordinary.split() == ["2027-03-15T06:30:00Z", "2027-03-15T02:30:00-04:00", "-"]
 
 
 def test_preview_accepts_every_and_at(capsys: pytest.CaptureFixture[str], no_daemon: None) -> None:
@@ -111,15 +113,15 @@ def test_preview_accepts_every_and_at(capsys: pytest.CaptureFixture[str], no_dae
     )  # fmt: skip
     assert code == 0
     assert orjson.loads(out) == [
-        {"utc": "2027-01-01T00:03:00Z", "local": "2027-01-01T01:03:00+01:00"},
-        {"utc": "2027-01-01T00:04:30Z", "local": "2027-01-01T01:04:30+01:00"},
+        {"utc": "2027-01-01T00:03:00Z", "local": "2027-01-01T01:03:00+01:00", "note": None},
+        {"utc": "2027-01-01T00:04:30Z", "local": "2027-01-01T01:04:30+01:00", "note": None},
     ]
 
     code, out, _ = run(
         capsys, "jobs", "preview", "--at", "2027-06-01T10:00:00+02:00", "--after", "2027-01-01T00:00:00Z", "--json"
     )
     assert code == 0
-    assert orjson.loads(out) == [{"utc": "2027-06-01T08:00:00Z", "local": "2027-06-01T08:00:00+00:00"}]
+    assert orjson.loads(out) == [{"utc": "2027-06-01T08:00:00Z", "local": "2027-06-01T08:00:00+00:00", "note": None}]
 
 
 def test_an_abbreviated_time_zone_is_rejected_naming_it(capsys: pytest.CaptureFixture[str], no_daemon: None) -> None:

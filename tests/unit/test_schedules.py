@@ -19,6 +19,7 @@ import pytest
 from fastlane.errors import ScheduleError, UnknownTimeZone
 from fastlane.models import Schedule, ScheduleKind
 from fastlane.schedules import (
+    fire_notes,
     first_fire,
     local_time,
     next_fire_after,
@@ -517,3 +518,27 @@ def test_validate_rejects_naming_the_field(schedule, field, message):
         validate_schedule(schedule)
     assert info.value.field == field
     assert message in info.value.problem
+
+
+# -- why a fire time moved ---------------------------------------------------------------------
+
+
+def notes_of(expr: str, tz: str, after: str, count: int) -> list[str | None]:
+    schedule = Schedule.cron_expr(expr, tz)
+    return fire_notes(schedule, preview(schedule, utc(after), count), utc(after))
+
+
+def test_notes_say_what_a_transition_did_to_each_fire_time():
+    moved, plain = notes_of("30 2 * * *", NY, "2027-03-13T12:00Z", 2)
+    assert moved is not None and moved.startswith("moved:") and "from 02:00 to 03:00" in moved and plain is None
+    before_gap, after_gap = notes_of("*/30 * * * *", NY, "2027-03-14T06:10Z", 2)
+    assert before_gap is None
+    assert after_gap == "skipped 02:00, 02:30: inside the gap when clocks jumped from 02:00 to 03:00"
+    first, *_, second = notes_of("*/20 1,2 * * SUN", LON, "2027-10-30T23:50Z", 4)
+    assert first == "first pass of the repeated 01:00; it fires again in the second"
+    assert second == "second pass of the repeated 01:00 (clocks went back)"
+    assert notes_of("30 1 * * *", NY, "2027-11-06T12:00Z", 1) == [
+        "first pass of the repeated 01:30; a fixed-time expression does not fire in the second"
+    ]
+    assert notes_of("0 3 * * *", "UTC", "2027-01-01T00:00Z", 3) == [None, None, None]
+    assert fire_notes(Schedule.interval(timedelta(hours=1)), [utc("2027-01-01T00:00Z")], utc("2026-12-31T23:00Z")) == [None]
