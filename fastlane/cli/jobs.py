@@ -237,6 +237,10 @@ def spec_from_flags(args: argparse.Namespace) -> JobSpec:
 
 def create_job(args: argparse.Namespace) -> int:
     spec = spec_from_flags(args)  # before connecting: a bad flag never costs a round trip
+    at = spec.schedule.at
+    if at is not None and at < datetime.now(UTC):
+        note(f"warning: --at {rfc3339(at)} is in the past: the misfire policy ({spec.misfire.kind.value}) decides "
+             "whether it fires now; its lag is counted as a catch-up, not as trigger lag")
 
     async def create(client: Client) -> int:
         job, created = await client.create_job(spec)

@@ -141,6 +141,13 @@ def test_create_validates_the_zone_before_connecting(capsys: pytest.CaptureFixtu
     assert "'EST'" in err
 
 
+def test_create_warns_when_at_is_in_the_past(capsys: pytest.CaptureFixture[str], no_daemon: None) -> None:
+    with pytest.raises(AssertionError, match="tried to reach a daemon"):  # the warning comes first
+        main(["jobs", "create", "--name", "n", "--type", "t", "--at", "2020-01-01T00:00:00Z"])
+    err = capsys.readouterr().err
+    assert "warning: --at 2020-01-01T00:00:00Z is in the past" in err and "catch-up" in err
+
+
 @pytest.mark.parametrize(
     ("flags", "named"),
     [
