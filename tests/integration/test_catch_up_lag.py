@@ -5,21 +5,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-import pytest
 from test_engine import RecordingDispatch, start_engine, stop_engine, until
 
 from fastlane.models import JobSpec, Schedule
-from fastlane.storage import open_store
-
-SHARDS = 4
-
-
-@pytest.fixture
-async def store(db_url):  # type: ignore[no-untyped-def]
-    store = open_store(db_url, shard_count=SHARDS)
-    await store.migrate()
-    yield store
-    await store.close()
 
 
 async def test_a_run_for_a_past_instant_counts_as_catch_up_not_as_trigger_lag(store):

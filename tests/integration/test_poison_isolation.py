@@ -11,17 +11,6 @@ from fastlane import policies
 from fastlane.engine import lane as lane_module
 from fastlane.errors import InvalidState, StorageError
 from fastlane.models import JobSpec, JobState, Schedule
-from fastlane.storage import open_store
-
-SHARDS = 4
-
-
-@pytest.fixture
-async def store(db_url):  # type: ignore[no-untyped-def]
-    store = open_store(db_url, shard_count=SHARDS)
-    await store.migrate()
-    yield store
-    await store.close()
 
 
 def interval_job(name: str) -> JobSpec:
