@@ -10,11 +10,12 @@ import asyncio
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from bench.harness import SHARDS, Bench, Deadline, ProcessMemory, now_utc, peak_rss
-from bench.processes import Daemon, WorkerProcess, child_environment
+from fastlane.bench.harness import SHARDS, Bench, Deadline, ProcessMemory, now_utc, peak_rss
+from fastlane.bench.processes import Daemon, WorkerProcess, child_environment
+
 from fastlane.client import Client
 
-WORKER_TARGET = "bench.lag_worker:worker"
+WORKER_TARGET = "fastlane.bench.lag_worker:worker"
 WORKER_CONCURRENCY = 1000
 START_TIMEOUT = 120.0
 

@@ -20,8 +20,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TextIO
 
-from bench.pgcluster import ThrowawayPostgres, create_database
-from bench.stats import (
+from fastlane.bench.pgcluster import ThrowawayPostgres, create_database
+from fastlane.bench.stats import (
     Deliveries,
     RunRecord,
     deliveries,
@@ -30,8 +30,9 @@ from bench.stats import (
     percentiles,
     runs_per_second,
 )
+
 from fastlane.clock import to_micros
-from fastlane.models import JobSpec, Schedule
+from fastlane.domain.models import JobSpec, Schedule
 from fastlane.storage import open_store
 
 SHARDS = 64  # the product's default shard count

@@ -1,4 +1,4 @@
-"""Running the peer (APScheduler 3, :mod:`bench.peer_apscheduler`) from the harness.
+"""Running the peer (APScheduler 3, :mod:`fastlane.bench.peer_apscheduler`) from the harness.
 
 The peer runs in a subprocess of its own so it never shares an event loop (or a core's worth
 of harness work) with anything else; it writes one line per call, in the worker record format.
@@ -12,10 +12,9 @@ import sys
 import urllib.parse
 
 import orjson
-
-from bench.harness import Bench, Deadline, ProcessMemory, RecordTail, system_result
-from bench.processes import Process, child_environment
-from bench.stats import Deliveries
+from fastlane.bench.harness import Bench, Deadline, ProcessMemory, RecordTail, system_result
+from fastlane.bench.processes import Process, child_environment
+from fastlane.bench.stats import Deliveries
 
 # The peer's systems, by the name results carry, and the APScheduler job store each uses.
 PEERS: dict[str, str] = {"apscheduler-memory": "memory", "apscheduler-sqlalchemy": "sqlalchemy"}
@@ -26,7 +25,7 @@ MISSING = "APScheduler 3 is not installed (pip install 'apscheduler<4' SQLAlchem
 
 def peer_available(bench: Bench) -> bool:
     """Whether the peer runs: asked for and its packages importable; notes why not once."""
-    if not bench.peer:
+    if not fastlane.bench.peer:
         bench.note("peer not run (--no-peer)")
         return False
     needed = ["apscheduler", "sqlalchemy"] + (["psycopg2"] if bench.pg is not None else [])
@@ -62,7 +61,7 @@ async def run_peer(bench: Bench, system: str, offsets_s: list[float], *, grace_s
     }
     config_path = bench.workdir / f"{system}-config.json"
     config_path.write_bytes(orjson.dumps(config))
-    process = Process([sys.executable, "-m", "bench.peer_apscheduler", str(config_path)],
+    process = Process([sys.executable, "-m", "fastlane.bench.peer_apscheduler", str(config_path)],
                       bench.workdir / f"{system}.log", child_environment())
     jobs = len(offsets_s)
     limit = STARTUP_ALLOWANCE_S + jobs * ADD_JOB_WORST_S + max(offsets_s, default=0.0) + grace_s

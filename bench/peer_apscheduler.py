@@ -1,8 +1,8 @@
 """The peer under test: APScheduler 3 in a process of its own, firing ``date`` jobs.
 
-    python -m bench.peer_apscheduler CONFIG.json
+    python -m fastlane.bench.peer_apscheduler CONFIG.json
 
-Run by the harness (see :mod:`bench.peer`), never by hand. CONFIG says which job store to use
+Run by the harness (see :mod:`fastlane.bench.peer`), never by hand. CONFIG says which job store to use
 (``memory``, or ``sqlalchemy`` with a database URL), the offsets of the due instants from a base
 time, and where to write. The program starts an ``AsyncIOScheduler`` paused, measures how long
 adding a job takes, picks the base time so that adding every job fits before it, adds one job
@@ -133,7 +133,7 @@ async def run(config: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m bench.peer_apscheduler CONFIG.json", file=sys.stderr)
+        print("usage: python -m fastlane.bench.peer_apscheduler CONFIG.json", file=sys.stderr)
         return 2
     config = orjson.loads(Path(argv[0]).read_bytes())
     try:

@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-
-from bench.stats import LAG_KEYS, LAG_LABELS
+from fastlane.bench.stats import LAG_KEYS, LAG_LABELS
 
 MIB = 1 << 20
 

@@ -22,12 +22,13 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from bench.harness import JOB_CREATION, Bench, BenchTimeout, Progress, harness_memory
-from bench.pgcluster import ThrowawayPostgres
-from bench.report import render_markdown, to_json, write_outputs
-from bench.scenarios import SCENARIOS, Scenario
-from bench.stats import lag_ratios
-from bench.targets import as_json, evaluate, result_of
+from fastlane.bench.harness import JOB_CREATION, Bench, BenchTimeout, Progress, harness_memory
+from fastlane.bench.pgcluster import ThrowawayPostgres
+from fastlane.bench.report import render_markdown, to_json, write_outputs
+from fastlane.bench.scenarios import SCENARIOS, Scenario
+from fastlane.bench.stats import lag_ratios
+from fastlane.bench.targets import as_json, evaluate, result_of
+
 from fastlane.errors import FastlaneError
 
 EXIT_OK = 0

@@ -1,6 +1,6 @@
 """Trigger lag of one-shot jobs spread over time: now ``fastlane bench spread``.
 
-    python -m bench.spread [--backend postgres] [--scale 0.01] [--json] [--out DIR]
+    python -m fastlane.bench.spread [--backend postgres] [--scale 0.01] [--json] [--out DIR]
 
 Kept so the old entry point still works; it takes the flags of ``fastlane bench spread``
 (see ``fastlane bench --help`` and bench/README.md).

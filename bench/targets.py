@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from bench.stats import Target, lag_of, ratio, scale_note
+from fastlane.bench.stats import Target, lag_of, ratio, scale_note
 
 PEER_MEMORY = "apscheduler-memory"
 PEER_SQLALCHEMY = "apscheduler-sqlalchemy"

@@ -5,8 +5,7 @@ schedule and policy values, and the errors a handler raises to steer retries.
 """
 
 from fastlane.client import Client
-from fastlane.errors import FastlaneError, PermanentError, RetryableError
-from fastlane.models import (
+from fastlane.domain.models import (
     Delivery,
     JobSpec,
     MisfireKind,
@@ -16,6 +15,7 @@ from fastlane.models import (
     RunState,
     Schedule,
 )
+from fastlane.errors import FastlaneError, PermanentError, RetryableError
 from fastlane.worker import RunContext, Worker
 
 __all__ = [

@@ -7,8 +7,8 @@ Example::
         async for job in client.iter_jobs(state="active"):
             print(job.name, job.next_fire_at)
 
-Every method returns domain models (:mod:`fastlane.models`); a failed call raises the
-:class:`~fastlane.api.status.RemoteError` subclass matching its gRPC status code.
+Every method returns domain models (:mod:`fastlane.domain.models`); a failed call raises the
+:class:`~fastlane.rpc.status.RemoteError` subclass matching its gRPC status code.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import grpc
 import orjson
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from fastlane import wire
 from fastlane._proto import (
     admin_pb2,
     admin_pb2_grpc,
@@ -34,9 +33,8 @@ from fastlane._proto import (
     runs_pb2,
     runs_pb2_grpc,
 )
-from fastlane.api.status import error_from_rpc
 from fastlane.config import DEFAULT_SERVER
-from fastlane.models import (
+from fastlane.domain.models import (
     DEFAULT_TENANT,
     Attempt,
     Job,
@@ -46,7 +44,9 @@ from fastlane.models import (
     RunState,
     Schedule,
 )
-from fastlane.storage.base import Page
+from fastlane.domain.records import Page
+from fastlane.rpc import wire
+from fastlane.rpc.status import error_from_rpc
 
 R = TypeVar("R")
 
@@ -137,7 +137,7 @@ class Client:
             schedule: When the job fires.
             payload: Bytes are sent as they are; any other value is encoded as JSON; None sends
                 no payload.
-            **policies: Other :class:`~fastlane.models.JobSpec` fields: ``priority``,
+            **policies: Other :class:`~fastlane.domain.models.JobSpec` fields: ``priority``,
                 ``concurrency_key``, ``retry``, ``misfire``, ``overlap``, ``delivery``,
                 ``timeout``, ``lease_ttl``.
         """

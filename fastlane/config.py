@@ -8,8 +8,8 @@ import socket
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from fastlane.domain.limits import DEFAULT_MAX_PAYLOAD_BYTES, PAYLOAD_CEILING_BYTES
 from fastlane.errors import ConfigurationError
-from fastlane.limits import DEFAULT_MAX_PAYLOAD_BYTES, PAYLOAD_CEILING_BYTES
 
 DEFAULT_SERVER = "127.0.0.1:7070"
 DEFAULT_DB_URL = "sqlite:///fastlane.db"

@@ -20,7 +20,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from fastlane.client import Client
-from fastlane.models import Schedule
+from fastlane.domain.models import Schedule
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

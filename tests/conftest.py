@@ -11,8 +11,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
-
-from bench.pgcluster import (
+from fastlane.bench.pgcluster import (
     ThrowawayPostgres,
     create_database,
     drop_database,

@@ -1,6 +1,6 @@
 """The scenarios ``fastlane bench`` runs, by name.
 
-Each measures with a :class:`~bench.harness.Bench` and returns one result per system measured;
+Each measures with a :class:`~fastlane.bench.harness.Bench` and returns one result per system measured;
 its ``budget`` is the hard deadline in seconds, generous enough that only a hung run reaches it.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from bench.harness import Bench
-from bench.scenarios import cron, failover, oneshot, scale, sustained
+from fastlane.bench.harness import Bench
+from fastlane.bench.scenarios import cron, failover, oneshot, scale, sustained
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -17,8 +17,8 @@ import asyncio
 import time
 from datetime import UTC, datetime, timedelta
 
-from bench.cluster import FastlaneCluster
-from bench.harness import (
+from fastlane.bench.cluster import FastlaneCluster
+from fastlane.bench.harness import (
     CREATE_WORST_S,
     JOB_TYPE,
     START_ALLOWANCE_S,
@@ -31,8 +31,9 @@ from bench.harness import (
     system_result,
     wait_for_runs,
 )
-from bench.stats import RunRecord, runs_per_second
-from fastlane.models import JobSpec, Schedule
+from fastlane.bench.stats import RunRecord, runs_per_second
+
+from fastlane.domain.models import JobSpec, Schedule
 
 JOBS = 100_000
 FIRINGS = 2

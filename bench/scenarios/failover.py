@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
-from bench.cluster import FastlaneCluster
-from bench.harness import (
+from fastlane.bench.cluster import FastlaneCluster
+from fastlane.bench.harness import (
     CREATE_WORST_S,
     SHARDS,
     START_ALLOWANCE_S,
@@ -30,9 +30,10 @@ from bench.harness import (
     sleep_until,
     system_result,
 )
-from bench.stats import Deliveries, RunRecord, percentiles
+from fastlane.bench.stats import Deliveries, RunRecord, percentiles
+
 from fastlane.client import Client
-from fastlane.models import shard_of
+from fastlane.domain.models import shard_of
 
 JOBS = 1_000
 EVERY = timedelta(seconds=1)

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from bench.cluster import FastlaneCluster
-from bench.harness import (
+from fastlane.bench.cluster import FastlaneCluster
+from fastlane.bench.harness import (
     CREATE_WORST_S,
     JOB_TYPE,
     START_ALLOWANCE_S,
@@ -29,15 +29,16 @@ from bench.harness import (
     system_result,
     wait_for_runs,
 )
-from bench.peer import (
+from fastlane.bench.peer import (
     ADD_JOB_WORST_S,
     PEERS,
     STARTUP_ALLOWANCE_S,
     peer_available,
     run_peer,
 )
-from bench.stats import Deliveries
-from fastlane.models import JobSpec, Schedule
+from fastlane.bench.stats import Deliveries
+
+from fastlane.domain.models import JobSpec, Schedule
 
 SPREAD_JOBS = 30_000
 SPREAD_OVER_S = 30.0

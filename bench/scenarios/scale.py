@@ -23,9 +23,8 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import orjson
-
-from bench.cluster import FastlaneCluster
-from bench.harness import (
+from fastlane.bench.cluster import FastlaneCluster
+from fastlane.bench.harness import (
     CREATE_WORST_S,
     INSERT_SAFETY,
     JOB_TYPE,
@@ -37,8 +36,9 @@ from bench.harness import (
     now_utc,
     sleep_until,
 )
-from bench.stats import percentiles
-from fastlane.models import JobSpec, Schedule
+from fastlane.bench.stats import percentiles
+
+from fastlane.domain.models import JobSpec, Schedule
 
 STORED_JOBS = 1_000_000
 WINDOW_JOBS = 100_000

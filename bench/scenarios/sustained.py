@@ -18,8 +18,8 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 
-from bench.cluster import FastlaneCluster
-from bench.harness import (
+from fastlane.bench.cluster import FastlaneCluster
+from fastlane.bench.harness import (
     CREATE_WORST_S,
     START_ALLOWANCE_S,
     Bench,

@@ -14,9 +14,9 @@ from datetime import datetime, timedelta
 import orjson
 
 from fastlane.config import DEFAULT_SERVER
+from fastlane.domain.models import DEFAULT_TENANT, Schedule
+from fastlane.domain.schedules import parse_at, validate_schedule, zone
 from fastlane.errors import InvalidArgument, ScheduleError
-from fastlane.models import DEFAULT_TENANT, Schedule
-from fastlane.schedules import parse_at, validate_schedule, zone
 
 SERVER_ENV = "FASTLANE_SERVER"
 

@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("more than one node needs --backend postgres (SQLite serves a single node)")
     if args.scenario == "scale" and nodes != 1:
         raise UsageError("scale measures one node: leave --nodes at 1")
-    from bench.runner import Options, run_benchmark
+    from fastlane.bench.runner import Options, run_benchmark
 
     return run_benchmark(Options(scenario=args.scenario, backend=args.backend, nodes=nodes, workers=args.workers,
                                  scale=args.scale, peer=not args.no_peer, json=args.json, out=args.out))

@@ -21,8 +21,8 @@ from fastlane.cli.arguments import (
     positive_seconds,
 )
 from fastlane.config import DEFAULT_DB_URL, DEFAULT_SERVER, Settings, default_node_id
-from fastlane.limits import PAYLOAD_CEILING_BYTES
-from fastlane.storage.base import DEFAULT_SHARD_COUNT, open_store
+from fastlane.domain.limits import PAYLOAD_CEILING_BYTES
+from fastlane.storage import DEFAULT_SHARD_COUNT, open_store
 
 
 def register(commands: Any) -> None:
@@ -164,7 +164,7 @@ def serve_node(args: argparse.Namespace) -> int:
         max_ready_bytes_per_type=args.max_ready_bytes_per_type,
         max_payload_bytes=args.max_payload_bytes,
     )
-    from fastlane.node import serve
+    from fastlane.server.node import serve
 
     return _finish(serve(settings))
 

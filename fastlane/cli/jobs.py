@@ -21,8 +21,7 @@ from fastlane.cli.output import note, print_fields, print_json, print_table
 from fastlane.cli.remote import collect_pages, run_remote
 from fastlane.cli.views import describe_schedule, job_fields, job_view, run_view
 from fastlane.client import Client
-from fastlane.errors import InvalidArgument
-from fastlane.models import (
+from fastlane.domain.models import (
     Delivery,
     Job,
     JobSpec,
@@ -32,9 +31,10 @@ from fastlane.models import (
     OverlapPolicy,
     RetryPolicy,
 )
-from fastlane.schedules import fire_notes, local_time, preview
-from fastlane.validation import validate_spec
-from fastlane.wire import rfc3339
+from fastlane.domain.schedules import fire_notes, local_time, preview
+from fastlane.domain.validation import validate_spec
+from fastlane.errors import InvalidArgument
+from fastlane.rpc.wire import rfc3339
 
 MAX_PREVIEW = 1000
 
@@ -319,7 +319,7 @@ def act_on_job(args: argparse.Namespace) -> int:
 
 
 def preview_schedule(args: argparse.Namespace) -> int:
-    """Next fire times, computed here with :mod:`fastlane.schedules` exactly as a node would."""
+    """Next fire times, computed here with :mod:`fastlane.domain.schedules` exactly as a node would."""
     schedule = schedule_from_flags(args, tz_is_display_only=True)
     if args.count > MAX_PREVIEW:
         raise InvalidArgument("--count", f"{args.count} is over the limit of {MAX_PREVIEW}")

@@ -14,10 +14,10 @@ from typing import Any
 
 import grpc
 
-from fastlane.api.status import RemoteError
 from fastlane.cli import cluster, daemon, jobs, runs
 from fastlane.cli.arguments import UsageError, default_server
 from fastlane.errors import FastlaneError
+from fastlane.rpc.status import RemoteError
 
 EXIT_OK = 0
 EXIT_ERROR = 1

@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from fastlane.wire import rfc3339
+from fastlane.rpc.wire import rfc3339
 
 MISSING = "-"
 

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from fastlane.client import Client
-from fastlane.storage.base import Page
+from fastlane.domain.records import Page
 
 T = TypeVar("T")
 

@@ -10,7 +10,7 @@ from fastlane.cli.output import note, print_fields, print_json, print_table
 from fastlane.cli.remote import collect_pages, run_remote
 from fastlane.cli.views import attempt_view, run_view
 from fastlane.client import Client
-from fastlane.models import Run, RunState
+from fastlane.domain.models import Run, RunState
 
 # Long error texts would stretch every row of the table; `runs get` shows them whole.
 TABLE_ERROR_WIDTH = 60

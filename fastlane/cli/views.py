@@ -12,8 +12,8 @@ from typing import Any
 import orjson
 
 from fastlane._proto import admin_pb2
-from fastlane.models import Attempt, Job, Run, Schedule, ScheduleKind
-from fastlane.wire import instant, rfc3339
+from fastlane.domain.models import Attempt, Job, Run, Schedule, ScheduleKind
+from fastlane.rpc.wire import instant, rfc3339
 
 
 def seconds(delta: timedelta | None) -> float | None:

@@ -12,11 +12,11 @@ import asyncio
 import logging
 from typing import Protocol
 
+from fastlane.domain.models import RunState, ShardLease
 from fastlane.engine.dispatch import Dispatcher
 from fastlane.engine.lane import FastLane
 from fastlane.errors import NotFound, StorageError
-from fastlane.models import RunState, ShardLease
-from fastlane.storage import Change, Store
+from fastlane.storage import Change, ChangeKind, Store
 
 log = logging.getLogger("fastlane.changes")
 
@@ -37,7 +37,7 @@ class ChangeFollower:
 
     def enqueue(self, change: Change) -> None:
         """Called from the listener: cheap, never blocks."""
-        if change.kind == "members":
+        if change.kind is ChangeKind.MEMBERS:
             self._ownership.wake()
         elif self._ownership.fence(change.shard_id) is not None:
             self._queue.put_nowait(change)
@@ -48,7 +48,7 @@ class ChangeFollower:
             try:
                 await self._apply(change)
             except NotFound:
-                if change.kind == "job":
+                if change.kind is ChangeKind.JOB:
                     self._lane.forget_job(change.key)
             except StorageError as error:
                 log.warning("could not follow %s %s (the full scan will): %s", change.kind, change.key, error)
@@ -58,12 +58,12 @@ class ChangeFollower:
                               change.kind, change.key)
 
     async def _apply(self, change: Change) -> None:
-        if change.kind == "job":
+        if change.kind is ChangeKind.JOB:
             self._lane.job_changed(await self._store.get_job(change.tenant, change.key))
-        elif change.kind == "job_deleted":
+        elif change.kind is ChangeKind.JOB_DELETED:
             self._lane.forget_job(change.key)
             self._dispatcher.forget_job(change.key)
-        elif change.kind == "run":
+        elif change.kind is ChangeKind.RUN:
             run = await self._store.get_run(change.tenant, change.key)
             if run.state is RunState.SCHEDULED:
                 self._lane.schedule_run(run, recovered=True)

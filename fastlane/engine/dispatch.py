@@ -42,9 +42,9 @@ from datetime import datetime, timedelta
 from typing import TypeVar
 
 from fastlane.clock import Clock
+from fastlane.domain.models import Attempt, Delivery, Run, RunState
 from fastlane.errors import StorageError, StorageUnavailable
 from fastlane.metrics import Metrics
-from fastlane.models import Attempt, Delivery, Run, RunState
 from fastlane.storage import AttemptResult, Dispatch, Heartbeat, ResultOutcome, Store
 
 log = logging.getLogger("fastlane.dispatch")

@@ -30,11 +30,11 @@ from typing import Protocol
 
 from fastlane.clock import EPOCH, Clock
 from fastlane.config import Settings
+from fastlane.domain.limits import FIRST_INSTANT, MAX_ERROR_TEXT
+from fastlane.domain.models import DueJob, Job, JobState, Run, ShardLease
+from fastlane.domain.policies import plan_occurrence
 from fastlane.errors import StaleFence, StorageError, StorageUnavailable, new_error_id
-from fastlane.limits import FIRST_INSTANT, MAX_ERROR_TEXT
 from fastlane.metrics import Metrics
-from fastlane.models import DueJob, Job, JobState, Run, ShardLease
-from fastlane.policies import plan_occurrence
 from fastlane.storage import Occurrence, Store
 
 log = logging.getLogger("fastlane.lane")
@@ -65,7 +65,7 @@ class ShardView(Protocol):
 ShardStale = Callable[[int, int, str], None]  # shard id, the token that was refused, why
 
 
-class Dispatch(Protocol):
+class LaneDispatcher(Protocol):
     """What the lane needs of the dispatcher."""
 
     def release(self, runs: Iterable[Run], *, confirm_first: bool = False) -> None: ...
@@ -94,7 +94,7 @@ class FastLane:
         metrics: Metrics,
         shards: ShardView,
         on_stale: ShardStale,
-        dispatch: Dispatch,
+        dispatch: LaneDispatcher,
     ) -> None:
         self._store = store
         self._settings = settings
@@ -504,7 +504,7 @@ class _HeldRuns:
     """The runs this node holds in memory (waiting for their time, queued or being dispatched):
     what a rescan of the database need not read again."""
 
-    def __init__(self, releasing: set[str], dispatch: Dispatch) -> None:
+    def __init__(self, releasing: set[str], dispatch: LaneDispatcher) -> None:
         self._releasing = releasing
         self._dispatch = dispatch
 

@@ -24,9 +24,9 @@ from datetime import datetime, timedelta
 
 from fastlane.aio import first_of
 from fastlane.clock import Clock, SystemClock
+from fastlane.domain.models import NodeInfo, ShardLease
 from fastlane.errors import FastlaneError, StorageError
 from fastlane.metrics import Metrics
-from fastlane.models import NodeInfo, ShardLease
 from fastlane.storage import Store
 from fastlane.supervise import Backoff
 

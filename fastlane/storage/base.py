@@ -1,7 +1,7 @@
 """The storage contract every backend fulfils with identical behaviour.
 
 Methods speak the domain (materialise runs, acquire shards, record results), never raw SQL.
-Writes made on behalf of a shard take the caller's :class:`~fastlane.models.ShardLease` as a
+Writes made on behalf of a shard take the caller's :class:`~fastlane.domain.models.ShardLease` as a
 *fence*: they happen only if, inside the same transaction and judged by the database clock, the
 lease is still the caller's with the same token. Otherwise they write nothing and raise
 :class:`~fastlane.errors.StaleFence`.
@@ -9,174 +9,15 @@ lease is still the caller's with the same token. Otherwise they write nothing an
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Container, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Container, Sequence
 from datetime import datetime, timedelta
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Protocol
 
-from fastlane.errors import ConfigurationError
-from fastlane.models import (
-    Attempt,
-    AttemptOutcome,
-    DueJob,
-    Job,
-    JobSpec,
-    JobState,
-    NodeInfo,
-    Run,
-    RunState,
-    ShardLease,
-)
-from fastlane.storage import codec
+from fastlane.domain.models import Attempt, DueJob, Job, JobSpec, JobState, NodeInfo, Run, RunState, ShardLease
+from fastlane.domain.records import AttemptResult, Change, Dispatch, Heartbeat, Occurrence, Page
+from fastlane.storage.results import Cancellation, Materialised, ResultOutcome
 
 DEFAULT_SHARD_COUNT = 64
-T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Occurrence:
-    """What to write for one job whose ``next_fire_at`` has come due.
-
-    ``expected_next_fire_at`` is the value the caller read; the write applies only if the job
-    still has it (and is active), so a job changed, paused or deleted meanwhile is left alone and
-    two racing writers cannot both advance it.
-    """
-
-    job_id: str
-    expected_next_fire_at: datetime
-    fire_times: tuple[datetime, ...]
-    next_fire_at: datetime | None
-    skipped_times: tuple[datetime, ...] = ()
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Dispatch:
-    """A run handed to a worker: becomes a new attempt holding a lease."""
-
-    run_id: str
-    lease_token: int
-    worker_id: str
-    node_id: str
-    lease_ttl: timedelta
-    dispatched_at: datetime  # when the node sent it; the journal may write it a little later
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Heartbeat:
-    """A worker's sign of life for one attempt; may carry progress and a checkpoint.
-
-    It extends the attempt's lease by the run's own lease TTL, from the database's now."""
-
-    run_id: str
-    lease_token: int
-    progress: float | None = None
-    checkpoint: bytes | None = None
-    started: bool = False
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AttemptResult:
-    """The outcome a worker reported for one attempt."""
-
-    run_id: str
-    lease_token: int
-    outcome: AttemptOutcome
-    error_code: str | None = None
-    error_message: str | None = None
-    started_at: datetime | None = None
-    finished_at: datetime | None = None
-
-
-class ResultOutcome:
-    """What recording a result did to a run: ``accepted`` is False for a superseded attempt.
-
-    ``released`` marks a run of the same job that left the overlap buffer because this one
-    finished: it is now ``scheduled`` and due at once.
-
-    A store may hand over the run's row rather than the run: the node needs only ``state`` for
-    most results (a success), and building thousands of full runs a second for nothing shows in
-    its CPU profile. ``run`` is then built when first asked for.
-    """
-
-    __slots__ = ("accepted", "released", "_run", "_row")
-
-    def __init__(
-        self, *, accepted: bool, released: bool = False, run: Run | None = None, row: Mapping[str, Any] | None = None
-    ) -> None:
-        if (run is None) == (row is None):
-            raise ValueError("a result outcome needs the run or its row")
-        self.accepted = accepted
-        self.released = released
-        self._run = run
-        self._row = row
-
-    @property
-    def run(self) -> Run:
-        if self._run is None:
-            self._run = codec.build_run(self._held_row())
-        return self._run
-
-    @property
-    def state(self) -> RunState:
-        return self._run.state if self._run is not None else codec.run_state(self._held_row())
-
-    def _held_row(self) -> Mapping[str, Any]:
-        assert self._row is not None  # the constructor took one of the two
-        return self._row
-
-    def __repr__(self) -> str:
-        return f"ResultOutcome(run={self.run!r}, accepted={self.accepted}, released={self.released})"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Materialised:
-    """What a materialisation wrote.
-
-    ``runs``: the new runs in state ``scheduled``, to release at their time. ``cancelling``:
-    earlier runs an overlap policy cancelled — queued ones now ``cancelled`` (drop them from
-    memory), delivered ones ``cancel_requested`` (tell their workers to stop).
-    """
-
-    runs: list[Run]
-    advanced: frozenset[str] = frozenset()  # jobs whose next_fire_at this write moved on
-    cancelling: list[Run] = field(default_factory=list)
-    # Jobs of the batch that were not advanced because they changed meanwhile (elsewhere), as
-    # they are now: the caller replaces its stale copy with these.
-    changed: list[Job] = field(default_factory=list)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Cancellation:
-    """What cancelling a run did: ``run`` as it is now, ``released`` runs to schedule at once."""
-
-    run: Run
-    released: list[Run] = field(default_factory=list)
-
-
-@dataclass(frozen=True, slots=True)
-class Change:
-    """A change another node may need to act on at once (PostgreSQL NOTIFY).
-
-    ``kind``: ``job`` (created, changed, paused, resumed), ``job_deleted``, ``run`` (triggered,
-    replayed or cancelled) or ``members`` (a node left or joined).
-    """
-
-    kind: str
-    shard_id: int = -1
-    tenant: str = ""
-    key: str = ""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Page(Generic[T]):
-    items: list[T]
-    next_page_token: str = ""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RunFilter:
-    job_id: str | None = None
-    states: frozenset[RunState] = field(default_factory=frozenset)
 
 
 class Store(Protocol):
@@ -375,18 +216,3 @@ class Store(Protocol):
         full scan covers what is missed meanwhile). SQLite has a single node: nothing to watch.
         """
         ...
-
-
-def open_store(url: str, *, shard_count: int = DEFAULT_SHARD_COUNT) -> Store:
-    """Make a store for ``sqlite:///path`` or ``postgresql://...``; call ``migrate()`` before use."""
-    if url.startswith("sqlite://"):
-        from fastlane.storage.sqlite import SQLiteStore
-
-        return SQLiteStore(url, shard_count=shard_count)
-    if url.startswith(("postgresql://", "postgres://")):
-        from fastlane.storage.postgres import PostgresStore
-
-        return PostgresStore(url, shard_count=shard_count)
-    raise ConfigurationError(
-        f"unsupported database URL {url!r}: use sqlite:///path/to/file.db or postgresql://user@host/db"
-    )

@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from fastlane.models import (
+from fastlane.domain.models import (
     Attempt,
     AttemptOutcome,
     Delivery,

@@ -10,8 +10,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from fastlane.errors import InvalidArgument, JobAlreadyExists
-from fastlane.models import (
+from fastlane.domain.models import (
     AttemptOutcome,
     Job,
     JobSpec,
@@ -23,10 +22,12 @@ from fastlane.models import (
     ShardLease,
     new_id,
 )
-from fastlane.schedules import first_fire
+from fastlane.domain.records import AttemptResult, Change, ChangeKind, Occurrence, Page
+from fastlane.domain.schedules import first_fire
+from fastlane.domain.transitions import after_attempt, resolve_overlap
+from fastlane.errors import InvalidArgument, JobAlreadyExists
 from fastlane.storage import codec
-from fastlane.storage.base import AttemptResult, Change, Occurrence, Page, ResultOutcome
-from fastlane.storage.transitions import after_attempt, resolve_overlap
+from fastlane.storage.results import ResultOutcome
 
 T = TypeVar("T")
 
@@ -182,9 +183,9 @@ def encode_change(change: Change) -> str:
 def decode_change(payload: str) -> Change | None:
     try:
         kind, shard_id, tenant, key = orjson.loads(payload)
-    except (ValueError, TypeError):
+        return Change(ChangeKind(kind), int(shard_id), str(tenant), str(key))
+    except (ValueError, TypeError):  # not ours, or from a newer version: the periodic scan covers it
         return None
-    return Change(str(kind), int(shard_id), str(tenant), str(key))
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,15 +18,7 @@ from datetime import datetime, timedelta
 import asyncpg
 
 from fastlane.clock import from_micros, to_micros
-from fastlane.errors import (
-    ConfigurationError,
-    InvalidState,
-    JobNotFound,
-    RunNotFound,
-    StaleFence,
-    StorageUnavailable,
-)
-from fastlane.models import (
+from fastlane.domain.models import (
     Attempt,
     AttemptOutcome,
     DueJob,
@@ -40,24 +32,23 @@ from fastlane.models import (
     new_id,
     shard_of,
 )
-from fastlane.schedules import first_fire
-from fastlane.storage import codec, common
-from fastlane.storage.base import (
-    AttemptResult,
-    Cancellation,
-    Change,
-    Dispatch,
-    Heartbeat,
-    Materialised,
-    Occurrence,
-    Page,
-    ResultOutcome,
+from fastlane.domain.records import AttemptResult, Change, ChangeKind, Dispatch, Heartbeat, Occurrence, Page
+from fastlane.domain.schedules import first_fire
+from fastlane.domain.transitions import CANCELLED_BY_REQUEST, OVERLAP_CANCELLED
+from fastlane.domain.validation import validate_spec
+from fastlane.errors import (
+    ConfigurationError,
+    InvalidState,
+    JobNotFound,
+    RunNotFound,
+    StaleFence,
+    StorageUnavailable,
 )
+from fastlane.storage import codec, common
 from fastlane.storage.driver_errors import POSTGRES_DRIVER_ERRORS, classify_postgres
 from fastlane.storage.migrations import migrations_for
-from fastlane.storage.transitions import CANCELLED_BY_REQUEST, OVERLAP_CANCELLED
+from fastlane.storage.results import Cancellation, Materialised, ResultOutcome
 from fastlane.supervise import Backoff
-from fastlane.validation import validate_spec
 
 log = logging.getLogger("fastlane.storage.postgres")
 
@@ -246,7 +237,7 @@ class PostgresStore:
             )
             if row is not None:
                 job = codec.build_job(row)
-                await _notify(db, Change("job", job.shard_id, job.tenant, job.job_id))
+                await _notify(db, Change(ChangeKind.JOB, job.shard_id, job.tenant, job.job_id))
                 return job, True
             existing = codec.build_job(
                 await db.fetchrow("SELECT * FROM jobs WHERE tenant = $1 AND name = $2", spec.tenant, spec.name)
@@ -305,7 +296,7 @@ class PostgresStore:
                 codec.encode_policies(spec).decode(), next_fire_at, state.value, now,
             )
             job = codec.build_job(row)
-            await _notify(db, Change("job", job.shard_id, job.tenant, job.job_id))
+            await _notify(db, Change(ChangeKind.JOB, job.shard_id, job.tenant, job.job_id))
         return job
 
     async def pause_job(self, tenant: str, job_id: str) -> Job:
@@ -322,7 +313,7 @@ class PostgresStore:
                 job_id, JobState.ERRORED.value, reason,
             )
             if row is not None:
-                await _notify(db, Change("job", row["shard_id"], row["tenant"], job_id))
+                await _notify(db, Change(ChangeKind.JOB, row["shard_id"], row["tenant"], job_id))
 
     async def count_jobs(self, state: JobState) -> int:
         async with self._connection() as db:
@@ -345,7 +336,7 @@ class PostgresStore:
                 job_id, target.value,
             )
             job = codec.build_job(row)
-            await _notify(db, Change("job", job.shard_id, job.tenant, job.job_id))
+            await _notify(db, Change(ChangeKind.JOB, job.shard_id, job.tenant, job.job_id))
         return job
 
     async def delete_job(self, tenant: str, job_id: str) -> None:
@@ -355,7 +346,7 @@ class PostgresStore:
             )
             if shard_id is None:
                 raise JobNotFound(job_id)
-            await _notify(db, Change("job_deleted", shard_id, tenant, job_id))
+            await _notify(db, Change(ChangeKind.JOB_DELETED, shard_id, tenant, job_id))
             await db.execute(
                 "UPDATE runs SET state = 'cancelled', finished_at = clock_timestamp(), updated_at = clock_timestamp(), "
                 "last_error = 'job deleted' WHERE job_id = $1 AND state IN ('scheduled', 'buffered')",
@@ -530,7 +521,7 @@ class PostgresStore:
                 new_id(), job_id,
             )
             run = codec.build_run(row)
-            await _notify(db, Change("run", run.shard_id, run.tenant, run.run_id))
+            await _notify(db, Change(ChangeKind.RUN, run.shard_id, run.tenant, run.run_id))
         return run
 
     async def cancel_run(self, tenant: str, run_id: str) -> Cancellation:
@@ -545,7 +536,7 @@ class PostgresStore:
                     "RETURNING *",
                     run_id,
                 )
-                await _notify(db, Change("run", run.shard_id, tenant, run_id))
+                await _notify(db, Change(ChangeKind.RUN, run.shard_id, tenant, run_id))
                 return Cancellation(run=codec.build_run(row))
             if run.state not in (RunState.SCHEDULED, RunState.BUFFERED):
                 raise InvalidState("run", run_id, run.state.value, "cancel")
@@ -555,9 +546,9 @@ class PostgresStore:
                 run_id, CANCELLED_BY_REQUEST,
             )
             released = await self._release_buffered(db, [run.job_id])
-            await _notify(db, Change("run", run.shard_id, tenant, run_id))
+            await _notify(db, Change(ChangeKind.RUN, run.shard_id, tenant, run_id))
             for other in released:
-                await _notify(db, Change("run", other.shard_id, other.tenant, other.run_id))
+                await _notify(db, Change(ChangeKind.RUN, other.shard_id, other.tenant, other.run_id))
         return Cancellation(run=codec.build_run(row), released=released)
 
     async def retry_run(self, tenant: str, run_id: str) -> Run:
@@ -573,7 +564,7 @@ class PostgresStore:
                 run_id,
             )
             run = codec.build_run(row)
-            await _notify(db, Change("run", run.shard_id, run.tenant, run.run_id))
+            await _notify(db, Change(ChangeKind.RUN, run.shard_id, run.tenant, run.run_id))
         return run
 
     async def record_dispatches(self, dispatches: Sequence[Dispatch]) -> list[Attempt]:
@@ -660,7 +651,7 @@ class PostgresStore:
             outcomes = [ResultOutcome(row=row, accepted=True) for row in succeeded]
             released = await self._release_buffered(db, {row["job_id"] for row in succeeded})
             for run in released:
-                await _notify(db, Change("run", run.shard_id, run.tenant, run.run_id))
+                await _notify(db, Change(ChangeKind.RUN, run.shard_id, run.tenant, run.run_id))
             outcomes += [ResultOutcome(run=run, accepted=True, released=True) for run in released]
             if rest:
                 rows = await db.fetch(
@@ -711,7 +702,7 @@ class PostgresStore:
         # A worker may report to any node: the owner of each run's shard must hear of a retry or
         # a run released from the overlap buffer at once, not at its next full scan.
         for run in [*released, *(run for run in decided.runs if run.state is RunState.SCHEDULED)]:
-            await _notify(db, Change("run", run.shard_id, run.tenant, run.run_id))
+            await _notify(db, Change(ChangeKind.RUN, run.shard_id, run.tenant, run.run_id))
         return decided.outcomes + [ResultOutcome(run=run, accepted=True, released=True) for run in released]
 
     async def _release_buffered(self, db: asyncpg.Connection, job_ids: Collection[str]) -> list[Run]:
@@ -848,7 +839,7 @@ class PostgresStore:
                 node.note,
             )
             if joined:
-                await _notify(db, Change("members", key=node.node_id))
+                await _notify(db, Change(ChangeKind.MEMBERS, key=node.node_id))
             rows = await db.fetch(
                 "SELECT * FROM nodes WHERE heartbeat_at > clock_timestamp() - $1 * interval '1 microsecond' "
                 "ORDER BY node_id",
@@ -859,7 +850,7 @@ class PostgresStore:
     async def remove_node(self, node_id: str) -> None:
         async with self._transaction() as db:
             await db.execute("DELETE FROM nodes WHERE node_id = $1", node_id)
-            await _notify(db, Change("members", key=node_id))
+            await _notify(db, Change(ChangeKind.MEMBERS, key=node_id))
 
     async def list_nodes(self) -> list[NodeInfo]:
         async with self._connection() as db:
@@ -899,7 +890,7 @@ class PostgresStore:
             await listener.add_listener(CHANGES_CHANNEL, deliver)
             # Changes missed while (re)connecting are found by the full scan; a members change
             # makes every node look at the cluster again at once (and renew, if it could not).
-            on_change(Change("members"))
+            on_change(Change(ChangeKind.MEMBERS))
             while not lost.is_set():
                 # A server that vanished without closing the socket is found by the ping.
                 with contextlib.suppress(TimeoutError):

@@ -23,15 +23,7 @@ import aiosqlite
 import orjson
 
 from fastlane.clock import from_micros, to_micros
-from fastlane.errors import (
-    ConfigurationError,
-    InvalidState,
-    JobNotFound,
-    RunNotFound,
-    StaleFence,
-    StorageError,
-)
-from fastlane.models import (
+from fastlane.domain.models import (
     Attempt,
     AttemptOutcome,
     DueJob,
@@ -45,24 +37,23 @@ from fastlane.models import (
     new_id,
     shard_of,
 )
-from fastlane.schedules import first_fire
-from fastlane.storage import codec, common
-from fastlane.storage.base import (
-    AttemptResult,
-    Cancellation,
-    Change,
-    Dispatch,
-    Heartbeat,
-    Materialised,
-    Occurrence,
-    Page,
-    ResultOutcome,
+from fastlane.domain.records import AttemptResult, Change, Dispatch, Heartbeat, Occurrence, Page
+from fastlane.domain.schedules import first_fire
+from fastlane.domain.transitions import CANCELLED_BY_REQUEST, OVERLAP_CANCELLED
+from fastlane.domain.validation import validate_spec
+from fastlane.errors import (
+    ConfigurationError,
+    InvalidState,
+    JobNotFound,
+    RunNotFound,
+    StaleFence,
+    StorageError,
 )
+from fastlane.storage import codec, common
 from fastlane.storage.driver_errors import SQLITE_DRIVER_ERRORS, classify_sqlite
 from fastlane.storage.migrations import migrations_for
-from fastlane.storage.transitions import CANCELLED_BY_REQUEST, OVERLAP_CANCELLED
+from fastlane.storage.results import Cancellation, Materialised, ResultOutcome
 from fastlane.storage.turns import WriteTurns
-from fastlane.validation import validate_spec
 
 # The database clock, in integer microseconds. SQLite's own julianday('now') only has millisecond
 # resolution; an embedded database shares its host's clock anyway, so the connection gets a SQL

@@ -9,15 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from fastlane.errors import (
-    InvalidArgument,
-    InvalidState,
-    JobAlreadyExists,
-    JobNotFound,
-    RunNotFound,
-    StaleFence,
-)
-from fastlane.models import (
+from fastlane.domain.models import (
     AttemptOutcome,
     Delivery,
     DueJob,
@@ -32,7 +24,15 @@ from fastlane.models import (
     Schedule,
     ShardLease,
 )
-from fastlane.policies import plan_occurrence
+from fastlane.domain.policies import plan_occurrence
+from fastlane.errors import (
+    InvalidArgument,
+    InvalidState,
+    JobAlreadyExists,
+    JobNotFound,
+    RunNotFound,
+    StaleFence,
+)
 from fastlane.storage import (
     AttemptResult,
     Change,

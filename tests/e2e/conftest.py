@@ -14,8 +14,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-
-from bench.processes import (  # noqa: F401
+from fastlane.bench.processes import (  # noqa: F401
     ROOT,
     Daemon,
     Process,
@@ -23,6 +22,7 @@ from bench.processes import (  # noqa: F401
     child_environment,
     free_port,
 )
+
 from fastlane.client import Client
 
 HERE = Path(__file__).resolve().parent

@@ -10,7 +10,7 @@ The job's JSON payload steers the handler, in this order:
 
 - ``{"fail_until_attempt": N}``: raise RetryableError while ``ctx.attempt < N``;
 - ``{"effect_db": PATH}``: insert one row keyed by the idempotency key into the ``effects`` table
-  of that SQLite file with :func:`fastlane.effects.apply_once`; with ``"die_after_effect": true``
+  of that SQLite file with :func:`fastlane.worker.effects.apply_once`; with ``"die_after_effect": true``
   the first attempt then SIGKILLs its own process, so its result is never reported;
 - ``{"sleep": S, "checkpoint_every": T}``: S seconds in steps of T, each step saved as the
   checkpoint (the step number), reported as progress and heartbeated; a later attempt resumes
@@ -111,7 +111,7 @@ async def _sleep_in_steps(ctx: RunContext, seconds: float, every: float) -> None
 async def _apply_effect(ctx: RunContext, path: str) -> None:
     import aiosqlite
 
-    from fastlane.effects import apply_once
+    from fastlane.worker.effects import apply_once
 
     async def insert(tx: Any) -> None:
         await tx.execute(

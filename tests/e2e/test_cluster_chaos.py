@@ -19,10 +19,10 @@ from pathlib import Path
 import orjson
 import pytest
 from conftest import HERE, wait_for
+from fastlane.bench.processes import Daemon, WorkerProcess, child_environment, free_port
 
-from bench.processes import Daemon, WorkerProcess, child_environment, free_port
 from fastlane.client import Client
-from fastlane.models import JobSpec, RunState, Schedule
+from fastlane.domain.models import JobSpec, RunState, Schedule
 from fastlane.storage import open_store
 
 pytestmark = [pytest.mark.e2e, pytest.mark.chaos, pytest.mark.postgres]

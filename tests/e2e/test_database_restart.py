@@ -30,12 +30,12 @@ import grpc
 import orjson
 import pytest
 from conftest import HERE, Recorder, wait_for
+from fastlane.bench.pgcluster import ThrowawayPostgres, _adopt_orphans, _reap
+from fastlane.bench.processes import Daemon, Process, WorkerProcess, child_environment
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bench.pgcluster import ThrowawayPostgres, _adopt_orphans, _reap
-from bench.processes import Daemon, Process, WorkerProcess, child_environment
 from fastlane.client import Client
-from fastlane.models import JobSpec, MisfireKind, MisfirePolicy, Schedule
+from fastlane.domain.models import JobSpec, MisfireKind, MisfirePolicy, Schedule
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 

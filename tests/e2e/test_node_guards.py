@@ -19,7 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from fastlane._proto import common_pb2 as pb
 from fastlane._proto import jobs_pb2, jobs_pb2_grpc, runs_pb2, runs_pb2_grpc
-from fastlane.models import RetryPolicy, RunState, Schedule
+from fastlane.domain.models import RetryPolicy, RunState, Schedule
 
 pytestmark = pytest.mark.e2e
 

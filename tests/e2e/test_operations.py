@@ -45,7 +45,7 @@ async def test_cli_creates_a_job_and_lists_its_runs(daemon: Daemon, recorder: Re
 async def test_metrics_report_lag_outcomes_heap_and_workers(daemon: Daemon, recorder: Recorder, client):
     from datetime import timedelta
 
-    from fastlane.models import Schedule
+    from fastlane.domain.models import Schedule
 
     await client.create("metered", "e2e", Schedule.interval(timedelta(milliseconds=200)))
 

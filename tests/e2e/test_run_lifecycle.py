@@ -29,7 +29,7 @@ from conftest import (
     workers_connected,
 )
 
-from fastlane.models import (
+from fastlane.domain.models import (
     AttemptOutcome,
     Delivery,
     MisfireKind,

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from conftest import Daemon, Recorder, instant, wait_for
 
-from fastlane.models import AttemptOutcome, RunState, Schedule
+from fastlane.domain.models import AttemptOutcome, RunState, Schedule
 
 pytestmark = pytest.mark.e2e
 

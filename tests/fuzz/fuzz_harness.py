@@ -22,10 +22,10 @@ from typing import Any, TypeVar
 
 import grpc
 import orjson
+from fastlane.bench.processes import Daemon, WorkerProcess, child_environment
 from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bench.processes import Daemon, WorkerProcess, child_environment
 from fastlane._proto import (
     admin_pb2,
     admin_pb2_grpc,

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 from test_engine import RecordingDispatch, start_engine, stop_engine, until
 
-from fastlane.models import JobSpec, Schedule
+from fastlane.domain.models import JobSpec, Schedule
 
 
 async def test_a_run_for_a_past_instant_counts_as_catch_up_not_as_trigger_lag(store):

@@ -1,6 +1,6 @@
 """The client SDK against a fake daemon: an in-process grpc.aio server keeping jobs in a dict.
 
-The fake converts with :mod:`fastlane.wire` and maps errors with :mod:`fastlane.api.status`, as
+The fake converts with :mod:`fastlane.rpc.wire` and maps errors with :mod:`fastlane.rpc.status`, as
 the real servicers do, so these tests check the client's side of the wire: requests carry what
 was asked, responses come back as the same domain values, and status codes become the right
 exceptions.
@@ -19,7 +19,6 @@ import orjson
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from fastlane import wire
 from fastlane._proto import (
     admin_pb2,
     admin_pb2_grpc,
@@ -28,16 +27,9 @@ from fastlane._proto import (
     runs_pb2,
     runs_pb2_grpc,
 )
-from fastlane.api.status import (
-    RemoteAlreadyExists,
-    RemoteNotFound,
-    RemoteUnavailable,
-    status_of,
-)
 from fastlane.cli.main import main
 from fastlane.client import Client
-from fastlane.errors import FastlaneError, JobAlreadyExists, JobNotFound, RunNotFound
-from fastlane.models import (
+from fastlane.domain.models import (
     Attempt,
     AttemptOutcome,
     Delivery,
@@ -53,7 +45,15 @@ from fastlane.models import (
     Schedule,
     new_id,
 )
-from fastlane.schedules import first_fire, local_time, preview
+from fastlane.domain.schedules import first_fire, local_time, preview
+from fastlane.errors import FastlaneError, JobAlreadyExists, JobNotFound, RunNotFound
+from fastlane.rpc import wire
+from fastlane.rpc.status import (
+    RemoteAlreadyExists,
+    RemoteNotFound,
+    RemoteUnavailable,
+    status_of,
+)
 
 TENANT = "acme"
 T0 = datetime(2027, 3, 13, 12, 0, tzinfo=UTC)

@@ -19,9 +19,9 @@ from typing import Any
 import aiosqlite
 import asyncpg
 import pytest
+from fastlane.bench.processes import ROOT, child_environment
 
-from bench.processes import ROOT, child_environment
-from fastlane.effects import DEFAULT_TABLE, apply_once, apply_once_for, ensure_ledger
+from fastlane.worker.effects import DEFAULT_TABLE, apply_once, apply_once_for, ensure_ledger
 
 WAIT = 10.0  # upper bound for anything that should happen promptly
 SQLITE_PREFIX = "sqlite:///"
@@ -33,7 +33,7 @@ import asyncio, os, signal, sys
 
 import aiosqlite, asyncpg
 
-from fastlane.effects import apply_once
+from fastlane.worker.effects import apply_once
 
 
 async def main(db_url: str, key: str, kill_point: str) -> None:

@@ -12,12 +12,12 @@ import pytest
 
 from fastlane.clock import SystemClock
 from fastlane.config import Settings
+from fastlane.domain.models import JobSpec, Run, Schedule
 from fastlane.engine.dispatch import Assign, Dispatcher
 from fastlane.engine.lane import FastLane
 from fastlane.engine.shards import ShardOwnership
 from fastlane.errors import StorageUnavailable
 from fastlane.metrics import Metrics
-from fastlane.models import JobSpec, Run, Schedule
 from fastlane.storage import open_store
 
 SHARDS = 4

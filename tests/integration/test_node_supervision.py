@@ -8,12 +8,12 @@ import contextlib
 from collections.abc import AsyncIterator
 
 import pytest
+from fastlane.bench.processes import free_port
 
-from bench.processes import free_port
 from fastlane.config import Settings
 from fastlane.engine.changes import ChangeFollower
 from fastlane.errors import FastlaneError
-from fastlane.node import Node
+from fastlane.server.node import Node
 from fastlane.supervise import LoopGaveUp
 
 

@@ -7,10 +7,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from test_engine import RecordingDispatch, start_engine, stop_engine, until
 
-from fastlane import policies
+from fastlane.domain import policies
+from fastlane.domain.models import JobSpec, JobState, Schedule
 from fastlane.engine import lane as lane_module
 from fastlane.errors import InvalidState, StorageError
-from fastlane.models import JobSpec, JobState, Schedule
 
 
 def interval_job(name: str) -> JobSpec:

@@ -16,11 +16,11 @@ import pytest
 
 from fastlane.clock import SystemClock
 from fastlane.config import Settings
+from fastlane.domain.models import AttemptOutcome, JobSpec, RunState, Schedule
 from fastlane.engine.dispatch import Assign, Dispatcher, WorkerSession
 from fastlane.engine.lane import FastLane
 from fastlane.engine.shards import ShardOwnership
 from fastlane.metrics import Metrics
-from fastlane.models import AttemptOutcome, JobSpec, RunState, Schedule
 from fastlane.storage import AttemptResult, open_store
 
 SHARDS = 4

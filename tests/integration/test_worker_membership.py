@@ -24,7 +24,7 @@ from fastlane._proto import workers_pb2 as pb
 from fastlane._proto import workers_pb2_grpc as pb_grpc
 from fastlane.cli.main import main
 from fastlane.errors import ConfigurationError
-from fastlane.wire import duration, timestamp
+from fastlane.rpc.wire import duration, timestamp
 from fastlane.worker import RunContext, Worker
 
 WAIT = 5.0  # upper bound for anything the worker should do promptly
@@ -453,7 +453,7 @@ async def test_unacknowledged_result_of_a_node_that_dies_is_resent_to_a_live_nod
 
 
 async def test_result_a_leaving_node_sits_on_moves_to_a_live_node(cluster, workers, monkeypatch):
-    monkeypatch.setattr("fastlane._worker_stream._ACK_PATIENCE", 0.2)
+    monkeypatch.setattr("fastlane.worker._stream._ACK_PATIENCE", 0.2)
     a, b = await cluster.start_node("a"), await cluster.start_node("b")
     b.acks = False  # connected, but not recording anything (its database is out of reach, say)
     running = workers(a.address, drain_timeout=30.0)

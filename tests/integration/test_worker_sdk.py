@@ -24,9 +24,9 @@ import pytest
 
 from fastlane._proto import workers_pb2 as pb
 from fastlane._proto import workers_pb2_grpc as pb_grpc
+from fastlane.domain.models import MAX_CHECKPOINT_BYTES
 from fastlane.errors import ConfigurationError, PermanentError, RetryableError
-from fastlane.models import MAX_CHECKPOINT_BYTES
-from fastlane.wire import duration, timestamp
+from fastlane.rpc.wire import duration, timestamp
 from fastlane.worker import RunContext, Worker, run_worker_cli
 
 WAIT = 5.0  # upper bound for anything the worker should do promptly
@@ -569,8 +569,8 @@ def test_handler_rejects_sync_functions_and_duplicate_job_types():
     ("target", "complaint"),
     [
         ("no_such_module_here:worker", "cannot import"),
-        ("fastlane.models:MAX_CHECKPOINT_BYTES", "not a fastlane Worker"),
-        ("fastlane.models", "must look like"),
+        ("fastlane.domain.models:MAX_CHECKPOINT_BYTES", "not a fastlane Worker"),
+        ("fastlane.domain.models", "must look like"),
     ],
 )
 def test_cli_reports_unusable_targets_with_exit_code_2(capsys, target, complaint):

@@ -17,12 +17,12 @@ import pytest
 
 from fastlane._proto import workers_pb2 as pb
 from fastlane._proto import workers_pb2_grpc as pb_grpc
-from fastlane.api.workers import WorkerServicer
 from fastlane.clock import SystemClock
+from fastlane.domain.limits import MAX_CHECKPOINT_BYTES, MAX_ERROR_TEXT
+from fastlane.domain.models import JobSpec, Run, RunState, Schedule
 from fastlane.engine.dispatch import Dispatcher
-from fastlane.limits import MAX_CHECKPOINT_BYTES, MAX_ERROR_TEXT
 from fastlane.metrics import Metrics
-from fastlane.models import JobSpec, Run, RunState, Schedule
+from fastlane.server.servicers.workers import WorkerServicer
 from fastlane.storage import open_store
 
 WAIT = 10.0

@@ -1,6 +1,6 @@
 """A reference for cron across DST: a minute-by-minute simulation of Debian's (Vixie) cron daemon.
 
-It shares no code with ``fastlane.schedules`` (no croniter either): it parses crontab time fields
+It shares no code with ``fastlane.domain.schedules`` (no croniter either): it parses crontab time fields
 itself and replays the main loop of Vixie cron's ``cron.c`` (the loop Debian's ``cron`` 3.0pl1
 package carries, ``timeRunning`` / ``virtualTime`` / ``wakeupKind``) against a simulated system
 clock that advances one real (UTC) minute at a time.

@@ -10,13 +10,12 @@ from pathlib import Path
 
 import orjson
 import pytest
-
-from bench.harness import Bench, ProcessMemory, Progress, RecordTail
-from bench.processes import ROOT, child_environment
-from bench.report import render_markdown, to_json, write_outputs
-from bench.runner import build_document
-from bench.scenarios import cron, failover
-from bench.stats import (
+from fastlane.bench.harness import Bench, ProcessMemory, Progress, RecordTail
+from fastlane.bench.processes import ROOT, child_environment
+from fastlane.bench.report import render_markdown, to_json, write_outputs
+from fastlane.bench.runner import build_document
+from fastlane.bench.scenarios import cron, failover
+from fastlane.bench.stats import (
     RunRecord,
     Status,
     Target,
@@ -28,7 +27,8 @@ from bench.stats import (
     ratio,
     runs_per_second,
 )
-from bench.targets import evaluate
+from fastlane.bench.targets import evaluate
+
 from fastlane.cli.main import main
 
 LAG_KEYS = {"p50", "p95", "p99", "p999", "max"}

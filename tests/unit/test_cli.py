@@ -363,7 +363,7 @@ def test_serve_hands_the_settings_to_the_node(monkeypatch: pytest.MonkeyPatch) -
         received.append(settings)
         return 3
 
-    monkeypatch.setitem(sys.modules, "fastlane.node", SimpleNamespace(serve=serve))
+    monkeypatch.setitem(sys.modules, "fastlane.server.node", SimpleNamespace(serve=serve))
 
     code = main(["serve", "--db", "sqlite:///x.db", "--listen", "127.0.0.1:7171", "--node-id", "n1", "--shards", "8"])
 
@@ -380,7 +380,7 @@ def test_serve_hands_the_settings_to_the_node(monkeypatch: pytest.MonkeyPatch) -
 
 def test_serve_defaults_to_sqlite_in_the_working_directory(monkeypatch: pytest.MonkeyPatch) -> None:
     received: list[Settings] = []
-    monkeypatch.setitem(sys.modules, "fastlane.node", SimpleNamespace(serve=lambda s: received.append(s) or 0))
+    monkeypatch.setitem(sys.modules, "fastlane.server.node", SimpleNamespace(serve=lambda s: received.append(s) or 0))
 
     assert main(["serve"]) == 0
     assert (received[0].db_url, received[0].listen) == ("sqlite:///fastlane.db", "127.0.0.1:7070")

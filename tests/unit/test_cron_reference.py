@@ -1,7 +1,7 @@
 """fastlane's cron fire times across DST against a simulation of Debian's cron daemon.
 
 The reference (``tests/unit/debian_cron.py``) replays the main loop of Vixie/Debian ``cron.c``
-minute by minute around each DST transition; it shares no code with ``fastlane.schedules``. For
+minute by minute around each DST transition; it shares no code with ``fastlane.domain.schedules``. For
 every 2027 transition of each zone, and each expression, fastlane's fire times in the window from
 6 hours before the transition to 6 hours after must equal the instants at which the simulated
 daemon runs the job. A zone without 2027 transitions is compared over a fixed day instead.
@@ -16,8 +16,8 @@ from zoneinfo import ZoneInfo
 import debian_cron
 import pytest
 
-from fastlane.models import Schedule
-from fastlane.schedules import preview
+from fastlane.domain.models import Schedule
+from fastlane.domain.schedules import preview
 
 ZONES = (
     "America/New_York", "Europe/London",

@@ -270,7 +270,7 @@ def test_fastlane_serve_accepts_the_arguments(monkeypatch: pytest.MonkeyPatch) -
         captured.append(settings)
         return 0
 
-    monkeypatch.setattr("fastlane.node.serve", fake_serve)  # the function `fastlane serve` runs
+    monkeypatch.setattr("fastlane.server.node.serve", fake_serve)  # the function `fastlane serve` runs
     assert main(argv) == 0, f"fastlane {' '.join(argv)} was refused"
     [settings] = captured
     assert settings.db_url == SAMPLE_DSN

@@ -9,14 +9,15 @@ import pytest
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from fastlane import validation, wire
 from fastlane._proto import common_pb2 as pb
+from fastlane.domain import validation
+from fastlane.domain.limits import LAST_INSTANT, MAX_ATTEMPTS
+from fastlane.domain.models import DueJob, JobSpec, MisfirePolicy, RetryPolicy, Schedule, Timing
+from fastlane.domain.policies import backoff_delay, next_retry_at, plan_occurrence
+from fastlane.domain.schedules import first_fire, next_fire_after
 from fastlane.engine.lane import write_start
 from fastlane.errors import InvalidArgument
-from fastlane.limits import LAST_INSTANT, MAX_ATTEMPTS
-from fastlane.models import DueJob, JobSpec, MisfirePolicy, RetryPolicy, Schedule, Timing
-from fastlane.policies import backoff_delay, next_retry_at, plan_occurrence
-from fastlane.schedules import first_fire, next_fire_after
+from fastlane.rpc import wire
 from fastlane.storage import codec
 
 NOW = datetime(2027, 1, 1, tzinfo=UTC)

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from fastlane.clock import SystemClock
+from fastlane.domain.models import AttemptOutcome, Delivery, Run, RunState
 from fastlane.engine.dispatch import JOURNAL_STOP_GRACE, MAX_LEASE_TOKEN, Acknowledge, Assign, Cancel, Dispatcher
 from fastlane.errors import StorageError, StorageUnavailable
 from fastlane.metrics import Metrics
-from fastlane.models import AttemptOutcome, Delivery, Run, RunState
 from fastlane.storage import AttemptResult, Dispatch, Heartbeat
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from fastlane.api.workers import MAX_RUNS_PER_MESSAGE, coalesced
 from fastlane.engine.dispatch import Acknowledge, Assign, AttemptRef, Cancel, WorkerSession
+from fastlane.server.servicers.workers import MAX_RUNS_PER_MESSAGE, coalesced
 
 
 def assign(*names: str) -> Assign:

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from fastlane.models import (
+from fastlane.domain.models import (
     DueJob,
     Job,
     JobSpec,
@@ -17,7 +17,7 @@ from fastlane.models import (
     RetryPolicy,
     Schedule,
 )
-from fastlane.policies import backoff_delay, next_retry_at, plan_occurrence
+from fastlane.domain.policies import backoff_delay, next_retry_at, plan_occurrence
 
 T0 = datetime(2027, 1, 1, 12, 0, tzinfo=UTC)
 SECOND = timedelta(seconds=1)

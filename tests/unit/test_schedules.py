@@ -1,4 +1,4 @@
-"""Tests for fastlane.schedules.
+"""Tests for fastlane.domain.schedules.
 
 Expected instants are worked out by hand from the 2027 DST rules, never from the code under test:
 
@@ -16,9 +16,8 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from fastlane.errors import ScheduleError, UnknownTimeZone
-from fastlane.models import Schedule, ScheduleKind
-from fastlane.schedules import (
+from fastlane.domain.models import Schedule, ScheduleKind
+from fastlane.domain.schedules import (
     fire_notes,
     first_fire,
     local_time,
@@ -29,6 +28,7 @@ from fastlane.schedules import (
     validate_schedule,
     zone,
 )
+from fastlane.errors import ScheduleError, UnknownTimeZone
 
 NY, SYD, LON = "America/New_York", "Australia/Sydney", "Europe/London"
 

@@ -8,7 +8,7 @@ import pytest
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from fastlane import wire
+from fastlane.rpc import wire
 
 
 @pytest.mark.parametrize("instant", [

@@ -9,9 +9,9 @@ from __future__ import annotations
 import random
 from datetime import datetime, timedelta
 
-from fastlane.models import DueJob, MisfireKind, RetryPolicy, Schedule
-from fastlane.schedules import next_fire_after
-from fastlane.storage.base import Occurrence
+from fastlane.domain.models import DueJob, MisfireKind, RetryPolicy, Schedule
+from fastlane.domain.records import Occurrence
+from fastlane.domain.schedules import next_fire_after
 
 # Bounds so a job with a one-second schedule that was paused for a week cannot make one
 # materialisation walk 600k occurrences or write 600k skipped rows.

@@ -15,10 +15,10 @@ from typing import Any, TypeVar
 
 import grpc
 
-from fastlane import validation
-from fastlane.api.status import status_of
+from fastlane.domain import validation
+from fastlane.domain.models import DEFAULT_TENANT
 from fastlane.errors import FastlaneError, new_error_id
-from fastlane.models import DEFAULT_TENANT
+from fastlane.rpc.status import status_of
 
 log = logging.getLogger("fastlane.api")
 R = TypeVar("R")

@@ -1,6 +1,6 @@
 """The worker's stream to one node: hello, assignments, heartbeats, results, reconnects.
 
-:class:`NodeStream` keeps what must outlive a connection (a :class:`~fastlane._worker_runs.RunBook`)
+:class:`NodeStream` keeps what must outlive a connection (a :class:`~fastlane.worker._runs.RunBook`)
 and builds the per-connection machinery (reader, writer, result flusher, heartbeat loop) afresh for
 every ``WorkerService.Connect`` call. A stream the worker no longer wants (its node left the cluster)
 drains while its node answers and otherwise hands what it holds to another stream: every node
@@ -22,8 +22,8 @@ import grpc
 
 from fastlane._proto import workers_pb2 as pb
 from fastlane._proto import workers_pb2_grpc as pb_grpc
-from fastlane._worker_runs import Launch, RunBook, RunSlot, Verdict, heartbeat_messages, result_messages
-from fastlane.models import AttemptOutcome
+from fastlane.domain.models import AttemptOutcome
+from fastlane.worker._runs import Launch, RunBook, RunSlot, Verdict, heartbeat_messages, result_messages
 
 log = logging.getLogger("fastlane.worker")
 

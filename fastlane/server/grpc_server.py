@@ -16,12 +16,12 @@ from fastlane._proto import (
     workers_pb2,
     workers_pb2_grpc,
 )
-from fastlane.api.admin import AdminServicer
-from fastlane.api.jobs import JobServicer
-from fastlane.api.runs import RunServicer
-from fastlane.api.workers import WorkerServicer
+from fastlane.domain.limits import PAYLOAD_CEILING_BYTES
 from fastlane.errors import ConfigurationError
-from fastlane.limits import PAYLOAD_CEILING_BYTES
+from fastlane.server.servicers.admin import AdminServicer
+from fastlane.server.servicers.jobs import JobServicer
+from fastlane.server.servicers.runs import RunServicer
+from fastlane.server.servicers.workers import WorkerServicer
 
 SERVICE_NAMES = (
     jobs_pb2.DESCRIPTOR.services_by_name["JobService"].full_name,

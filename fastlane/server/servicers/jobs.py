@@ -6,13 +6,14 @@ from datetime import UTC, datetime
 
 import grpc
 
-from fastlane import schedules, validation, wire
 from fastlane._proto import common_pb2, jobs_pb2, jobs_pb2_grpc
-from fastlane.api.guard import rpc, tenant_of
+from fastlane.domain import schedules, validation
+from fastlane.domain.limits import DEFAULT_MAX_PAYLOAD_BYTES, MAX_PREVIEW
+from fastlane.domain.models import JobSpec, JobState, ScheduleKind
 from fastlane.engine.dispatch import Dispatcher
 from fastlane.engine.lane import FastLane
-from fastlane.limits import DEFAULT_MAX_PAYLOAD_BYTES, MAX_PREVIEW
-from fastlane.models import JobSpec, JobState, ScheduleKind
+from fastlane.rpc import wire
+from fastlane.server.guard import rpc, tenant_of
 from fastlane.storage import Store
 
 

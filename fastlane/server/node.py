@@ -20,20 +20,20 @@ from datetime import timedelta
 
 from fastlane._proto import admin_pb2
 from fastlane.aio import first_of
-from fastlane.api.admin import AdminServicer
-from fastlane.api.jobs import JobServicer
-from fastlane.api.runs import RunServicer
-from fastlane.api.server import ApiServer
-from fastlane.api.workers import WorkerServicer
 from fastlane.clock import Clock, SystemClock
 from fastlane.config import Settings
+from fastlane.domain.models import Run
 from fastlane.engine.changes import ChangeFollower
 from fastlane.engine.dispatch import Dispatcher
 from fastlane.engine.lane import FastLane
 from fastlane.engine.shards import ShardOwnership
 from fastlane.errors import FastlaneError, StorageUnavailable
 from fastlane.metrics import Metrics
-from fastlane.models import Run
+from fastlane.server.grpc_server import ApiServer
+from fastlane.server.servicers.admin import AdminServicer
+from fastlane.server.servicers.jobs import JobServicer
+from fastlane.server.servicers.runs import RunServicer
+from fastlane.server.servicers.workers import WorkerServicer
 from fastlane.storage import Store, open_store
 from fastlane.supervise import Backoff, LoopGaveUp, supervised
 

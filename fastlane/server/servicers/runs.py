@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import grpc
 
-from fastlane import validation, wire
 from fastlane._proto import common_pb2, runs_pb2, runs_pb2_grpc
-from fastlane.api.guard import rpc, tenant_of
+from fastlane.domain import validation
+from fastlane.domain.models import RunState
 from fastlane.engine.dispatch import Dispatcher
 from fastlane.engine.lane import FastLane
 from fastlane.errors import InvalidArgument
-from fastlane.models import RunState
+from fastlane.rpc import wire
+from fastlane.server.guard import rpc, tenant_of
 from fastlane.storage import Store
 
 

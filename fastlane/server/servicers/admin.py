@@ -7,9 +7,9 @@ from datetime import timedelta
 
 import grpc
 
-from fastlane import wire
 from fastlane._proto import admin_pb2, admin_pb2_grpc
-from fastlane.api.guard import rpc
+from fastlane.rpc import wire
+from fastlane.server.guard import rpc
 from fastlane.storage import Store
 
 

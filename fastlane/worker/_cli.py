@@ -1,7 +1,6 @@
 """``fastlane worker``: load the named :class:`~fastlane.worker.Worker` and run it until signalled.
 
-The public entry point is :func:`fastlane.worker.run_worker_cli`, which hands this module the
-``Worker`` class, so that this module need not import :mod:`fastlane.worker` back.
+Re-exported as :func:`fastlane.worker.run_worker_cli`.
 """
 
 from __future__ import annotations
@@ -14,21 +13,31 @@ import signal
 import sys
 from collections.abc import Sequence
 from contextlib import suppress
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastlane.errors import ConfigurationError
-
-if TYPE_CHECKING:
-    from fastlane.worker import Worker
+from fastlane.worker.sdk import Worker
 
 log = logging.getLogger("fastlane.worker")
 
 
-def run_worker_cli(target: str, servers: Sequence[str], concurrency: int | None, worker_type: type[Worker]) -> int:
-    """See :func:`fastlane.worker.run_worker_cli`; ``worker_type`` is the ``Worker`` class."""
+def run_worker_cli(target: str, servers: Sequence[str], concurrency: int | None) -> int:
+    """Run the worker named by ``target`` until SIGTERM or SIGINT; return the exit code.
+
+    The first signal stops gracefully (drain); a second one exits at once.
+
+    Args:
+        target: ``"package.module:attribute"``, a :class:`Worker` or a zero-argument callable
+            returning one.
+        servers: Node addresses replacing the worker's own, if any are given.
+        concurrency: Replaces the worker's concurrency if given.
+
+    Returns:
+        0 after a graceful stop, 1 after a forced exit, 2 if the target is unusable.
+    """
     try:
-        worker = _load_worker(target, worker_type)
-        worker._configure(servers, concurrency)
+        worker = _load_worker(target)
+        worker.override(servers=servers, concurrency=concurrency)
         if not worker.job_types:
             raise ConfigurationError(f"{target!r} has no handlers: register one with @worker.handler(job_type)")
     except ConfigurationError as exc:
@@ -76,7 +85,7 @@ async def _run_until_signalled(worker: Worker) -> int:
             task.cancel()
 
 
-def _load_worker(target: str, worker_type: type[Worker]) -> Worker:
+def _load_worker(target: str) -> Worker:
     module_name, _, attribute = target.partition(":")
     if not module_name or not attribute:
         raise ConfigurationError(f"worker target {target!r} must look like 'package.module:attribute'")
@@ -91,12 +100,12 @@ def _load_worker(target: str, worker_type: type[Worker]) -> Worker:
             found = getattr(found, name)
         except AttributeError:
             raise ConfigurationError(f"{module_name!r} has no attribute {attribute!r} (from {target!r})") from None
-    if not isinstance(found, worker_type) and callable(found):
+    if not isinstance(found, Worker) and callable(found):
         try:
             found = found()
         except Exception as exc:  # a failing factory is an unusable target too
             raise ConfigurationError(f"{target!r} raised {type(exc).__name__}: {exc}") from exc
-    if not isinstance(found, worker_type):
+    if not isinstance(found, Worker):
         kind = type(found).__name__
         raise ConfigurationError(f"{target!r} is a {kind}, not a fastlane Worker (or a function returning one)")
     return found

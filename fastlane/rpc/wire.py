@@ -4,7 +4,7 @@ Servicers, the client SDK and the CLI all go through here, so a field is mapped 
 Inbound conversions never raise anything but :class:`InvalidArgument` naming the field as the
 proto names it: timestamps and durations are range-checked before they become ``datetime`` and
 ``timedelta`` (where a year-1 instant or a 1e18-second duration would overflow), and enumerations
-are checked against their members. The ranges a field may take are :mod:`fastlane.validation`'s.
+are checked against their members. The ranges a field may take are :mod:`fastlane.domain.validation`'s.
 """
 
 from __future__ import annotations
@@ -17,12 +17,11 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from fastlane import validation
 from fastlane._proto import common_pb2 as pb
 from fastlane.clock import EPOCH
-from fastlane.errors import InvalidArgument
-from fastlane.limits import MAX_CRON_LENGTH, MAX_TIMEZONE_LENGTH
-from fastlane.models import (
+from fastlane.domain import validation
+from fastlane.domain.limits import MAX_CRON_LENGTH, MAX_TIMEZONE_LENGTH
+from fastlane.domain.models import (
     DEFAULT_TENANT,
     Attempt,
     AttemptOutcome,
@@ -39,6 +38,7 @@ from fastlane.models import (
     Schedule,
     ScheduleKind,
 )
+from fastlane.errors import InvalidArgument
 
 E = TypeVar("E", bound=StrEnum)
 

@@ -1,6 +1,6 @@
 """The worker's set of node streams, following the cluster's membership.
 
-:class:`ClusterStreams` keeps one :class:`~fastlane._worker_stream.NodeStream` to every live node:
+:class:`ClusterStreams` keeps one :class:`~fastlane.worker._stream.NodeStream` to every live node:
 it asks the seeds or any known node (``AdminService.GetCluster``) which nodes are live, adds streams
 to those that join, and retires those to nodes that leave, handing their work to a stream that stays
 when their node is gone. :func:`drain_streams` stops them all at the end. The public face is
@@ -18,9 +18,9 @@ from contextlib import suppress
 import grpc
 
 from fastlane._proto import admin_pb2, admin_pb2_grpc
-from fastlane._worker_runs import Verdict
-from fastlane._worker_stream import CHANNEL_OPTIONS, NodeStream
-from fastlane.models import AttemptOutcome
+from fastlane.domain.models import AttemptOutcome
+from fastlane.worker._runs import Verdict
+from fastlane.worker._stream import CHANNEL_OPTIONS, NodeStream
 
 log = logging.getLogger("fastlane.worker")
 

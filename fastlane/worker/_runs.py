@@ -18,9 +18,9 @@ from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
 from fastlane._proto import workers_pb2 as pb
+from fastlane.domain.models import AttemptOutcome
 from fastlane.errors import PermanentError
-from fastlane.models import AttemptOutcome
-from fastlane.wire import timestamp
+from fastlane.rpc.wire import timestamp
 
 log = logging.getLogger("fastlane.worker")
 
@@ -103,7 +103,7 @@ def _failure(outcome: AttemptOutcome, exc: Exception) -> Verdict:
 
 
 class RunReporter(Protocol):
-    """The stream an attempt in flight reports through (a :class:`~fastlane._worker_stream.NodeStream`)."""
+    """The stream an attempt in flight reports through (a :class:`~fastlane.worker._stream.NodeStream`)."""
 
     def finish(self, slot: RunSlot, result: pb.RunResult) -> None: ...
 

@@ -16,9 +16,8 @@ from __future__ import annotations
 import re
 from datetime import datetime, timedelta
 
-from fastlane import schedules
-from fastlane.errors import InvalidArgument
-from fastlane.limits import (
+from fastlane.domain import schedules
+from fastlane.domain.limits import (
     DEFAULT_PAGE_SIZE,
     FIRST_INSTANT,
     LAST_INSTANT,
@@ -42,7 +41,8 @@ from fastlane.limits import (
     MIN_PRIORITY,
     PAYLOAD_CEILING_BYTES,
 )
-from fastlane.models import JobSpec, Schedule, ScheduleKind
+from fastlane.domain.models import JobSpec, Schedule, ScheduleKind
+from fastlane.errors import InvalidArgument
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@-]*")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from fastlane.models import AttemptOutcome, Delivery, OverlapPolicy, Run, RunState
-from fastlane.policies import next_retry_at
+from fastlane.domain.models import AttemptOutcome, Delivery, OverlapPolicy, Run, RunState
+from fastlane.domain.policies import next_retry_at
 
 # Outcomes after which another attempt may succeed.
 _RETRYABLE = frozenset({AttemptOutcome.FAILED, AttemptOutcome.TIMED_OUT, AttemptOutcome.LEASE_EXPIRED})

@@ -24,9 +24,9 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from croniter import CroniterBadDateError, croniter
 
+from fastlane.domain.limits import LAST_INSTANT, MIN_INTERVAL
+from fastlane.domain.models import Schedule, ScheduleKind
 from fastlane.errors import ScheduleError, UnknownTimeZone
-from fastlane.limits import LAST_INSTANT, MIN_INTERVAL
-from fastlane.models import Schedule, ScheduleKind
 
 _ZERO = timedelta(0)
 _MICROSECOND = timedelta(microseconds=1)

@@ -23,8 +23,10 @@ from typing import TypeVar
 
 import grpc
 
-from fastlane import validation, wire
 from fastlane._proto import workers_pb2, workers_pb2_grpc
+from fastlane.domain import validation
+from fastlane.domain.limits import MAX_CHECKPOINT_BYTES, MAX_CREDITS, MAX_JOB_TYPES
+from fastlane.domain.models import AttemptOutcome
 from fastlane.engine.dispatch import (
     MAX_LEASE_TOKEN,
     Acknowledge,
@@ -35,8 +37,7 @@ from fastlane.engine.dispatch import (
     WorkerSession,
 )
 from fastlane.errors import InvalidArgument
-from fastlane.limits import MAX_CHECKPOINT_BYTES, MAX_CREDITS, MAX_JOB_TYPES
-from fastlane.models import AttemptOutcome
+from fastlane.rpc import wire
 from fastlane.storage import AttemptResult, Heartbeat
 
 T = TypeVar("T")

@@ -1,4 +1,4 @@
-"""Every bound fastlane puts on input, in one place (applied by :mod:`fastlane.validation`).
+"""Every bound fastlane puts on input, in one place (applied by :mod:`fastlane.domain.validation`).
 
 Instants are kept well inside what ``datetime`` can hold, so that adding any allowed duration,
 window or lead to any allowed instant cannot overflow; durations and counts are bounded so that

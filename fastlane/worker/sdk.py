@@ -13,10 +13,10 @@ Example::
 Each node pushes attempts over one stream, never more than the credits this worker granted, and
 only for the shards it owns: so the worker keeps a stream to every live node of the cluster. The
 addresses it is given are seeds: it asks them (``AdminService.GetCluster``) which nodes are live,
-and keeps following as nodes join and leave. Behind this module: :mod:`fastlane._worker_membership`
-(the set of streams, following the cluster), :mod:`fastlane._worker_stream` (one stream: hello,
-heartbeats, reconnects), :mod:`fastlane._worker_runs` (running handlers, buffering their results)
-and :mod:`fastlane._worker_cli` (``fastlane worker``).
+and keeps following as nodes join and leave. Behind this module: :mod:`fastlane.worker._membership`
+(the set of streams, following the cluster), :mod:`fastlane.worker._stream` (one stream: hello,
+heartbeats, reconnects), :mod:`fastlane.worker._runs` (running handlers, buffering their results)
+and :mod:`fastlane.worker._cli` (``fastlane worker``).
 """
 
 from __future__ import annotations
@@ -36,13 +36,13 @@ from typing import Any, TypeVar
 
 import orjson
 
-from fastlane import _worker_cli, wire
 from fastlane._proto import workers_pb2 as pb
-from fastlane._worker_membership import ClusterStreams
-from fastlane._worker_runs import RunSlot, run_attempt
-from fastlane._worker_stream import NodeStream
+from fastlane.domain.models import MAX_CHECKPOINT_BYTES
 from fastlane.errors import ConfigurationError
-from fastlane.models import MAX_CHECKPOINT_BYTES
+from fastlane.rpc import wire
+from fastlane.worker._membership import ClusterStreams
+from fastlane.worker._runs import RunSlot, run_attempt
+from fastlane.worker._stream import NodeStream
 
 log = logging.getLogger("fastlane.worker")
 
@@ -142,7 +142,7 @@ class Worker:
     ) -> None:
         self._servers: list[str] = []
         self._concurrency = 0
-        self._configure(servers, concurrency)
+        self.override(servers=servers, concurrency=concurrency)
         if drain_timeout < 0:
             raise ConfigurationError(f"drain_timeout must not be negative, got {drain_timeout}")
         self._drain_timeout = drain_timeout
@@ -279,8 +279,12 @@ class Worker:
         handler = self._handlers.get(assignment.job_type)
         await run_attempt(slot, assignment, functools.partial(handler, ctx) if handler is not None else None)
 
-    def _configure(self, servers: str | Sequence[str] | None, concurrency: int | None) -> None:
-        # Also called by run_worker_cli, after __init__: the command line's servers and concurrency win.
+    def override(self, *, servers: str | Sequence[str] | None = None, concurrency: int | None = None) -> None:
+        """Replace the servers and concurrency given at construction (``fastlane worker`` flags win).
+
+        Raises:
+            ConfigurationError: no server address is left, or concurrency is below 1.
+        """
         if servers:
             parts = [servers] if isinstance(servers, str) else servers
             # "a:1,b:2" works wherever a list does ($FASTLANE_SERVER, say).
@@ -310,19 +314,3 @@ def _context(slot: RunSlot, a: pb.Assignment, received_at: datetime) -> RunConte
         released_at=wire.instant(a.released_at, a.HasField("released_at")),
         _slot=slot,
     )
-
-def run_worker_cli(target: str, servers: Sequence[str], concurrency: int | None) -> int:
-    """Run the worker named by ``target`` until SIGTERM or SIGINT; return the exit code.
-
-    The first signal stops gracefully (drain); a second one exits at once.
-
-    Args:
-        target: ``"package.module:attribute"``, a :class:`Worker` or a zero-argument callable
-            returning one.
-        servers: Node addresses replacing the worker's own, if any are given.
-        concurrency: Replaces the worker's concurrency if given.
-
-    Returns:
-        0 after a graceful stop, 1 after a forced exit, 2 if the target is unusable.
-    """
-    return _worker_cli.run_worker_cli(target, servers, concurrency, Worker)

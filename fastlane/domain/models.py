@@ -1,0 +1,360 @@
+"""The domain model: jobs, runs, attempts, shards and the policies that govern them.
+
+Everything here is an immutable value. Input is bounded in one place, :mod:`fastlane.domain.validation`.
+"""
+
+from __future__ import annotations
+
+import uuid
+import zlib
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from fastlane.domain.limits import DEFAULT_MAX_PAYLOAD_BYTES as MAX_PAYLOAD_BYTES  # noqa: F401 - old import path
+from fastlane.domain.limits import MAX_CHECKPOINT_BYTES, MIN_LEASE_TTL  # noqa: F401 - old import path
+
+DEFAULT_TENANT = "default"
+
+
+# -- enumerations ------------------------------------------------------------------------------
+
+
+class ScheduleKind(StrEnum):
+    NOW = "now"
+    AT = "at"
+    CRON = "cron"
+    INTERVAL = "interval"
+
+
+class JobState(StrEnum):
+    ACTIVE = "active"
+    PAUSED = "paused"
+    COMPLETED = "completed"  # a one-shot job whose only occurrence has been materialised
+    ERRORED = "errored"  # set aside: processing it raised (see Job.error); resume takes it back
+
+
+class RunState(StrEnum):
+    BUFFERED = "buffered"  # waiting for the previous run of its job to finish (overlap policy)
+    SCHEDULED = "scheduled"  # materialised, waiting for its time (or its retry time)
+    DISPATCHED = "dispatched"  # sent to a worker, not yet acknowledged as started
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"  # kept for history of a failed attempt; the run itself retries or dies
+    DEAD = "dead"
+    SKIPPED = "skipped"
+    CANCELLED = "cancelled"
+    LOST = "lost"
+
+    @property
+    def is_final(self) -> bool:
+        return self in FINAL_RUN_STATES
+
+    @property
+    def is_active(self) -> bool:
+        return self in (RunState.BUFFERED, RunState.SCHEDULED, RunState.DISPATCHED, RunState.RUNNING)
+
+
+FINAL_RUN_STATES = frozenset(
+    {RunState.SUCCEEDED, RunState.FAILED, RunState.DEAD, RunState.SKIPPED, RunState.CANCELLED, RunState.LOST}
+)
+
+
+class AttemptOutcome(StrEnum):
+    PENDING = "pending"  # delivered, no result yet
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"  # retryable failure reported by the handler
+    PERMANENT_FAILURE = "permanent_failure"
+    TIMED_OUT = "timed_out"
+    LEASE_EXPIRED = "lease_expired"
+    CANCELLED = "cancelled"
+    SUPERSEDED = "superseded"  # a result that arrived for an attempt that no longer owns the run
+
+
+class OverlapPolicy(StrEnum):
+    ALLOW = "allow"
+    SKIP = "skip"
+    BUFFER_ONE = "buffer_one"
+    BUFFER_ALL = "buffer_all"
+    CANCEL_PREVIOUS = "cancel_previous"
+
+
+class MisfireKind(StrEnum):
+    FIRE_ONCE = "fire_once"
+    FIRE_ALL = "fire_all"
+    SKIP = "skip"
+
+
+class Delivery(StrEnum):
+    AT_LEAST_ONCE = "at_least_once"
+    AT_MOST_ONCE = "at_most_once"
+
+
+# -- schedules and policies --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Schedule:
+    """When a job fires. Exactly the fields of its ``kind`` are set.
+
+    - ``now``: once, as soon as possible after creation;
+    - ``at``: once, at ``at``;
+    - ``cron``: ``cron`` (5 fields, or 6 with seconds first) read in ``timezone`` (IANA);
+    - ``interval``: every ``every`` from ``anchor`` (default: the creation time).
+    """
+
+    kind: ScheduleKind
+    at: datetime | None = None
+    cron: str | None = None
+    timezone: str = "UTC"
+    every: timedelta | None = None
+    anchor: datetime | None = None
+
+    @property
+    def is_one_shot(self) -> bool:
+        return self.kind in (ScheduleKind.NOW, ScheduleKind.AT)
+
+    @staticmethod
+    def now() -> Schedule:
+        return Schedule(kind=ScheduleKind.NOW)
+
+    @staticmethod
+    def at_instant(at: datetime) -> Schedule:
+        return Schedule(kind=ScheduleKind.AT, at=at)
+
+    @staticmethod
+    def cron_expr(expr: str, timezone: str = "UTC") -> Schedule:
+        return Schedule(kind=ScheduleKind.CRON, cron=expr, timezone=timezone)
+
+    @staticmethod
+    def interval(every: timedelta, anchor: datetime | None = None) -> Schedule:
+        return Schedule(kind=ScheduleKind.INTERVAL, every=every, anchor=anchor)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RetryPolicy:
+    """How failed attempts are retried: exponential backoff with full jitter, within a budget."""
+
+    max_attempts: int = 3
+    max_retry_time: timedelta | None = None
+    backoff_base: timedelta = timedelta(seconds=1)
+    backoff_cap: timedelta = timedelta(minutes=5)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MisfirePolicy:
+    """What to do with occurrences that passed while no node owned the shard or the job was paused.
+
+    An occurrence is *missed* when it is found more than ``grace`` after its time.
+    """
+
+    kind: MisfireKind = MisfireKind.FIRE_ONCE
+    grace: timedelta = timedelta(seconds=10)
+    fire_all_cap: int = 100
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobSpec:
+    """Everything a client says about a job; what ``create`` and ``update`` take."""
+
+    name: str
+    job_type: str
+    schedule: Schedule
+    tenant: str = DEFAULT_TENANT
+    payload: bytes = b""
+    priority: int = 0
+    concurrency_key: str | None = None
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    misfire: MisfirePolicy = field(default_factory=MisfirePolicy)
+    overlap: OverlapPolicy = OverlapPolicy.ALLOW
+    delivery: Delivery = Delivery.AT_LEAST_ONCE
+    timeout: timedelta | None = None
+    lease_ttl: timedelta = timedelta(seconds=30)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Job:
+    """A stored job: its spec plus identity, state and the precomputed next fire time."""
+
+    job_id: str
+    shard_id: int
+    spec: JobSpec
+    state: JobState
+    next_fire_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+    version: int = 1
+    error: str | None = None  # why it was set aside (state errored), with the error id of the log
+
+    @property
+    def tenant(self) -> str:
+        return self.spec.tenant
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def job_type(self) -> str:
+        return self.spec.job_type
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """What decides a job's occurrences: its recurrence and its misfire policy.
+
+    ``recurrence`` is None for a one-shot job (``now``, ``at``): it has no next occurrence. Jobs
+    with the same timing share one value, so the window holds each distinct timing once.
+    """
+
+    recurrence: Schedule | None
+    misfire: MisfirePolicy
+
+    @staticmethod
+    def of(spec: JobSpec) -> Timing:
+        return Timing(None if spec.schedule.is_one_shot else spec.schedule, spec.misfire)
+
+
+@dataclass(frozen=True, slots=True)
+class DueJob:
+    """A job as the in-memory window holds it: just enough to plan its next occurrences.
+
+    The window holds up to hundreds of thousands of these, so it keeps four references rather
+    than the whole job: planning its occurrences needs nothing else.
+    """
+
+    job_id: str
+    shard_id: int
+    next_fire_at: datetime
+    timing: Timing
+
+    @staticmethod
+    def of(job: Job) -> DueJob:
+        if job.next_fire_at is None:
+            raise ValueError(f"job {job.job_id} has no next_fire_at; it is not due")
+        return DueJob(job.job_id, job.shard_id, job.next_fire_at, Timing.of(job.spec))
+
+
+# -- runs and attempts -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Run:
+    """One occurrence of a job (one fire time, or one manual trigger)."""
+
+    run_id: str
+    job_id: str
+    tenant: str
+    job_type: str
+    shard_id: int
+    scheduled_for: datetime
+    available_at: datetime  # when it may next be delivered: scheduled_for, or a retry time
+    state: RunState
+    attempts: int
+    payload: bytes
+    priority: int
+    manual: bool
+    delivery: Delivery
+    lease_ttl: timedelta
+    created_at: datetime
+    updated_at: datetime
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    timeout: timedelta | None = None
+    cancel_requested: bool = False
+    first_attempt_at: datetime | None = None
+    lease_token: int | None = None
+    lease_expires_at: datetime | None = None
+    worker_id: str | None = None
+    finished_at: datetime | None = None
+    progress: float = 0.0
+    checkpoint: bytes | None = None
+    last_error: str | None = None
+
+    @property
+    def idempotency_key(self) -> str:
+        return idempotency_key(self.job_id, self.run_id, self.scheduled_for, self.manual)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Attempt:
+    """One delivery of a run to a worker, with its outcome."""
+
+    run_id: str
+    attempt: int
+    lease_token: int
+    worker_id: str
+    node_id: str
+    outcome: AttemptOutcome
+    dispatched_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    error_code: str | None = None
+    error_message: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShardLease:
+    """A node's claim on a shard: valid while ``lease_expires_at`` (database clock) is ahead."""
+
+    shard_id: int
+    owner: str
+    token: int
+    lease_expires_at: datetime
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeInfo:
+    """A daemon node as the cluster sees it, from its last heartbeat."""
+
+    node_id: str
+    address: str
+    started_at: datetime
+    heartbeat_at: datetime
+    clock_offset_ms: float = 0.0
+    shards_owned: int = 0
+    workers: int = 0
+    eligible: bool = True  # False while its clock is off or it is shutting down
+    note: str = ""
+
+
+# -- pure helpers ------------------------------------------------------------------------------
+
+
+def new_id() -> str:
+    return str(uuid.uuid4())
+
+
+def shard_of(job_id: str, shard_count: int) -> int:
+    """The stable shard of a job: CRC-32 of its id, so every node and language agrees."""
+    return zlib.crc32(job_id.encode()) % shard_count
+
+
+def idempotency_key(job_id: str, run_id: str, scheduled_for: datetime, manual: bool) -> str:
+    """Stable across attempts: ``job_id:scheduled_for`` for scheduled runs, the run id for manual ones."""
+    if manual:
+        return run_id
+    return f"{job_id}:{scheduled_for.isoformat().replace('+00:00', 'Z')}"
+
+
+__all__ = [
+    "Attempt",
+    "AttemptOutcome",
+    "Delivery",
+    "Job",
+    "JobSpec",
+    "JobState",
+    "MisfireKind",
+    "MisfirePolicy",
+    "NodeInfo",
+    "OverlapPolicy",
+    "RetryPolicy",
+    "Run",
+    "RunState",
+    "Schedule",
+    "ScheduleKind",
+    "ShardLease",
+    "idempotency_key",
+    "new_id",
+    "replace",
+    "shard_of",
+]

@@ -1,0 +1,103 @@
+"""Records that cross the boundary between the engine and a store: what to write, what was written.
+
+Pure values, no I/O: the engine builds them, a :class:`~fastlane.storage.Store` writes them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Generic, TypeVar
+
+from fastlane.domain.models import AttemptOutcome, RunState
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Occurrence:
+    """What to write for one job whose ``next_fire_at`` has come due.
+
+    ``expected_next_fire_at`` is the value the caller read; the write applies only if the job
+    still has it (and is active), so a job changed, paused or deleted meanwhile is left alone and
+    two racing writers cannot both advance it.
+    """
+
+    job_id: str
+    expected_next_fire_at: datetime
+    fire_times: tuple[datetime, ...]
+    next_fire_at: datetime | None
+    skipped_times: tuple[datetime, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Dispatch:
+    """A run handed to a worker: becomes a new attempt holding a lease."""
+
+    run_id: str
+    lease_token: int
+    worker_id: str
+    node_id: str
+    lease_ttl: timedelta
+    dispatched_at: datetime  # when the node sent it; the journal may write it a little later
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Heartbeat:
+    """A worker's sign of life for one attempt; may carry progress and a checkpoint.
+
+    It extends the attempt's lease by the run's own lease TTL, from the database's now."""
+
+    run_id: str
+    lease_token: int
+    progress: float | None = None
+    checkpoint: bytes | None = None
+    started: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptResult:
+    """The outcome a worker reported for one attempt."""
+
+    run_id: str
+    lease_token: int
+    outcome: AttemptOutcome
+    error_code: str | None = None
+    error_message: str | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+class ChangeKind(StrEnum):
+    """What a :class:`Change` is about."""
+
+    JOB = "job"  # created, changed, paused or resumed
+    JOB_DELETED = "job_deleted"
+    RUN = "run"  # triggered, replayed or cancelled
+    MEMBERS = "members"  # a node joined or left
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """A change another node may need to act on at once (PostgreSQL NOTIFY).
+
+    ``key`` is the job or run id (``members``: the node id, when known).
+    """
+
+    kind: ChangeKind
+    shard_id: int = -1
+    tenant: str = ""
+    key: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Page(Generic[T]):
+    items: list[T]
+    next_page_token: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunFilter:
+    job_id: str | None = None
+    states: frozenset[RunState] = field(default_factory=frozenset)

@@ -1,0 +1,1 @@
+"""What client and server share about the wire: protobuf <-> domain (:mod:`.wire`) and errors <-> gRPC status codes (:mod:`.status`)."""

@@ -1,0 +1,76 @@
+"""What a store's writes did, as the engine needs to know it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastlane.domain.models import Job, Run, RunState
+from fastlane.storage import codec
+
+
+class ResultOutcome:
+    """What recording a result did to a run: ``accepted`` is False for a superseded attempt.
+
+    ``released`` marks a run of the same job that left the overlap buffer because this one
+    finished: it is now ``scheduled`` and due at once.
+
+    A store may hand over the run's row rather than the run: the node needs only ``state`` for
+    most results (a success), and building thousands of full runs a second for nothing shows in
+    its CPU profile. ``run`` is then built when first asked for.
+    """
+
+    __slots__ = ("accepted", "released", "_run", "_row")
+
+    def __init__(
+        self, *, accepted: bool, released: bool = False, run: Run | None = None, row: Mapping[str, Any] | None = None
+    ) -> None:
+        if (run is None) == (row is None):
+            raise ValueError("a result outcome needs the run or its row")
+        self.accepted = accepted
+        self.released = released
+        self._run = run
+        self._row = row
+
+    @property
+    def run(self) -> Run:
+        if self._run is None:
+            self._run = codec.build_run(self._held_row())
+        return self._run
+
+    @property
+    def state(self) -> RunState:
+        return self._run.state if self._run is not None else codec.run_state(self._held_row())
+
+    def _held_row(self) -> Mapping[str, Any]:
+        assert self._row is not None  # the constructor took one of the two
+        return self._row
+
+    def __repr__(self) -> str:
+        return f"ResultOutcome(run={self.run!r}, accepted={self.accepted}, released={self.released})"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Materialised:
+    """What a materialisation wrote.
+
+    ``runs``: the new runs in state ``scheduled``, to release at their time. ``cancelling``:
+    earlier runs an overlap policy cancelled — queued ones now ``cancelled`` (drop them from
+    memory), delivered ones ``cancel_requested`` (tell their workers to stop).
+    """
+
+    runs: list[Run]
+    advanced: frozenset[str] = frozenset()  # jobs whose next_fire_at this write moved on
+    cancelling: list[Run] = field(default_factory=list)
+    # Jobs of the batch that were not advanced because they changed meanwhile (elsewhere), as
+    # they are now: the caller replaces its stale copy with these.
+    changed: list[Job] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cancellation:
+    """What cancelling a run did: ``run`` as it is now, ``released`` runs to schedule at once."""
+
+    run: Run
+    released: list[Run] = field(default_factory=list)
