@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     import asyncpg
     from asyncpg.pool import PoolConnectionProxy
 
-    from fastlane.worker import RunContext
+    from fastlane.worker.sdk import RunContext
 
     Connection: TypeAlias = asyncpg.Connection | PoolConnectionProxy | aiosqlite.Connection
 
