@@ -25,7 +25,7 @@ MISSING = "APScheduler 3 is not installed (pip install 'apscheduler<4' SQLAlchem
 
 def peer_available(bench: Bench) -> bool:
     """Whether the peer runs: asked for and its packages importable; notes why not once."""
-    if not fastlane.bench.peer:
+    if not bench.peer:
         bench.note("peer not run (--no-peer)")
         return False
     needed = ["apscheduler", "sqlalchemy"] + (["psycopg2"] if bench.pg is not None else [])

@@ -17,9 +17,9 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, fields, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from types import TracebackType
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypedDict, TypeVar, Unpack
 
 import grpc
 import orjson
@@ -37,9 +37,13 @@ from fastlane.config import DEFAULT_SERVER
 from fastlane.domain.models import (
     DEFAULT_TENANT,
     Attempt,
+    Delivery,
     Job,
     JobSpec,
     JobState,
+    MisfirePolicy,
+    OverlapPolicy,
+    RetryPolicy,
     Run,
     RunState,
     Schedule,
@@ -66,6 +70,23 @@ _POLICY_FIELDS: Final = frozenset(f.name for f in fields(JobSpec)) - {
     "tenant",
     "payload",
 }
+
+
+class JobOptions(TypedDict, total=False):
+    """The keyword arguments of :meth:`Client.create`: the :class:`JobSpec` fields it passes on.
+
+    A type checker verifies ``JobSpec(**options)``, so a key here that the spec lacks, or of
+    another type, is an error.
+    """
+
+    priority: int
+    concurrency_key: str | None
+    retry: RetryPolicy
+    misfire: MisfirePolicy
+    overlap: OverlapPolicy
+    delivery: Delivery
+    timeout: timedelta | None
+    lease_ttl: timedelta
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +148,7 @@ class Client:
         return wire.job_from_pb(response.job), response.created
 
     async def create(
-        self, name: str, job_type: str, schedule: Schedule, *, payload: Any = None, **policies: Any
+        self, name: str, job_type: str, schedule: Schedule, *, payload: Any = None, **policies: Unpack[JobOptions]
     ) -> Job:
         """Create a job from its parts; see :meth:`create_job`.
 
@@ -292,7 +313,10 @@ class Client:
             try:
                 # wait_for_ready: while the daemon starts, the call waits for the connection
                 # rather than failing at once, so the loop does not spin.
-                response = await self._connect().health.Check(request, timeout=min(remaining, 1.0), wait_for_ready=True)
+                # (types-grpcio-health-checking declares HealthStub without its generated methods.)
+                check = self._connect().health.Check  # type: ignore[attr-defined]
+                response: health_pb2.HealthCheckResponse = await check(
+                    request, timeout=min(remaining, 1.0), wait_for_ready=True)
             except grpc.aio.AioRpcError as error:
                 if error.code() not in retryable:
                     raise error_from_rpc(error) from error
@@ -339,4 +363,4 @@ def encode_payload(payload: Any) -> bytes:
     return orjson.dumps(payload)
 
 
-__all__ = ["Client", "encode_payload"]
+__all__ = ["Client", "JobOptions", "encode_payload"]

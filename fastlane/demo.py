@@ -41,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+        port: int = probe.getsockname()[1]  # an AF_INET address: (host, port)
+        return port
 
 
 async def _demo(workdir: Path, duration: float) -> int:

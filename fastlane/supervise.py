@@ -46,7 +46,7 @@ class Backoff:
         Each wait is drawn between half its step and the whole step ("equal jitter"): nodes that
         failed together do not retry together, yet none hammers the database with near-zero waits.
         """
-        step = min(self.cap, self.first * 2 ** min(max(failures - 1, 0), 32))
+        step = min(self.cap, self.first * 2.0 ** min(max(failures - 1, 0), 32))
         return step / 2 + (rng or random).uniform(0, step / 2)
 
 

@@ -76,5 +76,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("scale measures one node: leave --nodes at 1")
     from fastlane.bench.runner import Options, run_benchmark
 
-    return run_benchmark(Options(scenario=args.scenario, backend=args.backend, nodes=nodes, workers=args.workers,
-                                 scale=args.scale, peer=not args.no_peer, json=args.json, out=args.out))
+    # fastlane.bench is unknown to mypy (see [tool.mypy] in pyproject.toml): its result is typed here.
+    status: int = run_benchmark(Options(scenario=args.scenario, backend=args.backend, nodes=nodes,
+                                        workers=args.workers, scale=args.scale, peer=not args.no_peer,
+                                        json=args.json, out=args.out))
+    return status

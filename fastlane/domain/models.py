@@ -11,8 +11,10 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 
-from fastlane.domain.limits import DEFAULT_MAX_PAYLOAD_BYTES as MAX_PAYLOAD_BYTES  # noqa: F401 - old import path
-from fastlane.domain.limits import MAX_CHECKPOINT_BYTES, MIN_LEASE_TTL  # noqa: F401 - old import path
+# Old import paths, re-exported explicitly (``X as X``) so that type checkers accept them too.
+from fastlane.domain.limits import DEFAULT_MAX_PAYLOAD_BYTES as MAX_PAYLOAD_BYTES  # noqa: F401
+from fastlane.domain.limits import MAX_CHECKPOINT_BYTES as MAX_CHECKPOINT_BYTES
+from fastlane.domain.limits import MIN_LEASE_TTL as MIN_LEASE_TTL
 
 DEFAULT_TENANT = "default"
 
@@ -21,6 +23,8 @@ DEFAULT_TENANT = "default"
 
 
 class ScheduleKind(StrEnum):
+    """Which kind of :class:`Schedule` a job has: once now, once at an instant, cron, or every interval."""
+
     NOW = "now"
     AT = "at"
     CRON = "cron"
@@ -28,6 +32,8 @@ class ScheduleKind(StrEnum):
 
 
 class JobState(StrEnum):
+    """Whether a job's occurrences are being materialised as runs."""
+
     ACTIVE = "active"
     PAUSED = "paused"
     COMPLETED = "completed"  # a one-shot job whose only occurrence has been materialised
@@ -35,6 +41,8 @@ class JobState(StrEnum):
 
 
 class RunState(StrEnum):
+    """Where a run is in its life; :attr:`is_final` states never change again."""
+
     BUFFERED = "buffered"  # waiting for the previous run of its job to finish (overlap policy)
     SCHEDULED = "scheduled"  # materialised, waiting for its time (or its retry time)
     DISPATCHED = "dispatched"  # sent to a worker, not yet acknowledged as started
@@ -48,10 +56,12 @@ class RunState(StrEnum):
 
     @property
     def is_final(self) -> bool:
+        """True for the end states: succeeded, failed, dead, skipped, cancelled and lost."""
         return self in FINAL_RUN_STATES
 
     @property
     def is_active(self) -> bool:
+        """True while the run is buffered, scheduled, dispatched or running (what overlap counts)."""
         return self in (RunState.BUFFERED, RunState.SCHEDULED, RunState.DISPATCHED, RunState.RUNNING)
 
 
@@ -61,6 +71,8 @@ FINAL_RUN_STATES = frozenset(
 
 
 class AttemptOutcome(StrEnum):
+    """How one attempt (one delivery of a run to a worker) ended, or ``pending`` while it has not."""
+
     PENDING = "pending"  # delivered, no result yet
     SUCCEEDED = "succeeded"
     FAILED = "failed"  # retryable failure reported by the handler
@@ -72,6 +84,13 @@ class AttemptOutcome(StrEnum):
 
 
 class OverlapPolicy(StrEnum):
+    """What a new occurrence does while the previous run of its job is still active.
+
+    ``allow`` runs it anyway; ``skip`` records it as skipped; ``buffer_one`` lets one run wait as
+    buffered (later ones are skipped) and ``buffer_all`` lets every one wait, each starting when the
+    one before ends; ``cancel_previous`` cancels the active runs and schedules the new one.
+    """
+
     ALLOW = "allow"
     SKIP = "skip"
     BUFFER_ONE = "buffer_one"
@@ -80,12 +99,25 @@ class OverlapPolicy(StrEnum):
 
 
 class MisfireKind(StrEnum):
+    """What happens to occurrences found more than :attr:`MisfirePolicy.grace` late.
+
+    ``fire_once`` makes one run, for the latest; ``fire_all`` makes one for each, up to
+    :attr:`MisfirePolicy.fire_all_cap`; ``skip`` makes none. Skipped occurrences stay in history.
+    """
+
     FIRE_ONCE = "fire_once"
     FIRE_ALL = "fire_all"
     SKIP = "skip"
 
 
 class Delivery(StrEnum):
+    """The delivery guarantee of a job's runs.
+
+    ``at_least_once``: a run is delivered again if its worker may not have finished it.
+    ``at_most_once``: marked started durably before it is sent and never delivered twice; if its
+    worker vanishes it ends ``lost``, and a failure is not retried.
+    """
+
     AT_LEAST_ONCE = "at_least_once"
     AT_MOST_ONCE = "at_most_once"
 
@@ -112,22 +144,27 @@ class Schedule:
 
     @property
     def is_one_shot(self) -> bool:
+        """True for ``now`` and ``at``: the job fires once."""
         return self.kind in (ScheduleKind.NOW, ScheduleKind.AT)
 
     @staticmethod
     def now() -> Schedule:
+        """Fire once, as soon as possible after the job is created."""
         return Schedule(kind=ScheduleKind.NOW)
 
     @staticmethod
     def at_instant(at: datetime) -> Schedule:
+        """Fire once, at ``at`` (an aware datetime)."""
         return Schedule(kind=ScheduleKind.AT, at=at)
 
     @staticmethod
     def cron_expr(expr: str, timezone: str = "UTC") -> Schedule:
+        """Fire on the cron expression ``expr`` (5 fields, or 6 with seconds first), read in the IANA ``timezone``."""
         return Schedule(kind=ScheduleKind.CRON, cron=expr, timezone=timezone)
 
     @staticmethod
     def interval(every: timedelta, anchor: datetime | None = None) -> Schedule:
+        """Fire every ``every`` from ``anchor`` (default: the job's creation time)."""
         return Schedule(kind=ScheduleKind.INTERVAL, every=every, anchor=anchor)
 
 
@@ -188,14 +225,17 @@ class Job:
 
     @property
     def tenant(self) -> str:
+        """The spec's tenant."""
         return self.spec.tenant
 
     @property
     def name(self) -> str:
+        """The spec's name, unique within the tenant."""
         return self.spec.name
 
     @property
     def job_type(self) -> str:
+        """The spec's job type, which routes its runs to workers."""
         return self.spec.job_type
 
 
@@ -212,6 +252,7 @@ class Timing:
 
     @staticmethod
     def of(spec: JobSpec) -> Timing:
+        """The timing of a job with this spec."""
         return Timing(None if spec.schedule.is_one_shot else spec.schedule, spec.misfire)
 
 
@@ -230,6 +271,7 @@ class DueJob:
 
     @staticmethod
     def of(job: Job) -> DueJob:
+        """The window's view of ``job``. Raises ValueError if it has no next fire time."""
         if job.next_fire_at is None:
             raise ValueError(f"job {job.job_id} has no next_fire_at; it is not due")
         return DueJob(job.job_id, job.shard_id, job.next_fire_at, Timing.of(job.spec))
@@ -272,6 +314,7 @@ class Run:
 
     @property
     def idempotency_key(self) -> str:
+        """Stable across the run's attempts; see :func:`idempotency_key`."""
         return idempotency_key(self.job_id, self.run_id, self.scheduled_for, self.manual)
 
 
@@ -321,6 +364,7 @@ class NodeInfo:
 
 
 def new_id() -> str:
+    """A new random id (a UUID 4 in text form) for a job or a run."""
     return str(uuid.uuid4())
 
 

@@ -132,7 +132,7 @@ class CronExpr:
         jobs do. Otherwise it is a fixed-time expression."""
         return self.fields[1].startswith("*") or self.fields[2].startswith("*")
 
-    def iterator(self, start: datetime) -> croniter:
+    def iterator(self, start: datetime) -> croniter[datetime]:
         """A croniter over naive wall-clock times strictly after the naive ``start``."""
         # implement_cron_bug: like Vixie cron, day-of-month and day-of-week are ANDed when
         # either starts with "*" (e.g. "*/2"), ORed only when both are restricted.

@@ -41,6 +41,7 @@ from fastlane.domain.models import (
 from fastlane.errors import InvalidArgument
 
 E = TypeVar("E", bound=StrEnum)
+_Default = TypeVar("_Default", timedelta, None)  # a field with a default never comes back None
 
 
 # -- scalars -----------------------------------------------------------------------------------
@@ -171,7 +172,7 @@ def spec_from_pb(message: pb.JobSpec, *, tenant: str | None = None) -> JobSpec:
     if not message.HasField("schedule"):
         raise InvalidArgument("spec.schedule", "is missing: set one of now, at, cron or interval")
 
-    def optional_duration(owner: Message, name: str, field: str, default: timedelta | None) -> timedelta | None:
+    def optional_duration(owner: Message, name: str, field: str, default: _Default) -> timedelta | _Default:
         return duration_in(field, getattr(owner, name)) if owner.HasField(name) else default
 
     return JobSpec(
@@ -196,7 +197,7 @@ def spec_from_pb(message: pb.JobSpec, *, tenant: str | None = None) -> JobSpec:
         overlap=enum_value(OverlapPolicy, message.overlap, "spec.overlap", OverlapPolicy.ALLOW),
         delivery=enum_value(Delivery, message.delivery, "spec.delivery", Delivery.AT_LEAST_ONCE),
         timeout=optional_duration(message, "timeout", "spec.timeout", None),
-        lease_ttl=optional_duration(message, "lease_ttl", "spec.lease_ttl", timedelta(seconds=30)),  # type: ignore[arg-type]
+        lease_ttl=optional_duration(message, "lease_ttl", "spec.lease_ttl", timedelta(seconds=30)),
     )
 
 

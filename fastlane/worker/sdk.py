@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 import orjson
 
 from fastlane._proto import workers_pb2 as pb
-from fastlane.domain.models import MAX_CHECKPOINT_BYTES
+from fastlane.domain.limits import MAX_CHECKPOINT_BYTES
 from fastlane.errors import ConfigurationError
 from fastlane.rpc import wire
 from fastlane.worker._membership import ClusterStreams
@@ -47,6 +47,7 @@ from fastlane.worker._stream import NodeStream
 log = logging.getLogger("fastlane.worker")
 
 Handler = Callable[["RunContext"], Awaitable[None]]
+"""An async function that runs one attempt of a run, given its :class:`RunContext`."""
 H = TypeVar("H", bound=Handler)
 
 
@@ -265,7 +266,9 @@ class Worker:
             stop_wait.cancel()
             crash_wait.cancel()
         # Following the membership ends by itself only at a stop; any other ending is a crash.
-        ended = streams.crashed[:1] or [t for t in done if t is following and not self._stop_requested.is_set()]
+        ended = streams.crashed[:1]
+        if not ended and following is not None and following in done and not self._stop_requested.is_set():
+            ended = [following]
         for task in ended:
             task.result()  # these loops only end early by crashing: surface it
             raise RuntimeError(f"worker task {task.get_name()} ended unexpectedly")
