@@ -1,0 +1,74 @@
+"""The loop-lag probe: lag is wake-up minus asked-for time; a stall is put down to GC only when GC took most of it."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from fastlane.stalls import STALL, GcPauses, LoopLagProbe, Pause
+
+
+def instruments() -> tuple[CollectorRegistry, Histogram, Counter, Histogram]:
+    registry = CollectorRegistry()
+    lag = Histogram("lag_seconds", "", registry=registry)
+    stalls = Counter("stalls_total", "", ["cause"], registry=registry)
+    pauses = Histogram("gc_seconds", "", ["generation"], registry=registry)
+    return registry, lag, stalls, pauses
+
+
+def test_lag_is_the_wake_up_past_the_interval_and_never_negative() -> None:
+    registry, lag, stalls, _ = instruments()
+    probe = LoopLagProbe(lag=lag, stalls=stalls, interval=0.005)
+
+    assert abs(probe.observe(asked=10.0, woke=10.0053) - 0.0003) < 1e-9
+    assert probe.observe(asked=20.0, woke=20.004) == 0.0  # an early wake-up is no lag
+    assert registry.get_sample_value("lag_seconds_count") == 2
+    assert registry.get_sample_value("stalls_total", {"cause": "other"}) is None  # neither was a stall
+
+
+def test_a_stall_is_put_down_to_gc_only_when_collections_took_most_of_it() -> None:
+    registry, lag, stalls, _ = instruments()
+    pauses = GcPauses()
+    probe = LoopLagProbe(lag=lag, stalls=stalls, gc_pauses=pauses, interval=0.005)
+    pauses._recent.append(Pause(ended=100.02, seconds=0.018, generation=2))
+
+    probe.observe(asked=100.0, woke=100.025)  # 20 ms late, 18 ms of it collecting
+    probe.observe(asked=200.0, woke=200.025)  # 20 ms late, no collection then
+
+    assert registry.get_sample_value("stalls_total", {"cause": "gc"}) == 1
+    assert registry.get_sample_value("stalls_total", {"cause": "other"}) == 1
+    assert probe.worst[1] == "gc" and abs(probe.worst[0] - 0.020) < 1e-9  # the first of two equal stalls
+    assert probe.worst[0] >= STALL
+
+
+def test_gc_pauses_are_timed_by_generation_through_gc_callbacks() -> None:
+    registry, _, _, histogram = instruments()
+    pauses = GcPauses(histogram)
+    pauses.install()
+    try:
+        before = time.perf_counter()
+        gc.collect(2)
+        after = time.perf_counter()
+    finally:
+        pauses.uninstall()
+    assert registry.get_sample_value("gc_seconds_count", {"generation": "2"}) == 1
+    assert 0 < pauses.within(before, after) <= after - before
+    gc.collect(2)  # uninstalled: no longer counted
+    assert registry.get_sample_value("gc_seconds_count", {"generation": "2"}) == 1
+
+
+async def test_the_probe_sees_a_blocked_loop() -> None:
+    registry, lag, stalls, _ = instruments()
+    probe = LoopLagProbe(lag=lag, stalls=stalls, interval=0.001)
+    task = asyncio.create_task(probe.run())
+    await asyncio.sleep(0.01)
+    time.sleep(0.03)  # hold the loop, as a long callback would
+    await asyncio.sleep(0.01)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+    assert probe.worst[0] >= 0.025
+    assert registry.get_sample_value("stalls_total", {"cause": "other"}) >= 1
