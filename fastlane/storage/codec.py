@@ -178,11 +178,6 @@ def build_job(row: Mapping[str, Any]) -> Job:
     )
 
 
-# The window's columns: the schedule only for recurring jobs (a one-shot has no next occurrence,
-# and leaving its instant out lets every one-shot with the same misfire policy share one Timing).
-DUE_JOB_SCHEDULE = "CASE WHEN {kind} IN ('now', 'at') THEN NULL ELSE {schedule} END"
-
-
 @functools.lru_cache(maxsize=4096)
 def decode_timing(schedule: str | bytes | None, misfire: str | bytes) -> Timing:
     """The timing stored as these JSON texts. Cached: most jobs in a window share a handful of

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 import orjson
 
+from fastlane.clock import to_micros
 from fastlane.domain.models import (
     AttemptOutcome,
     Job,
@@ -58,6 +59,21 @@ def page_of(items: list[T], limit: int, key: Callable[[T], tuple[Any, ...]]) -> 
     return Page(items=items)
 
 
+def job_page_key(job: Job) -> tuple[str]:
+    """Where a page of jobs (in ``job_id`` order) ends."""
+    return (job.job_id,)
+
+
+def run_page_key(run: Run) -> tuple[int, str]:
+    """Where a page of runs (newest first) ends."""
+    return (to_micros(run.scheduled_for), run.run_id)
+
+
+def leases_in_order(rows: Sequence[Any]) -> list[ShardLease]:
+    """Shard lease rows as leases, by shard id."""
+    return sorted((codec.build_lease(row) for row in rows), key=lambda lease: lease.shard_id)
+
+
 def single_owner(leases: Sequence[ShardLease]) -> str:
     owners = {lease.owner for lease in leases}
     if len(owners) != 1:
@@ -87,6 +103,11 @@ def check_update(current: Job, spec: JobSpec) -> None:
         raise InvalidArgument("tenant", "cannot be changed")
     if spec.name != current.name:
         raise InvalidArgument("name", f"cannot be changed (is {current.name!r}); create a new job instead")
+
+
+# The states a job may be paused from and resumed from.
+PAUSE_FROM = (JobState.ACTIVE,)
+RESUME_FROM = (JobState.PAUSED, JobState.ERRORED)
 
 
 def rescheduled(current: Job, spec: JobSpec, now: datetime) -> tuple[datetime | None, JobState]:
@@ -149,6 +170,26 @@ def plan_materialisation(
                 delivered = state in (RunState.DISPATCHED, RunState.RUNNING)
                 (cancel_requested if delivered else cancel_now).append(run_id)
     return MaterialisationPlan(rows=rows, cancel_now=cancel_now, cancel_requested=cancel_requested)
+
+
+def scheduled_in_order(runs: Sequence[Run]) -> list[Run]:
+    """The runs a materialisation inserted as ``scheduled``, by scheduled time (to dispatch)."""
+    return sorted((run for run in runs if run.state is RunState.SCHEDULED), key=lambda run: run.scheduled_for)
+
+
+def lease_expired_results(expired: Sequence[Run], now: datetime) -> list[AttemptResult]:
+    """The results that end the current attempts of runs whose lease expired."""
+    return [
+        AttemptResult(run_id=run.run_id, lease_token=run.lease_token or 0, outcome=AttemptOutcome.LEASE_EXPIRED,
+                      error_code="lease_expired", error_message=f"worker {run.worker_id} stopped heartbeating",
+                      finished_at=now)
+        for run in expired
+    ]
+
+
+def rescheduled_runs(outcomes: Sequence[ResultOutcome]) -> list[Run]:
+    """The runs these outcomes scheduled again (retries of expired attempts)."""
+    return [outcome.run for outcome in outcomes if outcome.run.state is RunState.SCHEDULED]
 
 
 def first_of_each_attempt(results: Sequence[AttemptResult]) -> list[AttemptResult]:

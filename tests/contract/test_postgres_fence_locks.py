@@ -12,7 +12,7 @@ import asyncpg
 import pytest
 
 from fastlane.storage import open_store
-from fastlane.storage.postgres import _FENCE
+from fastlane.storage.postgres.queries import FENCE as _FENCE
 
 pytestmark = pytest.mark.postgres
 

@@ -1,0 +1,315 @@
+"""The PostgreSQL dialect's named statements (statements only: the store shapes their parameters).
+
+Names match :mod:`fastlane.storage.sqlite.queries` wherever a statement does the same job, so
+the two dialects read side by side. Batches are set-based: one statement over ``unnest`` arrays
+per batch, never a statement per row. Leases are judged by ``clock_timestamp()`` (the database
+clock at the moment of the statement, not the start of the transaction).
+"""
+
+from __future__ import annotations
+
+from fastlane.storage.sql import DUE_JOB_SCHEDULE
+
+# -- lifecycle -------------------------------------------------------------------------------------
+
+DB_NOW = "SELECT clock_timestamp()"
+LOCK_MIGRATIONS = "SELECT pg_advisory_xact_lock($1)"
+META_TABLE_EXISTS = "SELECT to_regclass('fastlane_meta') IS NOT NULL"
+SCHEMA_VERSION = "SELECT value FROM fastlane_meta WHERE key = 'schema_version'"
+SET_SCHEMA_VERSION = (
+    "INSERT INTO fastlane_meta VALUES ('schema_version', $1) "
+    "ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+)
+INIT_SHARD_COUNT = "INSERT INTO fastlane_meta VALUES ('shard_count', $1) ON CONFLICT (key) DO NOTHING"
+SHARD_COUNT = "SELECT value FROM fastlane_meta WHERE key = 'shard_count'"
+CREATE_SHARDS = "INSERT INTO shards (shard_id) SELECT generate_series(0, $1 - 1) ON CONFLICT DO NOTHING"
+
+# -- changes ---------------------------------------------------------------------------------------
+
+NOTIFY = "SELECT pg_notify($1, $2)"
+PING = "SELECT 1"
+
+# -- jobs ------------------------------------------------------------------------------------------
+
+INSERT_JOB = """
+    INSERT INTO jobs (job_id, tenant, name, job_type, shard_id, state, next_fire_at, priority,
+                      payload, policies, created_at, updated_at)
+    VALUES ($1, $2, $3, $4, $5, 'active', $6, $7, $8, $9::jsonb, $10, $10)
+    ON CONFLICT (tenant, name) DO NOTHING
+    RETURNING *
+"""
+JOB_BY_NAME = "SELECT * FROM jobs WHERE tenant = $1 AND name = $2"
+GET_JOB = "SELECT * FROM jobs WHERE job_id = $1 AND tenant = $2"
+LOCK_JOB = "SELECT * FROM jobs WHERE job_id = $1 AND tenant = $2 FOR UPDATE"
+LIST_JOBS = """
+    SELECT * FROM jobs
+    WHERE tenant = $1 AND job_id > $2
+      AND ($3::text IS NULL OR state = $3) AND ($4::text IS NULL OR job_type = $4)
+    ORDER BY job_id LIMIT $5
+"""
+UPDATE_JOB = """
+    UPDATE jobs SET job_type = $3, priority = $4, payload = $5, policies = $6::jsonb,
+                    next_fire_at = $7, state = $8, version = version + 1, updated_at = $9
+    WHERE job_id = $1 AND tenant = $2
+    RETURNING *
+"""
+SET_JOB_ASIDE = (
+    "UPDATE jobs SET state = $2, error = $3, version = version + 1, updated_at = clock_timestamp() "
+    "WHERE job_id = $1 RETURNING *"
+)
+COUNT_JOBS = "SELECT count(*) FROM jobs WHERE state = $1"
+CHANGE_JOB_STATE = (
+    "UPDATE jobs SET state = $2, error = NULL, version = version + 1, updated_at = clock_timestamp() "
+    "WHERE job_id = $1 RETURNING *"
+)
+DELETE_JOB = "DELETE FROM jobs WHERE job_id = $1 AND tenant = $2 RETURNING shard_id"
+CANCEL_RUNS_OF_DELETED_JOB = (
+    "UPDATE runs SET state = 'cancelled', finished_at = clock_timestamp(), updated_at = clock_timestamp(), "
+    "last_error = 'job deleted' WHERE job_id = $1 AND state IN ('scheduled', 'buffered')"
+)
+
+# -- the fast lane ---------------------------------------------------------------------------------
+
+LOAD_DUE_JOBS = f"""
+    SELECT job_id, shard_id, next_fire_at,
+           {DUE_JOB_SCHEDULE.format(kind="policies->'schedule'->>'kind'", schedule="policies->'schedule'")},
+           policies->'misfire'
+    FROM jobs
+    WHERE state = 'active' AND shard_id = ANY($1::int[]) AND next_fire_at < $2
+      AND ($3::timestamptz IS NULL OR next_fire_at >= $3)
+      AND ($5::timestamptz IS NULL OR (next_fire_at, job_id) > ($5, $6))
+    ORDER BY next_fire_at, job_id LIMIT $4
+"""
+
+# Locks the fenced shard rows FOR KEY SHARE: a takeover (which locks the row FOR UPDATE) waits
+# for this transaction, so the fence holds until commit; the owner's own lease renewal (a plain
+# UPDATE, a weaker lock) does not, so renewals never queue behind data transactions.
+FENCE = """
+    SELECT s.shard_id FROM shards s
+    JOIN unnest($1::int[], $2::text[], $3::bigint[]) AS f(shard_id, owner, token)
+      ON s.shard_id = f.shard_id AND s.owner = f.owner AND s.token = f.token
+    WHERE s.lease_expires_at > clock_timestamp()
+    FOR KEY SHARE OF s
+"""
+
+ADVANCE_JOBS = """
+    UPDATE jobs j
+    SET next_fire_at = o.next_fire_at, updated_at = clock_timestamp(),
+        state = CASE WHEN o.next_fire_at IS NULL THEN 'completed' ELSE j.state END
+    FROM unnest($1::text[], $2::timestamptz[], $3::timestamptz[]) AS o(job_id, expected, next_fire_at)
+    WHERE j.job_id = o.job_id AND j.next_fire_at = o.expected
+      AND j.state = 'active' AND j.shard_id = ANY($4::int[])
+    RETURNING j.job_id, j.policies->>'overlap' AS overlap
+"""
+JOBS_BY_IDS = "SELECT * FROM jobs WHERE job_id = ANY($1::text[])"
+ACTIVE_RUNS_OF_JOBS = (
+    "SELECT job_id, run_id, state FROM runs WHERE job_id = ANY($1::text[]) AND state = ANY($2::text[]) "
+    "FOR UPDATE"
+)
+CANCEL_FOR_OVERLAP = (
+    "UPDATE runs SET state = 'cancelled', finished_at = clock_timestamp(), updated_at = clock_timestamp(), "
+    "last_error = $2 WHERE run_id = ANY($1::text[]) RETURNING *"
+)
+REQUEST_CANCEL_FOR_OVERLAP = (
+    "UPDATE runs SET cancel_requested = true, last_error = $2, updated_at = clock_timestamp() "
+    "WHERE run_id = ANY($1::text[]) RETURNING *"
+)
+INSERT_RUNS = """
+    INSERT INTO runs (run_id, job_id, tenant, job_type, shard_id, scheduled_for, available_at, state,
+                      payload, priority, manual, delivery, lease_ttl_ms, timeout_ms, retry,
+                      created_at, updated_at, finished_at, last_error)
+    SELECT o.run_id, j.job_id, j.tenant, j.job_type, j.shard_id, o.scheduled_for, o.scheduled_for,
+           o.state, j.payload, j.priority, false, j.policies->>'delivery',
+           ((j.policies->>'lease_ttl')::float8 * 1000)::bigint,
+           ((j.policies->>'timeout')::float8 * 1000)::bigint, j.policies->'retry',
+           clock_timestamp(), clock_timestamp(),
+           CASE WHEN o.state = 'skipped' THEN clock_timestamp() END, o.last_error
+    FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::text[], $5::text[])
+         AS o(run_id, job_id, scheduled_for, state, last_error)
+    JOIN jobs j ON j.job_id = o.job_id
+    ON CONFLICT (job_id, scheduled_for) WHERE NOT manual DO NOTHING
+    RETURNING *
+"""
+PENDING_RUN_IDS = (
+    "SELECT run_id FROM runs WHERE state = 'scheduled' AND shard_id = ANY($1::int[]) "
+    "AND available_at < $2 ORDER BY available_at"
+)
+PENDING_RUNS = "SELECT * FROM runs WHERE run_id = ANY($1::text[]) AND state = 'scheduled'"
+EXPIRED_RUNS = (
+    "SELECT * FROM runs WHERE shard_id = $1 AND state IN ('dispatched', 'running') "
+    "AND lease_expires_at < clock_timestamp() ORDER BY lease_expires_at FOR UPDATE SKIP LOCKED"
+)
+SHARDS_WITH_EXPIRED_LEASES = (
+    "SELECT DISTINCT shard_id FROM runs WHERE state IN ('dispatched', 'running') "
+    "AND shard_id = ANY($1::int[]) AND lease_expires_at < clock_timestamp()"
+)
+
+# -- runs ------------------------------------------------------------------------------------------
+
+JOB_OF_TENANT = "SELECT job_id FROM jobs WHERE job_id = $1 AND tenant = $2"
+INSERT_MANUAL_RUN = """
+    INSERT INTO runs (run_id, job_id, tenant, job_type, shard_id, scheduled_for, available_at, state,
+                      payload, priority, manual, delivery, lease_ttl_ms, timeout_ms, retry,
+                      created_at, updated_at)
+    SELECT $1, j.job_id, j.tenant, j.job_type, j.shard_id, clock_timestamp(), clock_timestamp(),
+           'scheduled', j.payload, j.priority, true, j.policies->>'delivery',
+           ((j.policies->>'lease_ttl')::float8 * 1000)::bigint,
+           ((j.policies->>'timeout')::float8 * 1000)::bigint, j.policies->'retry',
+           clock_timestamp(), clock_timestamp()
+    FROM jobs j WHERE j.job_id = $2
+    RETURNING *
+"""
+GET_RUN = "SELECT * FROM runs WHERE run_id = $1 AND tenant = $2"
+LOCK_RUN = "SELECT * FROM runs WHERE run_id = $1 AND tenant = $2 FOR UPDATE"
+RUN_STATE = "SELECT state FROM runs WHERE run_id = $1 AND tenant = $2 FOR UPDATE"
+REQUEST_CANCEL = (
+    "UPDATE runs SET cancel_requested = true, updated_at = clock_timestamp() WHERE run_id = $1 "
+    "RETURNING *"
+)
+CANCEL_RUN = (
+    "UPDATE runs SET state = 'cancelled', finished_at = clock_timestamp(), updated_at = clock_timestamp(), "
+    "last_error = $2 WHERE run_id = $1 RETURNING *"
+)
+RETRY_RUN = (
+    "UPDATE runs SET state = 'scheduled', available_at = clock_timestamp(), finished_at = NULL, "
+    "cancel_requested = false, updated_at = clock_timestamp() WHERE run_id = $1 RETURNING *"
+)
+# The runs dispatched and their attempts inserted in one statement (SQLite: DISPATCH_RUNS, then
+# INSERT_ATTEMPTS).
+DISPATCH_RUNS = """
+    WITH started AS (
+        UPDATE runs r
+        SET state = 'dispatched', attempts = r.attempts + 1, lease_token = d.lease_token,
+            lease_expires_at = clock_timestamp() + d.ttl_us * interval '1 microsecond',
+            worker_id = d.worker_id, updated_at = clock_timestamp(),
+            first_attempt_at = coalesce(r.first_attempt_at, d.dispatched_at)
+        FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::bigint[], $6::timestamptz[])
+             AS d(run_id, lease_token, worker_id, node_id, ttl_us, dispatched_at)
+        WHERE r.run_id = d.run_id AND r.state = 'scheduled'
+        RETURNING r.run_id, r.attempts, d.lease_token, d.worker_id, d.node_id, d.dispatched_at
+    )
+    INSERT INTO attempts (run_id, attempt, lease_token, worker_id, node_id, outcome, dispatched_at)
+    SELECT run_id, attempts, lease_token, worker_id, node_id, 'pending', dispatched_at FROM started
+    RETURNING *
+"""
+EXTEND_LEASES = """
+    UPDATE runs r
+    SET lease_expires_at = clock_timestamp() + r.lease_ttl_ms * interval '1 millisecond',
+        progress = coalesce(h.progress, r.progress),
+        checkpoint = coalesce(h.checkpoint, r.checkpoint),
+        state = CASE WHEN h.started THEN 'running' ELSE r.state END,
+        updated_at = clock_timestamp()
+    FROM unnest($1::text[], $2::bigint[], $3::real[], $4::bytea[], $5::bool[])
+         AS h(run_id, lease_token, progress, checkpoint, started)
+    WHERE r.run_id = h.run_id AND r.lease_token = h.lease_token AND r.state IN ('dispatched', 'running')
+    RETURNING r.run_id, h.started, r.lease_token
+"""
+MARK_ATTEMPTS_STARTED = (
+    "UPDATE attempts a SET started_at = coalesce(a.started_at, clock_timestamp()) "
+    "FROM unnest($1::text[], $2::bigint[]) AS s(run_id, lease_token) "
+    "WHERE a.run_id = s.run_id AND a.lease_token = s.lease_token"
+)
+
+# Successes of current attempts, set-wise: the runs end succeeded, then their attempts say so.
+# A success whose attempt is no longer current matches nothing here and is decided in Python.
+# (Two statements: joining the attempts to the first one's output inside one query lets the
+# planner pick a nested loop over unindexed sets, quadratic in the batch.)
+SUCCEED_RUNS = """
+    UPDATE runs r SET state = 'succeeded', finished_at = clock_timestamp(), last_error = NULL,
+                      lease_token = NULL, lease_expires_at = NULL, updated_at = clock_timestamp()
+    FROM unnest($1::text[], $2::bigint[]) AS u(run_id, lease_token)
+    WHERE r.run_id = u.run_id AND r.lease_token = u.lease_token AND r.state IN ('dispatched', 'running')
+    RETURNING r.*, u.lease_token AS attempt_token
+"""
+SUCCEED_ATTEMPTS = """
+    UPDATE attempts a SET outcome = 'succeeded', error_code = s.error_code, error_message = s.error_message,
+                          started_at = coalesce(s.started_at, a.started_at),
+                          finished_at = coalesce(s.finished_at, clock_timestamp())
+    FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::timestamptz[], $6::timestamptz[])
+         AS s(run_id, lease_token, error_code, error_message, started_at, finished_at)
+    WHERE a.run_id = s.run_id AND a.lease_token = s.lease_token
+"""
+RESULT_RUNS = "SELECT * FROM runs WHERE run_id = ANY($1::text[]) ORDER BY run_id FOR UPDATE"
+APPLY_RUN_RESULTS = """
+    UPDATE runs r SET state = u.state, available_at = u.available_at, finished_at = u.finished_at,
+                      last_error = u.last_error, lease_token = NULL, lease_expires_at = NULL,
+                      updated_at = clock_timestamp()
+    FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::timestamptz[], $5::text[])
+         AS u(run_id, state, available_at, finished_at, last_error)
+    WHERE r.run_id = u.run_id
+"""
+APPLY_ATTEMPT_RESULTS = """
+    UPDATE attempts a SET outcome = u.outcome, error_code = u.error_code, error_message = u.error_message,
+                          started_at = coalesce(u.started_at, a.started_at), finished_at = u.finished_at
+    FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::timestamptz[],
+                $7::timestamptz[])
+         AS u(run_id, lease_token, outcome, error_code, error_message, started_at, finished_at)
+    WHERE a.run_id = u.run_id AND a.lease_token = u.lease_token
+      AND (a.outcome IN ('pending', 'lease_expired') OR u.outcome <> 'superseded')
+"""
+# The oldest buffered run of each job that has no other active run left.
+RELEASE_BUFFERED = """
+    UPDATE runs SET state = 'scheduled', available_at = clock_timestamp(), updated_at = clock_timestamp()
+    WHERE state = 'buffered' AND job_id = ANY($1::text[])
+      AND scheduled_for = (SELECT min(b.scheduled_for) FROM runs b
+                           WHERE b.job_id = runs.job_id AND b.state = 'buffered')
+      AND NOT EXISTS (SELECT 1 FROM runs a WHERE a.job_id = runs.job_id
+                      AND a.state IN ('scheduled', 'dispatched', 'running'))
+    RETURNING *
+"""
+LIST_RUNS = """
+    SELECT * FROM runs
+    WHERE tenant = $1 AND ($2::text IS NULL OR job_id = $2)
+      AND (cardinality($3::text[]) = 0 OR state = ANY($3::text[]))
+      AND ($4::timestamptz IS NULL OR (scheduled_for, run_id) < ($4, $5))
+    ORDER BY scheduled_for DESC, run_id DESC LIMIT $6
+"""
+LIST_ATTEMPTS = "SELECT * FROM attempts WHERE run_id = $1 ORDER BY attempt"
+
+# -- shards ----------------------------------------------------------------------------------------
+
+ACQUIRE_SHARDS = """
+    UPDATE shards SET owner = $1, token = token + 1,
+                      lease_expires_at = clock_timestamp() + $2 * interval '1 microsecond'
+    WHERE shard_id IN (
+        SELECT shard_id FROM shards
+        WHERE (owner = '' OR lease_expires_at IS NULL OR lease_expires_at <= clock_timestamp())
+          AND ($4::int[] IS NULL OR shard_id = ANY($4::int[]))
+        ORDER BY shard_id LIMIT $3
+        FOR UPDATE SKIP LOCKED
+    )
+    RETURNING *
+"""
+RENEW_SHARDS = """
+    UPDATE shards s SET lease_expires_at = clock_timestamp() + $4 * interval '1 microsecond'
+    FROM unnest($1::int[], $2::bigint[]) AS l(shard_id, token)
+    WHERE s.shard_id = l.shard_id AND s.token = l.token AND s.owner = $3
+      AND s.lease_expires_at > clock_timestamp()
+    RETURNING s.*
+"""
+RELEASE_SHARDS = """
+    UPDATE shards s SET owner = '', lease_expires_at = NULL
+    FROM unnest($1::int[], $2::bigint[]) AS l(shard_id, token)
+    WHERE s.shard_id = l.shard_id AND s.token = l.token AND s.owner = $3
+"""
+LIST_SHARDS = "SELECT * FROM shards ORDER BY shard_id"
+
+# -- membership ------------------------------------------------------------------------------------
+
+# Returns whether the node joined (inserted) rather than beat again (updated).
+HEARTBEAT_NODE = """
+    INSERT INTO nodes (node_id, address, started_at, heartbeat_at, clock_offset_ms, shards_owned,
+                       workers, eligible, note)
+    VALUES ($1, $2, clock_timestamp(), clock_timestamp(), $3, $4, $5, $6, $7)
+    ON CONFLICT (node_id) DO UPDATE
+    SET address = excluded.address, heartbeat_at = excluded.heartbeat_at,
+        clock_offset_ms = excluded.clock_offset_ms, shards_owned = excluded.shards_owned,
+        workers = excluded.workers, eligible = excluded.eligible, note = excluded.note
+    RETURNING xmax = 0
+"""
+LIVE_NODES = (
+    "SELECT * FROM nodes WHERE heartbeat_at > clock_timestamp() - $1 * interval '1 microsecond' "
+    "ORDER BY node_id"
+)
+REMOVE_NODE = "DELETE FROM nodes WHERE node_id = $1"
+LIST_NODES = "SELECT * FROM nodes ORDER BY node_id"

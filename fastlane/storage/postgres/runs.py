@@ -1,0 +1,205 @@
+"""The PostgreSQL store's runs and attempts: manual runs, cancel and retry, dispatches,
+heartbeats, results, and the reads of run history."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Collection, Sequence
+from datetime import datetime
+
+import asyncpg
+
+from fastlane.clock import from_micros
+from fastlane.domain.models import Attempt, Run, RunState, new_id
+from fastlane.domain.records import AttemptResult, Change, ChangeKind, Dispatch, Heartbeat, Page
+from fastlane.domain.transitions import CANCELLED_BY_REQUEST
+from fastlane.errors import InvalidState, JobNotFound, RunNotFound
+from fastlane.storage import codec, common
+from fastlane.storage.postgres import queries
+from fastlane.storage.postgres.changes import notify
+from fastlane.storage.postgres.connection import PostgresConnections
+from fastlane.storage.results import Cancellation, ResultOutcome
+
+
+class PostgresRuns(PostgresConnections):
+    """Run and attempt methods of :class:`~fastlane.storage.postgres.PostgresStore`."""
+
+    _rng: random.Random
+
+    async def create_manual_run(self, tenant: str, job_id: str) -> Run:
+        async with self._transaction() as db:
+            job_row = await db.fetchrow(queries.JOB_OF_TENANT, job_id, tenant)
+            if job_row is None:
+                raise JobNotFound(job_id)
+            row = await db.fetchrow(queries.INSERT_MANUAL_RUN, new_id(), job_id)
+            run = codec.build_run(row)
+            await notify(db, Change(ChangeKind.RUN, run.shard_id, run.tenant, run.run_id))
+        return run
+
+    async def cancel_run(self, tenant: str, run_id: str) -> Cancellation:
+        async with self._transaction() as db:
+            row = await db.fetchrow(queries.LOCK_RUN, run_id, tenant)
+            if row is None:
+                raise RunNotFound(run_id)
+            run = codec.build_run(row)
+            if run.state in (RunState.DISPATCHED, RunState.RUNNING):
+                row = await db.fetchrow(queries.REQUEST_CANCEL, run_id)
+                await notify(db, Change(ChangeKind.RUN, run.shard_id, tenant, run_id))
+                return Cancellation(run=codec.build_run(row))
+            if run.state not in (RunState.SCHEDULED, RunState.BUFFERED):
+                raise InvalidState("run", run_id, run.state.value, "cancel")
+            row = await db.fetchrow(queries.CANCEL_RUN, run_id, CANCELLED_BY_REQUEST)
+            released = await release_buffered(db, [run.job_id])
+            await notify(db, Change(ChangeKind.RUN, run.shard_id, tenant, run_id))
+            for other in released:
+                await notify(db, Change(ChangeKind.RUN, other.shard_id, other.tenant, other.run_id))
+        return Cancellation(run=codec.build_run(row), released=released)
+
+    async def retry_run(self, tenant: str, run_id: str) -> Run:
+        async with self._transaction() as db:
+            row = await db.fetchrow(queries.RUN_STATE, run_id, tenant)
+            if row is None:
+                raise RunNotFound(run_id)
+            if row["state"] not in ("dead", "lost"):
+                raise InvalidState("run", run_id, row["state"], "retry (only dead or lost runs can be replayed)")
+            row = await db.fetchrow(queries.RETRY_RUN, run_id)
+            run = codec.build_run(row)
+            await notify(db, Change(ChangeKind.RUN, run.shard_id, run.tenant, run.run_id))
+        return run
+
+    async def record_dispatches(self, dispatches: Sequence[Dispatch]) -> list[Attempt]:
+        if not dispatches:
+            return []
+        async with self._transaction() as db:
+            rows = await db.fetch(
+                queries.DISPATCH_RUNS,
+                [d.run_id for d in dispatches],
+                [d.lease_token for d in dispatches],
+                [d.worker_id for d in dispatches],
+                [d.node_id for d in dispatches],
+                [common.micros_of_delta(d.lease_ttl) for d in dispatches],
+                [d.dispatched_at for d in dispatches],
+            )
+        return [codec.build_attempt(row) for row in rows]
+
+    async def record_heartbeats(self, heartbeats: Sequence[Heartbeat]) -> list[str]:
+        if not heartbeats:
+            return []
+        async with self._transaction() as db:
+            rows = await db.fetch(
+                queries.EXTEND_LEASES,
+                [h.run_id for h in heartbeats],
+                [h.lease_token for h in heartbeats],
+                [h.progress for h in heartbeats],
+                [h.checkpoint for h in heartbeats],
+                [h.started for h in heartbeats],
+            )
+            started = [(row["run_id"], row["lease_token"]) for row in rows if row["started"]]
+            if started:
+                await db.execute(
+                    queries.MARK_ATTEMPTS_STARTED, [run_id for run_id, _ in started], [token for _, token in started]
+                )
+        current = {row["run_id"] for row in rows}
+        return [h.run_id for h in heartbeats if h.run_id not in current]
+
+    async def record_results(self, results: Sequence[AttemptResult]) -> list[ResultOutcome]:
+        if not results:
+            return []
+        successes, others = common.successes_first(results)
+        async with self._transaction() as db:
+            succeeded = await db.fetch(
+                queries.SUCCEED_RUNS, [r.run_id for r in successes], [r.lease_token for r in successes]
+            ) if successes else []
+            applied = {(row["run_id"], row["attempt_token"]) for row in succeeded}
+            done = [r for r in successes if (r.run_id, r.lease_token) in applied]
+            if done:
+                await db.execute(
+                    queries.SUCCEED_ATTEMPTS,
+                    [r.run_id for r in done], [r.lease_token for r in done], [r.error_code for r in done],
+                    [r.error_message for r in done], [r.started_at for r in done], [r.finished_at for r in done],
+                )
+            rest = [r for r in successes if (r.run_id, r.lease_token) not in applied] + others
+            outcomes = [ResultOutcome(row=row, accepted=True) for row in succeeded]
+            released = await release_buffered(db, {row["job_id"] for row in succeeded})
+            for run in released:
+                await notify(db, Change(ChangeKind.RUN, run.shard_id, run.tenant, run.run_id))
+            outcomes += [ResultOutcome(run=run, accepted=True, released=True) for run in released]
+            if rest:
+                rows = await db.fetch(queries.RESULT_RUNS, list({r.run_id for r in rest}))
+                now = await db.fetchval(queries.DB_NOW)
+                outcomes += await apply_results(
+                    db, {row["run_id"]: codec.build_run(row) for row in rows}, rest, now, self._rng)
+            return outcomes
+
+    async def get_run(self, tenant: str, run_id: str) -> Run:
+        async with self._connection() as db:
+            row = await db.fetchrow(queries.GET_RUN, run_id, tenant)
+        if row is None:
+            raise RunNotFound(run_id)
+        return codec.build_run(row)
+
+    async def list_runs(
+        self,
+        tenant: str,
+        *,
+        job_id: str | None = None,
+        states: Collection[RunState] = (),
+        limit: int = 100,
+        page_token: str = "",
+    ) -> Page[Run]:
+        before_time, before_id = None, ""
+        if page_token:
+            micros, before_id = codec.decode_page_token(page_token, int, str)
+            before_time = from_micros(micros)
+        async with self._connection() as db:
+            rows = await db.fetch(
+                queries.LIST_RUNS,
+                tenant, job_id, [s.value for s in states], before_time, before_id, common.page_limit(limit) + 1,
+            )
+        return common.page_of([codec.build_run(row) for row in rows], limit, common.run_page_key)
+
+    async def list_attempts(self, run_id: str) -> list[Attempt]:
+        async with self._connection() as db:
+            rows = await db.fetch(queries.LIST_ATTEMPTS, run_id)
+        return [codec.build_attempt(row) for row in rows]
+
+
+async def apply_results(
+    db: asyncpg.Connection,
+    runs: dict[str, Run],
+    results: Sequence[AttemptResult],
+    now: datetime,
+    rng: random.Random,
+) -> list[ResultOutcome]:
+    """Write what :func:`fastlane.storage.common.decide_results` made of these results."""
+    decided = common.decide_results(runs, results, now, rng)
+    if decided.runs:
+        await db.execute(
+            queries.APPLY_RUN_RESULTS,
+            [run.run_id for run in decided.runs], [run.state.value for run in decided.runs],
+            [run.available_at for run in decided.runs], [run.finished_at for run in decided.runs],
+            [run.last_error for run in decided.runs],
+        )
+    if decided.attempts:
+        updates = decided.attempts
+        await db.execute(
+            queries.APPLY_ATTEMPT_RESULTS,
+            [u.result.run_id for u in updates], [u.result.lease_token for u in updates],
+            [u.outcome.value for u in updates], [u.result.error_code for u in updates],
+            [u.result.error_message for u in updates], [u.result.started_at for u in updates],
+            [u.finished_at for u in updates],
+        )
+    released = await release_buffered(db, decided.finished_jobs)
+    # A worker may report to any node: the owner of each run's shard must hear of a retry or
+    # a run released from the overlap buffer at once, not at its next full scan.
+    for run in [*released, *(run for run in decided.runs if run.state is RunState.SCHEDULED)]:
+        await notify(db, Change(ChangeKind.RUN, run.shard_id, run.tenant, run.run_id))
+    return decided.outcomes + [ResultOutcome(run=run, accepted=True, released=True) for run in released]
+
+
+async def release_buffered(db: asyncpg.Connection, job_ids: Collection[str]) -> list[Run]:
+    """Schedule the oldest buffered run of each job that has no other active run left."""
+    if not job_ids:
+        return []
+    rows = await db.fetch(queries.RELEASE_BUFFERED, list(job_ids))
+    return [codec.build_run(row) for row in rows]

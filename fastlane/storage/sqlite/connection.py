@@ -1,0 +1,166 @@
+"""SQLite connections: one serialised writer and one reader, driver errors classified here.
+
+Writes take ``BEGIN IMMEDIATE``, so two stores on one file (two processes, or a test's two
+connections) serialise on SQLite's write lock. Also the small query helpers that turn rows into
+dicts with instants (integer microseconds) back as aware datetimes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Iterable, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+import orjson
+
+from fastlane.clock import from_micros, to_micros
+from fastlane.storage.driver_errors import SQLITE_DRIVER_ERRORS, classify_sqlite
+from fastlane.storage.turns import WriteTurns
+
+
+def _now_us() -> int:
+    """The ``fl_now_us()`` SQL function behind :data:`fastlane.storage.sqlite.queries.NOW`."""
+    return time.time_ns() // 1000
+
+
+class SQLiteConnections:
+    """The connections of a store on one SQLite file: a write connection (serialised) and a read one."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        # sqlite:///relative.db and sqlite:////absolute/path.db, as SQLAlchemy reads them.
+        self.path = Path(url.removeprefix("sqlite:///"))
+        self._writer: aiosqlite.Connection | None = None
+        self._reader: aiosqlite.Connection | None = None
+        self._write_lock = WriteTurns()
+        self._read_lock = asyncio.Lock()
+
+    async def _connect(self) -> aiosqlite.Connection:
+        connection: aiosqlite.Connection | None = None
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            connection = await aiosqlite.connect(self.path, isolation_level=None)
+            connection.row_factory = sqlite3.Row
+            await connection.create_function("fl_now_us", 0, _now_us)
+            await connection.execute("PRAGMA journal_mode = WAL")
+            await connection.execute("PRAGMA synchronous = NORMAL")  # durable in WAL mode except on power loss
+            await connection.execute("PRAGMA busy_timeout = 10000")
+        except SQLITE_DRIVER_ERRORS as error:
+            if connection is not None:  # half set up: its thread must not linger
+                with contextlib.suppress(Exception):
+                    await connection.close()
+            raise classify_sqlite(error, doing=f"opening {str(self.path)!r}") from error
+        return connection
+
+    @contextlib.asynccontextmanager
+    async def _transaction(self, *, urgent: bool = False) -> AsyncIterator[aiosqlite.Connection]:
+        """The write transaction; ``urgent`` (lease and membership upkeep) goes ahead of queued ones."""
+        async with self._write_lock.turn(urgent=urgent):
+            if self._writer is None:
+                self._writer = await self._connect()
+            db = self._writer
+            try:
+                await db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield db
+                except BaseException:
+                    await self._roll_back(db)
+                    raise
+                await db.execute("COMMIT")
+            except SQLITE_DRIVER_ERRORS as error:
+                if self._writer is db and db.in_transaction:  # a failed COMMIT leaves it open
+                    await self._roll_back(db)
+                raise classify_sqlite(error) from error
+
+    async def _roll_back(self, db: aiosqlite.Connection) -> None:
+        """Roll back; a writer that cannot (its file gone, say) is closed, so the next
+        transaction starts on a fresh connection instead of failing on this one forever."""
+        try:
+            if db.in_transaction:  # SQLite rolls back by itself after some errors
+                await db.execute("ROLLBACK")
+        except (sqlite3.Error, ValueError):  # ValueError: aiosqlite's connection is already closed
+            if self._writer is db:
+                self._writer = None
+            with contextlib.suppress(Exception):
+                await db.close()
+
+    @contextlib.asynccontextmanager
+    async def _read(self) -> AsyncIterator[aiosqlite.Connection]:
+        async with self._read_lock:
+            if self._reader is None:
+                self._reader = await self._connect()
+            try:
+                yield self._reader
+            except SQLITE_DRIVER_ERRORS as error:
+                raise classify_sqlite(error) from error
+
+    async def close(self) -> None:
+        for name in ("_writer", "_reader"):
+            connection = getattr(self, name)
+            setattr(self, name, None)
+            if connection is not None:
+                await connection.close()
+
+
+# -- small query helpers ---------------------------------------------------------------------------
+
+TIME_COLUMNS = frozenset({
+    "heartbeat_at",
+    "next_fire_at", "created_at", "updated_at", "scheduled_for", "available_at", "lease_expires_at",
+    "first_attempt_at", "finished_at", "dispatched_at", "started_at",
+})
+
+
+def instant(value: datetime | None) -> int | None:
+    return None if value is None else to_micros(value)
+
+
+def json_array(values: Iterable[Any]) -> str:
+    """A batch as the one JSON array parameter that ``json_each`` expands."""
+    return orjson.dumps(list(values)).decode()
+
+
+def row_dict(row: sqlite3.Row) -> dict[str, Any]:
+    """A row as a dict with instants turned back into aware datetimes."""
+    return row_dicts([row])[0]
+
+
+def row_dicts(rows: Sequence[sqlite3.Row]) -> list[dict[str, Any]]:
+    """Rows as dicts with instants turned back into aware datetimes (columns looked at once)."""
+    if not rows:
+        return []
+    names = rows[0].keys()
+    instants = [index for index, name in enumerate(names) if name in TIME_COLUMNS]
+    converted = []
+    for row in rows:
+        values = list(row)
+        for index in instants:
+            if values[index] is not None:
+                values[index] = from_micros(values[index])
+        converted.append(dict(zip(names, values, strict=True)))
+    return converted
+
+
+async def fetch_one(db: aiosqlite.Connection, sql: str, params: Sequence[Any]) -> dict[str, Any] | None:
+    async with db.execute(sql, params) as cursor:
+        row = await cursor.fetchone()
+        # Drain the cursor so a RETURNING statement completes before the transaction ends.
+        await cursor.fetchall()
+    return None if row is None else row_dict(row)
+
+
+async def fetch_all(db: aiosqlite.Connection, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
+    async with db.execute(sql, params) as cursor:
+        return row_dicts(await cursor.fetchall())
+
+
+async def fetch_value(db: aiosqlite.Connection, sql: str, params: Sequence[Any] = ()) -> Any:
+    async with db.execute(sql, params) as cursor:
+        row = await cursor.fetchone()
+    return None if row is None else row[0]

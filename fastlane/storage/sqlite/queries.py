@@ -1,0 +1,285 @@
+"""The SQLite dialect's named statements (statements only: the store shapes their parameters).
+
+Names match :mod:`fastlane.storage.postgres.queries` wherever a statement does the same job, so
+the two dialects read side by side. Instants are integer microseconds since the Unix epoch, UTC;
+a batch is one JSON array parameter expanded by ``json_each``.
+"""
+
+from __future__ import annotations
+
+from fastlane.storage.sql import DUE_JOB_SCHEDULE
+
+# The database clock, in integer microseconds. SQLite's own julianday('now') only has millisecond
+# resolution; an embedded database shares its host's clock anyway, so the connection gets a SQL
+# function reading that clock at full resolution (registered in ``connection``).
+NOW = "fl_now_us()"
+
+# -- lifecycle -------------------------------------------------------------------------------------
+
+DB_NOW = f"SELECT {NOW}"
+META_TABLE_EXISTS = "SELECT count(*) FROM sqlite_master WHERE name = 'fastlane_meta'"
+SCHEMA_VERSION = "SELECT value FROM fastlane_meta WHERE key = 'schema_version'"
+SET_SCHEMA_VERSION = (
+    "INSERT INTO fastlane_meta VALUES ('schema_version', ?) "
+    "ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+)
+INIT_SHARD_COUNT = "INSERT INTO fastlane_meta VALUES ('shard_count', ?) ON CONFLICT (key) DO NOTHING"
+SHARD_COUNT = "SELECT value FROM fastlane_meta WHERE key = 'shard_count'"
+CREATE_SHARDS = "INSERT OR IGNORE INTO shards (shard_id) VALUES (?)"  # executemany, one row per shard
+
+# -- jobs ------------------------------------------------------------------------------------------
+
+INSERT_JOB = """
+    INSERT INTO jobs (job_id, tenant, name, job_type, shard_id, state, next_fire_at, priority,
+                      payload, policies, created_at, updated_at)
+    VALUES (?, ?, ?, ?, ?, 'active', ?, ?, ?, ?, ?, ?)
+    ON CONFLICT (tenant, name) DO NOTHING
+    RETURNING *
+"""
+JOB_BY_NAME = "SELECT * FROM jobs WHERE tenant = ? AND name = ?"
+GET_JOB = "SELECT * FROM jobs WHERE job_id = ? AND tenant = ?"
+# A job read to be changed: SQLite's writer lock (BEGIN IMMEDIATE) already keeps every other
+# writer out, so the row needs no lock of its own.
+LOCK_JOB = GET_JOB
+LIST_JOBS = """
+    SELECT * FROM jobs
+    WHERE tenant = ? AND job_id > ? AND (? IS NULL OR state = ?) AND (? IS NULL OR job_type = ?)
+    ORDER BY job_id LIMIT ?
+"""
+UPDATE_JOB = """
+    UPDATE jobs SET job_type = ?, priority = ?, payload = ?, policies = ?, next_fire_at = ?, state = ?,
+                    version = version + 1, updated_at = ?
+    WHERE job_id = ? AND tenant = ?
+    RETURNING *
+"""
+SET_JOB_ASIDE = f"UPDATE jobs SET state = ?, error = ?, version = version + 1, updated_at = {NOW} WHERE job_id = ?"
+COUNT_JOBS = "SELECT count(*) AS n FROM jobs WHERE state = ?"
+CHANGE_JOB_STATE = (
+    f"UPDATE jobs SET state = ?, error = NULL, version = version + 1, updated_at = {NOW} WHERE job_id = ? RETURNING *"
+)
+DELETE_JOB = "DELETE FROM jobs WHERE job_id = ? AND tenant = ? RETURNING job_id"
+CANCEL_RUNS_OF_DELETED_JOB = (
+    f"UPDATE runs SET state = 'cancelled', finished_at = {NOW}, updated_at = {NOW}, "
+    "last_error = 'job deleted' WHERE job_id = ? AND state IN ('scheduled', 'buffered')"
+)
+
+# -- the fast lane ---------------------------------------------------------------------------------
+
+LOAD_DUE_JOBS = f"""
+    SELECT job_id, shard_id, next_fire_at,
+           {DUE_JOB_SCHEDULE.format(kind="json_extract(policies, '$.schedule.kind')",
+                                    schedule="json_extract(policies, '$.schedule')")},
+           json_extract(policies, '$.misfire')
+    FROM jobs
+    WHERE state = 'active' AND shard_id IN (SELECT value FROM json_each(?)) AND next_fire_at < ?
+      AND (? IS NULL OR next_fire_at >= ?)
+      AND (? IS NULL OR (next_fire_at, job_id) > (?, ?))
+    ORDER BY next_fire_at, job_id LIMIT ?
+"""
+
+# One shard's fence; checked inside the write lock, so it holds until commit.
+FENCE = f"""
+    SELECT 1 FROM shards WHERE shard_id = ? AND owner = ? AND token = ? AND lease_expires_at > {NOW}
+"""
+
+ADVANCE_JOBS = f"""
+    UPDATE jobs
+    SET next_fire_at = o.next_fire_at, updated_at = {NOW},
+        state = CASE WHEN o.next_fire_at IS NULL THEN 'completed' ELSE jobs.state END
+    FROM (SELECT json_extract(value, '$[0]') AS job_id, json_extract(value, '$[1]') AS expected,
+                 json_extract(value, '$[2]') AS next_fire_at FROM json_each(?)) AS o
+    WHERE jobs.job_id = o.job_id AND jobs.next_fire_at = o.expected
+      AND jobs.state = 'active' AND jobs.shard_id IN (SELECT value FROM json_each(?))
+    RETURNING jobs.job_id, json_extract(jobs.policies, '$.overlap') AS overlap
+"""
+JOBS_BY_IDS = "SELECT * FROM jobs WHERE job_id IN (SELECT value FROM json_each(?))"
+ACTIVE_RUNS_OF_JOBS = (
+    "SELECT job_id, run_id, state FROM runs WHERE job_id IN (SELECT value FROM json_each(?)) "
+    "AND state IN (SELECT value FROM json_each(?))"
+)
+CANCEL_FOR_OVERLAP = (
+    f"UPDATE runs SET state = 'cancelled', finished_at = {NOW}, updated_at = {NOW}, last_error = ? "
+    "WHERE run_id IN (SELECT value FROM json_each(?)) RETURNING *"
+)
+REQUEST_CANCEL_FOR_OVERLAP = (
+    f"UPDATE runs SET cancel_requested = 1, last_error = ?, updated_at = {NOW} "
+    "WHERE run_id IN (SELECT value FROM json_each(?)) RETURNING *"
+)
+INSERT_RUNS = f"""
+    INSERT INTO runs (run_id, job_id, tenant, job_type, shard_id, scheduled_for, available_at, state,
+                      payload, priority, manual, delivery, lease_ttl_ms, timeout_ms, retry,
+                      created_at, updated_at, finished_at, last_error)
+    SELECT o.run_id, j.job_id, j.tenant, j.job_type, j.shard_id, o.scheduled_for, o.scheduled_for,
+           o.state, j.payload, j.priority, 0, json_extract(j.policies, '$.delivery'),
+           CAST(json_extract(j.policies, '$.lease_ttl') * 1000 AS INTEGER),
+           CAST(json_extract(j.policies, '$.timeout') * 1000 AS INTEGER),
+           json_extract(j.policies, '$.retry'), {NOW}, {NOW},
+           CASE WHEN o.state = 'skipped' THEN {NOW} END, o.last_error
+    FROM (SELECT json_extract(value, '$[0]') AS run_id, json_extract(value, '$[1]') AS job_id,
+                 json_extract(value, '$[2]') AS scheduled_for, json_extract(value, '$[3]') AS state,
+                 json_extract(value, '$[4]') AS last_error
+          FROM json_each(?)) AS o
+    JOIN jobs j ON j.job_id = o.job_id
+    WHERE true
+    ON CONFLICT (job_id, scheduled_for) WHERE manual = 0 DO NOTHING
+    RETURNING *
+"""
+PENDING_RUN_IDS = (
+    "SELECT run_id FROM runs WHERE state = 'scheduled' AND shard_id IN (SELECT value FROM json_each(?)) "
+    "AND available_at < ? ORDER BY available_at"
+)
+PENDING_RUNS = "SELECT * FROM runs WHERE run_id IN (SELECT value FROM json_each(?)) AND state = 'scheduled'"
+EXPIRED_RUNS = (
+    f"SELECT * FROM runs WHERE shard_id = ? AND state IN ('dispatched', 'running') "
+    f"AND lease_expires_at < {NOW} ORDER BY lease_expires_at"
+)
+SHARDS_WITH_EXPIRED_LEASES = (
+    f"SELECT DISTINCT shard_id FROM runs WHERE state IN ('dispatched', 'running') "
+    f"AND shard_id IN (SELECT value FROM json_each(?)) AND lease_expires_at < {NOW}"
+)
+
+# -- runs ------------------------------------------------------------------------------------------
+
+INSERT_MANUAL_RUN = f"""
+    INSERT INTO runs (run_id, job_id, tenant, job_type, shard_id, scheduled_for, available_at, state,
+                      payload, priority, manual, delivery, lease_ttl_ms, timeout_ms, retry,
+                      created_at, updated_at)
+    SELECT ?, j.job_id, j.tenant, j.job_type, j.shard_id, {NOW}, {NOW}, 'scheduled', j.payload,
+           j.priority, 1, json_extract(j.policies, '$.delivery'),
+           CAST(json_extract(j.policies, '$.lease_ttl') * 1000 AS INTEGER),
+           CAST(json_extract(j.policies, '$.timeout') * 1000 AS INTEGER),
+           json_extract(j.policies, '$.retry'), {NOW}, {NOW}
+    FROM jobs j WHERE j.job_id = ? AND j.tenant = ?
+    RETURNING *
+"""
+GET_RUN = "SELECT * FROM runs WHERE run_id = ? AND tenant = ?"
+LOCK_RUN = GET_RUN  # a run read to be changed: the writer lock covers it (see LOCK_JOB)
+RUN_STATE = "SELECT state FROM runs WHERE run_id = ? AND tenant = ?"
+REQUEST_CANCEL = f"UPDATE runs SET cancel_requested = 1, updated_at = {NOW} WHERE run_id = ? RETURNING *"
+CANCEL_RUN = (
+    f"UPDATE runs SET state = 'cancelled', finished_at = {NOW}, updated_at = {NOW}, last_error = ? "
+    "WHERE run_id = ? RETURNING *"
+)
+RETRY_RUN = (
+    f"UPDATE runs SET state = 'scheduled', available_at = {NOW}, finished_at = NULL, cancel_requested = 0, "
+    f"updated_at = {NOW} WHERE run_id = ? RETURNING *"
+)
+DISPATCH_RUNS = f"""
+    UPDATE runs
+    SET state = 'dispatched', attempts = runs.attempts + 1, lease_token = d.lease_token,
+        lease_expires_at = {NOW} + d.ttl_us, worker_id = d.worker_id, updated_at = {NOW},
+        first_attempt_at = coalesce(runs.first_attempt_at, d.dispatched_at)
+    FROM (SELECT json_extract(value, '$[0]') AS run_id, json_extract(value, '$[1]') AS lease_token,
+                 json_extract(value, '$[2]') AS worker_id, json_extract(value, '$[3]') AS ttl_us,
+                 json_extract(value, '$[4]') AS dispatched_at
+          FROM json_each(?)) AS d
+    WHERE runs.run_id = d.run_id AND runs.state = 'scheduled'
+    RETURNING runs.run_id, runs.attempts, runs.lease_token, runs.worker_id
+"""
+# One statement for the whole batch: a row at a time would cross to SQLite's thread once per
+# run, holding the single writer for seconds on a large batch.
+INSERT_ATTEMPTS = """
+    INSERT INTO attempts (run_id, attempt, lease_token, worker_id, node_id, outcome, dispatched_at)
+    SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'),
+           json_extract(value, '$[3]'), json_extract(value, '$[4]'), 'pending',
+           json_extract(value, '$[5]')
+    FROM json_each(?)
+    RETURNING *
+"""
+# The lease tokens of these runs' current attempts. The store is the only writer, so tokens read
+# inside a write transaction are still current at its updates.
+CURRENT_ATTEMPTS = (
+    "SELECT run_id, lease_token FROM runs WHERE run_id IN (SELECT value FROM json_each(?)) "
+    "AND state IN ('dispatched', 'running')"
+)
+EXTEND_LEASES = f"""
+    UPDATE runs SET lease_expires_at = {NOW} + lease_ttl_ms * 1000, progress = coalesce(?, progress),
+                    checkpoint = coalesce(?, checkpoint),
+                    state = CASE WHEN ? THEN 'running' ELSE state END, updated_at = {NOW}
+    WHERE run_id = ? AND lease_token = ?
+"""
+MARK_ATTEMPTS_STARTED = (
+    f"UPDATE attempts SET started_at = coalesce(started_at, {NOW}) WHERE run_id = ? AND lease_token = ?"
+)
+SUCCEED_RUNS = f"""
+    UPDATE runs SET state = 'succeeded', finished_at = {NOW}, last_error = NULL, lease_token = NULL,
+                    lease_expires_at = NULL, updated_at = {NOW}
+    WHERE run_id IN (SELECT value FROM json_each(?))
+    RETURNING *
+"""
+SUCCEED_ATTEMPTS = (
+    f"UPDATE attempts SET outcome = 'succeeded', error_code = ?, error_message = ?, "
+    f"started_at = coalesce(?, started_at), finished_at = coalesce(?, {NOW}) "
+    "WHERE run_id = ? AND lease_token = ?"
+)
+RESULT_RUNS = "SELECT * FROM runs WHERE run_id IN (SELECT value FROM json_each(?))"
+APPLY_RUN_RESULTS = (
+    f"UPDATE runs SET state = ?, available_at = ?, finished_at = ?, last_error = ?, lease_token = NULL, "
+    f"lease_expires_at = NULL, updated_at = {NOW} WHERE run_id = ?"
+)
+# ``?1`` is the outcome again: a stale result (superseded) never overwrites a decided attempt.
+APPLY_ATTEMPT_RESULTS = (
+    "UPDATE attempts SET outcome = ?, error_code = ?, error_message = ?, "
+    "started_at = coalesce(?, started_at), finished_at = ? WHERE run_id = ? AND lease_token = ? "
+    "AND (outcome IN ('pending', 'lease_expired') OR ?1 <> 'superseded')"
+)
+# The oldest buffered run of each job that has no other active run left.
+RELEASE_BUFFERED = f"""
+    UPDATE runs SET state = 'scheduled', available_at = {NOW}, updated_at = {NOW}
+    WHERE state = 'buffered' AND job_id IN (SELECT value FROM json_each(?))
+      AND scheduled_for = (SELECT min(b.scheduled_for) FROM runs b
+                           WHERE b.job_id = runs.job_id AND b.state = 'buffered')
+      AND NOT EXISTS (SELECT 1 FROM runs a WHERE a.job_id = runs.job_id
+                      AND a.state IN ('scheduled', 'dispatched', 'running'))
+    RETURNING *
+"""
+LIST_RUNS = """
+    SELECT * FROM runs
+    WHERE tenant = ? AND (? IS NULL OR job_id = ?)
+      AND (json_array_length(?) = 0 OR state IN (SELECT value FROM json_each(?)))
+      AND (? IS NULL OR (scheduled_for, run_id) < (?, ?))
+    ORDER BY scheduled_for DESC, run_id DESC LIMIT ?
+"""
+LIST_ATTEMPTS = "SELECT * FROM attempts WHERE run_id = ? ORDER BY attempt"
+
+# -- shards ----------------------------------------------------------------------------------------
+
+ACQUIRE_SHARDS = f"""
+    UPDATE shards SET owner = ?, token = token + 1, lease_expires_at = {NOW} + ?
+    WHERE shard_id IN (
+        SELECT shard_id FROM shards
+        WHERE (owner = '' OR lease_expires_at IS NULL OR lease_expires_at <= {NOW})
+          AND (? IS NULL OR shard_id IN (SELECT value FROM json_each(?)))
+        ORDER BY shard_id LIMIT ?
+    )
+    RETURNING *
+"""
+RENEW_SHARDS = f"""
+    UPDATE shards SET lease_expires_at = {NOW} + ?
+    WHERE owner = ? AND lease_expires_at > {NOW}
+      AND (shard_id, token) IN (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]')
+                                FROM json_each(?))
+    RETURNING *
+"""
+RELEASE_SHARDS = """
+    UPDATE shards SET owner = '', lease_expires_at = NULL
+    WHERE owner = ?
+      AND (shard_id, token) IN (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]')
+                                FROM json_each(?))
+"""
+LIST_SHARDS = "SELECT * FROM shards ORDER BY shard_id"
+
+# -- membership ------------------------------------------------------------------------------------
+
+HEARTBEAT_NODE = f"""
+    INSERT INTO nodes (node_id, address, started_at, heartbeat_at, clock_offset_ms, shards_owned,
+                       workers, eligible, note)
+    VALUES (?, ?, {NOW}, {NOW}, ?, ?, ?, ?, ?)
+    ON CONFLICT (node_id) DO UPDATE
+    SET address = excluded.address, heartbeat_at = excluded.heartbeat_at,
+        clock_offset_ms = excluded.clock_offset_ms, shards_owned = excluded.shards_owned,
+        workers = excluded.workers, eligible = excluded.eligible, note = excluded.note
+"""
+LIVE_NODES = f"SELECT * FROM nodes WHERE heartbeat_at > {NOW} - ? ORDER BY node_id"
+REMOVE_NODE = "DELETE FROM nodes WHERE node_id = ?"
+LIST_NODES = "SELECT * FROM nodes ORDER BY node_id"

@@ -1,0 +1,203 @@
+"""The SQLite store's runs and attempts: manual runs, cancel and retry, dispatches, heartbeats,
+results, and the reads of run history."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Collection, Sequence
+from datetime import datetime
+
+import aiosqlite
+
+from fastlane.clock import from_micros, to_micros
+from fastlane.domain.models import Attempt, Run, RunState, new_id
+from fastlane.domain.records import AttemptResult, Dispatch, Heartbeat, Page
+from fastlane.domain.transitions import CANCELLED_BY_REQUEST
+from fastlane.errors import InvalidState, JobNotFound, RunNotFound
+from fastlane.storage import codec, common
+from fastlane.storage.results import Cancellation, ResultOutcome
+from fastlane.storage.sqlite import queries
+from fastlane.storage.sqlite.connection import (
+    SQLiteConnections,
+    fetch_all,
+    fetch_one,
+    fetch_value,
+    instant,
+    json_array,
+)
+
+
+class SQLiteRuns(SQLiteConnections):
+    """Run and attempt methods of :class:`~fastlane.storage.sqlite.SQLiteStore`."""
+
+    _rng: random.Random
+
+    async def create_manual_run(self, tenant: str, job_id: str) -> Run:
+        async with self._transaction() as db:
+            row = await fetch_one(db, queries.INSERT_MANUAL_RUN, (new_id(), job_id, tenant))
+        if row is None:
+            raise JobNotFound(job_id)
+        return codec.build_run(row)
+
+    async def cancel_run(self, tenant: str, run_id: str) -> Cancellation:
+        async with self._transaction() as db:
+            row = await fetch_one(db, queries.LOCK_RUN, (run_id, tenant))
+            if row is None:
+                raise RunNotFound(run_id)
+            run = codec.build_run(row)
+            if run.state in (RunState.DISPATCHED, RunState.RUNNING):
+                row = await fetch_one(db, queries.REQUEST_CANCEL, (run_id,))
+                return Cancellation(run=codec.build_run(row))
+            if run.state not in (RunState.SCHEDULED, RunState.BUFFERED):
+                raise InvalidState("run", run_id, run.state.value, "cancel")
+            row = await fetch_one(db, queries.CANCEL_RUN, (CANCELLED_BY_REQUEST, run_id))
+            released = await release_buffered(db, [run.job_id])
+        return Cancellation(run=codec.build_run(row), released=released)
+
+    async def retry_run(self, tenant: str, run_id: str) -> Run:
+        async with self._transaction() as db:
+            row = await fetch_one(db, queries.RUN_STATE, (run_id, tenant))
+            if row is None:
+                raise RunNotFound(run_id)
+            if row["state"] not in ("dead", "lost"):
+                raise InvalidState("run", run_id, row["state"], "retry (only dead or lost runs can be replayed)")
+            row = await fetch_one(db, queries.RETRY_RUN, (run_id,))
+        return codec.build_run(row)
+
+    async def record_dispatches(self, dispatches: Sequence[Dispatch]) -> list[Attempt]:
+        if not dispatches:
+            return []
+        async with self._transaction() as db:
+            started = await fetch_all(
+                db,
+                queries.DISPATCH_RUNS,
+                (json_array((d.run_id, d.lease_token, d.worker_id, common.micros_of_delta(d.lease_ttl),
+                             to_micros(d.dispatched_at))
+                            for d in dispatches),),
+            )
+            if not started:
+                return []
+            sent = {d.run_id: d for d in dispatches}
+            rows = await fetch_all(
+                db,
+                queries.INSERT_ATTEMPTS,
+                (json_array((run["run_id"], run["attempts"], run["lease_token"], run["worker_id"],
+                             sent[run["run_id"]].node_id, to_micros(sent[run["run_id"]].dispatched_at))
+                            for run in started),),
+            )
+        return [codec.build_attempt(row) for row in rows]
+
+    async def record_heartbeats(self, heartbeats: Sequence[Heartbeat]) -> list[str]:
+        if not heartbeats:
+            return []
+        async with self._transaction() as db:
+            current = {
+                (row["run_id"], row["lease_token"])
+                for row in await fetch_all(db, queries.CURRENT_ATTEMPTS, (json_array(h.run_id for h in heartbeats),))
+            }
+            live = [h for h in heartbeats if (h.run_id, h.lease_token) in current]
+            await db.executemany(
+                queries.EXTEND_LEASES,
+                [(h.progress, h.checkpoint, h.started, h.run_id, h.lease_token) for h in live],
+            )
+            await db.executemany(
+                queries.MARK_ATTEMPTS_STARTED,
+                [(h.run_id, h.lease_token) for h in live if h.started],
+            )
+        return [h.run_id for h in heartbeats if (h.run_id, h.lease_token) not in current]
+
+    async def record_results(self, results: Sequence[AttemptResult]) -> list[ResultOutcome]:
+        if not results:
+            return []
+        successes, others = common.successes_first(results)
+        async with self._transaction() as db:
+            # Successes of current attempts set-wise (see common.successes_first). This is the
+            # only writer, so the tokens read here are still current at the update.
+            current = {
+                (row["run_id"], row["lease_token"])
+                for row in await fetch_all(db, queries.CURRENT_ATTEMPTS, (json_array({r.run_id for r in successes}),))
+            } if successes else set()
+            applied = [r for r in successes if (r.run_id, r.lease_token) in current]
+            succeeded = await fetch_all(
+                db, queries.SUCCEED_RUNS, (json_array(r.run_id for r in applied),)
+            ) if applied else []
+            await db.executemany(
+                queries.SUCCEED_ATTEMPTS,
+                [(r.error_code, r.error_message, instant(r.started_at), instant(r.finished_at), r.run_id,
+                  r.lease_token) for r in applied],
+            )
+            outcomes = [ResultOutcome(row=row, accepted=True) for row in succeeded]
+            released = await release_buffered(db, {row["job_id"] for row in succeeded})
+            outcomes += [ResultOutcome(run=run, accepted=True, released=True) for run in released]
+            rest = [r for r in successes if (r.run_id, r.lease_token) not in current] + others
+            if rest:
+                rows = await fetch_all(db, queries.RESULT_RUNS, (json_array({r.run_id for r in rest}),))
+                now = from_micros(await fetch_value(db, queries.DB_NOW))
+                runs = {row["run_id"]: codec.build_run(row) for row in rows}
+                outcomes += await apply_results(db, runs, rest, now, self._rng)
+            return outcomes
+
+    async def get_run(self, tenant: str, run_id: str) -> Run:
+        async with self._read() as db:
+            row = await fetch_one(db, queries.GET_RUN, (run_id, tenant))
+        if row is None:
+            raise RunNotFound(run_id)
+        return codec.build_run(row)
+
+    async def list_runs(
+        self,
+        tenant: str,
+        *,
+        job_id: str | None = None,
+        states: Collection[RunState] = (),
+        limit: int = 100,
+        page_token: str = "",
+    ) -> Page[Run]:
+        before_time, before_id = None, ""
+        if page_token:
+            before_time, before_id = codec.decode_page_token(page_token, int, str)
+        state_list = json_array(s.value for s in states)
+        async with self._read() as db:
+            rows = await fetch_all(
+                db,
+                queries.LIST_RUNS,
+                (tenant, job_id, job_id, state_list, state_list, before_time, before_time, before_id,
+                 common.page_limit(limit) + 1),
+            )
+        return common.page_of([codec.build_run(row) for row in rows], limit, common.run_page_key)
+
+    async def list_attempts(self, run_id: str) -> list[Attempt]:
+        async with self._read() as db:
+            rows = await fetch_all(db, queries.LIST_ATTEMPTS, (run_id,))
+        return [codec.build_attempt(row) for row in rows]
+
+
+async def apply_results(
+    db: aiosqlite.Connection,
+    runs: dict[str, Run],
+    results: Sequence[AttemptResult],
+    now: datetime,
+    rng: random.Random,
+) -> list[ResultOutcome]:
+    """Write what :func:`fastlane.storage.common.decide_results` made of these results."""
+    decided = common.decide_results(runs, results, now, rng)
+    await db.executemany(
+        queries.APPLY_RUN_RESULTS,
+        [(run.state.value, to_micros(run.available_at), instant(run.finished_at), run.last_error, run.run_id)
+         for run in decided.runs],
+    )
+    await db.executemany(
+        queries.APPLY_ATTEMPT_RESULTS,
+        [(u.outcome.value, u.result.error_code, u.result.error_message, instant(u.result.started_at),
+          to_micros(u.finished_at), u.result.run_id, u.result.lease_token) for u in decided.attempts],
+    )
+    released = await release_buffered(db, decided.finished_jobs)
+    return decided.outcomes + [ResultOutcome(run=run, accepted=True, released=True) for run in released]
+
+
+async def release_buffered(db: aiosqlite.Connection, job_ids: Collection[str]) -> list[Run]:
+    """Schedule the oldest buffered run of each job that has no other active run left."""
+    if not job_ids:
+        return []
+    rows = await fetch_all(db, queries.RELEASE_BUFFERED, (json_array(job_ids),))
+    return [codec.build_run(row) for row in rows]
