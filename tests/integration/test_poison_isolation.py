@@ -9,7 +9,7 @@ from test_engine import RecordingDispatch, start_engine, stop_engine, until
 
 from fastlane.domain import policies
 from fastlane.domain.models import JobSpec, JobState, Schedule
-from fastlane.engine import lane as lane_module
+from fastlane.engine import write_ahead as lane_module
 from fastlane.errors import InvalidState, StorageError
 
 

@@ -15,7 +15,7 @@ from fastlane.domain.limits import LAST_INSTANT, MAX_ATTEMPTS
 from fastlane.domain.models import DueJob, JobSpec, MisfirePolicy, RetryPolicy, Schedule, Timing
 from fastlane.domain.policies import backoff_delay, next_retry_at, plan_occurrence
 from fastlane.domain.schedules import first_fire, next_fire_after
-from fastlane.engine.lane import write_start
+from fastlane.engine.write_ahead import write_start
 from fastlane.errors import InvalidArgument
 from fastlane.rpc import wire
 from fastlane.storage import codec

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from fastlane.engine.lane import FAR_FUTURE, SLOT, _slot, write_start
+from fastlane.engine.write_ahead import FAR_FUTURE, SLOT, _slot, write_start
 
 LEAD = timedelta(milliseconds=250)
 T = datetime(2027, 3, 1, 9, 30, tzinfo=UTC)  # at a slot boundary

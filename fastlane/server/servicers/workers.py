@@ -27,15 +27,9 @@ from fastlane._proto import workers_pb2, workers_pb2_grpc
 from fastlane.domain import validation
 from fastlane.domain.limits import MAX_CHECKPOINT_BYTES, MAX_CREDITS, MAX_JOB_TYPES
 from fastlane.domain.models import AttemptOutcome
-from fastlane.engine.dispatch import (
-    MAX_LEASE_TOKEN,
-    Acknowledge,
-    Assign,
-    Cancel,
-    Dispatcher,
-    Outgoing,
-    WorkerSession,
-)
+from fastlane.engine.dispatch.dispatcher import Dispatcher
+from fastlane.engine.dispatch.messages import Acknowledge, Assign, Cancel, Outgoing, WorkerSession
+from fastlane.engine.dispatch.tokens import MAX_LEASE_TOKEN
 from fastlane.errors import InvalidArgument
 from fastlane.rpc import wire
 from fastlane.storage import AttemptResult, Heartbeat

@@ -1,0 +1,443 @@
+"""The dispatcher: ready queues by job type, worker sessions and their credits, sending.
+
+See :mod:`fastlane.engine.dispatch` for how a run is sent (fast or confirmed) and the guards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections import Counter, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from fastlane.clock import Clock
+from fastlane.domain.models import Attempt, Delivery, Run
+from fastlane.engine.dispatch.journal import Journal, write_isolating
+from fastlane.engine.dispatch.messages import Assign, Assigned, AttemptKey, AttemptRef, Cancel, WorkerSession
+from fastlane.engine.dispatch.tokens import new_lease_token
+from fastlane.errors import StorageError
+from fastlane.metrics import Metrics
+from fastlane.storage import AttemptResult, Dispatch, Heartbeat, Store
+
+log = logging.getLogger("fastlane.dispatch")
+
+# A whole crowd of small runs (the write-ahead holds up to 150,000) is sent from memory; large
+# payloads are bounded by bytes instead (a 1 MiB payload every 0.1 s fills 64 MiB in 6 s).
+DEFAULT_MAX_READY_PER_TYPE = 150_000
+DEFAULT_MAX_READY_BYTES_PER_TYPE = 64 << 20
+RELOAD_BATCH = 1_000  # parked runs read back per query
+
+
+@dataclass(frozen=True, slots=True)
+class _Waiting:
+    """A run in a ready queue, and how it must be sent."""
+
+    run: Run
+    confirm_first: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Parked:
+    """A released run left in the database because its ready queue was full."""
+
+    shard_id: int
+    available_at: datetime
+
+
+class _AllBut:
+    """A ``skip`` for :meth:`Store.pending_runs` that skips every run but the wanted ones."""
+
+    def __init__(self, wanted: Iterable[str]) -> None:
+        self._wanted = set(wanted)
+
+    def __contains__(self, run_id: object) -> bool:
+        return run_id not in self._wanted
+
+
+class Dispatcher:
+    """Matches released runs with worker credits and journals every attempt."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        node_id: str,
+        clock: Clock,
+        metrics: Metrics,
+        reschedule: Callable[[Run], None],
+        max_ready_per_type: int = DEFAULT_MAX_READY_PER_TYPE,
+        max_ready_bytes_per_type: int = DEFAULT_MAX_READY_BYTES_PER_TYPE,
+    ) -> None:
+        self._store = store
+        self._node_id = node_id
+        self._clock = clock
+        self._metrics = metrics
+        self._max_ready = max(max_ready_per_type, 1)
+        self._max_ready_bytes = max(max_ready_bytes_per_type, 1)
+        self._ready_bytes: Counter[str] = Counter()  # payload bytes in each ready queue
+        self._sessions: dict[str, list[WorkerSession]] = {}  # by job type, rotated for fairness
+        self._ready: dict[str, deque[_Waiting]] = {}
+        self._queued: set[str] = set()  # run ids in the ready queues
+        # Runs beyond a full ready queue, by job type, oldest first; and the same ids in one set.
+        self._parked: dict[str, dict[str, _Parked]] = {}
+        self._parked_ids: set[str] = set()
+        self._reloading: set[str] = set()  # job types whose parked runs are being read back
+        self._assigning = True
+        # Shared with the journal, which updates both as writes land: changed in place only.
+        self._claimed: set[str] = set()  # runs assigned whose dispatch is not yet durable
+        self._in_flight: dict[AttemptKey, WorkerSession] = {}  # attempts sent, not yet reported
+        self._journal = Journal(store, metrics=metrics, reschedule=reschedule,
+                                claimed=self._claimed, in_flight=self._in_flight)
+        self._background: set[asyncio.Task[None]] = set()
+        metrics.ready_queue.set_function(lambda: self.ready_depth)  # read when scraped
+        metrics.parked.set_function(lambda: self.parked_count)
+
+    # -- sessions -------------------------------------------------------------------------------
+
+    @property
+    def workers_connected(self) -> int:
+        return len({id(s) for sessions in self._sessions.values() for s in sessions})
+
+    @property
+    def ready_depth(self) -> int:
+        # Also read by the metrics thread: list() takes the queues in one step under the GIL,
+        # so a queue added meanwhile cannot break the iteration.
+        return sum(map(len, list(self._ready.values())))
+
+    @property
+    def parked_count(self) -> int:
+        """Released runs waiting in the database (not in memory) because their queue was full."""
+        return len(self._parked_ids)
+
+    def connect(self, worker_id: str, job_types: Iterable[str], credits: int, tenant: str | None) -> WorkerSession:
+        session = WorkerSession(worker_id=worker_id, job_types=frozenset(job_types), tenant=tenant or None,
+                                credits=max(credits, 0))
+        for job_type in session.job_types:
+            self._sessions.setdefault(job_type, []).append(session)
+        self._metrics.workers.set(self.workers_connected)
+        log.info("worker %s connected for %s with %d credits", worker_id, sorted(session.job_types), credits)
+        self._assign_ready(session)
+        return session
+
+    def disconnect(self, session: WorkerSession) -> None:
+        # Its attempts keep their leases: the worker may reconnect and report them, and if it
+        # does not, the leases expire and the runs are delivered again.
+        session.connected = False
+        in_flight = self._in_flight
+        for key in [key for key, held in in_flight.items() if held is session]:
+            del in_flight[key]
+        for job_type in session.job_types:
+            sessions = self._sessions.get(job_type, [])
+            if session in sessions:
+                sessions.remove(session)
+            if not sessions:
+                self._sessions.pop(job_type, None)
+        self._metrics.workers.set(self.workers_connected)
+        log.info("worker %s disconnected", session.worker_id)
+
+    def grant(self, session: WorkerSession, credits: int) -> None:
+        session.credits += max(credits, 0)
+        self._assign_ready(session)
+
+    # -- runs -----------------------------------------------------------------------------------
+
+    def release(self, runs: Iterable[Run], *, confirm_first: bool = False) -> None:
+        """Hand due runs to workers with credits; queue the rest.
+
+        ``confirm_first``: the runs came from the database, not from this node's own writes,
+        so each is sent only once its dispatch has durably taken it from ``scheduled``.
+        """
+        self._hand_out(runs, confirm_first=confirm_first, reloaded=False)
+
+    def holds(self, run_id: str) -> bool:
+        """Whether this run is queued here, parked or being dispatched (so must not be released
+        again: a parked run is read back from the database by this dispatcher itself)."""
+        return run_id in self._queued or run_id in self._claimed or run_id in self._parked_ids
+
+    def stop_assigning(self) -> None:
+        """Shutting down: keep everything that is not yet sent for the successor."""
+        self._assigning = False
+
+    def cancel(self, runs: Iterable[Run]) -> None:
+        """Stop these runs: drop them from the ready queues, tell the workers holding them."""
+        by_session: dict[int, tuple[WorkerSession, list[AttemptRef]]] = {}
+        cancelled = {run.run_id for run in runs}
+        self._drop_queued(lambda queued: queued.run_id in cancelled)
+        self._unpark(lambda run_id, _: run_id in cancelled)
+        # By (run, token) rather than the run's stored token: an attempt sent a moment ago may
+        # not be recorded yet.
+        for (run_id, token), session in self._in_flight.items():
+            if run_id in cancelled and session.connected:
+                by_session.setdefault(id(session), (session, []))[1].append(AttemptRef(run_id, token))
+        for session, refs in by_session.values():
+            session.outbox.put_nowait(Cancel(refs, "the run was cancelled"))
+
+    def forget_job(self, job_id: str) -> None:
+        """The job was deleted: its queued runs were cancelled in the database."""
+        # Parked runs of the job are not known by job; reading them back skips them (cancelled).
+        self._drop_queued(lambda queued: queued.job_id == job_id)
+
+    def drop_shards(self, shard_ids: Iterable[int]) -> None:
+        """Forget queued runs of shards this node lost; their new owner delivers them."""
+        lost = set(shard_ids)
+        self._drop_queued(lambda queued: queued.shard_id in lost)
+        self._unpark(lambda _, parked: parked.shard_id in lost)
+
+    def forget_attempts(self, runs: Iterable[Run]) -> None:
+        """These runs' earlier attempts expired: no result for them will be waited for."""
+        expired = {run.run_id for run in runs}
+        in_flight = self._in_flight
+        for key in [key for key in in_flight if key[0] in expired]:
+            del in_flight[key]
+
+    def _hand_out(self, runs: Iterable[Run], *, confirm_first: bool, reloaded: bool) -> None:
+        now = self._clock.now()
+        batches: dict[int, tuple[WorkerSession, list[Assigned]]] = {}
+        for run in runs:
+            if run.run_id in self._claimed or run.run_id in self._parked_ids:
+                continue  # a parked run comes back through _reload_parked, confirmed
+            session = self._pick(run) if self._assigning else None
+            if session is None:
+                self._wait(run, confirm_first, reloaded=reloaded)
+                continue
+            batches.setdefault(id(session), (session, []))[1].append(self._assign(session, run, now, confirm_first))
+        for session, assigned in batches.values():
+            self._send(session, assigned)
+
+    def _wait(self, run: Run, confirm_first: bool, *, reloaded: bool) -> None:
+        """Queue a run no worker can take now; park it when its queue is full.
+
+        A run released while older ones of its type are parked is parked behind them (unless it
+        is one of them coming back), so that a steady inflow cannot starve the parked runs."""
+        if run.run_id in self._queued:
+            return
+        queue = self._ready.setdefault(run.job_type, deque())
+        parked = self._parked.get(run.job_type)
+        if self._has_room(run.job_type, len(run.payload)) and (reloaded or not parked):
+            self._queued.add(run.run_id)
+            queue.append(_Waiting(run, confirm_first))
+            self._ready_bytes[run.job_type] += len(run.payload)
+            return
+        if not parked:
+            log.warning("ready queue of job type %r is full (%d runs): further runs wait in the database "
+                        "until workers take these", run.job_type, len(queue))
+            parked = self._parked[run.job_type] = {}
+        parked[run.run_id] = _Parked(run.shard_id, run.available_at)
+        self._parked_ids.add(run.run_id)
+
+    def _has_room(self, job_type: str, payload_bytes: int) -> bool:
+        """Whether the ready queue of ``job_type`` can take one more run of that size (an empty
+        queue takes any run, so one larger than the byte bound still goes out)."""
+        queued = len(self._ready.get(job_type, ()))
+        return queued == 0 or (
+            queued < self._max_ready and self._ready_bytes[job_type] + payload_bytes <= self._max_ready_bytes
+        )
+
+    def _drop_queued(self, matches: Callable[[Run], bool]) -> None:
+        for job_type, queue in list(self._ready.items()):
+            self._ready[job_type] = kept = deque(waiting for waiting in queue if not matches(waiting.run))
+            self._ready_bytes[job_type] = sum(len(waiting.run.payload) for waiting in kept)
+        self._queued = {waiting.run.run_id for queue in self._ready.values() for waiting in queue}
+
+    def _unpark(self, matches: Callable[[str, _Parked], bool]) -> None:
+        for job_type, parked in list(self._parked.items()):
+            for run_id in [run_id for run_id, entry in parked.items() if matches(run_id, entry)]:
+                del parked[run_id]
+                self._parked_ids.discard(run_id)
+            if not parked:
+                del self._parked[job_type]
+
+    def _pick(self, run: Run) -> WorkerSession | None:
+        sessions = self._sessions.get(run.job_type)
+        if not sessions:
+            return None
+        for _ in range(len(sessions)):
+            session = sessions[0]
+            if len(sessions) > 1:
+                sessions.append(sessions.pop(0))
+            if session.credits > 0 and (session.tenant is None or session.tenant == run.tenant):
+                return session
+        return None
+
+    def _assign(self, session: WorkerSession, run: Run, now: datetime, confirm_first: bool) -> Assigned:
+        session.credits -= 1
+        token = new_lease_token()
+        self._claimed.add(run.run_id)
+        self._in_flight[(run.run_id, token)] = session
+        self._metrics.dispatch_lag.observe(max((now - run.available_at).total_seconds(), 0.0))
+        confirm = confirm_first or run.delivery is Delivery.AT_MOST_ONCE
+        return Assigned(run=run, attempt=run.attempts + 1, lease_token=token, released_at=now, confirm_first=confirm)
+
+    def _assign_ready(self, session: WorkerSession) -> None:
+        if not self._assigning:
+            return
+        now = self._clock.now()
+        assigned: list[Assigned] = []
+        for job_type in session.job_types:
+            queue = self._ready.get(job_type)
+            skipped: deque[_Waiting] = deque()
+            while queue and session.credits > 0:
+                waiting = queue.popleft()
+                self._queued.discard(waiting.run.run_id)
+                self._ready_bytes[job_type] -= len(waiting.run.payload)
+                if waiting.run.run_id in self._claimed:
+                    continue
+                if session.tenant is not None and waiting.run.tenant != session.tenant:
+                    self._queued.add(waiting.run.run_id)
+                    self._ready_bytes[job_type] += len(waiting.run.payload)
+                    skipped.append(waiting)
+                    continue
+                assigned.append(self._assign(session, waiting.run, now, waiting.confirm_first))
+            if queue is not None:
+                queue.extendleft(reversed(skipped))
+            self._refill(job_type)
+        if assigned:
+            self._send(session, assigned)
+
+    # -- parked runs ----------------------------------------------------------------------------
+
+    def _refill(self, job_type: str) -> None:
+        """Read parked runs of this type back once its queue is down to half (one task per type)."""
+        if (job_type in self._reloading or not self._parked.get(job_type)
+                or len(self._ready.get(job_type, ())) > self._max_ready // 2
+                or self._ready_bytes[job_type] > self._max_ready_bytes // 2):
+            return
+        self._reloading.add(job_type)
+        task = asyncio.create_task(self._reload_parked(job_type), name=f"dispatch-reload:{job_type}")
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _reload_parked(self, job_type: str) -> None:
+        """Fill the queue of ``job_type`` from its parked runs, oldest first, while it has room.
+
+        The runs are released as read from the database (``confirm_first``): one that another
+        attempt took meanwhile is not sent twice, and one no longer ``scheduled`` (cancelled) is
+        not read at all."""
+        try:
+            while (self._assigning and self._ready_bytes[job_type] < self._max_ready_bytes
+                   and (room := self._max_ready - len(self._ready.get(job_type, ()))) > 0):
+                parked = self._parked.get(job_type)
+                if not parked:
+                    return
+                wanted = dict(itertools.islice(parked.items(), min(room, RELOAD_BATCH)))
+                try:
+                    runs = await self._store.pending_runs(
+                        {entry.shard_id for entry in wanted.values()},
+                        max(entry.available_at for entry in wanted.values()) + timedelta(microseconds=1),
+                        skip=_AllBut(wanted),
+                    )
+                except StorageError as error:
+                    # Still parked: the next credit granted for this type tries again.
+                    log.warning("could not read back %d parked runs of job type %r: %s", len(wanted), job_type, error)
+                    return
+                # Dropped meanwhile (a lost shard, a cancel) are not released; runs not found are
+                # no longer scheduled, or changed: the lane's full scan finds those still pending.
+                still_parked = [run for run in runs if run.run_id in self._parked_ids]
+                self._unpark(lambda run_id, _, wanted=wanted: run_id in wanted)
+                self._hand_out(still_parked, confirm_first=True, reloaded=True)
+                if any(run.run_id in self._parked_ids for run in still_parked):
+                    return  # the queue is full by bytes: parked again, read back when it drains
+        finally:
+            self._reloading.discard(job_type)
+
+    # -- sending --------------------------------------------------------------------------------
+
+    def _send(self, session: WorkerSession, assigned: list[Assigned]) -> None:
+        fast = [item for item in assigned if not item.confirm_first]
+        confirmed = [item for item in assigned if item.confirm_first]
+        if fast:
+            self._journal.pending.dispatches.extend(self._dispatch_record(session, item) for item in fast)
+            self._journal.wake()
+            session.outbox.put_nowait(Assign(fast))
+        if confirmed:
+            task = asyncio.create_task(self._send_confirmed(session, confirmed), name="dispatch-confirmed")
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _send_confirmed(self, session: WorkerSession, assigned: list[Assigned]) -> None:
+        started: set[str] = set()
+
+        def landed(_: list[Dispatch], attempts: list[Attempt]) -> None:
+            started.update(attempt.run_id for attempt in attempts)
+
+        try:
+            await write_isolating([self._dispatch_record(session, item) for item in assigned],
+                                  self._store.record_dispatches, landed=landed, rejected=self._journal.dispatch_set_aside)
+        except StorageError as error:
+            # Still scheduled in the database: the next rebuild or sweep brings them back.
+            log.warning("could not record %d dispatches before sending; not sent: %s", len(assigned), error)
+        for item in assigned:
+            self._claimed.discard(item.run.run_id)
+            if item.run.run_id not in started:
+                # Already taken by another attempt (or the write failed): never sent twice.
+                self._in_flight.pop((item.run.run_id, item.lease_token), None)
+                session.credits += 1
+        sendable = [item for item in assigned if item.run.run_id in started]
+        if sendable and session.connected:
+            session.outbox.put_nowait(Assign(sendable))
+
+    def _dispatch_record(self, session: WorkerSession, item: Assigned) -> Dispatch:
+        return Dispatch(
+            run_id=item.run.run_id, lease_token=item.lease_token, worker_id=session.worker_id, node_id=self._node_id,
+            lease_ttl=item.run.lease_ttl, dispatched_at=item.released_at,
+        )
+
+    # -- what workers report --------------------------------------------------------------------
+
+    def heartbeats(self, session: WorkerSession, beats: Iterable[Heartbeat]) -> None:
+        refused: list[AttemptKey] = []
+        pending = self._journal.pending  # not swapped meanwhile: nothing here awaits
+        for beat in beats:
+            key = (beat.run_id, beat.lease_token)
+            if self._vouch(session, key, refused, pending.unvouched):
+                pending.heartbeats[key] = (session, beat)
+        self._log_refused(session, "heartbeats", refused)
+        self._journal.wake()
+
+    def results(self, session: WorkerSession, results: Iterable[AttemptResult]) -> None:
+        refused: list[AttemptKey] = []
+        pending = self._journal.pending  # not swapped meanwhile: nothing here awaits
+        for result in results:
+            key = (result.run_id, result.lease_token)
+            if self._vouch(session, key, refused, pending.unvouched):
+                self._in_flight.pop(key, None)
+                pending.results.append((session, result))
+        self._log_refused(session, "results", refused)
+        self._journal.wake()
+
+    def _vouch(self, session: WorkerSession, key: AttemptKey, refused: list[AttemptKey],
+               unvouched: set[tuple[str, str, int]]) -> bool:
+        """Whether a report for this attempt may go to the journal: refused at once when this
+        node sent the attempt to another worker; when it did not send it at all (it went out
+        before a reconnect, or from another node), marked for a check against the database."""
+        holder = self._in_flight.get(key)
+        if holder is None:
+            unvouched.add((session.worker_id, *key))
+        elif holder.worker_id != session.worker_id:
+            refused.append(key)
+            return False
+        return True
+
+    @staticmethod
+    def _log_refused(session: WorkerSession, kind: str, refused: list[AttemptKey]) -> None:
+        if refused:
+            run_id, token = refused[0]
+            log.warning("refused %d %s from worker %s for attempts sent to another worker (first: run %s, token %d)",
+                        len(refused), kind, session.worker_id, run_id, token)
+
+    # -- the journal writer ---------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Flush the journal until stopped and drained (see :meth:`Journal.run`)."""
+        await self._journal.run()
+
+    async def flush(self, timeout: float) -> None:
+        """Wait until everything journalled so far is durable (or the timeout passes)."""
+        await self._journal.flush(timeout)
+
+    def stop(self) -> None:
+        """Let :meth:`run` return once the journal is drained (or ``JOURNAL_STOP_GRACE`` passed)."""
+        self._journal.stop()

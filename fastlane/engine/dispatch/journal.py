@@ -1,0 +1,353 @@
+"""The journal of dispatches, heartbeats and results: what happened, made durable in batches.
+
+One writer task (:meth:`Journal.run`) flushes what is pending, in order (a result is never
+written before its dispatch), and acts on what was written: a dispatch the database refused is
+withdrawn from its worker, a stale heartbeat's attempt is cancelled, a durable result is
+acknowledged. A write that fails for any reason but the database being unreachable is split
+until the record that makes it fail is found (:func:`write_isolating`); that one is set aside,
+the rest land.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TypeVar
+
+from fastlane.domain.models import Attempt, Run, RunState
+from fastlane.engine.dispatch.messages import Acknowledge, AttemptKey, AttemptRef, Cancel, WorkerSession
+from fastlane.errors import StorageError, StorageUnavailable
+from fastlane.metrics import Metrics
+from fastlane.storage import AttemptResult, Dispatch, Heartbeat, ResultOutcome, Store
+
+log = logging.getLogger("fastlane.dispatch")
+
+JOURNAL_RETRY = timedelta(milliseconds=200)  # the first retry of an unavailable database
+JOURNAL_RETRY_CAP = timedelta(seconds=5)  # doubling up to this
+# Once stopping, the journal tries this long to make what it holds durable, then gives up (the
+# node waits a little longer than this for it): a node must stop while its database is down.
+JOURNAL_STOP_GRACE = timedelta(seconds=4)
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+@dataclass
+class JournalBatch:
+    """What is journalled and not yet durable: written by one writer round, in this order."""
+
+    dispatches: list[Dispatch] = field(default_factory=list)
+    heartbeats: dict[AttemptKey, tuple[WorkerSession, Heartbeat]] = field(default_factory=dict)
+    results: list[tuple[WorkerSession, AttemptResult]] = field(default_factory=list)
+    # (worker_id, run_id, lease_token) of reports for attempts this node did not send to that
+    # worker's stream (sent before a reconnect, or by another node): checked in the database.
+    unvouched: set[tuple[str, str, int]] = field(default_factory=set)
+
+    def __bool__(self) -> bool:
+        return bool(self.dispatches or self.heartbeats or self.results)
+
+
+async def write_isolating(
+    records: list[T],
+    write: Callable[[list[T]], Awaitable[R]],
+    *,
+    landed: Callable[[list[T], R], None],
+    rejected: Callable[[T, Exception], None],
+) -> None:
+    """Write ``records`` in order, in as few calls of ``write`` (one transaction each) as they allow.
+
+    A call that fails for any reason but :class:`StorageUnavailable` is split in halves until the
+    record that makes it fail is found: that one goes to ``rejected``, every other lands (and goes
+    to ``landed`` with what ``write`` returned for it). :class:`StorageUnavailable` propagates;
+    ``records`` is then left holding exactly what is not written yet, for the caller to retry.
+    """
+    chunks = [list(records)]  # the next chunk last; chunks are taken from the left of records
+    while chunks:
+        chunk = chunks.pop()
+        try:
+            outcome = await write(chunk)
+        except StorageUnavailable:
+            raise
+        except Exception as error:
+            if len(chunk) == 1:
+                del records[:1]
+                rejected(chunk[0], error)
+            else:
+                log.warning("journal write of %d records failed (%s): splitting it to find the bad one",
+                            len(chunk), error)
+                middle = len(chunk) // 2
+                chunks += [chunk[middle:], chunk[:middle]]
+            continue
+        del records[:len(chunk)]
+        landed(chunk, outcome)
+
+
+class Journal:
+    """Pending records and the one task that makes them durable.
+
+    ``claimed`` (runs assigned whose dispatch is not yet durable) and ``in_flight`` (attempts
+    sent, not yet reported, by the session they went to) are the dispatcher's own, shared: the
+    journal updates them as writes land, in place."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        metrics: Metrics,
+        reschedule: Callable[[Run], None],
+        claimed: set[str],
+        in_flight: dict[AttemptKey, WorkerSession],
+    ) -> None:
+        self._store = store
+        self._metrics = metrics
+        self._reschedule = reschedule
+        self._claimed = claimed
+        self._in_flight = in_flight
+        self.pending = JournalBatch()
+        self._ready = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._stopping = False
+        self._stop_requested = asyncio.Event()
+        self._deadline: float | None = None  # loop time after which a stopping journal gives up
+
+    def wake(self) -> None:
+        """Something was added to :attr:`pending`: write it."""
+        self._idle.clear()
+        self._ready.set()
+
+    # -- the writer -----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Flush the journal until stopped and drained; every batch is one round of durable writes.
+
+        An unreachable database is retried with backoff; once stopping, only for
+        ``JOURNAL_STOP_GRACE``, then what is left is given up (and said so)."""
+        retry = JOURNAL_RETRY.total_seconds()
+        while True:
+            await self._ready.wait()
+            self._ready.clear()
+            if not self.pending:
+                self._idle.set()
+                if self._stopping:
+                    return
+                continue
+            batch, self.pending = self.pending, JournalBatch()
+            try:
+                await self._write(batch)
+                retry = JOURNAL_RETRY.total_seconds()
+            except StorageUnavailable as error:
+                self._requeue(batch)
+                if self._stop_grace_over():
+                    self._give_up(error)
+                    return
+                log.warning("journal write failed, retrying in %.1f s: %s", retry, error)
+                await self._retry_pause(retry)
+                retry = min(retry * 2, JOURNAL_RETRY_CAP.total_seconds())
+            if not self.pending:
+                self._idle.set()
+            self._ready.set()  # loop once more: returns if stopping and drained
+
+    async def flush(self, timeout: float) -> None:
+        """Wait until everything journalled so far is durable (or the timeout passes)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self._idle.wait()
+
+    def stop(self) -> None:
+        """Let :meth:`run` return once the journal is drained (or ``JOURNAL_STOP_GRACE`` passed)."""
+        if not self._stopping:
+            self._deadline = asyncio.get_running_loop().time() + JOURNAL_STOP_GRACE.total_seconds()
+        self._stopping = True
+        self._stop_requested.set()
+        self._ready.set()
+
+    def _stop_grace_over(self) -> bool:
+        return self._deadline is not None and asyncio.get_running_loop().time() >= self._deadline
+
+    async def _retry_pause(self, seconds: float) -> None:
+        """Sleep before a retry: cut short by a stop (one more try at once), and once stopping
+        never past the end of the grace."""
+        if self._deadline is None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(seconds):
+                    await self._stop_requested.wait()
+            return
+        left = self._deadline - asyncio.get_running_loop().time()
+        await asyncio.sleep(max(0.0, min(seconds, left)))
+
+    def _give_up(self, error: Exception) -> None:
+        journal = self.pending
+        log.error("stopping with %d dispatches, %d heartbeats and %d results not durable (%s): those runs "
+                  "stay scheduled and are delivered again; the workers report those results to another node",
+                  len(journal.dispatches), len(journal.heartbeats), len(journal.results), error)
+        self.pending = JournalBatch()
+        self._idle.set()
+
+    def _requeue(self, batch: JournalBatch) -> None:
+        batch.dispatches.extend(self.pending.dispatches)
+        batch.heartbeats.update(self.pending.heartbeats)
+        batch.results.extend(self.pending.results)
+        batch.unvouched |= self.pending.unvouched
+        self.pending = batch
+
+    async def _write(self, batch: JournalBatch) -> None:
+        """Write one batch: dispatches first (a result is never written before its dispatch).
+
+        What lands is removed from ``batch`` as it lands, so that after a failure the batch holds
+        exactly what is left to write."""
+        if batch.dispatches:
+            await write_isolating(batch.dispatches, self._store.record_dispatches,
+                                  landed=self._dispatches_landed, rejected=self._dispatch_rejected)
+        if batch.unvouched:
+            await self._refuse_foreign(batch)
+        if batch.heartbeats:
+            beats = list(batch.heartbeats.values())
+            try:
+                await write_isolating(beats, self._record_heartbeats, landed=self._cancel_stale,
+                                      rejected=self._heartbeat_rejected)
+            finally:
+                batch.heartbeats = {(beat.run_id, beat.lease_token): (session, beat) for session, beat in beats}
+        if batch.results:
+            await write_isolating(batch.results, self._record_results, landed=self._settle,
+                                  rejected=self._result_rejected)
+
+    async def _record_heartbeats(self, beats: list[tuple[WorkerSession, Heartbeat]]) -> set[str]:
+        return set(await self._store.record_heartbeats([beat for _, beat in beats]))
+
+    async def _record_results(self, results: list[tuple[WorkerSession, AttemptResult]]) -> list[ResultOutcome]:
+        return await self._store.record_results([result for _, result in results])
+
+    def _dispatches_landed(self, dispatches: list[Dispatch], attempts: list[Attempt]) -> None:
+        recorded = {attempt.run_id for attempt in attempts}
+        for dispatch in dispatches:
+            self._claimed.discard(dispatch.run_id)
+        self._withdraw([d for d in dispatches if d.run_id not in recorded])
+
+    # -- records set aside ------------------------------------------------------------------------
+
+    def _set_aside(self, what: str, error: Exception) -> None:
+        self._metrics.set_aside.labels(kind="journal_record").inc()
+        log.error("journal record set aside, the others are written: %s failed with %s: %s",
+                  what, type(error).__name__, error, exc_info=not isinstance(error, StorageError))
+
+    def dispatch_set_aside(self, dispatch: Dispatch, error: Exception) -> None:
+        # Not recorded: the run stays scheduled, and the lane's full scan delivers it again.
+        self._set_aside(f"dispatch of run {dispatch.run_id} to worker {dispatch.worker_id!r}", error)
+
+    def _dispatch_rejected(self, dispatch: Dispatch, error: Exception) -> None:
+        """A dispatch already sent (fast) that cannot be recorded: the worker is told to stop it."""
+        self.dispatch_set_aside(dispatch, error)
+        self._claimed.discard(dispatch.run_id)
+        self._withdraw([dispatch])
+
+    def _heartbeat_rejected(self, beat: tuple[WorkerSession, Heartbeat], error: Exception) -> None:
+        # The lease is not extended; the worker's next heartbeat tries again.
+        session, heartbeat = beat
+        self._set_aside(f"heartbeat of run {heartbeat.run_id} from worker {session.worker_id!r}", error)
+
+    def _result_rejected(self, reported: tuple[WorkerSession, AttemptResult], error: Exception) -> None:
+        # Not acknowledged: the worker keeps the result and reports it again after a reconnect;
+        # meanwhile the lease expires and the run is retried per its policy.
+        session, result = reported
+        self._set_aside(f"result of run {result.run_id} from worker {session.worker_id!r}", error)
+
+    # -- the attempt's worker -------------------------------------------------------------------
+
+    async def _refuse_foreign(self, batch: JournalBatch) -> None:
+        """Drop from ``batch`` the reports of attempts that were sent to another worker, judged
+        by the attempts table; attempts verified as the reporter's are adopted by its stream (so
+        later heartbeats need no check, and a cancel reaches it). An attempt with no row passes:
+        the store records such a result as superseded, as before."""
+        owners = await self._attempt_workers({(run_id, token) for _, run_id, token in batch.unvouched})
+        foreign = {(worker, run_id, token) for worker, run_id, token in batch.unvouched
+                   if owners.get((run_id, token), worker) != worker}
+        batch.unvouched = set()
+        finished = {(result.run_id, result.lease_token) for _, result in batch.results}
+        for key, (session, _) in batch.heartbeats.items():
+            if (session.worker_id, *key) not in foreign and key not in finished and session.connected:
+                self._in_flight.setdefault(key, session)
+        if not foreign:
+            return
+        by_worker: dict[str, list[AttemptKey]] = {}
+        for worker, run_id, token in foreign:
+            by_worker.setdefault(worker, []).append((run_id, token))
+        for worker, keys in by_worker.items():
+            run_id, token = keys[0]
+            log.warning("refused reports of worker %s for %d attempts sent to another worker (first: run %s, "
+                        "token %d)", worker, len(keys), run_id, token)
+        batch.heartbeats = {key: (session, beat) for key, (session, beat) in batch.heartbeats.items()
+                            if (session.worker_id, *key) not in foreign}
+        batch.results = [(session, result) for session, result in batch.results
+                         if (session.worker_id, result.run_id, result.lease_token) not in foreign]
+
+    async def _attempt_workers(self, keys: set[AttemptKey]) -> dict[AttemptKey, str]:
+        """The worker each of these attempts was sent to, as the attempts table records it.
+
+        A run whose attempts cannot be read (other than the database being unreachable) has its
+        attempts reported as sent to nobody, so its reports are refused rather than trusted."""
+        owners: dict[AttemptKey, str] = {}
+        for run_id in {run_id for run_id, _ in keys}:
+            try:
+                attempts = await self._store.list_attempts(run_id)
+            except StorageUnavailable:
+                raise
+            except Exception as error:
+                log.warning("could not read the attempts of run %s to check who reports them: %s", run_id, error)
+                owners.update({key: "" for key in keys if key[0] == run_id})
+                continue
+            owners.update({(run_id, attempt.lease_token): attempt.worker_id for attempt in attempts})
+        return owners
+
+    # -- acting on what was written -------------------------------------------------------------
+
+    def _withdraw(self, dispatches: list[Dispatch]) -> None:
+        """Sent, but the database did not take the run from ``scheduled`` (it was cancelled or
+        another attempt has it in the moment between): tell the worker to stop it."""
+        by_session: dict[int, tuple[WorkerSession, list[AttemptRef]]] = {}
+        for dispatch in dispatches:
+            session = self._in_flight.pop((dispatch.run_id, dispatch.lease_token), None)
+            if session is not None and session.connected:
+                by_session.setdefault(id(session), (session, []))[1].append(
+                    AttemptRef(dispatch.run_id, dispatch.lease_token))
+        for session, refs in by_session.values():
+            log.info("withdrawing %d runs from worker %s: no longer scheduled", len(refs), session.worker_id)
+            session.outbox.put_nowait(Cancel(refs, "the run was cancelled before its dispatch was recorded"))
+
+    def _cancel_stale(self, beats: list[tuple[WorkerSession, Heartbeat]], stale: set[str]) -> None:
+        by_session: dict[int, tuple[WorkerSession, list[AttemptRef]]] = {}
+        for session, beat in beats:
+            if beat.run_id in stale:
+                by_session.setdefault(id(session), (session, []))[1].append(AttemptRef(beat.run_id, beat.lease_token))
+        for session, refs in by_session.values():
+            if session.connected:
+                session.outbox.put_nowait(Cancel(refs, "the attempt's lease is no longer current"))
+
+    def _settle(self, results: list[tuple[WorkerSession, AttemptResult]], outcomes: list[ResultOutcome]) -> None:
+        acks: dict[int, tuple[WorkerSession, list[AttemptRef]]] = {}
+        for session, result in results:
+            acks.setdefault(id(session), (session, []))[1].append(AttemptRef(result.run_id, result.lease_token))
+        for session, refs in acks.values():
+            if session.connected:
+                session.outbox.put_nowait(Acknowledge(refs))
+        counted: Counter[str] = Counter()  # one metric update per outcome kind and batch
+        for outcome in outcomes:
+            if not outcome.accepted:
+                counted["superseded"] += 1
+                continue
+            state = outcome.state
+            if outcome.released:
+                counted["released_from_buffer"] += 1
+            elif state is RunState.SCHEDULED:
+                counted["retry"] += 1
+            else:
+                counted[state.value] += 1
+            if state is RunState.SCHEDULED:
+                self._reschedule(outcome.run)
+        for kind, count in counted.items():
+            self._metrics.runs.labels(outcome=kind).inc(count)

@@ -1,0 +1,60 @@
+"""What the dispatcher sends a worker (assignments, acknowledgements, cancels) and the connected
+worker stream it sends them to."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from fastlane.domain.models import Run
+
+AttemptKey = tuple[str, int]  # (run_id, lease_token)
+
+
+@dataclass(frozen=True, slots=True)
+class Assigned:
+    """One run sent to a worker as a new attempt."""
+
+    run: Run
+    attempt: int
+    lease_token: int
+    released_at: datetime
+    confirm_first: bool
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRef:
+    run_id: str
+    lease_token: int
+
+
+@dataclass(frozen=True, slots=True)
+class Assign:
+    runs: list[Assigned]
+
+
+@dataclass(frozen=True, slots=True)
+class Acknowledge:
+    results: list[AttemptRef]
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    attempts: list[AttemptRef]
+    reason: str
+
+
+Outgoing = Assign | Acknowledge | Cancel
+
+
+@dataclass(eq=False)
+class WorkerSession:
+    """One connected worker stream. ``outbox`` is drained by the gRPC servicer."""
+
+    worker_id: str
+    job_types: frozenset[str]
+    tenant: str | None
+    credits: int
+    outbox: asyncio.Queue[Outgoing] = field(default_factory=asyncio.Queue)
+    connected: bool = True
