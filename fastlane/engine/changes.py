@@ -3,7 +3,8 @@
 Jobs created or changed, and runs triggered, replayed or cancelled through any node reach the
 owner of their shard here; the owner's periodic full scan remains the safety net for anything a
 dropped connection lost. Changes made through this node arrive twice (direct call, then the
-notification): every action is idempotent.
+notification): every action is idempotent. The actions themselves are the steps of
+:mod:`.operations`, the same the servicers take.
 """
 
 from __future__ import annotations
@@ -13,8 +14,7 @@ import logging
 from typing import Protocol
 
 from fastlane.domain.models import RunState, ShardLease
-from fastlane.engine.dispatch import Dispatcher
-from fastlane.engine.lane import FastLane
+from fastlane.engine.operations import Operations
 from fastlane.errors import NotFound, StorageError
 from fastlane.storage import Change, ChangeKind, Store
 
@@ -28,10 +28,9 @@ class Ownership(Protocol):
 
 
 class ChangeFollower:
-    def __init__(self, store: Store, *, lane: FastLane, dispatcher: Dispatcher, ownership: Ownership) -> None:
+    def __init__(self, store: Store, *, operations: Operations, ownership: Ownership) -> None:
         self._store = store
-        self._lane = lane
-        self._dispatcher = dispatcher
+        self._operations = operations
         self._ownership = ownership
         self._queue: asyncio.Queue[Change] = asyncio.Queue()
 
@@ -49,7 +48,7 @@ class ChangeFollower:
                 await self._apply(change)
             except NotFound:
                 if change.kind is ChangeKind.JOB:
-                    self._lane.forget_job(change.key)
+                    self._operations.job_gone(change.key)
             except StorageError as error:
                 log.warning("could not follow %s %s (the full scan will): %s", change.kind, change.key, error)
             except Exception:
@@ -58,17 +57,16 @@ class ChangeFollower:
                               change.kind, change.key)
 
     async def _apply(self, change: Change) -> None:
+        operations = self._operations
         if change.kind is ChangeKind.JOB:
-            self._lane.job_changed(await self._store.get_job(change.tenant, change.key))
+            operations.job_changed(await self._store.get_job(change.tenant, change.key))
         elif change.kind is ChangeKind.JOB_DELETED:
-            self._lane.forget_job(change.key)
-            self._dispatcher.forget_job(change.key)
+            operations.job_deleted(change.key)
         elif change.kind is ChangeKind.RUN:
             run = await self._store.get_run(change.tenant, change.key)
             if run.state is RunState.SCHEDULED:
-                self._lane.schedule_run(run, recovered=True)
+                operations.run_scheduled(run, recovered=True)
             elif run.state is RunState.CANCELLED:
-                self._lane.forget_run(run.run_id)
-                self._dispatcher.cancel([run])
+                operations.run_cancelled(run)
             elif run.cancel_requested:
-                self._dispatcher.cancel([run])
+                operations.run_cancel_requested(run)

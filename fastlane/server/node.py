@@ -24,8 +24,9 @@ from fastlane.clock import Clock, SystemClock
 from fastlane.config import Settings
 from fastlane.domain.models import Run
 from fastlane.engine.changes import ChangeFollower
-from fastlane.engine.dispatch import Dispatcher
+from fastlane.engine.dispatch.dispatcher import Dispatcher
 from fastlane.engine.lane import FastLane
+from fastlane.engine.operations import Operations
 from fastlane.engine.shards import ShardOwnership
 from fastlane.errors import FastlaneError, StorageUnavailable
 from fastlane.metrics import Metrics
@@ -153,7 +154,8 @@ class Node:
         lane = FastLane(store, settings=settings, clock=self.clock, metrics=metrics, shards=ownership,
                         on_stale=ownership.lost, dispatch=dispatcher)
 
-        follower = ChangeFollower(store, lane=lane, dispatcher=dispatcher, ownership=ownership)
+        operations = Operations(store, lane=lane, dispatcher=dispatcher)
+        follower = ChangeFollower(store, operations=operations, ownership=ownership)
 
         def node_status() -> admin_pb2.NodeStatus:
             return admin_pb2.NodeStatus(
@@ -166,8 +168,8 @@ class Node:
 
         server = ApiServer(
             settings.listen,
-            jobs=JobServicer(store, lane, dispatcher, max_payload=settings.max_payload_bytes),
-            runs=RunServicer(store, lane, dispatcher),
+            jobs=JobServicer(store, operations, max_payload=settings.max_payload_bytes),
+            runs=RunServicer(store, operations),
             workers=WorkerServicer(dispatcher, node_id=settings.node_id, heartbeat_interval=HEARTBEAT_INTERVAL),
             admin=AdminServicer(store, node_status, settings.node_id, live_within=settings.shard_lease_ttl),
         )

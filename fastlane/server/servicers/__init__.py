@@ -1,1 +1,1 @@
-"""One gRPC servicer per service in ``proto/``: validate the request, call the engine or store, answer."""
+"""One gRPC servicer per service in ``proto/``: validate the request, read the store or take an engine operation, answer."""

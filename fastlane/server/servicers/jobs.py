@@ -1,4 +1,4 @@
-"""JobService: protobuf in, store and fast-lane calls, protobuf out."""
+"""JobService: protobuf in, store reads and :mod:`~fastlane.engine.operations` steps, protobuf out."""
 
 from __future__ import annotations
 
@@ -10,19 +10,16 @@ from fastlane._proto import common_pb2, jobs_pb2, jobs_pb2_grpc
 from fastlane.domain import schedules, validation
 from fastlane.domain.limits import DEFAULT_MAX_PAYLOAD_BYTES, MAX_PREVIEW
 from fastlane.domain.models import JobSpec, JobState, ScheduleKind
-from fastlane.engine.dispatch import Dispatcher
-from fastlane.engine.lane import FastLane
+from fastlane.engine.operations import Operations
 from fastlane.rpc import wire
 from fastlane.server.guard import rpc, tenant_of
 from fastlane.storage import Store
 
 
 class JobServicer(jobs_pb2_grpc.JobServiceServicer):
-    def __init__(self, store: Store, lane: FastLane, dispatcher: Dispatcher, *,
-                 max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES) -> None:
+    def __init__(self, store: Store, operations: Operations, *, max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES) -> None:
         self._store = store
-        self._lane = lane
-        self._dispatcher = dispatcher
+        self._operations = operations
         self._max_payload = max_payload
 
     def _spec(self, message: common_pb2.JobSpec) -> JobSpec:
@@ -32,9 +29,7 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
     @rpc
     async def CreateJob(self, request: jobs_pb2.CreateJobRequest, context: grpc.aio.ServicerContext) -> jobs_pb2.CreateJobResponse:
         spec = self._spec(request.spec)
-        job, created = await self._store.create_job(spec)
-        if created:
-            self._lane.job_changed(job)
+        job, created = await self._operations.create_job(spec)
         return jobs_pb2.CreateJobResponse(job=wire.job_to_pb(job), created=created)
 
     @rpc
@@ -58,33 +53,27 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
     @rpc
     async def UpdateJob(self, request: jobs_pb2.UpdateJobRequest, context: grpc.aio.ServicerContext) -> common_pb2.Job:
         spec = self._spec(request.spec)
-        job = await self._store.update_job(spec.tenant, validation.identifier("job_id", request.job_id), spec)
-        self._lane.job_changed(job)
+        job = await self._operations.update_job(spec.tenant, validation.identifier("job_id", request.job_id), spec)
         return wire.job_to_pb(job)
 
     @rpc
     async def PauseJob(self, request: jobs_pb2.JobRef, context: grpc.aio.ServicerContext) -> common_pb2.Job:
-        job = await self._store.pause_job(tenant_of(request.tenant), _job_id(request))
-        self._lane.job_changed(job)
+        job = await self._operations.pause_job(tenant_of(request.tenant), _job_id(request))
         return wire.job_to_pb(job)
 
     @rpc
     async def ResumeJob(self, request: jobs_pb2.JobRef, context: grpc.aio.ServicerContext) -> common_pb2.Job:
-        job = await self._store.resume_job(tenant_of(request.tenant), _job_id(request))
-        self._lane.job_changed(job)
+        job = await self._operations.resume_job(tenant_of(request.tenant), _job_id(request))
         return wire.job_to_pb(job)
 
     @rpc
     async def DeleteJob(self, request: jobs_pb2.JobRef, context: grpc.aio.ServicerContext) -> jobs_pb2.DeleteJobResponse:
-        await self._store.delete_job(tenant_of(request.tenant), _job_id(request))
-        self._lane.forget_job(_job_id(request))
-        self._dispatcher.forget_job(_job_id(request))
+        await self._operations.delete_job(tenant_of(request.tenant), _job_id(request))
         return jobs_pb2.DeleteJobResponse()
 
     @rpc
     async def TriggerJob(self, request: jobs_pb2.JobRef, context: grpc.aio.ServicerContext) -> common_pb2.Run:
-        run = await self._store.create_manual_run(tenant_of(request.tenant), _job_id(request))
-        self._lane.schedule_run(run)
+        run = await self._operations.trigger_job(tenant_of(request.tenant), _job_id(request))
         return wire.run_to_pb(run)
 
     @rpc

@@ -1,4 +1,4 @@
-"""RunService: run history."""
+"""RunService: run history (store reads), and cancel and retry (:mod:`~fastlane.engine.operations` steps)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ import grpc
 from fastlane._proto import common_pb2, runs_pb2, runs_pb2_grpc
 from fastlane.domain import validation
 from fastlane.domain.models import RunState
-from fastlane.engine.dispatch import Dispatcher
-from fastlane.engine.lane import FastLane
+from fastlane.engine.operations import Operations
 from fastlane.errors import InvalidArgument
 from fastlane.rpc import wire
 from fastlane.server.guard import rpc, tenant_of
@@ -16,10 +15,9 @@ from fastlane.storage import Store
 
 
 class RunServicer(runs_pb2_grpc.RunServiceServicer):
-    def __init__(self, store: Store, lane: FastLane, dispatcher: Dispatcher) -> None:
+    def __init__(self, store: Store, operations: Operations) -> None:
         self._store = store
-        self._lane = lane
-        self._dispatcher = dispatcher
+        self._operations = operations
 
     @rpc
     async def ListRuns(self, request: runs_pb2.ListRunsRequest, context: grpc.aio.ServicerContext) -> runs_pb2.ListRunsResponse:
@@ -43,17 +41,11 @@ class RunServicer(runs_pb2_grpc.RunServiceServicer):
 
     @rpc
     async def CancelRun(self, request: runs_pb2.RunRef, context: grpc.aio.ServicerContext) -> common_pb2.Run:
-        cancellation = await self._store.cancel_run(tenant_of(request.tenant), _run_id(request))
-        self._lane.forget_run(cancellation.run.run_id)
-        self._dispatcher.cancel([cancellation.run])
-        for run in cancellation.released:
-            self._lane.schedule_run(run)
-        return wire.run_to_pb(cancellation.run)
+        return wire.run_to_pb(await self._operations.cancel_run(tenant_of(request.tenant), _run_id(request)))
 
     @rpc
     async def RetryRun(self, request: runs_pb2.RunRef, context: grpc.aio.ServicerContext) -> common_pb2.Run:
-        run = await self._store.retry_run(tenant_of(request.tenant), _run_id(request))
-        self._lane.schedule_run(run)
+        run = await self._operations.retry_run(tenant_of(request.tenant), _run_id(request))
         return wire.run_to_pb(run)
 
 

@@ -1,0 +1,103 @@
+"""The user-facing steps: each change to jobs and runs, and what the node does about it at once.
+
+One place for each step: the gRPC servicers call these (protobuf in, operations out), and
+change routing (:mod:`.changes`) calls the same reactions for changes committed through other
+nodes, so a rule is never written twice. A step writes through the store first, then tells the
+fast lane and the dispatcher; every reaction is idempotent, since a change made through this
+node arrives again as a notification.
+"""
+
+from __future__ import annotations
+
+from fastlane.domain.models import Job, JobSpec, Run
+from fastlane.engine.dispatch.dispatcher import Dispatcher
+from fastlane.engine.lane import FastLane
+from fastlane.storage import Store
+
+
+class Operations:
+    """The steps a user can take, over the store, this node's fast lane and its dispatcher."""
+
+    def __init__(self, store: Store, *, lane: FastLane, dispatcher: Dispatcher) -> None:
+        self._store = store
+        self._lane = lane
+        self._dispatcher = dispatcher
+
+    # -- jobs -----------------------------------------------------------------------------------
+
+    async def create_job(self, spec: JobSpec) -> tuple[Job, bool]:
+        """Create a job (idempotent on its name): ``(job, created)``."""
+        job, created = await self._store.create_job(spec)
+        if created:
+            self.job_changed(job)
+        return job, created
+
+    async def update_job(self, tenant: str, job_id: str, spec: JobSpec) -> Job:
+        job = await self._store.update_job(tenant, job_id, spec)
+        self.job_changed(job)
+        return job
+
+    async def pause_job(self, tenant: str, job_id: str) -> Job:
+        job = await self._store.pause_job(tenant, job_id)
+        self.job_changed(job)
+        return job
+
+    async def resume_job(self, tenant: str, job_id: str) -> Job:
+        job = await self._store.resume_job(tenant, job_id)
+        self.job_changed(job)
+        return job
+
+    async def delete_job(self, tenant: str, job_id: str) -> None:
+        await self._store.delete_job(tenant, job_id)
+        self.job_deleted(job_id)
+
+    async def trigger_job(self, tenant: str, job_id: str) -> Run:
+        """A run of the job due now, outside its schedule."""
+        run = await self._store.create_manual_run(tenant, job_id)
+        self.run_scheduled(run)
+        return run
+
+    # -- runs -----------------------------------------------------------------------------------
+
+    async def cancel_run(self, tenant: str, run_id: str) -> Run:
+        """Cancel a run; runs it held back (its job's concurrency) are released."""
+        cancellation = await self._store.cancel_run(tenant, run_id)
+        self.run_cancelled(cancellation.run)
+        for run in cancellation.released:
+            self.run_scheduled(run)
+        return cancellation.run
+
+    async def retry_run(self, tenant: str, run_id: str) -> Run:
+        """Replay a dead or lost run as a new attempt now."""
+        run = await self._store.retry_run(tenant, run_id)
+        self.run_scheduled(run)
+        return run
+
+    # -- reactions to a committed change (through this node or another) ------------------------
+
+    def job_changed(self, job: Job) -> None:
+        """A job was created or changed: the window takes it as it is now."""
+        self._lane.job_changed(job)
+
+    def job_deleted(self, job_id: str) -> None:
+        """A job was deleted: drop it, and its runs waiting for their time or for a worker."""
+        self._lane.forget_job(job_id)
+        self._dispatcher.forget_job(job_id)
+
+    def job_gone(self, job_id: str) -> None:
+        """A job changed elsewhere is no longer found: drop it and its runs from the window."""
+        self._lane.forget_job(job_id)
+
+    def run_scheduled(self, run: Run, *, recovered: bool = False) -> None:
+        """Release ``run`` at its time. ``recovered``: it was read back from the database rather
+        than written by this node, so its dispatch is confirmed before it is sent."""
+        self._lane.schedule_run(run, recovered=recovered)
+
+    def run_cancelled(self, run: Run) -> None:
+        """A run was cancelled: drop it from the window and stop it wherever it is queued or sent."""
+        self._lane.forget_run(run.run_id)
+        self._dispatcher.cancel([run])
+
+    def run_cancel_requested(self, run: Run) -> None:
+        """A run with a worker is to stop: tell the worker."""
+        self._dispatcher.cancel([run])
