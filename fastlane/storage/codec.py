@@ -8,9 +8,8 @@ Both backends use this module, so they store byte-identical documents.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -157,7 +156,15 @@ def first_difference(a: JobSpec, b: JobSpec) -> str | None:
 # Backends convert their column types (timestamps above all) first, then build models here.
 
 
-def build_job(row: Mapping[str, Any]) -> Job:
+class Row(Protocol):
+    """A row as the builders below read it: its columns by name. asyncpg's ``Record`` and the
+    SQLite store's dicts both are one; ``Record`` is no ``Mapping``, and converting each row to
+    one would cost the hot path a copy per row."""
+
+    def __getitem__(self, column: str, /) -> Any: ...
+
+
+def build_job(row: Row) -> Job:
     return Job(
         job_id=row["job_id"],
         shard_id=row["shard_id"],
@@ -209,11 +216,11 @@ def _milliseconds(value: int) -> timedelta:
     return timedelta(milliseconds=value)
 
 
-def run_state(row: Mapping[str, Any]) -> RunState:
+def run_state(row: Row) -> RunState:
     return _RUN_STATES[row["state"]]
 
 
-def build_run(row: Mapping[str, Any]) -> Run:
+def build_run(row: Row) -> Run:
     return Run(
         run_id=row["run_id"],
         job_id=row["job_id"],
@@ -245,7 +252,7 @@ def build_run(row: Mapping[str, Any]) -> Run:
     )
 
 
-def build_attempt(row: Mapping[str, Any]) -> Attempt:
+def build_attempt(row: Row) -> Attempt:
     return Attempt(
         run_id=row["run_id"],
         attempt=row["attempt"],
@@ -261,7 +268,7 @@ def build_attempt(row: Mapping[str, Any]) -> Attempt:
     )
 
 
-def build_lease(row: Mapping[str, Any]) -> ShardLease:
+def build_lease(row: Row) -> ShardLease:
     return ShardLease(
         shard_id=row["shard_id"],
         owner=row["owner"],
@@ -299,7 +306,7 @@ def _is_part(value: object, kind: type) -> bool:
     return type(value) is str and len(value) <= 200 and "\x00" not in value
 
 
-def build_node(row: Mapping[str, Any]) -> NodeInfo:
+def build_node(row: Row) -> NodeInfo:
     return NodeInfo(
         node_id=row["node_id"],
         address=row["address"],

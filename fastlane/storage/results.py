@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from fastlane.domain.models import Job, Run, RunState
 from fastlane.storage import codec
@@ -24,7 +22,7 @@ class ResultOutcome:
     __slots__ = ("accepted", "released", "_run", "_row")
 
     def __init__(
-        self, *, accepted: bool, released: bool = False, run: Run | None = None, row: Mapping[str, Any] | None = None
+        self, *, accepted: bool, released: bool = False, run: Run | None = None, row: codec.Row | None = None
     ) -> None:
         if (run is None) == (row is None):
             raise ValueError("a result outcome needs the run or its row")
@@ -43,7 +41,7 @@ class ResultOutcome:
     def state(self) -> RunState:
         return self._run.state if self._run is not None else codec.run_state(self._held_row())
 
-    def _held_row(self) -> Mapping[str, Any]:
+    def _held_row(self) -> codec.Row:
         assert self._row is not None  # the constructor took one of the two
         return self._row
 

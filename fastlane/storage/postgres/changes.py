@@ -9,6 +9,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from typing import cast
 
 import asyncpg
 
@@ -17,6 +18,7 @@ from fastlane.errors import StorageUnavailable
 from fastlane.storage import common
 from fastlane.storage.driver_errors import POSTGRES_DRIVER_ERRORS, classify_postgres
 from fastlane.storage.postgres import queries
+from fastlane.storage.postgres.connection import PoolConnection
 from fastlane.supervise import Backoff
 
 log = logging.getLogger("fastlane.storage.postgres")
@@ -26,7 +28,7 @@ LISTENER_PING = 10.0  # seconds between liveness checks of the LISTEN connection
 LISTENER_BACKOFF = Backoff(first=0.1, cap=2.0)  # between attempts to LISTEN again
 
 
-async def notify(db: asyncpg.Connection, change: Change) -> None:
+async def notify(db: PoolConnection, change: Change) -> None:
     """Tell every node of a change; PostgreSQL delivers it only if this transaction commits."""
     await db.execute(queries.NOTIFY, CHANGES_CHANNEL, common.encode_change(change))
 
@@ -55,8 +57,9 @@ class PostgresChanges:
     async def _listen_until_lost(self, on_change: Callable[[Change], None]) -> None:
         """One LISTEN session; raises StorageUnavailable once its connection is gone."""
 
-        def deliver(_connection: object, _pid: int, _channel: str, payload: str) -> None:
-            change = common.decode_change(payload)
+        def deliver(_connection: object, _pid: int, _channel: str, payload: object) -> None:
+            # asyncpg hands a NOTIFY payload over as the str it is; its stubs say object.
+            change = common.decode_change(cast(str, payload))
             if change is not None:
                 on_change(change)
 

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from typing import TypeAlias
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 
 from fastlane.storage.driver_errors import POSTGRES_DRIVER_ERRORS, classify_postgres
+
+# What the pool lends: a proxy to a connection, with its methods. A string, as asyncpg's class is
+# generic only in its stubs.
+PoolConnection: TypeAlias = "PoolConnectionProxy[asyncpg.Record]"
 
 
 class PostgresConnections:
@@ -29,7 +35,7 @@ class PostgresConnections:
         return self._pool
 
     @contextlib.asynccontextmanager
-    async def _connection(self) -> AsyncIterator[asyncpg.Connection]:
+    async def _connection(self) -> AsyncIterator[PoolConnection]:
         """A pooled connection; every driver error, from acquiring to releasing it, leaves as a
         StorageError (StorageUnavailable when retrying may work)."""
         pool = await self._open()
@@ -45,7 +51,7 @@ class PostgresConnections:
             raise classify_postgres(error, doing="acquiring a connection") from error
 
     @contextlib.asynccontextmanager
-    async def _transaction(self) -> AsyncIterator[asyncpg.Connection]:
+    async def _transaction(self) -> AsyncIterator[PoolConnection]:
         async with self._connection() as connection, connection.transaction():
             yield connection
 

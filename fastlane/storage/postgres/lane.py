@@ -7,15 +7,13 @@ import random
 from collections.abc import Collection, Container, Sequence
 from datetime import datetime
 
-import asyncpg
-
 from fastlane.domain.models import DueJob, Run, ShardLease
 from fastlane.domain.records import Occurrence
 from fastlane.domain.transitions import OVERLAP_CANCELLED
 from fastlane.errors import StaleFence
 from fastlane.storage import codec, common
 from fastlane.storage.postgres import queries
-from fastlane.storage.postgres.connection import PostgresConnections
+from fastlane.storage.postgres.connection import PoolConnection, PostgresConnections
 from fastlane.storage.postgres.runs import apply_results
 from fastlane.storage.results import Materialised
 
@@ -107,7 +105,7 @@ class PostgresLane(PostgresConnections):
         return sorted(row["shard_id"] for row in rows)
 
 
-async def check_fences(db: asyncpg.Connection, fences: Sequence[ShardLease]) -> None:
+async def check_fences(db: PoolConnection, fences: Sequence[ShardLease]) -> None:
     """Raise :class:`~fastlane.errors.StaleFence` unless every lease is still held (see ``FENCE``)."""
     held = {
         row["shard_id"]
@@ -120,7 +118,7 @@ async def check_fences(db: asyncpg.Connection, fences: Sequence[ShardLease]) -> 
             raise StaleFence(fence.shard_id, fence.owner, fence.token)
 
 
-async def cancel_for_overlap(db: asyncpg.Connection, plan: common.MaterialisationPlan) -> list[Run]:
+async def cancel_for_overlap(db: PoolConnection, plan: common.MaterialisationPlan) -> list[Run]:
     rows = []
     if plan.cancel_now:
         rows += await db.fetch(queries.CANCEL_FOR_OVERLAP, plan.cancel_now, OVERLAP_CANCELLED)

@@ -7,8 +7,6 @@ import random
 from collections.abc import Collection, Sequence
 from datetime import datetime
 
-import asyncpg
-
 from fastlane.clock import from_micros
 from fastlane.domain.models import Attempt, Run, RunState, new_id
 from fastlane.domain.records import AttemptResult, Change, ChangeKind, Dispatch, Heartbeat, Page
@@ -17,7 +15,7 @@ from fastlane.errors import InvalidState, JobNotFound, RunNotFound
 from fastlane.storage import codec, common
 from fastlane.storage.postgres import queries
 from fastlane.storage.postgres.changes import notify
-from fastlane.storage.postgres.connection import PostgresConnections
+from fastlane.storage.postgres.connection import PoolConnection, PostgresConnections
 from fastlane.storage.results import Cancellation, ResultOutcome
 
 
@@ -32,6 +30,10 @@ class PostgresRuns(PostgresConnections):
             if job_row is None:
                 raise JobNotFound(job_id)
             row = await db.fetchrow(queries.INSERT_MANUAL_RUN, new_id(), job_id)
+            if row is None:
+                # JOB_OF_TENANT takes no lock: the job was deleted meanwhile. Raised as the
+                # TypeError that subscripting None raised here before this check was written.
+                raise TypeError(f"job {job_id} vanished while its manual run was being inserted")
             run = codec.build_run(row)
             await notify(db, Change(ChangeKind.RUN, run.shard_id, run.tenant, run.run_id))
         return run
@@ -44,11 +46,13 @@ class PostgresRuns(PostgresConnections):
             run = codec.build_run(row)
             if run.state in (RunState.DISPATCHED, RunState.RUNNING):
                 row = await db.fetchrow(queries.REQUEST_CANCEL, run_id)
+                assert row is not None, "LOCK_RUN holds the run's row lock in this transaction"
                 await notify(db, Change(ChangeKind.RUN, run.shard_id, tenant, run_id))
                 return Cancellation(run=codec.build_run(row))
             if run.state not in (RunState.SCHEDULED, RunState.BUFFERED):
                 raise InvalidState("run", run_id, run.state.value, "cancel")
             row = await db.fetchrow(queries.CANCEL_RUN, run_id, CANCELLED_BY_REQUEST)
+            assert row is not None, "LOCK_RUN holds the run's row lock in this transaction"
             released = await release_buffered(db, [run.job_id])
             await notify(db, Change(ChangeKind.RUN, run.shard_id, tenant, run_id))
             for other in released:
@@ -63,6 +67,7 @@ class PostgresRuns(PostgresConnections):
             if row["state"] not in ("dead", "lost"):
                 raise InvalidState("run", run_id, row["state"], "retry (only dead or lost runs can be replayed)")
             row = await db.fetchrow(queries.RETRY_RUN, run_id)
+            assert row is not None, "RUN_STATE holds the run's row lock in this transaction"
             run = codec.build_run(row)
             await notify(db, Change(ChangeKind.RUN, run.shard_id, run.tenant, run.run_id))
         return run
@@ -165,7 +170,7 @@ class PostgresRuns(PostgresConnections):
 
 
 async def apply_results(
-    db: asyncpg.Connection,
+    db: PoolConnection,
     runs: dict[str, Run],
     results: Sequence[AttemptResult],
     now: datetime,
@@ -197,7 +202,7 @@ async def apply_results(
     return decided.outcomes + [ResultOutcome(run=run, accepted=True, released=True) for run in released]
 
 
-async def release_buffered(db: asyncpg.Connection, job_ids: Collection[str]) -> list[Run]:
+async def release_buffered(db: PoolConnection, job_ids: Collection[str]) -> list[Run]:
     """Schedule the oldest buffered run of each job that has no other active run left."""
     if not job_ids:
         return []

@@ -95,7 +95,12 @@ class PostgresStore(PostgresLane, PostgresRuns, PostgresShards, PostgresChanges,
                 job = codec.build_job(row)
                 await notify(db, Change(ChangeKind.JOB, job.shard_id, job.tenant, job.job_id))
                 return job, True
-            existing = codec.build_job(await db.fetchrow(queries.JOB_BY_NAME, spec.tenant, spec.name))
+            row = await db.fetchrow(queries.JOB_BY_NAME, spec.tenant, spec.name)
+            if row is None:
+                # The job that conflicted was deleted since (this statement sees a new snapshot).
+                # Raised as the TypeError that subscripting None raised here before this check.
+                raise TypeError(f"job {spec.name!r} of tenant {spec.tenant!r} vanished after conflicting")
+            existing = codec.build_job(row)
         return common.idempotent_create(existing, spec), False
 
     async def get_job(self, tenant: str, job_id: str) -> Job:
@@ -138,6 +143,7 @@ class PostgresStore(PostgresLane, PostgresRuns, PostgresShards, PostgresChanges,
                 job_id, tenant, spec.job_type, spec.priority, spec.payload,
                 codec.encode_policies(spec).decode(), next_fire_at, state.value, now,
             )
+            assert row is not None, "LOCK_JOB holds the job's row lock in this transaction"
             job = codec.build_job(row)
             await notify(db, Change(ChangeKind.JOB, job.shard_id, job.tenant, job.job_id))
         return job
@@ -170,6 +176,7 @@ class PostgresStore(PostgresLane, PostgresRuns, PostgresShards, PostgresChanges,
             if row["state"] not in sources:
                 raise InvalidState("job", job_id, row["state"], verb)
             row = await db.fetchrow(queries.CHANGE_JOB_STATE, job_id, target.value)
+            assert row is not None, "LOCK_JOB holds the job's row lock in this transaction"
             job = codec.build_job(row)
             await notify(db, Change(ChangeKind.JOB, job.shard_id, job.tenant, job.job_id))
         return job

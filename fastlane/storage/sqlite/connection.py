@@ -14,7 +14,7 @@ import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import aiosqlite
 import orjson
@@ -157,7 +157,8 @@ async def fetch_one(db: aiosqlite.Connection, sql: str, params: Sequence[Any]) -
 
 async def fetch_all(db: aiosqlite.Connection, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
     async with db.execute(sql, params) as cursor:
-        return row_dicts(await cursor.fetchall())
+        # aiosqlite annotates fetchall as Iterable: it returns sqlite3's list.
+        return row_dicts(cast("list[sqlite3.Row]", await cursor.fetchall()))
 
 
 async def fetch_value(db: aiosqlite.Connection, sql: str, params: Sequence[Any] = ()) -> Any:

@@ -47,10 +47,12 @@ class SQLiteRuns(SQLiteConnections):
             run = codec.build_run(row)
             if run.state in (RunState.DISPATCHED, RunState.RUNNING):
                 row = await fetch_one(db, queries.REQUEST_CANCEL, (run_id,))
+                assert row is not None, "LOCK_RUN found the run, and BEGIN IMMEDIATE keeps other writers out"
                 return Cancellation(run=codec.build_run(row))
             if run.state not in (RunState.SCHEDULED, RunState.BUFFERED):
                 raise InvalidState("run", run_id, run.state.value, "cancel")
             row = await fetch_one(db, queries.CANCEL_RUN, (CANCELLED_BY_REQUEST, run_id))
+            assert row is not None, "LOCK_RUN found the run, and BEGIN IMMEDIATE keeps other writers out"
             released = await release_buffered(db, [run.job_id])
         return Cancellation(run=codec.build_run(row), released=released)
 
@@ -62,6 +64,7 @@ class SQLiteRuns(SQLiteConnections):
             if row["state"] not in ("dead", "lost"):
                 raise InvalidState("run", run_id, row["state"], "retry (only dead or lost runs can be replayed)")
             row = await fetch_one(db, queries.RETRY_RUN, (run_id,))
+            assert row is not None, "RUN_STATE found the run, and BEGIN IMMEDIATE keeps other writers out"
         return codec.build_run(row)
 
     async def record_dispatches(self, dispatches: Sequence[Dispatch]) -> list[Attempt]:

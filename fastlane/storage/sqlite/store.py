@@ -93,7 +93,9 @@ class SQLiteStore(SQLiteLane, SQLiteRuns, SQLiteShards, Store):
             )
             if row is not None:
                 return codec.build_job(row), True
-            existing = codec.build_job(await fetch_one(db, queries.JOB_BY_NAME, (spec.tenant, spec.name)))
+            row = await fetch_one(db, queries.JOB_BY_NAME, (spec.tenant, spec.name))
+            assert row is not None, "the insert conflicted with it, and BEGIN IMMEDIATE keeps other writers out"
+            existing = codec.build_job(row)
         return common.idempotent_create(existing, spec), False
 
     async def get_job(self, tenant: str, job_id: str) -> Job:
@@ -139,6 +141,7 @@ class SQLiteStore(SQLiteLane, SQLiteRuns, SQLiteShards, Store):
                 (spec.job_type, spec.priority, spec.payload, codec.encode_policies(spec).decode(),
                  instant(next_fire_at), state.value, to_micros(now), job_id, tenant),
             )
+            assert row is not None, "LOCK_JOB found the job, and BEGIN IMMEDIATE keeps other writers out"
         return codec.build_job(row)
 
     async def pause_job(self, tenant: str, job_id: str) -> Job:
@@ -168,6 +171,7 @@ class SQLiteStore(SQLiteLane, SQLiteRuns, SQLiteShards, Store):
             if row["state"] not in sources:
                 raise InvalidState("job", job_id, row["state"], verb)
             row = await fetch_one(db, queries.CHANGE_JOB_STATE, (target.value, job_id))
+            assert row is not None, "LOCK_JOB found the job, and BEGIN IMMEDIATE keeps other writers out"
         return codec.build_job(row)
 
     async def delete_job(self, tenant: str, job_id: str) -> None:
