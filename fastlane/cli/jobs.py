@@ -21,6 +21,7 @@ from fastlane.cli.output import note, print_fields, print_json, print_table
 from fastlane.cli.remote import collect_pages, run_remote
 from fastlane.cli.views import describe_schedule, job_fields, job_view, run_view
 from fastlane.client import Client
+from fastlane.domain.limits import MAX_PREVIEW
 from fastlane.domain.models import (
     Delivery,
     Job,
@@ -35,8 +36,6 @@ from fastlane.domain.schedules import fire_notes, local_time, preview
 from fastlane.domain.validation import validate_spec
 from fastlane.errors import InvalidArgument
 from fastlane.rpc.wire import rfc3339
-
-MAX_PREVIEW = 1000
 
 
 def register(commands: Any) -> None:
