@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-fast typecheck chaos proto proto-check bench-spread bench-burst clean
+.PHONY: install demo test test-fast typecheck lint chaos proto proto-check bench-spread bench-burst clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,13 +20,17 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/fastlane demo
 
-## test: the type check, then the whole suite, SQLite and PostgreSQL (a throwaway cluster unless FASTLANE_TEST_PG_DSN is set)
-test: $(STAMP) proto-check typecheck
+## test: lint and type check, then the whole suite, SQLite and PostgreSQL (a throwaway cluster unless FASTLANE_TEST_PG_DSN is set)
+test: $(STAMP) proto-check lint typecheck
 	$(BIN)/python -m pytest
 
 ## typecheck: mypy over the package, as configured in pyproject.toml
 typecheck: $(STAMP)
 	$(BIN)/python -m mypy
+
+## lint: ruff over the package, the benchmarks and the tests
+lint: $(STAMP)
+	$(BIN)/ruff check fastlane bench tests scripts
 
 ## test-fast: everything but the end-to-end process tests
 test-fast: $(STAMP)
