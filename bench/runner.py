@@ -13,6 +13,7 @@ import os
 import platform
 import shutil
 import signal
+import statistics
 import sys
 import tempfile
 import time
@@ -141,9 +142,28 @@ def build_document(bench: Bench, results: list[dict[str, object]], *, started_at
     return document
 
 
+def speed_reference_ms(rounds: int = 5) -> float:
+    """The median time of a fixed pure-Python loop, in ms: how fast this machine runs Python now.
+
+    Machines of one kind differ about threefold, and one machine differs from hour to hour, so a
+    figure is judged next to this reference (or as a ratio to a peer measured in the same run).
+    """
+    times = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        total = 0
+        for i in range(1_000_000):
+            total += i * i % 7
+        times.append((time.perf_counter() - started) * 1000)
+    return round(statistics.median(times), 1)
+
+
 def machine() -> dict[str, object]:
     """What the numbers were measured on."""
-    description: dict[str, object] = {"cpus": os.cpu_count(), "python": platform.python_version()}
+    description: dict[str, object] = {"cpus": os.cpu_count(), "python": platform.python_version(),
+                                      "speed_reference_ms": speed_reference_ms()}
+    with contextlib.suppress(OSError):
+        description["load_average"] = round(os.getloadavg()[0], 2)
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):

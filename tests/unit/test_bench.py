@@ -256,6 +256,8 @@ def test_the_document_carries_ratios_to_each_peer_targets_and_memory(tmp_path: P
     assert [entry["name"] for entry in document["processes"]] == ["fastlane node-1", "harness"]
     assert (document["notes"], document["elapsed_s"], document["started_at"]) == (
         ["a note"], 12.3, "2030-01-01T00:00:00+00:00")
+    # Every result says how fast this machine ran a fixed Python loop, to judge figures against.
+    assert document["machine"]["speed_reference_ms"] > 0
 
 
 def test_json_turns_infinity_into_null() -> None:
