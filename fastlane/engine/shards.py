@@ -276,7 +276,7 @@ class ShardOwnership:
     async def _rebuild(self, leases: Sequence[ShardLease]) -> None:
         try:
             await self._on_acquired(leases)
-            self._rebuilds.discard(asyncio.current_task())  # type: ignore[arg-type]
+            self._rebuilds.discard(asyncio.current_task())
             if self._owns_share_built():
                 self._ready.set()
         except Exception as error:

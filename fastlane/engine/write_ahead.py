@@ -126,8 +126,8 @@ class WriteAhead:
                 self._plan(job)  # a no-op when the heap already holds this fire time
             except Exception as error:  # a value no check caught (stored by an older version)
                 refused.append((job, error))
-        for job, error in refused:
-            await self._set_aside(job, "loading it into the window", error)
+        for job, raised in refused:
+            await self._set_aside(job, "loading it into the window", raised)
 
     def _plan(self, job: DueJob) -> None:
         fire_at = job.next_fire_at
@@ -247,10 +247,10 @@ class WriteAhead:
         if written.cancelling:
             self._cancel(written.cancelling)
         self._plan_next(jobs, occurrences, written.advanced)
-        for job in written.changed:
+        for changed in written.changed:
             # Our copy was stale (changed through another node, or read before our own write
             # committed): continue from the job as it is now.
-            self.job_changed(job)
+            self.job_changed(changed)
 
     async def _set_aside(self, job: DueJob, step: str, error: Exception) -> None:
         """Take a job whose processing raised out of the due set, with the reason, so that it

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import grpc
 
@@ -21,14 +21,18 @@ from fastlane.errors import FastlaneError, new_error_id
 from fastlane.rpc.status import status_of
 
 log = logging.getLogger("fastlane.api")
-R = TypeVar("R")
+S = TypeVar("S")
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
 
 
-def rpc(method: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
+def rpc(
+    method: Callable[[S, Req, grpc.aio.ServicerContext[Req, Resp]], Awaitable[Resp]],
+) -> Callable[[S, Req, grpc.aio.ServicerContext[Req, Resp]], Awaitable[Resp]]:
     """Decorate a unary servicer method: expected errors become statuses, others INTERNAL."""
 
     @functools.wraps(method)
-    async def guarded(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
+    async def guarded(self: S, request: Req, context: grpc.aio.ServicerContext[Req, Resp]) -> Resp:
         try:
             return await method(self, request, context)
         except FastlaneError as error:

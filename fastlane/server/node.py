@@ -15,14 +15,14 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 
 from fastlane._proto import admin_pb2
 from fastlane.aio import first_of
 from fastlane.clock import Clock, SystemClock
 from fastlane.config import Settings
-from fastlane.domain.models import Run
+from fastlane.domain.models import Run, ShardLease
 from fastlane.engine.changes import ChangeFollower
 from fastlane.engine.dispatch.dispatcher import Dispatcher
 from fastlane.engine.lane import FastLane
@@ -137,12 +137,12 @@ class Node:
                                 max_ready_bytes_per_type=settings.max_ready_bytes_per_type,
                                 reschedule=reschedule)
 
-        def shards_lost(shard_ids: list[int]) -> None:
+        def shards_lost(shard_ids: Sequence[int]) -> None:
             if lane is not None:
                 lane.shards_lost(shard_ids)
             dispatcher.drop_shards(shard_ids)
 
-        async def shards_acquired(leases: list) -> None:  # type: ignore[type-arg]
+        async def shards_acquired(leases: Sequence[ShardLease]) -> None:
             if lane is not None:
                 await lane.shards_acquired(leases)
 

@@ -336,7 +336,10 @@ class Dispatcher:
                 # Dropped meanwhile (a lost shard, a cancel) are not released; runs not found are
                 # no longer scheduled, or changed: the lane's full scan finds those still pending.
                 still_parked = [run for run in runs if run.run_id in self._parked_ids]
-                self._unpark(lambda run_id, _, wanted=wanted: run_id in wanted)
+                def was_wanted(run_id: str, _: _Parked, wanted: dict[str, _Parked] = wanted) -> bool:
+                    return run_id in wanted
+
+                self._unpark(was_wanted)
                 self._hand_out(still_parked, confirm_first=True, reloaded=True)
                 if any(run.run_id in self._parked_ids for run in still_parked):
                     return  # the queue is full by bytes: parked again, read back when it drains

@@ -22,7 +22,11 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         self._live_within = live_within
 
     @rpc
-    async def GetCluster(self, request: admin_pb2.GetClusterRequest, context: grpc.aio.ServicerContext) -> admin_pb2.ClusterStatus:
+    async def GetCluster(
+        self,
+        request: admin_pb2.GetClusterRequest,
+        context: grpc.aio.ServicerContext[admin_pb2.GetClusterRequest, admin_pb2.ClusterStatus],
+    ) -> admin_pb2.ClusterStatus:
         shards = await self._store.list_shards()
         now = await self._store.db_now()
         nodes = []
@@ -30,7 +34,9 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             live = now - node.heartbeat_at <= self._live_within
             if node.node_id == self._node_id:
                 status = self._node_status()
-                status.heartbeat_at.CopyFrom(wire.timestamp(node.heartbeat_at))
+                heartbeat_at = wire.timestamp(node.heartbeat_at)
+                assert heartbeat_at is not None  # a datetime in, a Timestamp out
+                status.heartbeat_at.CopyFrom(heartbeat_at)
                 status.live = live
             else:
                 status = admin_pb2.NodeStatus(

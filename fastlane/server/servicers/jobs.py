@@ -27,17 +27,27 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
         return validation.validate_spec(spec, max_payload=self._max_payload)
 
     @rpc
-    async def CreateJob(self, request: jobs_pb2.CreateJobRequest, context: grpc.aio.ServicerContext) -> jobs_pb2.CreateJobResponse:
+    async def CreateJob(
+        self,
+        request: jobs_pb2.CreateJobRequest,
+        context: grpc.aio.ServicerContext[jobs_pb2.CreateJobRequest, jobs_pb2.CreateJobResponse],
+    ) -> jobs_pb2.CreateJobResponse:
         spec = self._spec(request.spec)
         job, created = await self._operations.create_job(spec)
         return jobs_pb2.CreateJobResponse(job=wire.job_to_pb(job), created=created)
 
     @rpc
-    async def GetJob(self, request: jobs_pb2.JobRef, context: grpc.aio.ServicerContext) -> common_pb2.Job:
+    async def GetJob(
+        self, request: jobs_pb2.JobRef, context: grpc.aio.ServicerContext[jobs_pb2.JobRef, common_pb2.Job]
+    ) -> common_pb2.Job:
         return wire.job_to_pb(await self._store.get_job(tenant_of(request.tenant), _job_id(request)))
 
     @rpc
-    async def ListJobs(self, request: jobs_pb2.ListJobsRequest, context: grpc.aio.ServicerContext) -> jobs_pb2.ListJobsResponse:
+    async def ListJobs(
+        self,
+        request: jobs_pb2.ListJobsRequest,
+        context: grpc.aio.ServicerContext[jobs_pb2.ListJobsRequest, jobs_pb2.ListJobsResponse],
+    ) -> jobs_pb2.ListJobsResponse:
         state = wire.enum_value(JobState, request.state, "state", JobState.ACTIVE) if request.state else None
         job_type = validation.name("job_type", request.job_type) if request.job_type else None
         page = await self._store.list_jobs(
@@ -51,34 +61,48 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
         return jobs_pb2.ListJobsResponse(jobs=jobs, next_page_token=page.next_page_token)
 
     @rpc
-    async def UpdateJob(self, request: jobs_pb2.UpdateJobRequest, context: grpc.aio.ServicerContext) -> common_pb2.Job:
+    async def UpdateJob(
+        self,
+        request: jobs_pb2.UpdateJobRequest,
+        context: grpc.aio.ServicerContext[jobs_pb2.UpdateJobRequest, common_pb2.Job],
+    ) -> common_pb2.Job:
         spec = self._spec(request.spec)
         job = await self._operations.update_job(spec.tenant, validation.identifier("job_id", request.job_id), spec)
         return wire.job_to_pb(job)
 
     @rpc
-    async def PauseJob(self, request: jobs_pb2.JobRef, context: grpc.aio.ServicerContext) -> common_pb2.Job:
+    async def PauseJob(
+        self, request: jobs_pb2.JobRef, context: grpc.aio.ServicerContext[jobs_pb2.JobRef, common_pb2.Job]
+    ) -> common_pb2.Job:
         job = await self._operations.pause_job(tenant_of(request.tenant), _job_id(request))
         return wire.job_to_pb(job)
 
     @rpc
-    async def ResumeJob(self, request: jobs_pb2.JobRef, context: grpc.aio.ServicerContext) -> common_pb2.Job:
+    async def ResumeJob(
+        self, request: jobs_pb2.JobRef, context: grpc.aio.ServicerContext[jobs_pb2.JobRef, common_pb2.Job]
+    ) -> common_pb2.Job:
         job = await self._operations.resume_job(tenant_of(request.tenant), _job_id(request))
         return wire.job_to_pb(job)
 
     @rpc
-    async def DeleteJob(self, request: jobs_pb2.JobRef, context: grpc.aio.ServicerContext) -> jobs_pb2.DeleteJobResponse:
+    async def DeleteJob(
+        self, request: jobs_pb2.JobRef, context: grpc.aio.ServicerContext[jobs_pb2.JobRef, jobs_pb2.DeleteJobResponse]
+    ) -> jobs_pb2.DeleteJobResponse:
         await self._operations.delete_job(tenant_of(request.tenant), _job_id(request))
         return jobs_pb2.DeleteJobResponse()
 
     @rpc
-    async def TriggerJob(self, request: jobs_pb2.JobRef, context: grpc.aio.ServicerContext) -> common_pb2.Run:
+    async def TriggerJob(
+        self, request: jobs_pb2.JobRef, context: grpc.aio.ServicerContext[jobs_pb2.JobRef, common_pb2.Run]
+    ) -> common_pb2.Run:
         run = await self._operations.trigger_job(tenant_of(request.tenant), _job_id(request))
         return wire.run_to_pb(run)
 
     @rpc
     async def PreviewSchedule(
-        self, request: jobs_pb2.PreviewScheduleRequest, context: grpc.aio.ServicerContext
+        self,
+        request: jobs_pb2.PreviewScheduleRequest,
+        context: grpc.aio.ServicerContext[jobs_pb2.PreviewScheduleRequest, jobs_pb2.PreviewScheduleResponse],
     ) -> jobs_pb2.PreviewScheduleResponse:
         count = validation.count("count", request.count or 5, 1, MAX_PREVIEW)
         schedule = validation.validate_schedule(wire.schedule_from_pb(request.schedule, "schedule"), "schedule")

@@ -20,7 +20,11 @@ class RunServicer(runs_pb2_grpc.RunServiceServicer):
         self._operations = operations
 
     @rpc
-    async def ListRuns(self, request: runs_pb2.ListRunsRequest, context: grpc.aio.ServicerContext) -> runs_pb2.ListRunsResponse:
+    async def ListRuns(
+        self,
+        request: runs_pb2.ListRunsRequest,
+        context: grpc.aio.ServicerContext[runs_pb2.ListRunsRequest, runs_pb2.ListRunsResponse],
+    ) -> runs_pb2.ListRunsResponse:
         states = [wire.enum_value(RunState, state, "states", RunState.SCHEDULED) for state in request.states[:len(RunState)]]
         if len(request.states) > len(RunState):
             raise InvalidArgument("states", f"at most {len(RunState)} states may be given")
@@ -33,18 +37,24 @@ class RunServicer(runs_pb2_grpc.RunServiceServicer):
                                          next_page_token=page.next_page_token)
 
     @rpc
-    async def GetRun(self, request: runs_pb2.RunRef, context: grpc.aio.ServicerContext) -> runs_pb2.RunDetail:
+    async def GetRun(
+        self, request: runs_pb2.RunRef, context: grpc.aio.ServicerContext[runs_pb2.RunRef, runs_pb2.RunDetail]
+    ) -> runs_pb2.RunDetail:
         run = await self._store.get_run(tenant_of(request.tenant), _run_id(request))
         attempts = await self._store.list_attempts(run.run_id)
         return runs_pb2.RunDetail(run=wire.run_to_pb(run), attempts=[wire.attempt_to_pb(a) for a in attempts],
                                   checkpoint=run.checkpoint or b"")
 
     @rpc
-    async def CancelRun(self, request: runs_pb2.RunRef, context: grpc.aio.ServicerContext) -> common_pb2.Run:
+    async def CancelRun(
+        self, request: runs_pb2.RunRef, context: grpc.aio.ServicerContext[runs_pb2.RunRef, common_pb2.Run]
+    ) -> common_pb2.Run:
         return wire.run_to_pb(await self._operations.cancel_run(tenant_of(request.tenant), _run_id(request)))
 
     @rpc
-    async def RetryRun(self, request: runs_pb2.RunRef, context: grpc.aio.ServicerContext) -> common_pb2.Run:
+    async def RetryRun(
+        self, request: runs_pb2.RunRef, context: grpc.aio.ServicerContext[runs_pb2.RunRef, common_pb2.Run]
+    ) -> common_pb2.Run:
         run = await self._operations.retry_run(tenant_of(request.tenant), _run_id(request))
         return wire.run_to_pb(run)
 

@@ -19,7 +19,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterable
 from datetime import timedelta
-from typing import TypeVar
+from typing import TypeAlias, TypeVar
 
 import grpc
 
@@ -33,6 +33,9 @@ from fastlane.engine.dispatch.tokens import MAX_LEASE_TOKEN
 from fastlane.errors import InvalidArgument
 from fastlane.rpc import wire
 from fastlane.storage import AttemptResult, Heartbeat
+
+# A worker stream: WorkerMessages in, NodeMessages out.
+WorkerContext: TypeAlias = grpc.aio.ServicerContext[workers_pb2.WorkerMessage, workers_pb2.NodeMessage]
 
 T = TypeVar("T")
 M = TypeVar("M")
@@ -55,9 +58,10 @@ class WorkerServicer(workers_pb2_grpc.WorkerServiceServicer):
         self._node_id = node_id
         self._heartbeat_interval = heartbeat_interval
 
-    async def Connect(self, request_iterator: object, context: grpc.aio.ServicerContext) -> None:
+    async def Connect(self, request_iterator: object, context: WorkerContext) -> None:
         first = await context.read()
-        if first is grpc.aio.EOF or first.WhichOneof("body") != "hello":
+        # types-grpcio's read() omits the EOF it returns at the end of the stream
+        if first is grpc.aio.EOF or first.WhichOneof("body") != "hello":  # type: ignore[comparison-overlap]
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message on a worker stream must be a hello")
         hello = first.hello
         try:
@@ -86,11 +90,11 @@ class WorkerServicer(workers_pb2_grpc.WorkerServiceServicer):
                 await reader
             self._dispatcher.disconnect(session)
 
-    async def _read(self, session: WorkerSession, context: grpc.aio.ServicerContext) -> None:
+    async def _read(self, session: WorkerSession, context: WorkerContext) -> None:
         """Pass the worker's messages to the dispatcher; raises InvalidArgument at a bad one."""
         while True:
             message = await context.read()
-            if message is grpc.aio.EOF:
+            if message is grpc.aio.EOF:  # type: ignore[comparison-overlap]  # EOF: a stub gap, as in Connect
                 return
             body = message.WhichOneof("body")
             if body == "credit":
