@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import TypeVar
+from typing import TypeVar, overload
 
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.message import Message
@@ -52,7 +52,14 @@ _Default = TypeVar("_Default", timedelta, None)  # a field with a default never 
 # the helpers cost several times more.
 
 
+@overload
+def timestamp(instant: datetime) -> Timestamp: ...
+@overload
+def timestamp(instant: None) -> None: ...
+@overload
+def timestamp(instant: datetime | None) -> Timestamp | None: ...
 def timestamp(instant: datetime | None) -> Timestamp | None:
+    """A datetime as a protobuf Timestamp; None stays None."""
     if instant is None:
         return None
     since = instant - EPOCH  # days may be negative; seconds and microseconds never are

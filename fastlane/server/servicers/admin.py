@@ -34,9 +34,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             live = now - node.heartbeat_at <= self._live_within
             if node.node_id == self._node_id:
                 status = self._node_status()
-                heartbeat_at = wire.timestamp(node.heartbeat_at)
-                assert heartbeat_at is not None  # a datetime in, a Timestamp out
-                status.heartbeat_at.CopyFrom(heartbeat_at)
+                status.heartbeat_at.CopyFrom(wire.timestamp(node.heartbeat_at))
                 status.live = live
             else:
                 status = admin_pb2.NodeStatus(
