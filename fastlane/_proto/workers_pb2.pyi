@@ -11,16 +11,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class WorkerMessage(_message.Message):
-    __slots__ = ("hello", "credit", "heartbeats", "results")
+    __slots__ = ("hello", "credit", "heartbeats", "results", "clock_probe")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     CREDIT_FIELD_NUMBER: _ClassVar[int]
     HEARTBEATS_FIELD_NUMBER: _ClassVar[int]
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_PROBE_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     credit: CreditGrant
     heartbeats: Heartbeats
     results: Results
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., credit: _Optional[_Union[CreditGrant, _Mapping]] = ..., heartbeats: _Optional[_Union[Heartbeats, _Mapping]] = ..., results: _Optional[_Union[Results, _Mapping]] = ...) -> None: ...
+    clock_probe: ClockProbe
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., credit: _Optional[_Union[CreditGrant, _Mapping]] = ..., heartbeats: _Optional[_Union[Heartbeats, _Mapping]] = ..., results: _Optional[_Union[Results, _Mapping]] = ..., clock_probe: _Optional[_Union[ClockProbe, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("worker_id", "job_types", "credits", "tenant")
@@ -85,16 +87,18 @@ class RunResult(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., lease_token: _Optional[int] = ..., outcome: _Optional[str] = ..., error_code: _Optional[str] = ..., error_message: _Optional[str] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class NodeMessage(_message.Message):
-    __slots__ = ("welcome", "assignments", "acks", "cancel")
+    __slots__ = ("welcome", "assignments", "acks", "cancel", "clock_echo")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     ASSIGNMENTS_FIELD_NUMBER: _ClassVar[int]
     ACKS_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_ECHO_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     assignments: Assignments
     acks: ResultAcks
     cancel: CancelRuns
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., assignments: _Optional[_Union[Assignments, _Mapping]] = ..., acks: _Optional[_Union[ResultAcks, _Mapping]] = ..., cancel: _Optional[_Union[CancelRuns, _Mapping]] = ...) -> None: ...
+    clock_echo: ClockEcho
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., assignments: _Optional[_Union[Assignments, _Mapping]] = ..., acks: _Optional[_Union[ResultAcks, _Mapping]] = ..., cancel: _Optional[_Union[CancelRuns, _Mapping]] = ..., clock_echo: _Optional[_Union[ClockEcho, _Mapping]] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("node_id", "heartbeat_interval")
@@ -111,7 +115,7 @@ class Assignments(_message.Message):
     def __init__(self, assignments: _Optional[_Iterable[_Union[Assignment, _Mapping]]] = ...) -> None: ...
 
 class Assignment(_message.Message):
-    __slots__ = ("run_id", "job_id", "job_type", "tenant", "attempt", "payload", "scheduled_for", "idempotency_key", "lease_token", "lease_ttl", "checkpoint", "timeout", "released_at")
+    __slots__ = ("run_id", "job_id", "job_type", "tenant", "attempt", "payload", "scheduled_for", "idempotency_key", "lease_token", "lease_ttl", "checkpoint", "timeout", "released_at", "start_at")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -125,6 +129,7 @@ class Assignment(_message.Message):
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     RELEASED_AT_FIELD_NUMBER: _ClassVar[int]
+    START_AT_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     job_id: str
     job_type: str
@@ -138,7 +143,8 @@ class Assignment(_message.Message):
     checkpoint: bytes
     timeout: _duration_pb2.Duration
     released_at: _timestamp_pb2.Timestamp
-    def __init__(self, run_id: _Optional[str] = ..., job_id: _Optional[str] = ..., job_type: _Optional[str] = ..., tenant: _Optional[str] = ..., attempt: _Optional[int] = ..., payload: _Optional[bytes] = ..., scheduled_for: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., lease_token: _Optional[int] = ..., lease_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., checkpoint: _Optional[bytes] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., released_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    start_at: _timestamp_pb2.Timestamp
+    def __init__(self, run_id: _Optional[str] = ..., job_id: _Optional[str] = ..., job_type: _Optional[str] = ..., tenant: _Optional[str] = ..., attempt: _Optional[int] = ..., payload: _Optional[bytes] = ..., scheduled_for: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., lease_token: _Optional[int] = ..., lease_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., checkpoint: _Optional[bytes] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., released_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., start_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class ResultAcks(_message.Message):
     __slots__ = ("acks",)
@@ -155,9 +161,33 @@ class ResultAck(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., lease_token: _Optional[int] = ...) -> None: ...
 
 class CancelRuns(_message.Message):
-    __slots__ = ("runs", "reason")
+    __slots__ = ("runs", "reason", "unstarted_only")
     RUNS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    UNSTARTED_ONLY_FIELD_NUMBER: _ClassVar[int]
     runs: _containers.RepeatedCompositeFieldContainer[ResultAck]
     reason: str
-    def __init__(self, runs: _Optional[_Iterable[_Union[ResultAck, _Mapping]]] = ..., reason: _Optional[str] = ...) -> None: ...
+    unstarted_only: bool
+    def __init__(self, runs: _Optional[_Iterable[_Union[ResultAck, _Mapping]]] = ..., reason: _Optional[str] = ..., unstarted_only: _Optional[bool] = ...) -> None: ...
+
+class ClockProbe(_message.Message):
+    __slots__ = ("probe_id", "sent_at", "uncertainty", "offset")
+    PROBE_ID_FIELD_NUMBER: _ClassVar[int]
+    SENT_AT_FIELD_NUMBER: _ClassVar[int]
+    UNCERTAINTY_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    probe_id: int
+    sent_at: _timestamp_pb2.Timestamp
+    uncertainty: _duration_pb2.Duration
+    offset: _duration_pb2.Duration
+    def __init__(self, probe_id: _Optional[int] = ..., sent_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., uncertainty: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., offset: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class ClockEcho(_message.Message):
+    __slots__ = ("probe_id", "probe_sent_at", "node_time")
+    PROBE_ID_FIELD_NUMBER: _ClassVar[int]
+    PROBE_SENT_AT_FIELD_NUMBER: _ClassVar[int]
+    NODE_TIME_FIELD_NUMBER: _ClassVar[int]
+    probe_id: int
+    probe_sent_at: _timestamp_pb2.Timestamp
+    node_time: _timestamp_pb2.Timestamp
+    def __init__(self, probe_id: _Optional[int] = ..., probe_sent_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., node_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
