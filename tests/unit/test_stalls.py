@@ -8,7 +8,7 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from fastlane.stalls import STALL, GcPauses, LoopLagProbe, Pause
+from fastlane.stalls import MAX_SITES, STALL, GcPauses, LoopLagProbe, Pause
 
 
 def instruments() -> tuple[CollectorRegistry, Histogram, Counter, Histogram]:
@@ -72,3 +72,32 @@ async def test_the_probe_sees_a_blocked_loop() -> None:
 
     assert probe.worst[0] >= 0.025
     assert registry.get_sample_value("stalls_total", {"cause": "other"}) >= 1
+
+
+async def test_the_watchdog_names_the_function_that_held_the_loop() -> None:
+    registry, lag, stalls, _ = instruments()
+    probe = LoopLagProbe(lag=lag, stalls=stalls, watchdog=True, interval=0.001)
+    task = asyncio.create_task(probe.run())
+    await asyncio.sleep(0.01)
+    hold_the_loop(0.05)
+    await asyncio.sleep(0.01)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+    assert probe.worst[1] == f"{__name__}:hold_the_loop"
+    assert registry.get_sample_value("stalls_total", {"cause": f"{__name__}:hold_the_loop"}) == 1
+
+
+def hold_the_loop(seconds: float) -> None:
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:  # busy, as a long decode would be (a sleep releases the GIL too)
+        pass
+
+
+def test_stall_sites_are_bounded_in_number() -> None:
+    registry, lag, stalls, _ = instruments()
+    probe = LoopLagProbe(lag=lag, stalls=stalls, interval=0.005)
+    for index in range(MAX_SITES + 5):
+        probe.observe(asked=float(index), woke=index + 0.02, site=f"module:f{index}")
+    assert registry.get_sample_value("stalls_total", {"cause": "other"}) == 5
+    assert registry.get_sample_value("stalls_total", {"cause": "module:f0"}) == 1
