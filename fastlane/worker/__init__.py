@@ -7,7 +7,8 @@ the running handlers.
 """
 
 from fastlane.worker._cli import run_worker_cli
+from fastlane.worker._clock import ClockEstimate
 from fastlane.worker.effects import apply_once
 from fastlane.worker.sdk import Handler, RunContext, Worker
 
-__all__ = ["Handler", "RunContext", "Worker", "apply_once", "run_worker_cli"]
+__all__ = ["ClockEstimate", "Handler", "RunContext", "Worker", "apply_once", "run_worker_cli"]

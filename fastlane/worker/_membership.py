@@ -19,6 +19,7 @@ import grpc
 
 from fastlane._proto import admin_pb2, admin_pb2_grpc
 from fastlane.domain.models import AttemptOutcome
+from fastlane.worker._clock import ClockEstimate
 from fastlane.worker._runs import Verdict
 from fastlane.worker._stream import CHANNEL_OPTIONS, NodeStream
 
@@ -61,6 +62,11 @@ class ClusterStreams:
     def addresses(self) -> tuple[str, ...]:
         """The addresses of the nodes the worker takes work from now (leaving streams excluded)."""
         return tuple(self._streams)
+
+    def clock_estimates(self) -> dict[str, ClockEstimate]:
+        """Each node's clock relative to the worker's, for the streams taking work that have one."""
+        return {address: estimate for address, stream in self._streams.items()
+                if (estimate := stream.clock_estimate) is not None}
 
     def add(self, address: str) -> None:
         stream = self._open_stream(address)
@@ -230,7 +236,8 @@ async def drain_streams(
     """Stop every stream gracefully: no new credits, finish, report, half-close, await the node.
 
     Handlers still running after ``timeout`` seconds are cancelled and reported as retryable
-    ``WorkerShutdown`` failures (``cancelled`` would end the run for good).
+    ``WorkerShutdown`` failures (``cancelled`` would end the run for good); so are runs still held
+    for their start instant then, whose handlers never start.
 
     Args:
         streams: The streams to drain here.

@@ -1,8 +1,8 @@
 """The attempts a worker runs for one node stream: outcomes, timeouts, cancellation, results.
 
-:func:`run_attempt` runs one handler under its timeout and :func:`judge_attempt` maps how it ended
-to the protocol's outcomes. :class:`RunSlot` is the mutable side of one attempt in flight, and
-:class:`RunBook` holds, for one stream, the attempts in flight and the results the node has not
+:func:`run_attempt` holds an attempt sent ahead until its start instant, then runs its handler
+under its timeout, and :func:`judge_attempt` maps how it ended to the protocol's outcomes.
+:class:`RunSlot` is the mutable side of one attempt in flight, and :class:`RunBook` holds, for one stream, the attempts in flight and the results the node has not
 acknowledged: it outlives the stream's connections, and gives all it holds to another stream's book
 when its node leaves. :func:`result_messages` and :func:`heartbeat_messages` pack them into as few messages as fit.
 """
@@ -21,6 +21,7 @@ from fastlane._proto import workers_pb2 as pb
 from fastlane.domain.models import AttemptOutcome
 from fastlane.errors import PermanentError
 from fastlane.rpc.wire import timestamp
+from fastlane.worker._hold import StartTimer
 
 log = logging.getLogger("fastlane.worker")
 
@@ -56,15 +57,42 @@ class Verdict:
 _SUCCEEDED = Verdict(AttemptOutcome.SUCCEEDED)
 
 
-async def run_attempt(slot: RunSlot, assignment: pb.Assignment, call: Callable[[], Awaitable[None]] | None) -> None:
-    """Run one assigned attempt (``call``, or ``None`` if no handler takes its type) and report it."""
+async def run_attempt(
+    slot: RunSlot, assignment: pb.Assignment, call: Callable[[], Awaitable[None]] | None, starts: StartTimer
+) -> None:
+    """Run one assigned attempt (``call``, or ``None`` if no handler takes its type) and report it.
+
+    An attempt sent ahead (``slot.start_at_ns`` set) is held until that instant first, by
+    ``starts``; stopped while held (cancelled, withdrawn, the worker shutting down), it never
+    calls ``call`` and reports the stop's verdict.
+    """
     timeout = assignment.timeout.ToTimedelta().total_seconds() if assignment.HasField("timeout") else None
-    started_at = datetime.now(UTC)
     if call is None:
+        now = datetime.now(UTC)
         verdict = Verdict(AttemptOutcome.FAILED, "UnknownJobType", f"no handler here for {assignment.job_type!r}")
-    else:
-        verdict = await judge_attempt(call, slot, timeout or None)
+        slot.stream.finish(slot, verdict.result(slot, now, now))
+        return
+    if slot.start_at_ns is not None and not await _hold(slot, starts, slot.start_at_ns):
+        return
+    started_at = slot.begin()
+    verdict = await judge_attempt(call, slot, timeout or None)
     slot.stream.finish(slot, verdict.result(slot, started_at, datetime.now(UTC)))
+
+
+async def _hold(slot: RunSlot, starts: StartTimer, instant_ns: int) -> bool:
+    """Wait for the start instant; False if the attempt was stopped meanwhile (and is reported)."""
+    try:
+        await starts.wait_until(instant_ns)
+    except asyncio.CancelledError:
+        if slot.stop_reason is None:
+            raise  # the worker itself is being torn down: nothing to report
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        now = datetime.now(UTC)
+        slot.stream.finish(slot, slot.stop_reason.result(slot, now, now))
+        return False
+    return True
 
 
 async def judge_attempt(call: Callable[[], Awaitable[None]], slot: RunSlot, timeout: float | None) -> Verdict:
@@ -113,17 +141,23 @@ class RunReporter(Protocol):
 
 
 class RunSlot:
-    """The mutable side of one attempt in flight: its task, progress, checkpoint, stop reason."""
+    """The mutable side of one attempt in flight: its task, start, progress, checkpoint, stop reason.
+
+    An attempt sent ahead is *held* from its receipt until its start instant: in flight (it took a
+    credit, it heartbeats with ``started=false``) but with no handler running yet.
+    """
 
     __slots__ = (
-        "stream", "run_id", "lease_token", "task", "progress", "sent_progress",
+        "stream", "run_id", "lease_token", "start_at_ns", "started_at", "task", "progress", "sent_progress",
         "checkpoint", "unsent_checkpoint", "stop_reason",
     )
 
-    def __init__(self, stream: RunReporter, run_id: str, lease_token: int) -> None:
+    def __init__(self, stream: RunReporter, run_id: str, lease_token: int, start_at_ns: int | None = None) -> None:
         self.stream = stream
         self.run_id = run_id
         self.lease_token = lease_token
+        self.start_at_ns = start_at_ns  # when to start the handler (worker clock, ns); None: on receipt
+        self.started_at: datetime | None = None  # when the handler was started
         self.task: asyncio.Task[None] | None = None
         self.progress: float | None = None
         self.sent_progress: float | None = None
@@ -134,6 +168,21 @@ class RunSlot:
     @property
     def key(self) -> RunKey:
         return (self.run_id, self.lease_token)
+
+    @property
+    def held(self) -> bool:
+        """Whether the attempt was sent ahead and waits for its start instant: no handler runs yet.
+
+        An attempt not sent ahead is never held, even in the instant before its task first runs.
+        """
+        return self.start_at_ns is not None and self.started_at is None
+
+    def begin(self) -> datetime:
+        """Note that the handler starts now; the next heartbeat says so. Returns the instant."""
+        self.started_at = datetime.now(UTC)
+        if self.start_at_ns is not None:
+            self.stream.mark_changed(self)  # the node heard started=false for it until now
+        return self.started_at
 
     def set_progress(self, fraction: float) -> None:
         self.progress = fraction
@@ -147,7 +196,7 @@ class RunSlot:
         await self.stream.beat_now(self)
 
     def beat(self) -> pb.RunHeartbeat:
-        beat = pb.RunHeartbeat(run_id=self.run_id, lease_token=self.lease_token, started=True)
+        beat = pb.RunHeartbeat(run_id=self.run_id, lease_token=self.lease_token, started=not self.held)
         if self.progress is not None and self.progress != self.sent_progress:
             beat.progress = self.sent_progress = self.progress
         if self.unsent_checkpoint is not None:
@@ -200,16 +249,29 @@ class RunBook:
         return len(self.in_flight) - len(self._adopted)
 
     def start(
-        self, reporter: RunReporter, assignments: Iterable[pb.Assignment], received_at: datetime, launch: Launch
+        self,
+        reporter: RunReporter,
+        assignments: Iterable[pb.Assignment],
+        received_at: datetime,
+        launch: Launch,
+        clock_offset_ns: int | None = None,
     ) -> None:
-        """Launch a task for each new assignment; the slots report through ``reporter``."""
+        """Launch a task for each new assignment; the slots report through ``reporter``.
+
+        An assignment sent ahead is held until its ``start_at`` (node clock), translated to this
+        worker's clock with ``clock_offset_ns`` (node minus worker; None: taken as 0) once, here:
+        the instant stays the same if the attempt later moves to another stream.
+        """
         loop = asyncio.get_running_loop()
         for assignment in assignments:
             key = (assignment.run_id, assignment.lease_token)
             if key in self.in_flight or key in self.unacked:
                 log.warning("ignoring a repeated assignment of run %s (lease %d)", *key)
                 continue
-            slot = RunSlot(reporter, assignment.run_id, assignment.lease_token)
+            start_at_ns = None
+            if assignment.HasField("start_at"):
+                start_at_ns = assignment.start_at.ToNanoseconds() - (clock_offset_ns or 0)
+            slot = RunSlot(reporter, assignment.run_id, assignment.lease_token, start_at_ns)
             self.in_flight[key] = slot
             slot.task = loop.create_task(launch(slot, assignment, received_at), name=f"run:{assignment.run_id}")
 
@@ -290,10 +352,11 @@ class RunBook:
             self.results_ready.set()
         self.settled.set()
 
-    def cancel(self, runs: Iterable[pb.ResultAck], verdict: Verdict) -> None:
+    def cancel(self, runs: Iterable[pb.ResultAck], verdict: Verdict, *, unstarted_only: bool = False) -> None:
+        """Stop the listed attempts; with ``unstarted_only`` (a withdrawal), only the held ones."""
         for ref in runs:
             slot = self.in_flight.get((ref.run_id, ref.lease_token))
-            if slot is not None:
+            if slot is not None and (slot.held or not unstarted_only):
                 slot.stop(verdict)
 
     def abandon(self, verdict: Verdict) -> None:

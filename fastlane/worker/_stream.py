@@ -2,7 +2,9 @@
 
 :class:`NodeStream` keeps what must outlive a connection (a :class:`~fastlane.worker._runs.RunBook`)
 and builds the per-connection machinery (reader, writer, result flusher, heartbeat loop) afresh for
-every ``WorkerService.Connect`` call. A stream the worker no longer wants (its node left the cluster)
+every ``WorkerService.Connect`` call, the clock probes included: after each Welcome the stream
+estimates its node's clock (:mod:`fastlane.worker._clock`), so that runs the node sends ahead start
+on their instant. A stream the worker no longer wants (its node left the cluster)
 drains while its node answers and otherwise hands what it holds to another stream: every node
 records any result, since all share the database. The public face is :mod:`fastlane.worker`.
 """
@@ -23,6 +25,7 @@ import grpc
 from fastlane._proto import workers_pb2 as pb
 from fastlane._proto import workers_pb2_grpc as pb_grpc
 from fastlane.domain.models import AttemptOutcome
+from fastlane.worker._clock import ClockEstimate, ClockEstimator
 from fastlane.worker._runs import Launch, RunBook, RunSlot, Verdict, heartbeat_messages, result_messages
 
 log = logging.getLogger("fastlane.worker")
@@ -42,6 +45,12 @@ CHANNEL_OPTIONS: Sequence[tuple[str, Any]] = (
 # A leaving stream whose node holds a result this long without acknowledging it hands its work on.
 _ACK_PATIENCE = 5.0
 _HANDOVER_RETRY = 1.0  # how often a leaving stream with no stream to hand over to looks again
+# Clock probes: a few in quick succession after each Welcome, for a usable estimate at once, then
+# one per heartbeat interval to follow drift. A node that has not echoed any (an older daemon)
+# hears one a minute only: it logs each as unexpected.
+_QUICK_PROBES = 5
+_QUICK_PROBE_GAP = 0.02
+_SILENT_NODE_PROBE_INTERVAL = 60.0
 
 
 class NodeStream:
@@ -76,6 +85,7 @@ class NodeStream:
         self._draining = False
         self._heartbeat_interval = _DEFAULT_HEARTBEAT_INTERVAL
         self._last_end = ""  # why the last stream ended, for the reconnect log line
+        self._clock = ClockEstimator()
 
     @property
     def connected(self) -> bool:
@@ -84,6 +94,11 @@ class NodeStream:
     @property
     def in_flight(self) -> int:
         return len(self._runs.in_flight)
+
+    @property
+    def clock_estimate(self) -> ClockEstimate | None:
+        """The node's clock relative to this worker's, on the current connection; None if unknown."""
+        return self._clock.estimate
 
     @property
     def down(self) -> bool:
@@ -220,6 +235,7 @@ class NodeStream:
             asyncio.create_task(self._write(call, outbound), name=f"worker-write:{self.address}"),
             asyncio.create_task(self._flush_results(outbound), name=f"worker-results:{self.address}"),
             asyncio.create_task(self._send_heartbeats(welcomed), name=f"worker-heartbeats:{self.address}"),
+            asyncio.create_task(self._probe_clock(welcomed), name=f"worker-clock:{self.address}"),
         ]
         error: BaseException | None = None
         try:
@@ -243,6 +259,7 @@ class NodeStream:
         for message in result_messages(self._runs.resend_all()):
             outbound.put_nowait(message)
         self._outbound = outbound
+        self._clock.reset()  # the address may now reach another node, or the same one restarted
         if self._closing.is_set():
             outbound.put_nowait(None)
 
@@ -273,7 +290,10 @@ class NodeStream:
                 self._runs.acknowledge(message.acks.acks)
             elif body == "cancel":
                 cancel = message.cancel
-                self._runs.cancel(cancel.runs, Verdict(AttemptOutcome.CANCELLED, "", cancel.reason))
+                self._runs.cancel(cancel.runs, Verdict(AttemptOutcome.CANCELLED, "", cancel.reason),
+                                  unstarted_only=cancel.unstarted_only)
+            elif body == "clock_echo":
+                self._clock_echo(message.clock_echo, time.time_ns())
             elif body == "welcome":
                 self._welcome(message.welcome, welcomed)
 
@@ -310,6 +330,19 @@ class NodeStream:
             self._beat_wanted.clear()
             self._queue_beats(full=False)
 
+    async def _probe_clock(self, welcomed: asyncio.Event) -> None:
+        await welcomed.wait()
+        for _ in range(_QUICK_PROBES):
+            self._send_probe()
+            await asyncio.sleep(_QUICK_PROBE_GAP)
+        while True:
+            await asyncio.sleep(self._heartbeat_interval if self._clock.echoed else _SILENT_NODE_PROBE_INTERVAL)
+            self._send_probe()
+
+    def _send_probe(self) -> None:
+        if self._outbound is not None:
+            self._outbound.put_nowait(pb.WorkerMessage(clock_probe=self._clock.probe(time.time_ns())))
+
     def _queue_beats(self, *, full: bool) -> None:
         slots = self._runs.beats_due(full=full)
         if self._outbound is not None:
@@ -332,10 +365,21 @@ class NodeStream:
         self._welcomed = True
         welcomed.set()
 
+    def _clock_echo(self, echo: pb.ClockEcho, received_ns: int) -> None:
+        sample = self._clock.echo(echo, received_ns)
+        if sample is None:
+            log.debug("ignored a clock echo from %s (probe %d): unknown, repeated or absurd", self.address,
+                      echo.probe_id)
+            return
+        if (estimate := self._clock.estimate) is not None:
+            log.debug("clock of %s: sample offset %+.3f ms (round trip %.3f ms); estimate %+.3f ms ± %.3f ms",
+                      self.address, sample.offset_ns / 1e6, sample.round_trip_ns / 1e6,
+                      estimate.offset_s * 1e3, estimate.uncertainty_s * 1e3)
+
     def _start_runs(self, assignments: Iterable[pb.Assignment], received_at: datetime) -> None:
         if self._closing.is_set():
             return  # we said goodbye: the node treats these like runs of a worker that left
-        self._runs.start(self, assignments, received_at, self._launch)
+        self._runs.start(self, assignments, received_at, self._launch, self._clock.offset_ns)
 
 
 def _describe(error: BaseException) -> str:

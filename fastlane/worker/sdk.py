@@ -15,8 +15,14 @@ only for the shards it owns: so the worker keeps a stream to every live node of 
 addresses it is given are seeds: it asks them (``AdminService.GetCluster``) which nodes are live,
 and keeps following as nodes join and leave. Behind this module: :mod:`fastlane.worker._membership`
 (the set of streams, following the cluster), :mod:`fastlane.worker._stream` (one stream: hello,
-heartbeats, reconnects), :mod:`fastlane.worker._runs` (running handlers, buffering their results)
-and :mod:`fastlane.worker._cli` (``fastlane worker``).
+heartbeats, clock probes, reconnects), :mod:`fastlane.worker._clock` (estimating a node's clock),
+:mod:`fastlane.worker._runs` (running handlers, buffering their results), :mod:`fastlane.worker._hold`
+(starting runs sent ahead on their instant) and :mod:`fastlane.worker._cli` (``fastlane worker``).
+
+A node may send a run ahead of its time, with the instant to start it: the worker then holds it
+(in flight, but with no handler running yet) and starts the handler on that instant, translated to
+its own clock with the estimate of the node's clock it keeps from probe round trips
+(:meth:`Worker.clock_estimates`).
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import secrets
 import socket
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import orjson
@@ -40,6 +46,8 @@ from fastlane._proto import workers_pb2 as pb
 from fastlane.domain.limits import MAX_CHECKPOINT_BYTES
 from fastlane.errors import ConfigurationError
 from fastlane.rpc import wire
+from fastlane.worker._clock import ClockEstimate
+from fastlane.worker._hold import StartTimer
 from fastlane.worker._membership import ClusterStreams
 from fastlane.worker._runs import RunSlot, run_attempt
 from fastlane.worker._stream import NodeStream
@@ -68,6 +76,9 @@ class RunContext:
         checkpoint: The last checkpoint saved by an earlier attempt, if any.
         received_at: When this worker received the assignment (UTC).
         released_at: When the node's timer released the run, if it said.
+        started_at: When this worker started the handler (UTC): on receipt, or, for a run the node
+            sent ahead of its time, on the instant the node asked for (translated to this
+            worker's clock), however early it arrived. The result reports this start.
     """
 
     run_id: str
@@ -82,6 +93,7 @@ class RunContext:
     checkpoint: bytes | None
     received_at: datetime
     released_at: datetime | None
+    started_at: datetime
     _slot: RunSlot = field(repr=False, compare=False)
 
     def json(self) -> Any:
@@ -154,6 +166,7 @@ class Worker:
         self._worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self._handlers: dict[str, Handler] = {}
         self._streams: ClusterStreams | None = None  # from run(): the seeds are final by then
+        self._starts = StartTimer()  # wakes the runs sent ahead on their instants
         self._started = False
         self._stop_requested = asyncio.Event()
         self._finished = asyncio.Event()
@@ -177,6 +190,21 @@ class Worker:
     def node_addresses(self) -> tuple[str, ...]:
         """The addresses of the nodes this worker takes work from now (leaving streams excluded)."""
         return self._streams.addresses if self._streams is not None else ()
+
+    def clock_estimates(self) -> dict[str, ClockEstimate]:
+        """How far each node's clock is from this worker's, as estimated now; for information.
+
+        The worker probes each node's clock after connecting and then once per heartbeat
+        interval, and keeps the best of the recent round trips. It uses the estimate to start runs
+        that a node sends ahead of their time on their instant.
+
+        Returns:
+            By node address (streams taking work only), ``(offset_s, uncertainty_s)``: the node's
+            clock minus this worker's, in seconds, right to within ``uncertainty_s``. A node is
+            missing until its first echo, and for good if it never echoes (an older daemon, which
+            then never sends runs ahead).
+        """
+        return self._streams.clock_estimates() if self._streams is not None else {}
 
     def handler(self, job_type: str) -> Callable[[H], H]:
         """Register the decorated ``async def fn(ctx: RunContext) -> None`` for ``job_type``.
@@ -242,10 +270,14 @@ class Worker:
             finally:
                 await streams.tear_down(following)
         finally:
+            await self._starts.close()
             self._finished.set()
 
     async def stop(self) -> None:
         """Stop gracefully: take no new work, let running handlers finish, report, disconnect.
+
+        Runs held for their start instant (sent ahead by a node) are in flight like running ones:
+        they start on their instant and finish, unless the drain timeout passes first.
 
         Waits until :meth:`run` returns. Safe to call twice, or before ``run`` (which then returns at
         once). Do not await it from a handler: the drain would wait for that handler.
@@ -278,9 +310,10 @@ class Worker:
                           concurrency=self._concurrency, launch=self._run_attempt)
 
     async def _run_attempt(self, slot: RunSlot, assignment: pb.Assignment, received_at: datetime) -> None:
-        ctx = _context(slot, assignment, received_at)
         handler = self._handlers.get(assignment.job_type)
-        await run_attempt(slot, assignment, functools.partial(handler, ctx) if handler is not None else None)
+        # The context is made when the handler starts: a run sent ahead is held first.
+        call = functools.partial(_call, handler, slot, assignment, received_at) if handler is not None else None
+        await run_attempt(slot, assignment, call, self._starts)
 
     def override(self, *, servers: str | Sequence[str] | None = None, concurrency: int | None = None) -> None:
         """Replace the servers and concurrency given at construction (``fastlane worker`` flags win).
@@ -308,6 +341,10 @@ def _is_async(fn: object) -> bool:
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
 
 
+async def _call(handler: Handler, slot: RunSlot, assignment: pb.Assignment, received_at: datetime) -> None:
+    await handler(_context(slot, assignment, received_at))
+
+
 def _context(slot: RunSlot, a: pb.Assignment, received_at: datetime) -> RunContext:
     return RunContext(
         run_id=a.run_id, job_id=a.job_id, job_type=a.job_type, tenant=a.tenant, attempt=a.attempt,
@@ -315,5 +352,5 @@ def _context(slot: RunSlot, a: pb.Assignment, received_at: datetime) -> RunConte
         idempotency_key=a.idempotency_key, lease_token=a.lease_token,
         checkpoint=a.checkpoint if a.HasField("checkpoint") else None, received_at=received_at,
         released_at=wire.instant(a.released_at, a.HasField("released_at")),
-        _slot=slot,
+        started_at=slot.started_at or datetime.now(UTC), _slot=slot,
     )

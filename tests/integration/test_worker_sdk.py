@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import textwrap
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
@@ -21,6 +22,7 @@ from pathlib import Path
 import grpc
 import orjson
 import pytest
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from fastlane._proto import workers_pb2 as pb
 from fastlane._proto import workers_pb2_grpc as pb_grpc
@@ -64,6 +66,15 @@ class FakeStream:
         ref = pb.ResultAck(run_id=run_id, lease_token=lease_token)
         self.outbound.put_nowait(pb.NodeMessage(cancel=pb.CancelRuns(runs=[ref], reason=reason)))
 
+    def withdraw(self, runs: list[tuple[str, int]], reason: str) -> None:
+        """Cancel only those of ``runs`` (run id, lease token) whose handler has not started."""
+        refs = [pb.ResultAck(run_id=run_id, lease_token=lease_token) for run_id, lease_token in runs]
+        cancel = pb.CancelRuns(runs=refs, reason=reason, unstarted_only=True)
+        self.outbound.put_nowait(pb.NodeMessage(cancel=cancel))
+
+    def beats_of(self, run_id: str) -> list[pb.RunHeartbeat]:
+        return [beat for body in self.bodies("heartbeats") for beat in body.beats if beat.run_id == run_id]
+
     def ack(self, *results: pb.RunResult) -> None:
         acks = [pb.ResultAck(run_id=r.run_id, lease_token=r.lease_token) for r in results]
         self.outbound.put_nowait(pb.NodeMessage(acks=pb.ResultAcks(acks=acks)))
@@ -73,9 +84,13 @@ class FakeStream:
 
 
 class FakeNode(pb_grpc.WorkerServiceServicer):
+    """With ``clock_ahead_ns`` set, the node echoes clock probes with a clock that much ahead of
+    the machine's; without, it ignores them, as a node from before clock probes does."""
+
     def __init__(self, heartbeat_interval: timedelta = timedelta(seconds=30), auto_ack: bool = True) -> None:
         self.heartbeat_interval = heartbeat_interval
         self.auto_ack = auto_ack
+        self.clock_ahead_ns: int | None = None
         self.streams: list[FakeStream] = []
         self.changed = asyncio.Condition()
         self.address = ""
@@ -110,6 +125,11 @@ class FakeNode(pb_grpc.WorkerServiceServicer):
                 stream.outbound.put_nowait(pb.NodeMessage(welcome=welcome))
             elif body == "results" and self.auto_ack:
                 stream.ack(*message.results.results)
+            elif body == "clock_probe" and self.clock_ahead_ns is not None:
+                probe = message.clock_probe
+                echo = pb.ClockEcho(probe_id=probe.probe_id, probe_sent_at=probe.sent_at,
+                                    node_time=ns_stamp(time.time_ns() + self.clock_ahead_ns))
+                stream.outbound.put_nowait(pb.NodeMessage(clock_echo=echo))
             async with self.changed:
                 stream.received.append(message)
                 self.changed.notify_all()
@@ -162,6 +182,12 @@ def assignment(run_id: str, job_type: str = "echo", **fields) -> pb.Assignment:
         lease_token=7, scheduled_for=timestamp(SCHEDULED_FOR),
     )
     return pb.Assignment(run_id=run_id, job_type=job_type, **(defaults | fields))
+
+
+def ns_stamp(ns: int) -> Timestamp:
+    stamp = Timestamp()
+    stamp.FromNanoseconds(ns)
+    return stamp
 
 
 async def settle() -> None:
@@ -465,6 +491,201 @@ async def test_handler_running_across_node_restart_reports_on_the_new_stream(nod
     assert (result.run_id, result.outcome) == ("r1", "succeeded")
     assert second.credits_granted() == 1
     assert first.results() == []
+
+
+# -- runs sent ahead, and the node's clock ------------------------------------------------------
+
+MS = 1_000_000
+
+
+def entry_recording_worker(node: FakeNode, entered: dict[str, int], release: asyncio.Event | None = None,
+                           contexts: list[RunContext] | None = None, **options) -> Worker:
+    """A worker whose "held" handler notes when it was entered (worker clock, ns), then waits for
+    ``release`` if given."""
+    worker = Worker(node.address, **({"drain_timeout": 2.0} | options))
+
+    @worker.handler("held")
+    async def held(ctx: RunContext) -> None:
+        entered[ctx.run_id] = time.time_ns()
+        if contexts is not None:
+            contexts.append(ctx)
+        if release is not None:
+            await release.wait()
+
+    return worker
+
+
+async def test_probes_follow_the_welcome_and_an_echo_gives_the_clock_estimate(node):
+    node.clock_ahead_ns = 250 * MS
+    node.heartbeat_interval = timedelta(milliseconds=100)  # probes keep coming at this pace after the first five
+    worker = entry_recording_worker(node, {})
+    async with running(worker):
+        stream = await node.stream(0)
+        await node.wait_until(lambda: len(stream.bodies("clock_probe")) >= 5)
+        await node.wait_until(lambda: node.address in worker.clock_estimates())
+        offset, uncertainty = worker.clock_estimates()[node.address]
+        # The node read its clock during the round trip, so the estimate is right within its bound.
+        assert abs(offset - 0.25) <= uncertainty + 1e-6
+        assert 0 <= uncertainty < 1.0
+        await node.wait_until(lambda: any(p.HasField("uncertainty") for p in stream.bodies("clock_probe")))
+
+    probes = stream.bodies("clock_probe")
+    assert stream.kinds().index("clock_probe") > stream.kinds().index("hello")
+    assert len({p.probe_id for p in probes}) == len(probes)
+    assert not probes[0].HasField("uncertainty") and not probes[0].HasField("offset")  # nothing known yet
+    informed = next(p for p in probes if p.HasField("uncertainty"))
+    assert abs(informed.offset.ToNanoseconds() - 250 * MS) <= informed.uncertainty.ToNanoseconds() + 1_000
+
+
+async def test_a_node_that_never_echoes_leaves_no_estimate_and_runs_still_start_on_receipt(node):
+    entered: dict[str, int] = {}
+    worker = entry_recording_worker(node, entered)
+    async with running(worker):
+        stream = await node.stream(0)
+        await node.wait_until(lambda: len(stream.bodies("clock_probe")) >= 5)
+        stream.assign(assignment("r1", "held"))
+        await node.wait_until(lambda: len(stream.results()) == 1)
+        assert worker.clock_estimates() == {}
+
+    assert [(r.run_id, r.outcome) for r in stream.results()] == [("r1", "succeeded")]
+
+
+async def test_a_run_sent_ahead_starts_on_its_instant_not_on_receipt(node):
+    node.heartbeat_interval = timedelta(milliseconds=50)
+    entered: dict[str, int] = {}
+    contexts: list[RunContext] = []
+    release = asyncio.Event()
+    worker = entry_recording_worker(node, entered, release, contexts, concurrency=4)
+    async with running(worker):
+        stream = await node.stream(0)
+        start_at = time.time_ns() + 500 * MS  # no clock echo: the node's clock is taken as the worker's
+        stream.assign(assignment("r1", "held", start_at=ns_stamp(start_at)))
+        # Held: in flight, heartbeaten as not started, no credit given back, no handler yet.
+        await node.wait_until(lambda: any(not beat.started for beat in stream.beats_of("r1")))
+        assert "r1" not in entered
+        await node.wait_until(lambda: "r1" in entered)
+        await node.wait_until(lambda: any(beat.started for beat in stream.beats_of("r1")))
+        assert stream.results() == [] and stream.credits_granted() == 0
+        release.set()
+        await node.wait_until(lambda: len(stream.results()) == 1)
+
+    assert entered["r1"] >= start_at  # never before the instant
+    assert entered["r1"] - start_at < 50 * MS  # and soon after it (generous: the machine is noisy)
+    (ctx,) = contexts
+    assert ctx.received_at < ctx.started_at
+    assert ctx.started_at >= datetime.fromtimestamp(start_at / 1e9, UTC) - timedelta(microseconds=1)
+    (result,) = stream.results()
+    assert result.outcome == "succeeded"
+    assert result.started_at.ToDatetime(UTC) == ctx.started_at  # the real start
+    started_flags = [beat.started for beat in stream.beats_of("r1")]
+    assert started_flags == sorted(started_flags)  # not started, then started: never back
+
+
+async def test_a_run_sent_ahead_starts_on_its_instant_translated_to_the_worker_clock(node):
+    node.clock_ahead_ns = 400 * MS
+    entered: dict[str, int] = {}
+    worker = entry_recording_worker(node, entered)
+    async with running(worker):
+        stream = await node.stream(0)
+        await node.wait_until(lambda: node.address in worker.clock_estimates())
+        await node.wait_until(lambda: len(stream.bodies("clock_probe")) >= 5)
+        await asyncio.sleep(0.1)  # the last quick probes' echoes: the estimate only gets better after this
+        uncertainty_ns = round(worker.clock_estimates()[node.address].uncertainty_s * 1e9) + 1_000
+        start_at_node = time.time_ns() + 400 * MS + 200 * MS  # 200 ms ahead, on the node's clock
+        stream.assign(assignment("r1", "held", start_at=ns_stamp(start_at_node)))
+        await node.wait_until(lambda: len(stream.results()) == 1)
+
+    on_worker_clock = start_at_node - 400 * MS
+    assert entered["r1"] >= on_worker_clock - uncertainty_ns  # the estimate is right within its uncertainty
+    assert entered["r1"] - on_worker_clock < uncertainty_ns + 50 * MS
+
+
+async def test_a_withdrawal_drops_a_held_run_and_leaves_a_started_one_running(node):
+    entered: dict[str, int] = {}
+    release = asyncio.Event()
+    worker = entry_recording_worker(node, entered, release, concurrency=4)
+    async with running(worker):
+        stream = await node.stream(0)
+        stream.assign(assignment("running", "held"),
+                      assignment("ahead", "held", start_at=ns_stamp(time.time_ns() + 5_000 * MS)))
+        await node.wait_until(lambda: "running" in entered)
+        stream.withdraw([("running", 7), ("ahead", 7)], "sent elsewhere")
+        await node.wait_until(lambda: len(stream.results()) == 1)
+        (withdrawn,) = stream.results()
+        assert (withdrawn.run_id, withdrawn.outcome, withdrawn.error_message) == ("ahead", "cancelled", "sent elsewhere")
+        await node.wait_until(lambda: stream.credits_granted() == 1)  # the withdrawn run's credit comes back
+        release.set()
+        await node.wait_until(lambda: len(stream.results()) == 2)
+
+    assert [(r.run_id, r.outcome) for r in stream.results()] == [("ahead", "cancelled"), ("running", "succeeded")]
+    assert set(entered) == {"running"}  # the held handler was never entered
+
+
+async def test_a_cancelled_held_run_never_enters_its_handler(node):
+    entered: dict[str, int] = {}
+    worker = entry_recording_worker(node, entered)
+    async with running(worker):
+        stream = await node.stream(0)
+        stream.assign(assignment("r1", "held", lease_token=3, start_at=ns_stamp(time.time_ns() + 300 * MS)))
+        await settle()
+        stream.cancel("r1", 3, "job deleted")
+        await node.wait_until(lambda: len(stream.results()) == 1)
+        await node.wait_until(lambda: stream.credits_granted() == 1)
+        await asyncio.sleep(0.4)  # past the instant it would have started on
+
+    (result,) = stream.results()
+    assert (result.run_id, result.outcome, result.error_message) == ("r1", "cancelled", "job deleted")
+    assert entered == {}
+    assert stream.credits_granted() == 1
+
+
+async def test_a_held_run_survives_a_reconnect_and_starts_on_its_instant(node):
+    entered: dict[str, int] = {}
+    worker = entry_recording_worker(node, entered, concurrency=4)
+    async with running(worker):
+        first = await node.stream(0)
+        start_at = time.time_ns() + 1_000 * MS
+        first.assign(assignment("r1", "held", start_at=ns_stamp(start_at)))
+        await settle()
+        first.close()  # the stream ends while the run is held
+        second = await node.stream(1)
+        await node.wait_until(lambda: len(second.beats_of("r1")) >= 1)  # heartbeaten on the new stream
+        await node.wait_until(lambda: len(second.results()) == 1)
+
+    assert second.received[0].hello.credits == 3  # held: in flight, on a credit
+    assert not second.beats_of("r1")[0].started
+    assert entered["r1"] >= start_at
+    assert [(r.run_id, r.outcome) for r in second.results()] == [("r1", "succeeded")]
+
+
+async def test_stop_lets_a_held_run_start_on_its_instant_and_finish(node):
+    node.heartbeat_interval = timedelta(milliseconds=50)
+    entered: dict[str, int] = {}
+    worker = entry_recording_worker(node, entered)
+    async with running(worker):
+        stream = await node.stream(0)
+        start_at = time.time_ns() + 300 * MS
+        stream.assign(assignment("r1", "held", start_at=ns_stamp(start_at)))
+        await node.wait_until(lambda: len(stream.beats_of("r1")) >= 1)  # the worker holds it
+        await asyncio.wait_for(worker.stop(), WAIT)
+
+    assert entered["r1"] >= start_at
+    assert [(r.run_id, r.outcome) for r in stream.results()] == [("r1", "succeeded")]
+
+
+async def test_a_run_still_held_at_the_drain_timeout_is_reported_retryable_and_never_started(node):
+    node.heartbeat_interval = timedelta(milliseconds=50)
+    entered: dict[str, int] = {}
+    worker = entry_recording_worker(node, entered, drain_timeout=0.1)
+    async with running(worker):
+        stream = await node.stream(0)
+        stream.assign(assignment("r1", "held", start_at=ns_stamp(time.time_ns() + 5_000 * MS)))
+        await node.wait_until(lambda: len(stream.beats_of("r1")) >= 1)
+        await asyncio.wait_for(worker.stop(), WAIT)
+
+    (result,) = stream.results()
+    assert (result.outcome, result.error_code) == ("failed", "WorkerShutdown")
+    assert entered == {}
 
 
 # -- stopping ----------------------------------------------------------------------------------

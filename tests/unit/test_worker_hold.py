@@ -1,0 +1,195 @@
+"""Waking held runs on their start instant: never before it, promptly after, one wait for many.
+
+Real clocks and a real loop: the machine is noisy, so the only strict bound is "not before the
+instant"; how late is bounded generously.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime
+
+import pytest
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from fastlane._proto import workers_pb2 as pb
+from fastlane.domain.models import AttemptOutcome
+from fastlane.worker._hold import StartTimer
+from fastlane.worker._runs import RunBook, RunSlot, Verdict, run_attempt
+
+MS = 1_000_000
+LATE_BOUND_NS = 50 * MS  # generous: a loaded machine may wake a task late, never early
+
+
+def driver_tasks() -> list[asyncio.Task[object]]:
+    return [task for task in asyncio.all_tasks() if task.get_name() == "worker-start-timer"]
+
+
+async def woken_at(timer: StartTimer, instant_ns: int) -> int:
+    await timer.wait_until(instant_ns)
+    return time.time_ns()
+
+
+async def test_a_wait_ends_on_its_instant_never_before() -> None:
+    timer = StartTimer()
+    for lead_ms in (30, 5, 1):  # beyond the spin window, and within it from the start
+        instant = time.time_ns() + lead_ms * MS
+        woke = await woken_at(timer, instant)
+        assert woke >= instant
+        assert woke - instant < LATE_BOUND_NS
+    await timer.close()
+
+
+async def test_an_instant_already_passed_returns_at_once_without_a_timer_task() -> None:
+    timer = StartTimer()
+    await timer.wait_until(time.time_ns() - MS)
+    assert timer._driver is None
+    assert driver_tasks() == []
+
+
+async def test_many_waits_on_one_instant_share_one_waker_and_end_together() -> None:
+    timer = StartTimer()
+    instant = time.time_ns() + 40 * MS
+    waits = [asyncio.create_task(woken_at(timer, instant)) for _ in range(200)]
+    await asyncio.sleep(0)
+    assert len(driver_tasks()) == 1
+    assert timer.waiting == 200
+    woke = await asyncio.gather(*waits)
+    assert min(woke) >= instant
+    assert max(woke) - instant < LATE_BOUND_NS
+    await timer.close()
+
+
+async def test_an_earlier_instant_added_later_is_not_held_up_by_a_later_one() -> None:
+    timer = StartTimer()
+    late = asyncio.create_task(woken_at(timer, time.time_ns() + 2_000 * MS))
+    await asyncio.sleep(0.01)  # the waker now sleeps towards the late instant
+    instant = time.time_ns() + 20 * MS
+    woke = await woken_at(timer, instant)
+    assert instant <= woke < instant + LATE_BOUND_NS
+    assert not late.done()
+    late.cancel()
+    await asyncio.gather(late, return_exceptions=True)
+    await timer.close()
+
+
+async def test_a_cancelled_wait_ends_alone_and_the_waker_stops_when_nothing_waits() -> None:
+    timer = StartTimer()
+    instant = time.time_ns() + 30 * MS
+    cancelled = asyncio.create_task(woken_at(timer, instant - 10 * MS))
+    kept = asyncio.create_task(woken_at(timer, instant))
+    await asyncio.sleep(0)
+    cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    assert await kept >= instant
+    assert timer.waiting == 0
+    await asyncio.sleep(0)
+    assert driver_tasks() == []  # the waker ended by itself: nothing was left to wake
+
+
+async def test_close_cancels_pending_waits() -> None:
+    timer = StartTimer()
+    waiting = asyncio.create_task(woken_at(timer, time.time_ns() + 5_000 * MS))
+    await asyncio.sleep(0)
+    await timer.close()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert driver_tasks() == []
+
+
+# -- held attempts in the run book ---------------------------------------------------------------
+
+
+class Reporter:
+    """Stands for a node stream: keeps what attempts report through it."""
+
+    def __init__(self, book: RunBook) -> None:
+        self.book = book
+        self.results: list[pb.RunResult] = []
+
+    def finish(self, slot: RunSlot, result: pb.RunResult) -> None:
+        if slot.key in self.book.in_flight:  # as the book does: a second report of an attempt is a no-op
+            self.results.append(result)
+        self.book.finish(slot, result)
+
+    def mark_changed(self, slot: RunSlot) -> None:
+        self.book.mark_changed(slot.key)
+
+    async def beat_now(self, slot: RunSlot) -> None:
+        pass
+
+
+def held_assignment(run_id: str, start_at_ns: int) -> pb.Assignment:
+    start_at = Timestamp()
+    start_at.FromNanoseconds(start_at_ns)
+    return pb.Assignment(run_id=run_id, job_type="t", lease_token=1, start_at=start_at)
+
+
+async def test_a_held_attempt_handed_to_another_stream_starts_on_its_instant_and_reports_there() -> None:
+    timer = StartTimer()
+    entered: list[int] = []
+
+    async def handler() -> None:
+        entered.append(time.time_ns())
+
+    async def launch(slot: RunSlot, assignment: pb.Assignment, received_at: datetime) -> None:
+        await run_attempt(slot, assignment, handler, timer)
+
+    leaving, staying = RunBook(), RunBook()
+    old, new = Reporter(leaving), Reporter(staying)
+    node_ahead = 300 * MS  # the node's clock is ahead: its instant is earlier on the worker's clock
+    instant = time.time_ns() + 100 * MS
+    leaving.start(old, [held_assignment("r1", instant + node_ahead)], datetime.now(UTC), launch, node_ahead)
+    await asyncio.sleep(0)
+    (slot,) = leaving.in_flight.values()
+    assert slot.held and not slot.beat().started
+    slots, results = leaving.take_all()  # as NodeStream.hand_over does
+    for moved in slots:
+        moved.stream = new
+    staying.adopt(slots, results)
+    async with asyncio.timeout(5):
+        while not new.results:
+            await asyncio.sleep(0.01)
+
+    assert old.results == []
+    (result,) = new.results
+    assert result.outcome == "succeeded"
+    assert entered[0] >= instant
+    assert result.started_at.ToNanoseconds() >= instant - 1_000  # microseconds on the wire
+    assert not slot.held and slot.beat().started
+    await timer.close()
+
+
+async def test_withdrawing_stops_only_held_attempts_and_they_never_start() -> None:
+    timer = StartTimer()
+    entered: list[str] = []
+    release = asyncio.Event()
+
+    async def launch(slot: RunSlot, assignment: pb.Assignment, received_at: datetime) -> None:
+        async def handler() -> None:
+            entered.append(assignment.run_id)
+            await release.wait()
+
+        await run_attempt(slot, assignment, handler, timer)
+
+    book = RunBook()
+    reporter = Reporter(book)
+    book.start(reporter, [pb.Assignment(run_id="now", job_type="t", lease_token=1),
+                          held_assignment("ahead", time.time_ns() + 5_000 * MS)], datetime.now(UTC), launch)
+    await asyncio.sleep(0)
+    refs = [pb.ResultAck(run_id=run_id, lease_token=1) for run_id in ("now", "ahead")]
+    book.cancel(refs, Verdict(AttemptOutcome.CANCELLED, "", "withdrawn"), unstarted_only=True)
+    async with asyncio.timeout(5):
+        while not reporter.results:
+            await asyncio.sleep(0.01)
+    assert [(r.run_id, r.outcome, r.error_message) for r in reporter.results] == [("ahead", "cancelled", "withdrawn")]
+    assert list(book.in_flight) == [("now", 1)]
+    release.set()
+    async with asyncio.timeout(5):
+        while len(reporter.results) < 2:
+            await asyncio.sleep(0.01)
+    assert entered == ["now"]
+    assert timer.waiting == 0
+    await timer.close()
