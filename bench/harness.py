@@ -143,7 +143,7 @@ class Bench:
     progress: Progress = field(default_factory=Progress)
     notes: list[str] = field(default_factory=list)
     memory: list[ProcessMemory] = field(default_factory=list)
-    samples: dict[str, list[float]] = field(default_factory=dict)  # delivery lags (ms) per system, for the plot
+    samples: dict[str, list[float]] = field(default_factory=dict)  # delivery (and start) lags (ms), for the plot
     _databases: int = 0
 
     def scaled(self, full: int, minimum: int = 1) -> int:
@@ -388,13 +388,17 @@ def spread_instants(first: datetime, count: int, over: timedelta) -> list[dateti
 
 
 def system_result(bench: Bench, system: str, *, jobs: int, got: Deliveries, **figures: object) -> dict[str, object]:
-    """The JSON result of one system, with its lag percentiles; keeps the delivery lags for the plot.
+    """The JSON result of one system, with its lag percentiles; keeps the delivery lags for the plot,
+    and the start lags too where the handler's start is recorded apart from the receipt.
 
     ``runs_per_s`` defaults to the runs delivered over the time they took (earliest scheduled
     instant to last receipt); a scenario that measures throughput otherwise passes its own.
     """
     delivery = got.delivery_lags_ms()
     bench.samples[system] = delivery
+    start = got.start_lags_ms()
+    if any(record.started_us not in (0, record.received_us) for record in got.first):
+        bench.samples[f"{system} (start)"] = start  # a peer's start is its receipt: no second curve
     result: dict[str, object] = {
         "system": system,
         "scenario": bench.scenario,
@@ -402,6 +406,7 @@ def system_result(bench: Bench, system: str, *, jobs: int, got: Deliveries, **fi
         "jobs": jobs,
         "delivered": got.delivered,
         "duplicates": got.duplicates,
+        "start_lag_ms": percentiles(start),
         "delivery_lag_ms": percentiles(delivery),
         "release_lag_ms": percentiles(got.release_lags_ms()),
         "runs_per_s": runs_per_second(got.delivered, delivery_span_s(got.first)),

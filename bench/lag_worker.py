@@ -1,12 +1,15 @@
 """The benchmark's worker: a no-op handler that writes one line per run it receives.
 
 Each line: run id, scheduled time, release time (node) and receive time (worker), in
-microseconds since the epoch, then the job id. The file is set by FASTLANE_BENCH_RECORD.
+microseconds since the epoch, then the job id, then the time the handler was entered (a run the
+node sent ahead is received early and started on its instant). The file is set by
+FASTLANE_BENCH_RECORD.
 """
 
 from __future__ import annotations
 
 import os
+import time
 
 from fastlane.clock import to_micros
 from fastlane.worker import RunContext, Worker
@@ -18,5 +21,7 @@ _record = open(os.environ["FASTLANE_BENCH_RECORD"], "a", buffering=1)  # noqa: S
 
 @worker.handler("bench.noop")
 async def noop(ctx: RunContext) -> None:
+    entered = time.time_ns() // 1000  # first: the handler's own view of its start
     released = to_micros(ctx.released_at) if ctx.released_at else 0
-    _record.write(f"{ctx.run_id} {to_micros(ctx.scheduled_for)} {released} {to_micros(ctx.received_at)} {ctx.job_id}\n")
+    _record.write(f"{ctx.run_id} {to_micros(ctx.scheduled_for)} {released} {to_micros(ctx.received_at)} "
+                  f"{ctx.job_id} {entered}\n")

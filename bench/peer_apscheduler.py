@@ -10,8 +10,9 @@ per offset with a ``DateTrigger``, resumes, and waits until every job ran or the
 after the last due instant ran out.
 
 "Delivery" is the moment APScheduler calls the job function (it runs jobs in its own process):
-each call appends ``job_id scheduled_us called_us called_us job_id`` to the record file, the
-worker record format with the call as both release and receipt.
+each call appends ``job_id scheduled_us called_us called_us job_id called_us`` to the record file,
+the worker record format with the call as release, receipt and start alike: calling the job
+function is starting it, so its start lag is its delivery lag.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ async def noop(job_id: str, scheduled_us: int) -> None:
     global _calls
     called = time.time_ns() // 1000
     assert _record is not None
-    _record.write(f"{job_id} {scheduled_us} {called} {called} {job_id}\n")
+    _record.write(f"{job_id} {scheduled_us} {called} {called} {job_id} {called}\n")
     _calls += 1
     if _calls >= _expected and _all_called is not None:
         _all_called.set()

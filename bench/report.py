@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from fastlane.bench.stats import LAG_KEYS, LAG_LABELS
+from fastlane.bench.stats import LAG_KEYS, LAG_KINDS, LAG_LABELS
 
 MIB = 1 << 20
 
@@ -88,27 +88,33 @@ def render_markdown(document: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _lag_label(kind: str) -> str:
+    return kind.removesuffix("_lag_ms")  # start_lag_ms: start
+
+
 def _results_table(results: Sequence[Mapping[str, Any]]) -> list[str]:
-    lag_headers = [f"{kind} {LAG_LABELS[key]}" for kind in ("delivery", "release") for key in LAG_KEYS]
+    lag_headers = [f"{_lag_label(kind)} {LAG_LABELS[key]}" for kind in LAG_KINDS for key in LAG_KEYS]
     header = ["system", "jobs", "delivered", "duplicates", *lag_headers, "runs/s"]
     rows = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
     for result in results:
         cells = [str(result.get("system")), _count(result.get("jobs")), _count(result.get("delivered")),
                  _count(result.get("duplicates"))]
-        for kind in ("delivery_lag_ms", "release_lag_ms"):
+        for kind in LAG_KINDS:
             figures = result.get(kind) or {}
             cells += [_ms(figures.get(key)) for key in LAG_KEYS]
         cells.append(_number(result.get("runs_per_s")))
         rows.append("| " + " | ".join(cells) + " |")
     rows.append("")
-    rows.append("Lags in milliseconds: delivery = worker receive − scheduled; release = node release − scheduled.")
+    rows.append("Lags in milliseconds from the scheduled instant: start = handler entered (for APScheduler, the job "
+                "function called), delivery = worker received, release = node released.")
     return rows
 
 
 def _ratios_table(ratios: Mapping[str, Mapping[str, Mapping[str, float | None]]]) -> list[str]:
     peers = list(ratios)
     rows = ["| lag | " + " | ".join(f"vs {peer}" for peer in peers) + " |", "|---|" + "---:|" * len(peers)]
-    for kind, label in (("delivery_lag_ms", "delivery"), ("release_lag_ms", "release")):
+    for kind in LAG_KINDS:
+        label = _lag_label(kind)
         for key in LAG_KEYS:
             cells = [_number(ratios[peer].get(kind, {}).get(key)) for peer in peers]
             rows.append(f"| {label} {LAG_LABELS[key]} | " + " | ".join(cells) + " |")
@@ -193,8 +199,8 @@ def write_outputs(document: Mapping[str, Any], out_dir: Path, samples: Mapping[s
 
 
 def plot_lags(samples: Mapping[str, Sequence[float]], path: Path, *, title: str) -> Path | None:
-    """The cumulative distribution of delivery lag per system, log scale; None without matplotlib
-    (or with no samples)."""
+    """The cumulative distribution of delivery lag (and start lag, a series named "… (start)") per
+    system, log scale; None without matplotlib (or with no samples)."""
     series = {name: sorted(values) for name, values in samples.items() if values}
     if not series:
         return None
@@ -211,7 +217,7 @@ def plot_lags(samples: Mapping[str, Sequence[float]], path: Path, *, title: str)
         # Positive values only on a log axis; a lag below 1 µs is drawn at 1 µs.
         axes.plot([max(value, 0.001) for value in values], [(index + 1) / count for index in range(count)], label=name)
     axes.set_xscale("log")
-    axes.set_xlabel("delivery lag (ms, log scale)")
+    axes.set_xlabel("delivery or start lag (ms, log scale)")
     axes.set_ylabel("fraction of runs")
     axes.set_title(f"Lag distribution: {title}")
     axes.grid(True, which="both", alpha=0.3)

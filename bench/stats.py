@@ -17,6 +17,9 @@ QUANTILES: tuple[tuple[str, int, int], ...] = (("p50", 50, 100), ("p95", 95, 100
                                               ("p999", 999, 1000))
 LAG_KEYS: tuple[str, ...] = (*(name for name, _, _ in QUANTILES), "max")
 LAG_LABELS: Mapping[str, str] = {"p50": "p50", "p95": "p95", "p99": "p99", "p999": "p99.9", "max": "max"}
+# The lags of every result, each from the scheduled instant to: the handler's start, the worker's
+# receipt, the node's release.
+LAG_KINDS: tuple[str, ...] = ("start_lag_ms", "delivery_lag_ms", "release_lag_ms")
 
 
 def percentiles(values: Iterable[float]) -> dict[str, float | None]:
@@ -42,7 +45,8 @@ def percentiles(values: Iterable[float]) -> dict[str, float | None]:
 class RunRecord:
     """One run as a worker (or the peer) saw it; instants in microseconds since the epoch.
 
-    ``released_us`` is 0 when the node did not say when it released the run.
+    ``released_us`` is 0 when the node did not say when it released the run; ``started_us`` (the
+    handler's entry) is 0 when the line does not say (a record from before that column).
     """
 
     run_id: str
@@ -50,19 +54,22 @@ class RunRecord:
     released_us: int
     received_us: int
     job_id: str = ""
+    started_us: int = 0
 
 
 def parse_record(line: str) -> RunRecord | None:
-    """A worker line: ``run_id scheduled released received [job_id]``; None for a blank or torn line."""
+    """A worker line: ``run_id scheduled released received [job_id [started]]``; None for a blank or
+    torn line. Lines without ``started`` (older workers) parse with ``started_us`` 0."""
     fields = line.split()
     if len(fields) < 4:
         return None
     try:
         scheduled, released, received = int(fields[1]), int(fields[2]), int(fields[3])
+        started = int(fields[5]) if len(fields) > 5 else 0
     except ValueError:
         return None
     return RunRecord(run_id=fields[0], scheduled_us=scheduled, released_us=released, received_us=received,
-                     job_id=fields[4] if len(fields) > 4 else "")
+                     job_id=fields[4] if len(fields) > 4 else "", started_us=started)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,6 +88,10 @@ class Deliveries:
 
     def release_lags_ms(self) -> list[float]:
         return [(record.released_us - record.scheduled_us) / 1000 for record in self.first if record.released_us]
+
+    def start_lags_ms(self) -> list[float]:
+        """Handler entry − scheduled, for the runs whose record says when the handler started."""
+        return [(record.started_us - record.scheduled_us) / 1000 for record in self.first if record.started_us]
 
 
 def deliveries(records: Iterable[RunRecord]) -> Deliveries:
@@ -126,12 +137,13 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
 
 
 def lag_ratios(system: Mapping[str, object], peer: Mapping[str, object]) -> dict[str, dict[str, float | None]]:
-    """``system : peer`` for every lag figure of both results (``delivery_lag_ms`` and ``release_lag_ms``).
+    """``system : peer`` for every lag figure of both results (each of ``LAG_KINDS``).
 
-    Below 1 the system is faster than the peer at that percentile.
+    Below 1 the system is faster than the peer at that percentile. A lag one of them lacks (a
+    result from before start lags were recorded) gives None throughout.
     """
     ratios: dict[str, dict[str, float | None]] = {}
-    for kind in ("delivery_lag_ms", "release_lag_ms"):
+    for kind in LAG_KINDS:
         ours = system.get(kind) or {}
         theirs = peer.get(kind) or {}
         assert isinstance(ours, Mapping) and isinstance(theirs, Mapping)

@@ -75,8 +75,8 @@ async def scale(bench: Bench) -> list[dict[str, object]]:
     figures.update(await _rebuild(bench, url, window_jobs))
     empty = percentiles([])
     return [{"system": "fastlane", "scenario": bench.scenario, "backend": bench.backend, "jobs": stored,
-             "delivered": 0, "duplicates": 0, "delivery_lag_ms": empty, "release_lag_ms": empty, "runs_per_s": None,
-             **figures}]
+             "delivered": 0, "duplicates": 0, "start_lag_ms": empty, "delivery_lag_ms": empty,
+             "release_lag_ms": empty, "runs_per_s": None, **figures}]
 
 
 async def _memory(bench: Bench, url: str, due: datetime, window_jobs: int) -> dict[str, object]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from fastlane.bench.harness import Bench, ProcessMemory, Progress, RecordTail
+from fastlane.bench.harness import Bench, ProcessMemory, Progress, RecordTail, system_result
 from fastlane.bench.processes import ROOT, child_environment
 from fastlane.bench.report import render_markdown, to_json, write_outputs
 from fastlane.bench.runner import build_document
@@ -34,8 +34,9 @@ from fastlane.cli.main import main
 LAG_KEYS = {"p50", "p95", "p99", "p999", "max"}
 
 
-def record(run_id: str, scheduled: int, released: int, received: int, job_id: str = "") -> RunRecord:
-    return RunRecord(run_id=run_id, scheduled_us=scheduled, released_us=released, received_us=received, job_id=job_id)
+def record(run_id: str, scheduled: int, released: int, received: int, job_id: str = "", started: int = 0) -> RunRecord:
+    return RunRecord(run_id=run_id, scheduled_us=scheduled, released_us=released, received_us=received, job_id=job_id,
+                     started_us=started)
 
 
 def lags(p50: float, p95: float, p99: float, p999: float, top: float) -> dict[str, float]:
@@ -70,7 +71,21 @@ def test_a_worker_line_parses_with_or_without_its_job_id() -> None:
     assert parse_record("r1 100 0 400\n") == record("r1", 100, 0, 400)
 
 
-@pytest.mark.parametrize("line", ["", "r1 100 150", "r1 100 x 400", "   "])
+def test_a_worker_line_with_the_handler_start_parses_it_and_older_lines_have_none() -> None:
+    assert parse_record("r1 100 150 40 job-9 120\n") == record("r1", 100, 150, 40, "job-9", started=120)
+    assert parse_record("r1 100 150 400 job-9").started_us == 0  # type: ignore[union-attr]
+
+
+def test_start_lags_come_from_records_that_say_when_the_handler_started() -> None:
+    got = deliveries([
+        record("a", 1_000, 800, 900, started=1_200),  # sent ahead: received before it was due
+        record("b", 2_000, 2_100, 2_500),  # an older worker's line: no start
+    ])
+    assert got.start_lags_ms() == [0.2]
+    assert sorted(got.delivery_lags_ms()) == [-0.1, 0.5]
+
+
+@pytest.mark.parametrize("line", ["", "r1 100 150", "r1 100 x 400", "   ", "r1 100 150 400 j1 x"])
 def test_blank_torn_or_garbled_lines_are_skipped(line: str) -> None:
     assert parse_record(line) is None
 
@@ -108,6 +123,23 @@ def test_record_tail_reads_only_what_is_new_and_waits_for_unfinished_lines(tmp_p
     assert tail.read() == 2
     assert [entry.run_id for entry in tail.records] == ["r1", "r2"]
     assert tail.records[1] == record("r2", 4, 5, 6, "j2")
+    with path.open("a") as handle:
+        handle.write("r3 7 8 9 j3 10\n")  # a worker that records the handler's start
+    assert tail.read() == 3
+    assert tail.records[2] == record("r3", 7, 8, 9, "j3", started=10)
+
+
+def test_a_result_reports_start_lag_beside_delivery_and_release_lag(tmp_path: Path) -> None:
+    bench = Bench(scenario="spread", backend="sqlite", nodes=1, workers=1, scale=1.0, workdir=tmp_path)
+    ahead = deliveries([record("a", 10_000, 7_000, 8_000, started=10_300),
+                        record("b", 20_000, 17_000, 18_000, started=20_100)])
+    result = system_result(bench, "fastlane", jobs=2, got=ahead)
+    assert result["start_lag_ms"] == {"p50": 0.1, "p95": 0.3, "p99": 0.3, "p999": 0.3, "max": 0.3}
+    assert result["delivery_lag_ms"] == {"p50": -2.0, "p95": -2.0, "p99": -2.0, "p999": -2.0, "max": -2.0}
+    assert sorted(bench.samples["fastlane (start)"]) == [0.1, 0.3]
+    peer = deliveries([record("a", 10_000, 10_500, 10_500, started=10_500)])  # called = started
+    system_result(bench, "apscheduler-memory", jobs=1, got=peer)
+    assert "apscheduler-memory (start)" not in bench.samples
 
 
 # -- ratios and targets ------------------------------------------------------------------------
@@ -123,13 +155,21 @@ def test_ratio_keeps_four_significant_digits() -> None:
     assert ratio(3, None) is None
 
 
-def test_lag_ratios_divide_every_figure_of_both_lags() -> None:
-    ours = {"delivery_lag_ms": lags(1, 2, 3, 4, 5), "release_lag_ms": lags(1, 1, 1, 1, 1)}
-    theirs = {"delivery_lag_ms": lags(2, 4, 30, 40, 0), "release_lag_ms": lags(4, 4, 4, 4, 4)}
+def test_lag_ratios_divide_every_figure_of_every_lag() -> None:
+    ours = {"start_lag_ms": lags(1, 1, 2, 2, 4), "delivery_lag_ms": lags(1, 2, 3, 4, 5),
+            "release_lag_ms": lags(1, 1, 1, 1, 1)}
+    theirs = {"start_lag_ms": lags(2, 4, 30, 40, 0), "delivery_lag_ms": lags(2, 4, 30, 40, 0),
+              "release_lag_ms": lags(4, 4, 4, 4, 4)}
     assert lag_ratios(ours, theirs) == {
+        "start_lag_ms": {"p50": 0.5, "p95": 0.25, "p99": 0.06667, "p999": 0.05, "max": None},
         "delivery_lag_ms": {"p50": 0.5, "p95": 0.5, "p99": 0.1, "p999": 0.1, "max": None},
         "release_lag_ms": dict.fromkeys(LAG_KEYS, 0.25),
     }
+
+
+def test_lag_ratios_of_a_result_without_start_lags_are_none() -> None:
+    old = {"delivery_lag_ms": lags(1, 2, 3, 4, 5), "release_lag_ms": lags(1, 1, 1, 1, 1)}
+    assert lag_ratios(old, old)["start_lag_ms"] == dict.fromkeys(LAG_KEYS)
 
 
 @pytest.mark.parametrize(
@@ -160,11 +200,13 @@ def spread_document() -> dict[str, object]:
         "scenario": "spread", "backend": "sqlite", "nodes": 1, "scale": 1.0,
         "results": [
             {"system": "fastlane", "jobs": 30_000, "delivered": 30_000, "duplicates": 0, "runs_per_s": 1000.5,
+             "start_lag_ms": lags(0.05, 0.1, 0.8, 1.2, 2.0),
              "delivery_lag_ms": lags(0.5, 1.5, 3.0, 6.0, 9.0), "release_lag_ms": lags(0.1, 0.2, 0.3, 0.4, 0.5)},
             {"system": "apscheduler-memory", "jobs": 30_000, "delivered": 30_000, "duplicates": 0, "runs_per_s": 999.0,
+             "start_lag_ms": lags(0.1, 0.5, 1.0, 2.0, 3.0),
              "delivery_lag_ms": lags(0.1, 0.5, 1.0, 2.0, 3.0), "release_lag_ms": lags(0.1, 0.5, 1.0, 2.0, 3.0)},
             {"system": "apscheduler-sqlalchemy", "jobs": 30_000, "delivered": 30_000, "duplicates": 0,
-             "runs_per_s": 800.0, "delivery_lag_ms": lags(10, 20, 60, 80, 100),
+             "runs_per_s": 800.0, "start_lag_ms": lags(10, 20, 60, 80, 100), "delivery_lag_ms": lags(10, 20, 60, 80, 100),
              "release_lag_ms": lags(10, 20, 60, 80, 100)},
         ],
     }
@@ -176,6 +218,12 @@ def test_spread_targets_compare_fastlane_with_both_peers() -> None:
         (3.0, 5.0, Status.MET),
         (0.05, 0.1, Status.MET),  # 3 ms against 60 ms: 20x lower
         (3.0, 2.0, Status.MISSED),  # 3 ms against 1 ms
+        (0.8, 1.0, Status.MET),  # start lag: 0.8 ms against 1 ms
+        (0.01333, 0.1, Status.MET),  # start lag: 0.8 ms against 60 ms
+    ]
+    assert [t.name for t in targets][3:] == [
+        "spread p99 start lag vs APScheduler in-memory store (≤1x)",
+        "spread p99 start lag vs APScheduler + SQLAlchemy store (≥10x lower)",
     ]
 
 
@@ -183,7 +231,16 @@ def test_spread_targets_without_the_peer_do_not_apply() -> None:
     document = spread_document()
     document["results"] = document["results"][:1]  # type: ignore[index]
     statuses = [target.status for target in evaluate(document)]
-    assert statuses == [Status.MET, Status.NOT_APPLICABLE, Status.NOT_APPLICABLE]
+    assert statuses == [Status.MET] + [Status.NOT_APPLICABLE] * 4
+
+
+def test_spread_start_targets_without_start_lags_do_not_apply_and_say_why() -> None:
+    document = spread_document()
+    for result in document["results"]:  # type: ignore[attr-defined]
+        del result["start_lag_ms"]
+    targets = evaluate(document)
+    assert [t.status for t in targets][3:] == [Status.NOT_APPLICABLE] * 2
+    assert targets[3].note == "no start lag recorded (a worker or peer from before the start column)"
 
 
 def test_a_burst_with_runs_missing_misses_its_target_whatever_the_last_arrival() -> None:
@@ -234,9 +291,14 @@ def test_markdown_report_has_results_ratios_and_targets() -> None:
     text = render_markdown(document)
     lines = text.splitlines()
     assert lines[0] == "# fastlane bench: spread"
-    assert ("| fastlane | 30,000 | 30,000 | 0 | 0.500 | 1.500 | 3.000 | 6.000 | 9.000 "
+    assert ("| fastlane | 30,000 | 30,000 | 0 | 0.050 | 0.100 | 0.800 | 1.200 | 2.000 "
+            "| 0.500 | 1.500 | 3.000 | 6.000 | 9.000 "
             "| 0.100 | 0.200 | 0.300 | 0.400 | 0.500 | 1,000.5 |") in lines
     assert "| delivery p99 | 3 | 0.05 |" in lines
+    assert "| start p99 | 0.8 | 0.0133 |" in lines
+    assert "| start p99.9 | 0.6 | 0.015 |" in lines
+    assert "| start max | 0.667 | 0.02 |" in lines
+    assert "| spread p99 start lag vs APScheduler in-memory store (≤1x) | 0.8 ratio | <= 1 ratio | MET |  |" in lines
     assert "| spread p99 delivery lag | 3 ms | <= 5 ms | MET |  |" in lines
     assert "| spread p99 vs APScheduler in-memory store (≤2x) | 3 ratio | <= 2 ratio | MISSED |  |" in lines
     assert "| fastlane node-1 | 42 | 3.0 MiB |" in lines
@@ -252,7 +314,8 @@ def test_the_document_carries_ratios_to_each_peer_targets_and_memory(tmp_path: P
     document = build_document(bench, results, started_at=started_at, elapsed_s=12.34)  # type: ignore[arg-type]
     assert list(document["ratios"]) == ["apscheduler-memory", "apscheduler-sqlalchemy"]
     assert document["ratios"]["apscheduler-sqlalchemy"]["delivery_lag_ms"]["p99"] == 0.05
-    assert [target["status"] for target in document["targets"]] == ["MET", "MET", "MISSED"]
+    assert document["ratios"]["apscheduler-memory"]["start_lag_ms"]["p99"] == 0.8
+    assert [target["status"] for target in document["targets"]] == ["MET", "MET", "MISSED", "MET", "MET"]
     assert [entry["name"] for entry in document["processes"]] == ["fastlane node-1", "harness"]
     assert (document["notes"], document["elapsed_s"], document["started_at"]) == (
         ["a note"], 12.3, "2030-01-01T00:00:00+00:00")
@@ -353,7 +416,7 @@ def test_a_tiny_spread_run_delivers_every_job_once(tmp_path: Path) -> None:
     document = orjson.loads(completed.stdout)
     assert document == orjson.loads((out / "result.json").read_bytes())
     (fastlane,) = [result for result in document["results"] if result["system"] == "fastlane"]
-    assert {"system", "scenario", "backend", "jobs", "delivered", "duplicates", "delivery_lag_ms",
+    assert {"system", "scenario", "backend", "jobs", "delivered", "duplicates", "start_lag_ms", "delivery_lag_ms",
             "release_lag_ms", "runs_per_s"} <= set(fastlane)
     assert fastlane["jobs"] == 300
     assert fastlane["delivered"] == fastlane["jobs"]
@@ -361,6 +424,7 @@ def test_a_tiny_spread_run_delivers_every_job_once(tmp_path: Path) -> None:
     assert set(fastlane["delivery_lag_ms"]) == LAG_KEYS
     assert set(fastlane["release_lag_ms"]) == LAG_KEYS
     assert all(value is not None for value in fastlane["delivery_lag_ms"].values())
+    assert all(value is not None for value in fastlane["start_lag_ms"].values())  # the worker records its starts
     assert (fastlane["scenario"], fastlane["backend"]) == ("spread", "sqlite")
     assert document["targets"][0]["name"] == "spread p99 delivery lag"
     assert (out / "result.md").read_text().startswith("# fastlane bench: spread")
