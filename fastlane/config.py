@@ -8,7 +8,7 @@ import socket
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from fastlane.domain.limits import DEFAULT_MAX_PAYLOAD_BYTES, PAYLOAD_CEILING_BYTES
+from fastlane.domain.limits import DEFAULT_MAX_PAYLOAD_BYTES, MAX_SEND_AHEAD, PAYLOAD_CEILING_BYTES
 from fastlane.errors import ConfigurationError
 
 DEFAULT_SERVER = "127.0.0.1:7070"
@@ -46,6 +46,9 @@ class Settings:
     max_ready_per_type: int = 150_000
     max_ready_bytes_per_type: int = 64 << 20  # payload bytes of those runs, at most
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES  # largest job payload the API accepts
+    # How long before its instant a run may be sent to a worker whose clock is known to within
+    # this; the worker holds it and starts it on the instant. Zero: every run is sent on its instant.
+    send_ahead: timedelta = timedelta(milliseconds=20)
 
     def __post_init__(self) -> None:
         for flag, address in (("--listen", self.listen), ("--metrics", self.metrics_listen)):
@@ -59,8 +62,6 @@ class Settings:
                     f"{flag} {address!r} is not a loopback address and no authentication is configured; "
                     "pass --insecure to listen on it anyway"
                 )
-        if self.lead >= self.window:
-            raise ConfigurationError("the materialisation lead must be shorter than the window")
         if self.shard_count < 1:
             raise ConfigurationError(f"shard count {self.shard_count} must be at least 1")
         if not 1 <= self.max_payload_bytes <= PAYLOAD_CEILING_BYTES:
@@ -71,6 +72,13 @@ class Settings:
             raise ConfigurationError(f"--max-ready-bytes-per-type {self.max_ready_bytes_per_type} must be at least 1")
         if self.max_ready_per_type < 1:
             raise ConfigurationError(f"--max-ready-per-type {self.max_ready_per_type} must be at least 1")
+        if not timedelta(0) <= self.send_ahead <= MAX_SEND_AHEAD:
+            raise ConfigurationError(
+                f"--send-ahead {self.send_ahead.total_seconds() * 1000:g} ms is out of range "
+                f"(0..{MAX_SEND_AHEAD.total_seconds() * 1000:g} ms)"
+            )
+        if self.lead + self.send_ahead >= self.window:
+            raise ConfigurationError("the materialisation lead (plus --send-ahead) must be shorter than the window")
 
     @property
     def advertised_address(self) -> str:

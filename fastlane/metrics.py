@@ -14,6 +14,8 @@ from fastlane.errors import ConfigurationError
 
 # Trigger lag is the product's promise: fine buckets from half a millisecond to ten seconds.
 _LAG_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# Workers' clock estimates: from a fraction of a millisecond (a good LAN) up to the bounds a probe may carry.
+_WORKER_CLOCK_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0, 10.0, 60.0)
 
 
 class Metrics:
@@ -34,6 +36,21 @@ class Metrics:
         self.dispatch_lag = Histogram(
             "fastlane_dispatch_lag_seconds", "Send time minus scheduled time of each attempt",
             buckets=_LAG_BUCKETS, registry=registry,
+        )
+        self.sent_ahead = Counter(
+            "fastlane_runs_sent_ahead_total", "Runs sent to a worker before their instant, to be started by the "
+            "worker on it (observed in trigger lag as 0 when sent)", registry=registry,
+        )
+        self.worker_clock_uncertainty = Histogram(
+            "fastlane_worker_clock_uncertainty_seconds",
+            "Uncertainty of workers' clock estimates (half their best recent probe round trip), as each probe "
+            "reports it; a worker is sent runs ahead only while it is within --send-ahead",
+            buckets=_WORKER_CLOCK_BUCKETS, registry=registry,
+        )
+        self.worker_clock_offset = Histogram(
+            "fastlane_worker_clock_offset_seconds",
+            "Absolute offset between workers' clocks and this node's, as each probe reports it",
+            buckets=_WORKER_CLOCK_BUCKETS + (600.0, 3600.0, 86400.0), registry=registry,
         )
         self.runs = Counter("fastlane_runs_total", "Runs by final or intermediate outcome", ["outcome"], registry=registry)
         self.heap_size = Gauge("fastlane_heap_size", "Jobs and runs held in the in-memory window", registry=registry)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 import orjson
@@ -51,6 +52,21 @@ def positive_seconds(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{text} must be a positive number of seconds")
     return value
+
+
+def milliseconds_up_to(maximum: float) -> Callable[[str], float]:
+    """An argparse type: a number of milliseconds in ``0..maximum``."""
+
+    def milliseconds(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of milliseconds") from None
+        if not 0 <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"{text} is out of range (0..{maximum:g} ms)")
+        return value
+
+    return milliseconds
 
 
 # -- shared flag groups ------------------------------------------------------------------------

@@ -17,11 +17,12 @@ from urllib.parse import urlsplit, urlunsplit
 from fastlane.cli.arguments import (
     SERVER_ENV,
     UsageError,
+    milliseconds_up_to,
     positive_int,
     positive_seconds,
 )
 from fastlane.config import DEFAULT_DB_URL, DEFAULT_SERVER, Settings, default_node_id
-from fastlane.domain.limits import PAYLOAD_CEILING_BYTES
+from fastlane.domain.limits import MAX_SEND_AHEAD, PAYLOAD_CEILING_BYTES
 from fastlane.storage import DEFAULT_SHARD_COUNT, open_store
 
 
@@ -103,6 +104,18 @@ def register(commands: Any) -> None:
         help=f"largest job payload accepted, in bytes (default: {defaults.max_payload_bytes}, at most "
         f"{PAYLOAD_CEILING_BYTES})",
     )
+    max_ahead_ms = MAX_SEND_AHEAD.total_seconds() * 1000
+    serve.add_argument(
+        "--send-ahead",
+        metavar="MS",
+        type=milliseconds_up_to(max_ahead_ms),
+        default=defaults.send_ahead.total_seconds() * 1000,
+        help="send a run up to this many milliseconds before its instant to a worker whose clock is known to "
+        "agree with this node's to within that; the worker holds the run and starts it on the instant, so "
+        "network and queueing delay stay out of its lag. Workers that do not measure their clock get runs on "
+        f"the instant. 0 turns it off (default: {defaults.send_ahead.total_seconds() * 1000:g}, at most "
+        f"{max_ahead_ms:g})",
+    )
     serve.set_defaults(handler=serve_node, command_parser=serve)
 
     worker = commands.add_parser(
@@ -163,6 +176,7 @@ def serve_node(args: argparse.Namespace) -> int:
         max_ready_per_type=args.max_ready_per_type,
         max_ready_bytes_per_type=args.max_ready_bytes_per_type,
         max_payload_bytes=args.max_payload_bytes,
+        send_ahead=timedelta(milliseconds=args.send_ahead),
     )
     from fastlane.server.node import serve
 

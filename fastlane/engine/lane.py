@@ -11,6 +11,14 @@ Two heaps keyed by time:
   sleeps until the earliest and hands every due run to the dispatcher: no database round trip
   sits between a run's time and its release.
 
+Sending ahead: while a connected worker can hold runs (its clock is known to within the
+dispatcher's lead, ``--send-ahead``), the timer wakes that lead before each instant and offers
+the runs due within it to the dispatcher, which sends what it can place with ``start_at`` set
+(see :mod:`.dispatch.ahead`). What it cannot place, and what must be confirmed in the database
+first (recovered runs; at-most-once runs, which the dispatcher declines), moves to a second
+heap, *holding*, and is released on its instant exactly as without sending ahead. Catch-ups
+are already late, so they are released at once and never offered.
+
 The window is loaded per shard on acquisition; afterwards the loader reads only what *enters*
 the window (a watermark, ``horizon``), jobs changed through this node arrive by direct call, and
 a slower full scan is the safety net.
@@ -56,6 +64,17 @@ class LaneDispatcher(Protocol):
 
     def release(self, runs: Iterable[Run], *, confirm_first: bool = False) -> None: ...
 
+    def offer_ahead(self, runs: Iterable[Run]) -> list[Run]:
+        """Send what it can of these runs ahead of their instant; the runs not sent."""
+        ...
+
+    @property
+    def ahead_lead(self) -> timedelta:
+        """How long before their instant runs may be offered now (zero: not at all)."""
+        ...
+
+    def watch_ahead(self, wake: Callable[[], None]) -> None: ...
+
     def cancel(self, runs: Iterable[Run]) -> None: ...
 
     def forget_attempts(self, runs: Iterable[Run]) -> None: ...
@@ -94,7 +113,9 @@ class FastLane:
         # (available_at, sequence, run, recovered): a recovered run came back from the database
         # rather than from this node's own write, so its dispatch is confirmed before sending.
         self._releasing: list[tuple[datetime, int, Run, bool]] = []
-        self._releasing_ids: set[str] = set()
+        # Entries of the same form past their offer to be sent ahead, waiting for their instant.
+        self._holding: list[tuple[datetime, int, Run, bool]] = []
+        self._releasing_ids: set[str] = set()  # the runs in either heap
         self._catching_up: set[str] = set()  # the runs among them that were late when scheduled
         self._release_wake = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -104,6 +125,7 @@ class FastLane:
             written_ahead=self._written_ahead, stopping=self._stopping,
         )
         self._held = _HeldRuns(self._releasing_ids, dispatch)
+        dispatch.watch_ahead(self._release_wake.set)  # a worker able to hold runs: offer them now
         metrics.heap_size.set_function(lambda: self.size)  # read when scraped, not kept up to date
 
     # -- what the rest of the node tells the lane -----------------------------------------------
@@ -165,11 +187,14 @@ class FastLane:
         self._drop_releasing(lambda run: run.job_id == job_id)
 
     def _drop_releasing(self, matches: Callable[[Run], bool]) -> None:
-        # Rare (cancel, delete, lost shards): a linear rebuild of the heap is fine.
+        # Rare (cancel, delete, lost shards): a linear rebuild of the heaps is fine.
         self._releasing = [entry for entry in self._releasing if not matches(entry[2])]
         heapq.heapify(self._releasing)
+        self._holding = [entry for entry in self._holding if not matches(entry[2])]
+        heapq.heapify(self._holding)
         self._releasing_ids.clear()  # in place: the held-runs view shares this set
         self._releasing_ids.update(entry[2].run_id for entry in self._releasing)
+        self._releasing_ids.update(entry[2].run_id for entry in self._holding)
         self._catching_up &= self._releasing_ids
 
     # -- loops ----------------------------------------------------------------------------------
@@ -187,14 +212,19 @@ class FastLane:
         self._release_wake.set()
 
     async def _timer_loop(self) -> None:
-        """Release each run at its instant."""
+        """Release each run at its instant; offer runs due within the lead to be sent ahead."""
         while not self._stopping.is_set():
             now = self._clock.now()
             due: list[Run] = []
             recovered: list[Run] = []
             limit = self._settings.max_batch
-            while self._releasing and self._releasing[0][0] <= now and len(due) + len(recovered) < limit:
-                _, _, run, from_database = heapq.heappop(self._releasing)
+            while len(due) + len(recovered) < limit:
+                if self._releasing and self._releasing[0][0] <= now:
+                    _, _, run, from_database = heapq.heappop(self._releasing)
+                elif self._holding and self._holding[0][0] <= now:
+                    _, _, run, from_database = heapq.heappop(self._holding)
+                else:
+                    break
                 self._releasing_ids.discard(run.run_id)
                 if self._fence(run.shard_id) is not None:
                     (recovered if from_database else due).append(run)
@@ -209,8 +239,48 @@ class FastLane:
                 # A backlog is released a batch at a time, letting the rest of the node run between.
                 await asyncio.sleep(0)
                 continue
-            delay = (self._releasing[0][0] - now).total_seconds() if self._releasing else 3600.0
-            await sleep_until_woken(self._release_wake, self._stopping, delay)
+            ahead = self._dispatch.ahead_lead  # zero unless a connected worker can hold runs
+            if ahead and self._releasing and self._releasing[0][0] <= now + ahead:
+                self._offer_ahead(now + ahead, limit)
+                await asyncio.sleep(0)
+                continue
+            await sleep_until_woken(self._release_wake, self._stopping, self._next_wake(now, ahead))
+
+    def _next_wake(self, now: datetime, ahead: timedelta) -> float:
+        """Seconds until the earliest offer (``ahead`` before an instant) or release."""
+        wake = self._releasing[0][0] - ahead if self._releasing else now + timedelta(hours=1)
+        if self._holding:
+            wake = min(wake, self._holding[0][0])
+        return (wake - now).total_seconds()
+
+    def _offer_ahead(self, horizon: datetime, limit: int) -> None:
+        """Offer the runs due by ``horizon`` (not yet due: due ones were released first) to be
+        sent ahead; the rest, and runs that must be confirmed first, wait in *holding*."""
+        offered: list[Run] = []
+        for _ in range(limit):
+            if not self._releasing or self._releasing[0][0] > horizon:
+                break
+            entry = heapq.heappop(self._releasing)
+            run, from_database = entry[2], entry[3]
+            if self._fence(run.shard_id) is None:
+                self._releasing_ids.discard(run.run_id)
+                self._catching_up.discard(run.run_id)
+            elif from_database:
+                heapq.heappush(self._holding, entry)  # confirmed first, on its instant
+            else:
+                offered.append(run)
+        if not offered:
+            return
+        left = self._dispatch.offer_ahead(offered)
+        for run in left:
+            heapq.heappush(self._holding, (run.available_at, next(self._seq), run, False))
+        kept = {run.run_id for run in left}
+        trigger_lag = self._metrics.trigger_lag
+        for run in offered:
+            if run.run_id not in kept:
+                # Sent: its lag is zero at the send; the worker starts it on the instant.
+                self._releasing_ids.discard(run.run_id)
+                trigger_lag.observe(0.0)
 
     def _observe_lag(self, now: datetime, *released: list[Run]) -> None:
         """Trigger lag of released runs (after the release: sending comes first); catch-ups apart."""

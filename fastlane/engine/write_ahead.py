@@ -1,12 +1,12 @@
 """Write-ahead: the jobs of the window due soon, and their runs written a lead before they are due.
 
 The *planned* heap holds jobs whose ``next_fire_at`` falls inside the window (before the
-``horizon``), as slim :class:`DueJob` entries. At least the *lead* before each is due, their runs
-are materialised in a fenced batch and the job advanced; when more jobs are due soon than can be
-written by then at the measured rate (a crowd at one instant), writing starts early enough to
-finish. A batch that fails for a reason other than the database being unreachable is split until
-the job that makes it fail is found; that job is set aside (state ``errored``) with its reason.
-Written runs go to the lane's release queue (:mod:`.lane`).
+``horizon``), as slim :class:`DueJob` entries. At least the *lead* (plus the send-ahead lead)
+before each is due, their runs are materialised in a fenced batch and the job advanced; when more
+jobs are due soon than can be written by then at the measured rate (a crowd at one instant),
+writing starts early enough to finish. A batch that fails for a reason other than the database
+being unreachable is split until the job that makes it fail is found; that job is set aside (state
+``errored``) with its reason. Written runs go to the lane's release queue (:mod:`.lane`).
 """
 
 from __future__ import annotations
@@ -68,6 +68,8 @@ class WriteAhead:
         waiting, for their time or for a worker."""
         self._store = store
         self._settings = settings
+        # Runs are needed the send-ahead lead earlier than their instant (offered to workers then).
+        self._lead = settings.lead + settings.send_ahead
         self._clock = clock
         self._metrics = metrics
         self._fence = fence
@@ -146,13 +148,13 @@ class WriteAhead:
         """Write runs a short lead before they are due (earlier for a crowd), in fenced batches."""
         while not self._stopping.is_set():
             now = self._clock.now()
-            start, through = write_start(self._planned_per_slot, self._settings.lead, self._write_rate)
+            start, through = write_start(self._planned_per_slot, self._lead, self._write_rate)
             if self._planned and self._written_ahead() >= MAX_WRITTEN_AHEAD:
                 # Enough runs are written and waiting already, for their time or for workers (a
                 # node behind its load): writing further ahead would only take time from sending
                 # and fill memory, so write no further ahead than the lead.
                 head = self._planned[0][0]
-                start, through = max(start, head - self._settings.lead), head + SLOT
+                start, through = max(start, head - self._lead), head + SLOT
             if start <= now:
                 batch = self._pop_planned(through)
                 if batch:
@@ -193,7 +195,7 @@ class WriteAhead:
         fences = {fence.shard_id: fence for shard_id in by_shard if (fence := self._fence(shard_id)) is not None}
         # Occurrences up to the lead are written now; a job taken earlier than that (with its
         # slot, or ahead of a crowd) gets at least its own occurrence.
-        horizon = now + self._settings.lead
+        horizon = now + self._lead
         planned: list[tuple[DueJob, Occurrence]] = []
         for shard_id in fences:
             for job in by_shard[shard_id]:

@@ -737,13 +737,44 @@ def results(draw: st.DrawFn) -> Step:
     return Step("results", build, tuple(field.fuzzed), pause=draw(st.sampled_from((0.0, 0.0, 0.03))))
 
 
+UINT64_EDGES = (0, 1, 2**32, 2**63 - 1, 2**63, 2**64 - 1)
+# The bounds a probe's estimate is held to (60 s of uncertainty, a day of offset either way), at and
+# just past each edge, and the lead a node sends runs ahead within (20 ms by default).
+UNCERTAINTY_EDGES = (Duration(), Duration(nanos=1_000), Duration(nanos=20_000_000), Duration(nanos=20_001_000),
+                     Duration(seconds=60), Duration(seconds=60, nanos=1), Duration(seconds=60, nanos=1_000),
+                     Duration(nanos=-1), Duration(seconds=-1))
+OFFSET_EDGES = (Duration(), Duration(seconds=86_400), Duration(seconds=-86_400), Duration(seconds=86_400, nanos=1_000),
+                Duration(seconds=-86_400, nanos=-1_000), Duration(seconds=3, nanos=-5), Duration(nanos=-250_000_000))
+
+
+@st.composite
+def clock_probes(draw: st.DrawFn) -> Step:
+    """A clock probe: a valid one now and then (which makes the stream able to hold runs sent
+    ahead), else random and boundary ids, send times, uncertainties and offsets."""
+    field = _Fields(draw, 3)
+    probe_id = field("clock_probe.probe_id", st.integers(0, 1000),
+                     st.one_of(st.sampled_from(UINT64_EDGES), st.integers(0, 2**64 - 1)))
+    sent_at = field("clock_probe.sent_at", st.one_of(st.none(), st.just(_now_plus(0))), timestamps())
+    uncertainty = field("clock_probe.uncertainty",
+                        st.one_of(st.none(), st.sampled_from((Duration(nanos=500_000), Duration(nanos=50_000_000)))),
+                        st.one_of(st.sampled_from(UNCERTAINTY_EDGES), durations()))
+    offset = field("clock_probe.offset", st.one_of(st.none(), st.just(Duration(nanos=-3_000_000))),
+                   st.one_of(st.sampled_from(OFFSET_EDGES), durations()))
+    message = workers_pb2.WorkerMessage(clock_probe=workers_pb2.ClockProbe(probe_id=probe_id))
+    for name, value in (("sent_at", sent_at), ("uncertainty", uncertainty), ("offset", offset)):
+        if value is not None:
+            getattr(message.clock_probe, name).CopyFrom(value)
+    return Step("clock_probe", lambda memory, assigned: message, tuple(field.fuzzed),
+                pause=draw(st.sampled_from((0.0, 0.0, 0.03))))
+
+
 def empty_messages() -> st.SearchStrategy[Step]:
     return st.just(Step("empty", lambda memory, assigned: workers_pb2.WorkerMessage(), ("body (unset)",)))
 
 
 def _followers() -> st.SearchStrategy[Step]:
     return st.one_of(credits(), heartbeats(), heartbeats(), results(), results(), results(), hellos(one_in=2),
-                     empty_messages())
+                     clock_probes(), clock_probes(), empty_messages())
 
 
 @st.composite
@@ -754,7 +785,7 @@ def sessions(draw: st.DrawFn) -> Session:
     if opening == "hello":
         steps.append(draw(hellos()))
     elif opening == "other":
-        steps.append(draw(st.one_of(credits(), heartbeats(), results(), empty_messages())))
+        steps.append(draw(st.one_of(credits(), heartbeats(), results(), clock_probes(), empty_messages())))
     if opening != "nothing":
         steps += draw(st.lists(_followers(), max_size=6))
     ending = draw(st.sampled_from(("half_close", "half_close", "cancel", "cancel_after_linger")))

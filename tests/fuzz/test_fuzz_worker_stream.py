@@ -2,7 +2,8 @@
 
 Seeded sessions send anything before the hello, hellos with bad ids, thousands of job types and
 any credits, heartbeats and results for unknown runs or with wrong lease tokens, progress NaN, -1
-or 2, checkpoints over 1 MiB, second hellos and empty messages, then half-close or drop the
+or 2, checkpoints over 1 MiB, clock probes with any ids, send times, uncertainties and offsets (at
+and past their bounds), second hellos and empty messages, then half-close or drop the
 stream abruptly. Each stream must end OK (after the worker half-closes) or with a documented
 status; meanwhile a well-behaved worker (the recording worker process) must still receive every
 run of its own jobs, and afterwards no session may be left connected and the node must pass the

@@ -44,6 +44,13 @@ class RecordingDispatch:
         return False
 
     ready_depth = 0
+    ahead_lead = timedelta(0)  # no worker holds runs sent ahead: every run is released on its instant
+
+    def offer_ahead(self, runs: Iterable[Run]) -> list[Run]:
+        return list(runs)
+
+    def watch_ahead(self, wake) -> None:  # type: ignore[no-untyped-def]
+        pass
 
     def times_of(self, job_id: str) -> list[datetime]:
         # A run released again from the database (the full scan's sweep) is confirmed by the real

@@ -18,6 +18,10 @@ Two ways to send:
 A run is *claimed* from the moment it is assigned until its dispatch is durable; a second
 release of a claimed run is dropped. Results are acknowledged to the worker only once durable.
 
+Sent *ahead* (:mod:`.ahead`): a run due within ``--send-ahead`` may go early, fast, to a worker
+whose clock is known within that lead, with the instant to start it; the worker holds it until
+then. Runs to be confirmed first, and workers that do not measure their clock, keep the instant.
+
 Guards, so that one worker or one record cannot harm the rest:
 
 - A heartbeat or result counts only from the worker its attempt was sent to (lease tokens are

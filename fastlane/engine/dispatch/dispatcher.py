@@ -1,6 +1,7 @@
 """The dispatcher: ready queues by job type, worker sessions and their credits, sending.
 
-See :mod:`fastlane.engine.dispatch` for how a run is sent (fast or confirmed) and the guards.
+See :mod:`fastlane.engine.dispatch` for how a run is sent (fast or confirmed) and the guards,
+:mod:`.ahead` for runs sent ahead of their instant.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from datetime import datetime, timedelta
 
 from fastlane.clock import Clock
 from fastlane.domain.models import Attempt, Delivery, Run
+from fastlane.engine.dispatch.ahead import ClockProbe, SendAhead
 from fastlane.engine.dispatch.journal import Journal, write_isolating
 from fastlane.engine.dispatch.messages import Assign, Assigned, AttemptKey, AttemptRef, Cancel, WorkerSession
 from fastlane.engine.dispatch.tokens import new_lease_token
@@ -70,6 +72,7 @@ class Dispatcher:
         reschedule: Callable[[Run], None],
         max_ready_per_type: int = DEFAULT_MAX_READY_PER_TYPE,
         max_ready_bytes_per_type: int = DEFAULT_MAX_READY_BYTES_PER_TYPE,
+        send_ahead: timedelta = timedelta(0),
     ) -> None:
         self._store = store
         self._node_id = node_id
@@ -92,6 +95,7 @@ class Dispatcher:
         self._journal = Journal(store, metrics=metrics, reschedule=reschedule,
                                 claimed=self._claimed, in_flight=self._in_flight)
         self._background: set[asyncio.Task[None]] = set()
+        self._ahead = SendAhead(send_ahead, clock=clock, metrics=metrics)
         metrics.ready_queue.set_function(lambda: self.ready_depth)  # read when scraped
         metrics.parked.set_function(lambda: self.parked_count)
 
@@ -126,6 +130,7 @@ class Dispatcher:
         # Its attempts keep their leases: the worker may reconnect and report them, and if it
         # does not, the leases expire and the runs are delivered again.
         session.connected = False
+        self._ahead.disconnected(session)
         in_flight = self._in_flight
         for key in [key for key, held in in_flight.items() if held is session]:
             del in_flight[key]
@@ -176,9 +181,12 @@ class Dispatcher:
             session.outbox.put_nowait(Cancel(refs, "the run was cancelled"))
 
     def forget_job(self, job_id: str) -> None:
-        """The job was deleted: its queued runs were cancelled in the database."""
+        """The job was deleted: its queued runs were cancelled in the database; its attempts sent
+        ahead and not yet started are withdrawn (started ones run on, as any sent before)."""
         # Parked runs of the job are not known by job; reading them back skips them (cancelled).
         self._drop_queued(lambda queued: queued.job_id == job_id)
+        for session, refs in self._ahead.withdrawals(job_id, self._clock.now(), self._in_flight):
+            session.outbox.put_nowait(Cancel(refs, "the job was deleted before the run's instant", unstarted_only=True))
 
     def drop_shards(self, shard_ids: Iterable[int]) -> None:
         """Forget queued runs of shards this node lost; their new owner delivers them."""
@@ -192,6 +200,43 @@ class Dispatcher:
         in_flight = self._in_flight
         for key in [key for key in in_flight if key[0] in expired]:
             del in_flight[key]
+
+    # -- sending ahead (see .ahead) --------------------------------------------------------------
+
+    @property
+    def ahead_lead(self) -> timedelta:
+        """How long before their instant runs may be offered now: the lead while a worker can hold runs, else 0."""
+        return self._ahead.usable_lead
+
+    def watch_ahead(self, wake: Callable[[], None]) -> None:
+        """Call ``wake`` when a first connected worker becomes able to hold runs sent ahead."""
+        self._ahead.watch(wake)
+
+    def clock_probed(self, session: WorkerSession, probe: ClockProbe) -> None:
+        """Echo a worker's clock probe at once with this node's time, and take its estimate."""
+        self._ahead.probed(session, probe)
+
+    def offer_ahead(self, runs: Iterable[Run]) -> list[Run]:
+        """Send runs due within the lead, with ``start_at`` = their instant, to sessions with a free
+        credit whose clock is known within the lead; return the runs not sent (the lane releases
+        them on their instant). Never a run confirmed first (at-most-once): it goes on its instant."""
+        now = self._clock.now()
+        left: list[Run] = []
+        batches: dict[int, tuple[WorkerSession, list[Assigned]]] = {}
+        for run in runs:
+            if run.run_id in self._claimed or run.run_id in self._parked_ids:
+                continue  # as in _hand_out: never sent twice
+            sendable = self._assigning and run.delivery is not Delivery.AT_MOST_ONCE
+            if (session := self._pick(run, ahead=True) if sendable else None) is None:
+                left.append(run)
+                continue
+            item = self._assign(session, run, now, False, start_at=run.available_at)
+            self._ahead.sent((run.run_id, item.lease_token), run.job_id, run.available_at, now)
+            batches.setdefault(id(session), (session, []))[1].append(item)
+        for session, assigned in batches.values():
+            self._send(session, assigned)
+            self._metrics.sent_ahead.inc(len(assigned))
+        return left
 
     def _hand_out(self, runs: Iterable[Run], *, confirm_first: bool, reloaded: bool) -> None:
         now = self._clock.now()
@@ -250,7 +295,7 @@ class Dispatcher:
             if not parked:
                 del self._parked[job_type]
 
-    def _pick(self, run: Run) -> WorkerSession | None:
+    def _pick(self, run: Run, *, ahead: bool = False) -> WorkerSession | None:
         sessions = self._sessions.get(run.job_type)
         if not sessions:
             return None
@@ -258,18 +303,21 @@ class Dispatcher:
             session = sessions[0]
             if len(sessions) > 1:
                 sessions.append(sessions.pop(0))
-            if session.credits > 0 and (session.tenant is None or session.tenant == run.tenant):
+            if (session.credits > 0 and (session.tenant is None or session.tenant == run.tenant)
+                    and (not ahead or self._ahead.can_hold(session))):
                 return session
         return None
 
-    def _assign(self, session: WorkerSession, run: Run, now: datetime, confirm_first: bool) -> Assigned:
+    def _assign(self, session: WorkerSession, run: Run, now: datetime, confirm_first: bool,
+                start_at: datetime | None = None) -> Assigned:
         session.credits -= 1
         token = new_lease_token()
         self._claimed.add(run.run_id)
         self._in_flight[(run.run_id, token)] = session
         self._metrics.dispatch_lag.observe(max((now - run.available_at).total_seconds(), 0.0))
         confirm = confirm_first or run.delivery is Delivery.AT_MOST_ONCE
-        return Assigned(run=run, attempt=run.attempts + 1, lease_token=token, released_at=now, confirm_first=confirm)
+        return Assigned(run=run, attempt=run.attempts + 1, lease_token=token, released_at=now, confirm_first=confirm,
+                        start_at=start_at)
 
     def _assign_ready(self, session: WorkerSession) -> None:
         if not self._assigning:

@@ -1,11 +1,11 @@
-"""What the dispatcher sends a worker (assignments, acknowledgements, cancels) and the connected
-worker stream it sends them to."""
+"""What the dispatcher sends a worker (assignments, acknowledgements, cancels, clock echoes) and the
+connected worker stream it sends them to."""
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from fastlane.domain.models import Run
 
@@ -21,6 +21,7 @@ class Assigned:
     lease_token: int
     released_at: datetime
     confirm_first: bool
+    start_at: datetime | None = None  # sent ahead: the worker starts it at this instant (node clock)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,9 +44,19 @@ class Acknowledge:
 class Cancel:
     attempts: list[AttemptRef]
     reason: str
+    unstarted_only: bool = False  # a withdrawal: only attempts still held for their start_at are dropped
 
 
-Outgoing = Assign | Acknowledge | Cancel
+@dataclass(frozen=True, slots=True)
+class ClockEcho:
+    """The answer to a worker's clock probe: this node's time when the probe was read."""
+
+    probe_id: int
+    probe_sent_at: datetime | None
+    node_time: datetime
+
+
+Outgoing = Assign | Acknowledge | Cancel | ClockEcho
 
 
 @dataclass(eq=False)
@@ -58,3 +69,6 @@ class WorkerSession:
     credits: int
     outbox: asyncio.Queue[Outgoing] = field(default_factory=asyncio.Queue)
     connected: bool = True
+    # The worker's last reported clock estimate against this node's (None: none reported yet).
+    clock_uncertainty: timedelta | None = None
+    clock_offset: timedelta | None = None

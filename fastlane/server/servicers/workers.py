@@ -10,6 +10,10 @@ the protocol has no per-item refusal (an acknowledgement means "durable"), so a 
 item would look to the worker like a slow node; the status is the one answer it can see, and the
 SDK itself never sends what is refused here. Error codes and messages are the exception: they are
 a handler's arbitrary exception text, so they are cut to ``MAX_ERROR_TEXT`` and cleaned, not refused.
+
+A clock probe is answered at once with a ClockEcho carrying this node's time when the probe was
+read; the estimate it reports decides whether the worker is sent runs ahead of their instant
+(see :mod:`fastlane.engine.dispatch.ahead`).
 """
 
 from __future__ import annotations
@@ -25,10 +29,17 @@ import grpc
 
 from fastlane._proto import workers_pb2, workers_pb2_grpc
 from fastlane.domain import validation
-from fastlane.domain.limits import MAX_CHECKPOINT_BYTES, MAX_CREDITS, MAX_JOB_TYPES
+from fastlane.domain.limits import (
+    MAX_CHECKPOINT_BYTES,
+    MAX_CREDITS,
+    MAX_JOB_TYPES,
+    MAX_WORKER_CLOCK_OFFSET,
+    MAX_WORKER_CLOCK_UNCERTAINTY,
+)
 from fastlane.domain.models import AttemptOutcome
+from fastlane.engine.dispatch.ahead import ClockProbe
 from fastlane.engine.dispatch.dispatcher import Dispatcher
-from fastlane.engine.dispatch.messages import Acknowledge, Assign, Cancel, Outgoing, WorkerSession
+from fastlane.engine.dispatch.messages import Acknowledge, Assign, Cancel, ClockEcho, Outgoing, WorkerSession
 from fastlane.engine.dispatch.tokens import MAX_LEASE_TOKEN
 from fastlane.errors import InvalidArgument
 from fastlane.rpc import wire
@@ -103,6 +114,8 @@ class WorkerServicer(workers_pb2_grpc.WorkerServiceServicer):
                 self._dispatcher.heartbeats(session, heartbeats_of(message.heartbeats))
             elif body == "results":
                 self._dispatcher.results(session, results_of(message.results))
+            elif body == "clock_probe":
+                self._dispatcher.clock_probed(session, clock_probe_of(message.clock_probe))
             else:
                 log.warning("worker %s sent an unexpected %s message", session.worker_id, body)
 
@@ -164,6 +177,24 @@ def heartbeats_of(message: workers_pb2.Heartbeats) -> list[Heartbeat]:
 
 def results_of(message: workers_pb2.Results) -> list[AttemptResult]:
     return _each("results.results", message.results, _result)
+
+
+def clock_probe_of(probe: workers_pb2.ClockProbe) -> ClockProbe:
+    """A clock probe within bounds: an offset of at most a day either way, an uncertainty of 0–60 s."""
+    uncertainty: timedelta | None = None
+    offset: timedelta | None = None
+    if probe.HasField("uncertainty"):
+        uncertainty = validation.duration("clock_probe.uncertainty", wire.duration_in(
+            "clock_probe.uncertainty", probe.uncertainty), timedelta(0), MAX_WORKER_CLOCK_UNCERTAINTY)
+    if probe.HasField("offset"):
+        offset = validation.duration("clock_probe.offset", wire.duration_in("clock_probe.offset", probe.offset),
+                                     -MAX_WORKER_CLOCK_OFFSET, MAX_WORKER_CLOCK_OFFSET)
+    return ClockProbe(
+        probe_id=probe.probe_id,
+        sent_at=wire.instant_in("clock_probe.sent_at", probe.sent_at) if probe.HasField("sent_at") else None,
+        uncertainty=uncertainty,
+        offset=offset,
+    )
 
 
 def _each(field: str, items: Iterable[M], convert: Callable[[M], T]) -> list[T]:
@@ -235,6 +266,7 @@ def _to_pb(outgoing: Outgoing) -> workers_pb2.NodeMessage:
                 checkpoint=item.run.checkpoint,
                 timeout=wire.duration(item.run.timeout),
                 released_at=wire.timestamp(item.released_at),
+                start_at=wire.timestamp(item.start_at) if item.start_at is not None else None,
             )
             for item in outgoing.runs
         ]))
@@ -242,8 +274,14 @@ def _to_pb(outgoing: Outgoing) -> workers_pb2.NodeMessage:
         return workers_pb2.NodeMessage(acks=workers_pb2.ResultAcks(acks=[
             workers_pb2.ResultAck(run_id=ref.run_id, lease_token=ref.lease_token) for ref in outgoing.results
         ]))
+    if isinstance(outgoing, ClockEcho):
+        return workers_pb2.NodeMessage(clock_echo=workers_pb2.ClockEcho(
+            probe_id=outgoing.probe_id, probe_sent_at=wire.timestamp(outgoing.probe_sent_at),
+            node_time=wire.timestamp(outgoing.node_time),
+        ))
     assert isinstance(outgoing, Cancel)
     return workers_pb2.NodeMessage(cancel=workers_pb2.CancelRuns(
         runs=[workers_pb2.ResultAck(run_id=ref.run_id, lease_token=ref.lease_token) for ref in outgoing.attempts],
         reason=outgoing.reason,
+        unstarted_only=outgoing.unstarted_only,
     ))
