@@ -65,7 +65,7 @@ class Engine:
     def probe(self, session: WorkerSession, uncertainty: timedelta | None) -> ClockEcho:
         """Report a clock estimate for ``session`` and return the node's echo."""
         offset = None if uncertainty is None else 3 * MS
-        self.dispatcher.clock_probed(session, ClockProbe(probe_id=1, sent_at=None, uncertainty=uncertainty,
+        self.dispatcher.clock_probed(session, ClockProbe(probe_id=1, sent_at_ns=None, uncertainty=uncertainty,
                                                          offset=offset))
         echo = session.outbox.get_nowait()
         assert isinstance(echo, ClockEcho)
@@ -264,7 +264,7 @@ async def stream(sqlite_url: str) -> AsyncIterator[Stream]:
 
 
 async def test_a_clock_probe_is_echoed_at_once_with_the_node_time(stream: Stream) -> None:
-    sent_at = Timestamp(seconds=1_800_000_000, nanos=123_000)
+    sent_at = Timestamp(seconds=1_800_000_000, nanos=123_456_789)  # echoed to the nanosecond
     await stream.call.write(pb.WorkerMessage(clock_probe=pb.ClockProbe(
         probe_id=2**64 - 1, sent_at=sent_at, uncertainty=Duration(nanos=2_000_000),
         offset=Duration(seconds=-1, nanos=-500_000_000))))

@@ -20,18 +20,18 @@ MICROSECOND = timedelta(microseconds=1)
 
 
 def test_a_probe_at_its_bounds_is_taken_as_sent() -> None:
-    sent_at = datetime(2027, 1, 1, 0, 0, 0, 250_000, tzinfo=UTC)
+    sent_at = Timestamp(seconds=int(datetime(2027, 1, 1, tzinfo=UTC).timestamp()), nanos=250_000_001)
     for uncertainty, offset in ((timedelta(0), MAX_WORKER_CLOCK_OFFSET),
                                 (MAX_WORKER_CLOCK_UNCERTAINTY, -MAX_WORKER_CLOCK_OFFSET)):
-        probe = clock_probe_of(pb.ClockProbe(probe_id=2**64 - 1, sent_at=wire.timestamp(sent_at),
+        probe = clock_probe_of(pb.ClockProbe(probe_id=2**64 - 1, sent_at=sent_at,
                                              uncertainty=wire.duration(uncertainty), offset=wire.duration(offset)))
-        assert (probe.probe_id, probe.sent_at, probe.uncertainty, probe.offset) == (
-            2**64 - 1, sent_at, uncertainty, offset)
+        assert (probe.probe_id, probe.sent_at_ns, probe.uncertainty, probe.offset) == (
+            2**64 - 1, sent_at.ToNanoseconds(), uncertainty, offset)
 
 
 def test_a_probe_without_an_estimate_has_none() -> None:
     probe = clock_probe_of(pb.ClockProbe(probe_id=0))
-    assert (probe.sent_at, probe.uncertainty, probe.offset) == (None, None, None)
+    assert (probe.sent_at_ns, probe.uncertainty, probe.offset) == (None, None, None)
 
 
 @pytest.mark.parametrize(

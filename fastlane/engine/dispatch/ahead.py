@@ -43,7 +43,7 @@ class ClockProbe:
     """A worker's clock probe, validated: its estimate of its clock against this node's, if any yet."""
 
     probe_id: int
-    sent_at: datetime | None  # the worker's clock, echoed back
+    sent_at_ns: int | None  # the worker's clock, nanoseconds since the epoch: echoed back exactly
     uncertainty: timedelta | None  # None: no estimate yet
     offset: timedelta | None  # node minus worker
 
@@ -77,7 +77,7 @@ class SendAhead:
     def probed(self, session: WorkerSession, probe: ClockProbe) -> None:
         """Echo the probe at once with this node's time, and take the worker's estimate as
         reported (only the last one counts)."""
-        session.outbox.put_nowait(ClockEcho(probe.probe_id, probe.sent_at, self._clock.now()))
+        session.outbox.put_nowait(ClockEcho(probe.probe_id, probe.sent_at_ns, self._clock.now()))
         uncertainty = probe.uncertainty
         session.clock_uncertainty, session.clock_offset = uncertainty, probe.offset
         if uncertainty is not None:

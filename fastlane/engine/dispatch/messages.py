@@ -52,7 +52,7 @@ class ClockEcho:
     """The answer to a worker's clock probe: this node's time when the probe was read."""
 
     probe_id: int
-    probe_sent_at: datetime | None
+    probe_sent_at_ns: int | None  # exactly as the probe carried it (the worker matches it)
     node_time: datetime
 
 

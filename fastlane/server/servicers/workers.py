@@ -26,6 +26,7 @@ from datetime import timedelta
 from typing import TypeAlias, TypeVar
 
 import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from fastlane._proto import workers_pb2, workers_pb2_grpc
 from fastlane.domain import validation
@@ -191,10 +192,16 @@ def clock_probe_of(probe: workers_pb2.ClockProbe) -> ClockProbe:
                                      -MAX_WORKER_CLOCK_OFFSET, MAX_WORKER_CLOCK_OFFSET)
     return ClockProbe(
         probe_id=probe.probe_id,
-        sent_at=wire.instant_in("clock_probe.sent_at", probe.sent_at) if probe.HasField("sent_at") else None,
+        sent_at_ns=_sent_at_ns(probe) if probe.HasField("sent_at") else None,
         uncertainty=uncertainty,
         offset=offset,
     )
+
+
+def _sent_at_ns(probe: workers_pb2.ClockProbe) -> int:
+    """The probe's send time, checked as any instant but kept to the nanosecond: it is echoed."""
+    wire.instant_in("clock_probe.sent_at", probe.sent_at)
+    return probe.sent_at.seconds * 1_000_000_000 + probe.sent_at.nanos
 
 
 def _each(field: str, items: Iterable[M], convert: Callable[[M], T]) -> list[T]:
@@ -249,6 +256,13 @@ def _lease_token(field: str, token: int) -> int:
     return validation.count(field, token, 1, MAX_LEASE_TOKEN)
 
 
+def _timestamp_of_ns(ns: int | None) -> Timestamp | None:
+    if ns is None:
+        return None
+    seconds, nanos = divmod(ns, 1_000_000_000)
+    return Timestamp(seconds=seconds, nanos=nanos)
+
+
 def _to_pb(outgoing: Outgoing) -> workers_pb2.NodeMessage:
     if isinstance(outgoing, Assign):
         return workers_pb2.NodeMessage(assignments=workers_pb2.Assignments(assignments=[
@@ -276,7 +290,7 @@ def _to_pb(outgoing: Outgoing) -> workers_pb2.NodeMessage:
         ]))
     if isinstance(outgoing, ClockEcho):
         return workers_pb2.NodeMessage(clock_echo=workers_pb2.ClockEcho(
-            probe_id=outgoing.probe_id, probe_sent_at=wire.timestamp(outgoing.probe_sent_at),
+            probe_id=outgoing.probe_id, probe_sent_at=_timestamp_of_ns(outgoing.probe_sent_at_ns),
             node_time=wire.timestamp(outgoing.node_time),
         ))
     assert isinstance(outgoing, Cancel)
