@@ -2,21 +2,20 @@
 
 A node may send a run ahead of its time (``Assignment.start_at``): the worker holds it and starts
 the handler on the instant. The event loop's timers cannot do that alone: uvloop's (libuv's) count
-whole milliseconds, and asyncio's sleep in ``epoll_wait`` rounded up to one, so a timer fires up
-to a millisecond or so late. :class:`StartTimer` sleeps on a timer until ``SPIN_WINDOW_NS`` before
-the earliest instant, then yields to the loop (``asyncio.sleep(0)``) and reads the clock after
-each loop iteration until the instant has passed, and wakes every run due by then.
+whole milliseconds, so a timer fires up to a millisecond or so late. :class:`StartTimer` sleeps on
+a loop timer until ``FINAL_WAIT_NS`` before the earliest instant, then hands the last stretch to
+one dedicated thread that sleeps exactly that long (``time.sleep``: a nanosleep, precise to tens of
+microseconds, with the GIL released) and wakes the loop; every run due by then starts in the same
+loop iteration, never one wait after another.
 
-The cost, and why this form: while an instant is less than ``SPIN_WINDOW_NS`` (2 ms) ahead the
-loop does not block in ``epoll_wait``, so the worker keeps one core busy for at most 2 ms per
-distinct instant — and all the time while held runs are due less than 2 ms apart (a steady 1,000
-runs/s sent ahead, say), since one task does the waiting for every held run. Other tasks, the
-stream's I/O included, run between two readings of the clock, so a run is late by at most one
-loop iteration (microseconds when idle) rather than a millisecond. A tight ``while clock() <
-instant`` loop would be a few microseconds more precise but block the loop for up to 2 ms per
-instant, and with runs due every millisecond nearly all the time. Runs due on the same instant are
-woken by the same check, in one loop iteration, never one wait after another. (A ``timerfd`` read
-by the loop would wake on the instant without spinning; Python exposes it from 3.13 only.)
+Why a thread rather than spinning: checking the clock at every loop iteration for the last
+milliseconds keeps a core busy — all the time when held runs are due less than that apart (a
+steady 1,000 runs/s) — and on a small machine that core is the one the node needs to release
+the next runs on time. The thread costs one wake-up per distinct instant and no CPU while it
+sleeps. What it adds is the hop back to the loop (a write to the loop's self-pipe: tens of
+microseconds when the loop is idle). An instant that arrives while the thread sleeps towards a
+later one is at most ``FINAL_WAIT_NS`` late, and only when it is also that close to its time. (A
+``timerfd`` read by the loop would do without the thread; Python exposes it from 3.13 only.)
 """
 
 from __future__ import annotations
@@ -26,23 +25,25 @@ import heapq
 import itertools
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 
-SPIN_WINDOW_NS = 2_000_000  # beyond the loop timers' granularity (about 1 ms), with a margin
+FINAL_WAIT_NS = 2_000_000  # beyond the loop timers' granularity (about 1 ms), with a margin
 
 
 class StartTimer:
     """Wakes waiting tasks at instants of the worker's wall clock, more precisely than a timer.
 
     Args:
-        now_ns: The clock, nanoseconds since the epoch (the tests may inject one).
-        spin_window_ns: How long before an instant to stop sleeping on a timer and check the
-            clock at every loop iteration.
+        now_ns: The clock, nanoseconds since the epoch.
+        final_wait_ns: How long before an instant to stop sleeping on a loop timer and sleep
+            the rest on the timer thread.
     """
 
-    def __init__(self, *, now_ns: Callable[[], int] = time.time_ns, spin_window_ns: int = SPIN_WINDOW_NS) -> None:
+    def __init__(self, *, now_ns: Callable[[], int] = time.time_ns, final_wait_ns: int = FINAL_WAIT_NS) -> None:
         self._now_ns = now_ns
-        self._spin_window_ns = spin_window_ns
+        self._final_wait_ns = final_wait_ns
+        self._thread: ThreadPoolExecutor | None = None  # made on the first final wait
         self._due: list[tuple[int, int, asyncio.Future[None]]] = []  # (instant, order, waiter): a heap
         self._order = itertools.count()
         self._driver: asyncio.Task[None] | None = None
@@ -80,10 +81,13 @@ class StartTimer:
         if driver is not None:
             driver.cancel()
             await asyncio.gather(driver, return_exceptions=True)
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.shutdown(wait=False)  # its sleep is at most a final wait long
 
     def _gave_up(self, woken: asyncio.Future[None]) -> None:
         if woken.cancelled() and self._changed is not None:
-            self._changed.set()  # if it was the earliest, the driver must not spin for it
+            self._changed.set()  # if it was the earliest, the driver need not wait for it
 
     async def _drive(self) -> None:
         due, changed = self._due, self._changed
@@ -97,10 +101,12 @@ class StartTimer:
             if ahead <= 0:
                 heapq.heappop(due)
                 woken.set_result(None)
-            elif ahead > self._spin_window_ns:
+            elif ahead > self._final_wait_ns:
                 changed.clear()
                 with suppress(TimeoutError):
-                    async with asyncio.timeout((ahead - self._spin_window_ns) / 1e9):
+                    async with asyncio.timeout((ahead - self._final_wait_ns) / 1e9):
                         await changed.wait()
             else:
-                await asyncio.sleep(0)
+                if self._thread is None:
+                    self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fastlane-start-timer")
+                await asyncio.get_running_loop().run_in_executor(self._thread, time.sleep, ahead / 1e9)
