@@ -1,7 +1,8 @@
 """A worker for end-to-end tests: records every run it receives as one JSON line.
 
 Run as ``fastlane worker recording_worker:worker`` with FASTLANE_RECORD_FILE set. Each received
-attempt is one line of that file (with the checkpoint it was handed, base64, or null). What the
+attempt is one line of that file, written when its handler starts (with the checkpoint it was
+handed, base64, or null, and when its assignment arrived: a run sent ahead arrives earlier). What the
 handler does afterwards goes to a second file, FASTLANE_RECORD_FILE + ".events" (one JSON line per
 event: ``checkpoint`` after each saved step, ``effect`` after an effect, and ``outcome`` when the
 handler ends, with ``result`` one of succeeded, failed, cancelled).
@@ -59,7 +60,8 @@ async def record(ctx: RunContext) -> None:
         "job_id": ctx.job_id,
         "attempt": ctx.attempt,
         "scheduled_for": ctx.scheduled_for.isoformat(),
-        "received_at": received.isoformat(),
+        "received_at": received.isoformat(),  # when the handler started
+        "assignment_received_at": ctx.received_at.isoformat(),  # when the assignment arrived (held until its start)
         "idempotency_key": ctx.idempotency_key,
         "worker_pid": os.getpid(),
         "checkpoint": base64.b64encode(ctx.checkpoint).decode() if ctx.checkpoint is not None else None,
