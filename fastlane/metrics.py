@@ -81,6 +81,18 @@ class Metrics:
         self.set_aside = Counter("fastlane_set_aside_total",
                                  "Jobs or records this node set aside because processing them raised, by kind",
                                  ["kind"], registry=registry)
+        # Stalls of the event loop delay every timer due meanwhile: see fastlane.stalls.
+        self.loop_lag = Histogram("fastlane_event_loop_lag_seconds",
+                                  "How much later than asked the node's event loop woke (sampled every 5 ms)",
+                                  buckets=_LAG_BUCKETS, registry=registry)
+        self.loop_stalls = Counter("fastlane_event_loop_stalls_total",
+                                   "Event-loop wake-ups 2 ms or more late, by cause: gc, the module:function the loop "
+                                   "was in, or other", ["cause"], registry=registry)
+        self.gc_pauses = Histogram("fastlane_gc_pause_seconds", "Cyclic garbage collections by generation",
+                                   ["generation"], buckets=_LAG_BUCKETS, registry=registry)
+        self.write_lead = Gauge("fastlane_write_ahead_lead_seconds",
+                                "How long before their instant runs are written now (grows with slow writes)",
+                                registry=registry)
 
     def serve(self, listen: str) -> None:
         """Expose /metrics over HTTP on ``HOST:PORT`` (a daemon thread)."""

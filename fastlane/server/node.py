@@ -35,6 +35,7 @@ from fastlane.server.servicers.admin import AdminServicer
 from fastlane.server.servicers.jobs import JobServicer
 from fastlane.server.servicers.runs import RunServicer
 from fastlane.server.servicers.workers import WorkerServicer
+from fastlane.stalls import GcPauses, LoopLagProbe
 from fastlane.storage import Store, open_store
 from fastlane.supervise import Backoff, LoopGaveUp, supervised
 
@@ -192,6 +193,10 @@ class Node:
 
                 supervise("shard-ownership", lambda: ownership.run(shards_ready))
                 supervise("fast-lane", lane.run)
+                # Measures the loop's own lag until the node stops (it never returns by itself).
+                probe = LoopLagProbe(lag=metrics.loop_lag, stalls=metrics.loop_stalls,
+                                     gc_pauses=GcPauses(metrics.gc_pauses), watchdog=True)
+                probing = supervise("loop-probe", probe.run)
                 journal = supervise("dispatch-journal", dispatcher.run, until=journal_abandoned)
                 watcher = supervise("change-listener", lambda: store.watch_changes(follower.enqueue))
                 following = supervise("change-follower", follower.run)
@@ -203,6 +208,7 @@ class Node:
                 health = supervise("health", lambda: self._report_health(server, ownership))
                 await self._stop.wait()
                 health.cancel()
+                probing.cancel()
                 log.info("node %s stopping", settings.node_id)
                 # Not ready, stop firing, send nothing new, make the dispatches durable, hand the
                 # shards over; then drain results while the streams are still open.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -74,3 +75,27 @@ async def test_a_loop_that_keeps_failing_stops_the_node_with_the_reason(tmp_path
     assert isinstance(stopped.value, LoopGaveUp)
     assert "'change-follower' failed 3 times in a row" in str(stopped.value)
     assert failures_counted(node, "change-follower") == 3
+
+
+async def test_a_node_measures_its_event_loop_lag_and_names_a_stall(tmp_path):
+    node = Node(settings_for(tmp_path))
+    registry = node.metrics.registry
+    async with running(node) as task:
+        await asyncio.wait_for(node.ready.wait(), 20)
+        hold_the_node_loop(0.05)  # as a long callback inside the node would
+        async with asyncio.timeout(10):
+            while not registry.get_sample_value("fastlane_event_loop_stalls_total", {"cause": _HELD_SITE}):
+                await asyncio.sleep(0.02)
+        assert registry.get_sample_value("fastlane_event_loop_lag_seconds_count") > 0
+        assert not task.done()
+    # Stopped: the probe task ended with the node rather than keeping it alive.
+    assert task.done()
+
+
+_HELD_SITE = f"{__name__}:hold_the_node_loop"
+
+
+def hold_the_node_loop(seconds: float) -> None:
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:  # C calls only, so this is the innermost Python frame
+        pass
