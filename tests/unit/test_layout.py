@@ -147,3 +147,10 @@ def test_the_wheel_ships_every_package_and_only_fastlane(setuptools_config: dict
     assert all(name == "fastlane" or name.startswith("fastlane.") for name in listed)
     for package, directory in setuptools_config["package-dir"].items():
         assert (ROOT / directory / "__init__.py").exists(), package
+
+
+def test_test_modules_have_unique_basenames() -> None:
+    # pytest imports test modules by basename (rootdir-relative, no packages): two with one name
+    # stop the whole collection.
+    names = [path.name for path in (ROOT / "tests").rglob("test_*.py")]
+    assert sorted({name for name in names if names.count(name) > 1}) == []
