@@ -109,6 +109,13 @@ class FastlaneCluster:
         """One sample of a node's metrics (0 when absent)."""
         return daemon.metrics().get(name, 0.0)
 
+    async def scrape_first(self) -> dict[str, float]:
+        """Every sample of the first node's metrics (empty if it is not running)."""
+        daemon = self.daemons[0]
+        if daemon.popen is None or daemon.popen.poll() is not None:
+            return {}
+        return await asyncio.to_thread(daemon.metrics)
+
     async def metric_total(self, name: str) -> float:
         """A sample summed over the nodes still running."""
         total = 0.0

@@ -109,6 +109,38 @@ def deliveries(records: Iterable[RunRecord]) -> Deliveries:
     return Deliveries(first=list(first.values()), duplicates=duplicates)
 
 
+def histogram_quantiles(before: Mapping[str, float], after: Mapping[str, float], metric: str,
+                        quantiles: Mapping[str, float]) -> dict[str, float | None]:
+    """Quantiles in ms of what a Prometheus histogram observed between two scrapes.
+
+    Each quantile is the upper bound of the bucket it falls in (what a histogram can say);
+    ``None`` when the bucket is the open-ended last one or nothing was observed.
+    """
+    prefix = f'{metric}_bucket{{le="'
+    bounds = sorted(
+        (float(name[len(prefix):-2]), after[name] - before.get(name, 0.0))
+        for name in after if name.startswith(prefix)
+    )
+    total = bounds[-1][1] if bounds else 0.0
+    figures: dict[str, float | None] = {}
+    for label, q in quantiles.items():
+        if total <= 0:
+            figures[label] = None
+            continue
+        bound = next((upper for upper, count in bounds if count >= q * total), math.inf)
+        figures[label] = None if math.isinf(bound) else round(bound * 1000, 3)
+    figures["samples"] = total
+    return figures
+
+
+def stall_causes(before: Mapping[str, float], after: Mapping[str, float], metric: str,
+                 most: int = 5) -> dict[str, float]:
+    """The ``cause`` labels of a counter with the most increments between two scrapes."""
+    prefix = f'{metric}{{cause="'
+    grown = {name[len(prefix):-2]: after[name] - before.get(name, 0.0) for name in after if name.startswith(prefix)}
+    return dict(sorted(((cause, n) for cause, n in grown.items() if n > 0), key=lambda item: -item[1])[:most])
+
+
 def runs_per_second(count: int, seconds: float | None) -> float | None:
     """``count / seconds`` rounded to one decimal; None when the span is empty or unknown."""
     if seconds is None or seconds <= 0:

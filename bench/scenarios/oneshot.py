@@ -36,7 +36,7 @@ from fastlane.bench.peer import (
     peer_available,
     run_peer,
 )
-from fastlane.bench.stats import Deliveries
+from fastlane.bench.stats import Deliveries, histogram_quantiles, stall_causes
 
 from fastlane.domain.models import JobSpec, Schedule
 
@@ -107,9 +107,18 @@ async def _fastlane(bench: Bench, name: str, offsets: list[float]) -> dict[str, 
         overrun = note_overrun(bench, first, ready_at)
         tail = RecordTail(cluster.record_paths)
         deadline = Deadline((max(instants) - now_utc()).total_seconds() + FASTLANE_GRACE_S)
+        scraped_before = await cluster.scrape_first()
         await wait_for_runs(tail, jobs, deadline, bench.progress)
+        scraped_after = await cluster.scrape_first()
     got = tail.deliveries()  # after the stop: a run delivered twice while draining counts too
     figures: dict[str, object] = {"insert_s": round(created.seconds, 2), "lead_in_overrun_s": round(overrun, 2)}
+    # The first node's own view while the runs were due: how late its event loop woke, and why.
+    figures["node_loop_lag_ms"] = histogram_quantiles(
+        scraped_before, scraped_after, "fastlane_event_loop_lag_seconds", {"p50": 0.5, "p99": 0.99, "p999": 0.999})
+    figures["node_loop_stalls"] = stall_causes(scraped_before, scraped_after, "fastlane_event_loop_stalls_total")
+    lag = figures["node_loop_lag_ms"]
+    bench.note(f"fastlane node-1 event-loop lag p50/p99/p99.9 ≤ {lag['p50']}/{lag['p99']}/{lag['p999']} ms "
+               f"(bucket bounds); stalls ≥ 2 ms by cause: {figures['node_loop_stalls'] or 'none'}")
     if name == "burst":
         figures["last_delivery_after_instant_s"] = _last_after(got, micros(first))
     if got.delivered < jobs:

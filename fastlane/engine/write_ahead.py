@@ -16,7 +16,7 @@ import heapq
 import itertools
 import logging
 import time
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 
@@ -41,6 +41,13 @@ SLOT = timedelta(milliseconds=100)
 INITIAL_WRITE_RATE = 5_000.0  # occurrences per second, until measured
 RATE_SAMPLE_MIN = 200  # smaller batches are dominated by the round trip: not a rate sample
 MAX_WRITTEN_AHEAD = 150_000  # runs written ahead of a crowd and waiting in memory, at most
+# The lead follows the writes: at least this many times the slowest of the recent batch writes
+# (waiting for the database's writer included), so a write that slows down (an SQLite checkpoint,
+# a busy disk, a slow machine) eats into slack rather than into the runs' instants. Capped well
+# inside the window; the configured lead is the floor.
+LEAD_PER_WRITE_TIME = 3
+RECENT_WRITES = 32
+MAX_ADAPTIVE_LEAD = timedelta(seconds=2)
 
 ShardStale = Callable[[int, int, str], None]  # shard id, the token that was refused, why
 
@@ -69,7 +76,10 @@ class WriteAhead:
         self._store = store
         self._settings = settings
         # Runs are needed the send-ahead lead earlier than their instant (offered to workers then).
+        self._send_ahead = settings.send_ahead
         self._lead = settings.lead + settings.send_ahead
+        self._write_times: deque[float] = deque(maxlen=RECENT_WRITES)  # seconds per batch write
+        metrics.write_lead.set(self._lead.total_seconds())
         self._clock = clock
         self._metrics = metrics
         self._fence = fence
@@ -184,9 +194,14 @@ class WriteAhead:
     async def _timed_materialise(self, jobs: list[DueJob], now: datetime) -> None:
         started = time.perf_counter()
         await self._materialise(jobs, now)
+        took = time.perf_counter() - started
         if len(jobs) >= RATE_SAMPLE_MIN:
-            rate = len(jobs) / max(time.perf_counter() - started, 1e-6)
+            rate = len(jobs) / max(took, 1e-6)
             self._write_rate = 0.7 * self._write_rate + 0.3 * rate
+        self._write_times.append(took)
+        cap = min(MAX_ADAPTIVE_LEAD, self._settings.window / 2)
+        self._lead = adaptive_lead(self._settings.lead, self._write_times, cap) + self._send_ahead
+        self._metrics.write_lead.set(self._lead.total_seconds())
 
     async def _materialise(self, jobs: list[DueJob], now: datetime) -> None:
         by_shard: dict[int, list[DueJob]] = defaultdict(list)
@@ -280,6 +295,13 @@ class WriteAhead:
             # past it); a later one came from a newer change and wins.
             if planned is None or planned <= occurrence.expected_next_fire_at:
                 self._plan(DueJob(job.job_id, job.shard_id, upcoming, job.timing))
+
+
+def adaptive_lead(floor: timedelta, write_times: Iterable[float], cap: timedelta) -> timedelta:
+    """How long before their instant to write runs, given recent batch write times in seconds:
+    :data:`LEAD_PER_WRITE_TIME` times the slowest, within ``floor`` (the configured lead) and ``cap``."""
+    slowest = timedelta(seconds=LEAD_PER_WRITE_TIME * max(write_times, default=0.0))
+    return max(floor, min(slowest, cap))
 
 
 def write_start(planned_per_slot: Mapping[int, int], lead: timedelta, write_rate: float) -> tuple[datetime, datetime]:

@@ -21,11 +21,13 @@ from fastlane.bench.stats import (
     Target,
     deliveries,
     delivery_span_s,
+    histogram_quantiles,
     lag_ratios,
     parse_record,
     percentiles,
     ratio,
     runs_per_second,
+    stall_causes,
 )
 from fastlane.bench.targets import evaluate
 
@@ -428,3 +430,21 @@ def test_a_tiny_spread_run_delivers_every_job_once(tmp_path: Path) -> None:
     assert (fastlane["scenario"], fastlane["backend"]) == ("spread", "sqlite")
     assert document["targets"][0]["name"] == "spread p99 delivery lag"
     assert (out / "result.md").read_text().startswith("# fastlane bench: spread")
+
+
+def test_loop_lag_quantiles_come_from_the_bucket_counts_between_two_scrapes() -> None:
+    def scrape(counts: list[float]) -> dict[str, float]:
+        bounds = ["0.001", "0.005", "0.01", "+Inf"]
+        return {f'lag_bucket{{le="{bound}"}}': count for bound, count in zip(bounds, counts, strict=True)}
+
+    before = scrape([100, 100, 100, 100])  # what came before the measuring window is left out
+    after = scrape([190, 199, 200, 200])  # 90 under 1 ms, 9 under 5 ms, 1 under 10 ms
+    figures = histogram_quantiles(before, after, "lag", {"p50": 0.5, "p99": 0.99, "p999": 0.999})
+    assert figures == {"p50": 1.0, "p99": 5.0, "p999": 10.0, "samples": 100}
+    assert histogram_quantiles(after, after, "lag", {"p50": 0.5})["p50"] is None  # nothing observed
+
+
+def test_stall_causes_are_the_labels_that_grew_most() -> None:
+    before = {'stalls{cause="gc"}': 5.0, 'stalls{cause="other"}': 1.0}
+    after = {'stalls{cause="gc"}': 6.0, 'stalls{cause="other"}': 4.0, 'stalls{cause="mod:f"}': 2.0}
+    assert stall_causes(before, after, "stalls") == {"other": 3.0, "mod:f": 2.0, "gc": 1.0}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from fastlane.engine.write_ahead import FAR_FUTURE, SLOT, _slot, write_start
+from fastlane.engine.write_ahead import FAR_FUTURE, SLOT, _slot, adaptive_lead, write_start
 
 LEAD = timedelta(milliseconds=250)
 T = datetime(2027, 3, 1, 9, 30, tzinfo=UTC)  # at a slot boundary
@@ -43,3 +43,12 @@ def test_a_slower_writer_starts_a_crowd_earlier():
     fast, _ = write_start(planned, LEAD, 10_000.0)
     slow, _ = write_start(planned, LEAD, 2_000.0)
     assert fast - slow == timedelta(seconds=4)
+
+
+def test_the_write_lead_grows_with_slow_writes_within_its_floor_and_cap() -> None:
+    floor, cap = timedelta(milliseconds=250), timedelta(seconds=2)
+    assert adaptive_lead(floor, [], cap) == floor
+    assert adaptive_lead(floor, [0.01, 0.05], cap) == floor  # 3 x 50 ms is under the floor
+    assert adaptive_lead(floor, [0.01, 0.2, 0.05], cap) == timedelta(milliseconds=600)  # 3 x the slowest
+    assert adaptive_lead(floor, [5.0], cap) == cap
+    assert adaptive_lead(timedelta(seconds=3), [5.0], cap) == timedelta(seconds=3)  # the floor wins over the cap
