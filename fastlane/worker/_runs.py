@@ -25,6 +25,10 @@ from fastlane.worker._hold import StartTimer
 
 log = logging.getLogger("fastlane.worker")
 
+# A node sends a run at most --send-ahead (at most 1 s) before its instant; with clock uncertainty
+# and a slow stream on top, a start_at further ahead than this is not a hold but a bad value.
+MAX_HOLD_NS = 10_000_000_000
+
 RunKey = tuple[str, int]  # (run_id, lease_token): one attempt
 Launch = Callable[["RunSlot", pb.Assignment, datetime], Coroutine[Any, Any, None]]
 _Item = TypeVar("_Item", pb.RunResult, pb.RunHeartbeat)
@@ -79,20 +83,37 @@ async def run_attempt(
     slot.stream.finish(slot, verdict.result(slot, started_at, datetime.now(UTC)))
 
 
+def held_until(start_at_ns: int, now_ns: int) -> int | None:
+    """The instant to hold a run sent ahead until, or None to start it at once: a ``start_at``
+    more than :data:`MAX_HOLD_NS` ahead is refused as a hold (logged), never waited for."""
+    if start_at_ns - now_ns > MAX_HOLD_NS:
+        log.warning("an assignment's start_at is %.1f s ahead (at most %.0f s expected): starting it at once",
+                    (start_at_ns - now_ns) / 1e9, MAX_HOLD_NS / 1e9)
+        return None
+    return start_at_ns
+
+
 async def _hold(slot: RunSlot, starts: StartTimer, instant_ns: int) -> bool:
     """Wait for the start instant; False if the attempt was stopped meanwhile (and is reported)."""
     try:
         await starts.wait_until(instant_ns)
     except asyncio.CancelledError:
-        if slot.stop_reason is None:
-            raise  # the worker itself is being torn down: nothing to report
-        task = asyncio.current_task()
-        if task is not None:
-            task.uncancel()
+        verdict = _stopped(slot)
         now = datetime.now(UTC)
-        slot.stream.finish(slot, slot.stop_reason.result(slot, now, now))
+        slot.stream.finish(slot, verdict.result(slot, now, now))
         return False
     return True
+
+
+def _stopped(slot: RunSlot) -> Verdict:
+    """Inside ``except CancelledError``: the attempt's own stop (cancel, withdrawal, drain timeout)
+    is absorbed and its verdict returned; a cancel of the worker itself propagates."""
+    if slot.stop_reason is None:
+        raise asyncio.CancelledError  # the worker itself is being torn down: nothing to report
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
+    return slot.stop_reason
 
 
 async def judge_attempt(call: Callable[[], Awaitable[None]], slot: RunSlot, timeout: float | None) -> Verdict:
@@ -102,12 +123,7 @@ async def judge_attempt(call: Callable[[], Awaitable[None]], slot: RunSlot, time
         async with deadline:
             await call()
     except asyncio.CancelledError:
-        if slot.stop_reason is None:
-            raise  # the worker itself is being torn down: nothing to report
-        task = asyncio.current_task()
-        if task is not None:
-            task.uncancel()
-        return slot.stop_reason
+        return _stopped(slot)
     except TimeoutError as exc:
         if deadline.expired():
             message = f"the handler ran past its timeout of {timeout:g} s"
@@ -270,7 +286,7 @@ class RunBook:
                 continue
             start_at_ns = None
             if assignment.HasField("start_at"):
-                start_at_ns = assignment.start_at.ToNanoseconds() - (clock_offset_ns or 0)
+                start_at_ns = held_until(assignment.start_at.ToNanoseconds() - (clock_offset_ns or 0), time.time_ns())
             slot = RunSlot(reporter, assignment.run_id, assignment.lease_token, start_at_ns)
             self.in_flight[key] = slot
             slot.task = loop.create_task(launch(slot, assignment, received_at), name=f"run:{assignment.run_id}")

@@ -16,7 +16,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from fastlane._proto import workers_pb2 as pb
 from fastlane.domain.models import AttemptOutcome
 from fastlane.worker._hold import StartTimer
-from fastlane.worker._runs import RunBook, RunSlot, Verdict, run_attempt
+from fastlane.worker._runs import MAX_HOLD_NS, RunBook, RunSlot, Verdict, held_until, run_attempt
 
 MS = 1_000_000
 LATE_BOUND_NS = 50 * MS  # generous: a loaded machine may wake a task late, never early
@@ -193,3 +193,13 @@ async def test_withdrawing_stops_only_held_attempts_and_they_never_start() -> No
     assert entered == ["now"]
     assert timer.waiting == 0
     await timer.close()
+
+
+def test_a_start_at_too_far_ahead_is_not_held(caplog) -> None:  # type: ignore[no-untyped-def]
+    now = 1_000 * 10**9
+    assert held_until(now + 900_000_000, now) == now + 900_000_000  # a send-ahead lead: held
+    assert held_until(now - 5, now) == now - 5  # already due: the timer returns at once
+    assert held_until(now + MAX_HOLD_NS, now) == now + MAX_HOLD_NS
+    assert held_until(now + MAX_HOLD_NS + 1, now) is None  # a bad value: started at once
+    assert held_until(now + 10**18, now) is None
+    assert "starting it at once" in caplog.text
