@@ -5,8 +5,8 @@ the handler on the instant. The event loop's timers cannot do that alone: uvloop
 whole milliseconds, so a timer fires up to a millisecond or so late. :class:`StartTimer` sleeps on
 a loop timer until ``FINAL_WAIT_NS`` before the earliest instant, then hands the last stretch to
 one dedicated thread that sleeps exactly that long (``time.sleep``: a nanosleep, precise to tens of
-microseconds, with the GIL released) and wakes the loop; every run due by then starts in the same
-loop iteration, never one wait after another.
+microseconds, with the GIL released) and has the loop call back at once; that callback wakes every
+run due by then, so they start in the next loop iteration, never one wait after another.
 
 Why a thread rather than spinning: checking the clock at every loop iteration for the last
 milliseconds keeps a core busy — all the time when held runs are due less than that apart (a
@@ -48,6 +48,7 @@ class StartTimer:
         self._order = itertools.count()
         self._driver: asyncio.Task[None] | None = None
         self._changed: asyncio.Event | None = None  # an earlier instant came, or a waiter gave up
+        self._thread_sleeping = False  # a final wait is under way on the timer thread
 
     @property
     def waiting(self) -> int:
@@ -92,6 +93,7 @@ class StartTimer:
     async def _drive(self) -> None:
         due, changed = self._due, self._changed
         assert changed is not None
+        loop = asyncio.get_running_loop()
         while due:
             instant, _, woken = due[0]
             if woken.done():  # cancelled
@@ -99,14 +101,40 @@ class StartTimer:
                 continue
             ahead = instant - self._now_ns()
             if ahead <= 0:
-                heapq.heappop(due)
-                woken.set_result(None)
-            elif ahead > self._final_wait_ns:
-                changed.clear()
+                self._wake_due()
+                continue
+            changed.clear()
+            if ahead > self._final_wait_ns:
                 with suppress(TimeoutError):
                     async with asyncio.timeout((ahead - self._final_wait_ns) / 1e9):
                         await changed.wait()
-            else:
+                continue
+            if not self._thread_sleeping:
                 if self._thread is None:
                     self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fastlane-start-timer")
-                await asyncio.get_running_loop().run_in_executor(self._thread, time.sleep, ahead / 1e9)
+                self._thread_sleeping = True
+                self._thread.submit(_sleep_then_call, ahead / 1e9, loop, self._thread_woke)
+            await changed.wait()  # the thread woke the due waiters, or an earlier instant came
+
+    def _thread_woke(self) -> None:
+        """On the loop, straight from the timer thread: wake every waiter due by now in this very
+        callback (not one task step later), then let the driver look at the next instant."""
+        self._thread_sleeping = False
+        self._wake_due()
+        if self._changed is not None:
+            self._changed.set()
+
+    def _wake_due(self) -> None:
+        due, now = self._due, self._now_ns()
+        while due and (due[0][2].done() or due[0][0] <= now):
+            _, _, woken = heapq.heappop(due)
+            if not woken.done():
+                woken.set_result(None)
+
+
+def _sleep_then_call(seconds: float, loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
+    """On the timer thread: sleep (``time.sleep`` is a nanosleep, GIL released), then have the
+    loop call ``callback`` as its next ready callback."""
+    time.sleep(seconds)
+    with suppress(RuntimeError):  # the loop closed meanwhile: nobody is waiting any more
+        loop.call_soon_threadsafe(callback)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from fastlane.engine.write_ahead import FAR_FUTURE, SLOT, _slot, adaptive_lead, write_start
+from fastlane.engine.write_ahead import FAR_FUTURE, SLOT, _slot, adaptive_lead, catch_up_through, write_start
 
 LEAD = timedelta(milliseconds=250)
 T = datetime(2027, 3, 1, 9, 30, tzinfo=UTC)  # at a slot boundary
@@ -52,3 +52,18 @@ def test_the_write_lead_grows_with_slow_writes_within_its_floor_and_cap() -> Non
     assert adaptive_lead(floor, [0.01, 0.2, 0.05], cap) == timedelta(milliseconds=600)  # 3 x the slowest
     assert adaptive_lead(floor, [5.0], cap) == cap
     assert adaptive_lead(timedelta(seconds=3), [5.0], cap) == timedelta(seconds=3)  # the floor wins over the cap
+
+
+def test_on_time_a_batch_takes_the_slot_write_start_chose():
+    planned = {_slot(T) + index: 100 for index in range(50)}
+    start, through = write_start(planned, LEAD, 5_000.0)
+    assert catch_up_through(through, start, LEAD) == through
+
+
+def test_behind_a_batch_takes_everything_that_should_be_written_by_now():
+    # The writer woke 400 ms late: four slots are overdue and the next 250 ms are due within the lead.
+    planned = {_slot(T) + index: 100 for index in range(50)}
+    start, through = write_start(planned, LEAD, 5_000.0)
+    late = start + timedelta(milliseconds=400)
+    assert through == T + SLOT
+    assert catch_up_through(through, late, LEAD) == late + LEAD
