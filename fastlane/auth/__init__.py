@@ -1,0 +1,1 @@
+"""Authentication and authorisation: API tokens, roles, and TLS."""
