@@ -79,6 +79,11 @@ class RunNotFound(NotFound):
         super().__init__("run", run_id)
 
 
+class TokenNotFound(NotFound):
+    def __init__(self, token_id: str) -> None:
+        super().__init__("token", token_id)
+
+
 class Conflict(StorageError):
     """The change contradicts the current state (a name already taken with another spec, say)."""
 
@@ -98,6 +103,21 @@ class InvalidState(Conflict):
 
     def __init__(self, kind: str, key: str, state: str, wanted: str) -> None:
         super().__init__(f"{kind} {key!r} is {state}; cannot {wanted}")
+
+
+# -- access ------------------------------------------------------------------------------------
+
+
+class Unauthenticated(FastlaneError):
+    """The caller did not prove who it is: no token, or one unknown, expired or revoked."""
+
+
+class PermissionDenied(FastlaneError):
+    """The caller is known but may not do this (its role, or another tenant)."""
+
+
+class QuotaExceeded(FastlaneError):
+    """A tenant's quota would be exceeded; the message names the quota and its limit."""
 
 
 # -- fencing -----------------------------------------------------------------------------------

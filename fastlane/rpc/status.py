@@ -12,8 +12,11 @@ from fastlane.errors import (
     InvalidState,
     JobAlreadyExists,
     NotFound,
+    PermissionDenied,
+    QuotaExceeded,
     StaleFence,
     StorageUnavailable,
+    Unauthenticated,
 )
 
 # Most specific first: the first matching class decides.
@@ -26,6 +29,9 @@ _TO_STATUS: tuple[tuple[type[FastlaneError], grpc.StatusCode], ...] = (
     (StorageUnavailable, grpc.StatusCode.UNAVAILABLE),
     (StaleFence, grpc.StatusCode.UNAVAILABLE),
     (ConfigurationError, grpc.StatusCode.FAILED_PRECONDITION),
+    (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
+    (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
+    (QuotaExceeded, grpc.StatusCode.RESOURCE_EXHAUSTED),
 )
 
 
