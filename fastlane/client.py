@@ -33,9 +33,10 @@ from fastlane._proto import (
     runs_pb2,
     runs_pb2_grpc,
 )
+from fastlane.auth.tls import ClientTls
 from fastlane.config import DEFAULT_SERVER
+from fastlane.domain.access import ApiToken, Role
 from fastlane.domain.models import (
-    DEFAULT_TENANT,
     Attempt,
     Delivery,
     Job,
@@ -50,6 +51,7 @@ from fastlane.domain.models import (
 )
 from fastlane.domain.records import Page
 from fastlane.rpc import wire
+from fastlane.rpc.channel import load_token, open_channel
 from fastlane.rpc.status import error_from_rpc
 
 R = TypeVar("R")
@@ -106,13 +108,28 @@ class Client:
     Args:
         server: ``HOST:PORT`` of a daemon.
         tenant: Every request is made for this tenant; it replaces the tenant of specs passed in.
+            Empty (the default): the tenant of the token, or ``default`` on a node without
+            authentication. Naming another tenant than the token's needs an admin token.
         timeout: Deadline of each call, in seconds.
+        token: The API token sent with every call (``fastlane tokens create``); None: the
+            ``FASTLANE_TOKEN`` environment variable, if set.
+        tls: Connect over TLS (with a client certificate for mutual TLS); None: plain TCP.
     """
 
-    def __init__(self, server: str = DEFAULT_SERVER, *, tenant: str = DEFAULT_TENANT, timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        server: str = DEFAULT_SERVER,
+        *,
+        tenant: str = "",
+        timeout: float = 10.0,
+        token: str | None = None,
+        tls: ClientTls | None = None,
+    ) -> None:
         self.server = server
         self.tenant = tenant
         self.timeout = timeout
+        self._token = token if token is not None else load_token()
+        self._tls = tls
         self._channel: grpc.aio.Channel | None = None
         self._stubs: _Stubs | None = None
 
@@ -330,7 +347,7 @@ class Client:
 
     def _connect(self) -> _Stubs:
         if self._stubs is None:
-            self._channel = grpc.aio.insecure_channel(self.server, options=_CHANNEL_OPTIONS)
+            self._channel = open_channel(self.server, tls=self._tls, token=self._token, options=_CHANNEL_OPTIONS)
             self._stubs = _Stubs(
                 jobs=jobs_pb2_grpc.JobServiceStub(self._channel),
                 runs=runs_pb2_grpc.RunServiceStub(self._channel),
@@ -338,6 +355,27 @@ class Client:
                 health=health_pb2_grpc.HealthStub(self._channel),
             )
         return self._stubs
+
+    # -- API tokens (admin tokens only) -----------------------------------------------------------
+
+    async def create_token(
+        self, tenant: str, role: Role | str, *, name: str = "", expires_in: timedelta | None = None
+    ) -> tuple[ApiToken, str]:
+        """Create an API token; returns it and its secret (``fl_<id>_<secret>``), shown only now."""
+        request = admin_pb2.CreateTokenRequest(tenant=tenant, role=str(role), name=name,
+                                               expires_in=wire.duration(expires_in))
+        response = await self._call(self._connect().admin.CreateToken, request)
+        return wire.token_from_pb(response.token), response.secret
+
+    async def list_tokens(self, tenant: str = "") -> list[ApiToken]:
+        """Tokens of ``tenant``, or of every tenant; never their secrets."""
+        response = await self._call(self._connect().admin.ListTokens, admin_pb2.ListTokensRequest(tenant=tenant))
+        return [wire.token_from_pb(token) for token in response.tokens]
+
+    async def revoke_token(self, token_id: str) -> ApiToken:
+        """Revoke a token: every node refuses it within seconds. Revoking twice is not an error."""
+        request = admin_pb2.RevokeTokenRequest(token_id=token_id)
+        return wire.token_from_pb(await self._call(self._connect().admin.RevokeToken, request))
 
     async def _call(self, rpc: Callable[..., Awaitable[R]], request: Any) -> R:
         try:
@@ -350,7 +388,8 @@ class Client:
 
     def _own(self, spec: JobSpec) -> JobSpec:
         # The client speaks for one tenant: every spec it sends carries it, so a JobSpec built with
-        # the model default ("default") lands in the tenant the client was opened for.
+        # the model default ("default") lands in the tenant the client was opened for (empty: the
+        # token's own, decided by the node).
         return spec if spec.tenant == self.tenant else replace(spec, tenant=self.tenant)
 
 

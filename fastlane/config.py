@@ -7,6 +7,7 @@ import os
 import socket
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 
 from fastlane.domain.limits import DEFAULT_MAX_PAYLOAD_BYTES, MAX_SEND_AHEAD, PAYLOAD_CEILING_BYTES
 from fastlane.errors import ConfigurationError
@@ -29,7 +30,14 @@ class Settings:
     advertise: str | None = None  # the address other nodes and workers use; default: listen
     node_id: str = field(default_factory=default_node_id)
     metrics_listen: str | None = None
-    insecure: bool = False  # allow a non-loopback listen address without authentication
+    # Every call but health checks needs an API token (fastlane tokens create).
+    auth: bool = False
+    # TLS for the API: certificate and key files (re-read when they change), and the CA that
+    # client certificates must be signed by (mutual TLS) if set.
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
+    insecure: bool = False  # allow a non-loopback address without the protection it would need
     shard_count: int = 64
     shard_lease_ttl: timedelta = timedelta(seconds=10)
     window: timedelta = timedelta(seconds=10)  # how far ahead the heap holds due work
@@ -51,17 +59,7 @@ class Settings:
     send_ahead: timedelta = timedelta(milliseconds=20)
 
     def __post_init__(self) -> None:
-        for flag, address in (("--listen", self.listen), ("--metrics", self.metrics_listen)):
-            if address is None:
-                continue
-            host, _, port = address.rpartition(":")
-            if not host or not port.isdigit():
-                raise ConfigurationError(f"{flag} {address!r}: expected HOST:PORT, e.g. 127.0.0.1:7070")
-            if not self.insecure and not _is_loopback(host):
-                raise ConfigurationError(
-                    f"{flag} {address!r} is not a loopback address and no authentication is configured; "
-                    "pass --insecure to listen on it anyway"
-                )
+        self._check_listeners()
         if self.shard_count < 1:
             raise ConfigurationError(f"shard count {self.shard_count} must be at least 1")
         if not 1 <= self.max_payload_bytes <= PAYLOAD_CEILING_BYTES:
@@ -83,6 +81,34 @@ class Settings:
     @property
     def advertised_address(self) -> str:
         return self.advertise or self.listen
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert is not None
+
+    def _check_listeners(self) -> None:
+        """Secure by default: the API leaves loopback only with tokens and TLS (tokens would
+        cross the network in clear otherwise), metrics only with tokens on; ``--insecure``
+        overrides both, for development."""
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigurationError("--tls-cert and --tls-key go together: give both or neither")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ConfigurationError("--tls-client-ca (mutual TLS) needs --tls-cert and --tls-key")
+        for flag, address in (("--listen", self.listen), ("--metrics", self.metrics_listen)):
+            if address is None:
+                continue
+            host, _, port = address.rpartition(":")
+            if not host or not port.isdigit():
+                raise ConfigurationError(f"{flag} {address!r}: expected HOST:PORT, e.g. 127.0.0.1:7070")
+            if self.insecure or _is_loopback(host):
+                continue
+            missing = [what for what, present in (("--auth", self.auth), ("--tls-cert/--tls-key", self.tls))
+                       if present is False and (flag == "--listen" or what == "--auth")]
+            if missing:
+                raise ConfigurationError(
+                    f"{flag} {address!r} is not a loopback address: it needs {' and '.join(missing)} "
+                    "(or pass --insecure to listen on it anyway, for development)"
+                )
 
 
 def _is_loopback(host: str) -> bool:

@@ -22,24 +22,37 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x66\x61stlane/v1/admin.proto\x12\x0b\x66\x61stlane.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x13\n\x11GetClusterRequest\"\x94\x01\n\rClusterStatus\x12\x31\n\rdatabase_time\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12&\n\x05nodes\x18\x02 \x03(\x0b\x32\x17.fastlane.v1.NodeStatus\x12(\n\x06shards\x18\x03 \x03(\x0b\x32\x18.fastlane.v1.ShardStatus\"\x8e\x02\n\nNodeStatus\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x14\n\x0cshards_owned\x18\x03 \x01(\x05\x12\x19\n\x11workers_connected\x18\x04 \x01(\x05\x12\x17\n\x0f\x63lock_offset_ms\x18\x05 \x01(\x01\x12\x11\n\theap_size\x18\x06 \x01(\x05\x12\x12\n\nready_runs\x18\x07 \x01(\x05\x12\r\n\x05ready\x18\x08 \x01(\x08\x12\x10\n\x08\x65ligible\x18\t \x01(\x08\x12\x0c\n\x04note\x18\n \x01(\t\x12\x30\n\x0cheartbeat_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0c\n\x04live\x18\x0c \x01(\x08\"s\n\x0bShardStatus\x12\x10\n\x08shard_id\x18\x01 \x01(\x05\x12\r\n\x05owner\x18\x02 \x01(\t\x12\r\n\x05token\x18\x03 \x01(\x03\x12\x34\n\x10lease_expires_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp2X\n\x0c\x41\x64minService\x12H\n\nGetCluster\x12\x1e.fastlane.v1.GetClusterRequest\x1a\x1a.fastlane.v1.ClusterStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x66\x61stlane/v1/admin.proto\x12\x0b\x66\x61stlane.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x13\n\x11GetClusterRequest\"\x94\x01\n\rClusterStatus\x12\x31\n\rdatabase_time\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12&\n\x05nodes\x18\x02 \x03(\x0b\x32\x17.fastlane.v1.NodeStatus\x12(\n\x06shards\x18\x03 \x03(\x0b\x32\x18.fastlane.v1.ShardStatus\"\x8e\x02\n\nNodeStatus\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x14\n\x0cshards_owned\x18\x03 \x01(\x05\x12\x19\n\x11workers_connected\x18\x04 \x01(\x05\x12\x17\n\x0f\x63lock_offset_ms\x18\x05 \x01(\x01\x12\x11\n\theap_size\x18\x06 \x01(\x05\x12\x12\n\nready_runs\x18\x07 \x01(\x05\x12\r\n\x05ready\x18\x08 \x01(\x08\x12\x10\n\x08\x65ligible\x18\t \x01(\x08\x12\x0c\n\x04note\x18\n \x01(\t\x12\x30\n\x0cheartbeat_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0c\n\x04live\x18\x0c \x01(\x08\"s\n\x0bShardStatus\x12\x10\n\x08shard_id\x18\x01 \x01(\x05\x12\r\n\x05owner\x18\x02 \x01(\t\x12\r\n\x05token\x18\x03 \x01(\x03\x12\x34\n\x10lease_expires_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x8a\x02\n\x08\x41piToken\x12\x10\n\x08token_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\x0c\n\x04name\x18\x04 \x01(\t\x12.\n\ncreated_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nexpires_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nrevoked_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0clast_used_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"o\n\x12\x43reateTokenRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12-\n\nexpires_in\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\"K\n\x13\x43reateTokenResponse\x12$\n\x05token\x18\x01 \x01(\x0b\x32\x15.fastlane.v1.ApiToken\x12\x0e\n\x06secret\x18\x02 \x01(\t\"#\n\x11ListTokensRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\";\n\x12ListTokensResponse\x12%\n\x06tokens\x18\x01 \x03(\x0b\x32\x15.fastlane.v1.ApiToken\"&\n\x12RevokeTokenRequest\x12\x10\n\x08token_id\x18\x01 \x01(\t2\xc0\x02\n\x0c\x41\x64minService\x12H\n\nGetCluster\x12\x1e.fastlane.v1.GetClusterRequest\x1a\x1a.fastlane.v1.ClusterStatus\x12P\n\x0b\x43reateToken\x12\x1f.fastlane.v1.CreateTokenRequest\x1a .fastlane.v1.CreateTokenResponse\x12M\n\nListTokens\x12\x1e.fastlane.v1.ListTokensRequest\x1a\x1f.fastlane.v1.ListTokensResponse\x12\x45\n\x0bRevokeToken\x12\x1f.fastlane.v1.RevokeTokenRequest\x1a\x15.fastlane.v1.ApiTokenb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fastlane.v1.admin_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_GETCLUSTERREQUEST']._serialized_start=73
-  _globals['_GETCLUSTERREQUEST']._serialized_end=92
-  _globals['_CLUSTERSTATUS']._serialized_start=95
-  _globals['_CLUSTERSTATUS']._serialized_end=243
-  _globals['_NODESTATUS']._serialized_start=246
-  _globals['_NODESTATUS']._serialized_end=516
-  _globals['_SHARDSTATUS']._serialized_start=518
-  _globals['_SHARDSTATUS']._serialized_end=633
-  _globals['_ADMINSERVICE']._serialized_start=635
-  _globals['_ADMINSERVICE']._serialized_end=723
+  _globals['_GETCLUSTERREQUEST']._serialized_start=105
+  _globals['_GETCLUSTERREQUEST']._serialized_end=124
+  _globals['_CLUSTERSTATUS']._serialized_start=127
+  _globals['_CLUSTERSTATUS']._serialized_end=275
+  _globals['_NODESTATUS']._serialized_start=278
+  _globals['_NODESTATUS']._serialized_end=548
+  _globals['_SHARDSTATUS']._serialized_start=550
+  _globals['_SHARDSTATUS']._serialized_end=665
+  _globals['_APITOKEN']._serialized_start=668
+  _globals['_APITOKEN']._serialized_end=934
+  _globals['_CREATETOKENREQUEST']._serialized_start=936
+  _globals['_CREATETOKENREQUEST']._serialized_end=1047
+  _globals['_CREATETOKENRESPONSE']._serialized_start=1049
+  _globals['_CREATETOKENRESPONSE']._serialized_end=1124
+  _globals['_LISTTOKENSREQUEST']._serialized_start=1126
+  _globals['_LISTTOKENSREQUEST']._serialized_end=1161
+  _globals['_LISTTOKENSRESPONSE']._serialized_start=1163
+  _globals['_LISTTOKENSRESPONSE']._serialized_end=1222
+  _globals['_REVOKETOKENREQUEST']._serialized_start=1224
+  _globals['_REVOKETOKENREQUEST']._serialized_end=1262
+  _globals['_ADMINSERVICE']._serialized_start=1265
+  _globals['_ADMINSERVICE']._serialized_end=1585
 # @@protoc_insertion_point(module_scope)

@@ -39,6 +39,21 @@ class AdminServiceStub:
                 request_serializer=fastlane_dot_v1_dot_admin__pb2.GetClusterRequest.SerializeToString,
                 response_deserializer=fastlane_dot_v1_dot_admin__pb2.ClusterStatus.FromString,
                 _registered_method=True)
+        self.CreateToken = channel.unary_unary(
+                '/fastlane.v1.AdminService/CreateToken',
+                request_serializer=fastlane_dot_v1_dot_admin__pb2.CreateTokenRequest.SerializeToString,
+                response_deserializer=fastlane_dot_v1_dot_admin__pb2.CreateTokenResponse.FromString,
+                _registered_method=True)
+        self.ListTokens = channel.unary_unary(
+                '/fastlane.v1.AdminService/ListTokens',
+                request_serializer=fastlane_dot_v1_dot_admin__pb2.ListTokensRequest.SerializeToString,
+                response_deserializer=fastlane_dot_v1_dot_admin__pb2.ListTokensResponse.FromString,
+                _registered_method=True)
+        self.RevokeToken = channel.unary_unary(
+                '/fastlane.v1.AdminService/RevokeToken',
+                request_serializer=fastlane_dot_v1_dot_admin__pb2.RevokeTokenRequest.SerializeToString,
+                response_deserializer=fastlane_dot_v1_dot_admin__pb2.ApiToken.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -50,6 +65,27 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateToken(self, request, context):
+        """API tokens; admin tokens only. The secret is returned once, by CreateToken; the store keeps
+        only its hash.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTokens(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevokeToken(self, request, context):
+        """Revoking twice is not an error; the first revocation time stays.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -57,6 +93,21 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.GetCluster,
                     request_deserializer=fastlane_dot_v1_dot_admin__pb2.GetClusterRequest.FromString,
                     response_serializer=fastlane_dot_v1_dot_admin__pb2.ClusterStatus.SerializeToString,
+            ),
+            'CreateToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateToken,
+                    request_deserializer=fastlane_dot_v1_dot_admin__pb2.CreateTokenRequest.FromString,
+                    response_serializer=fastlane_dot_v1_dot_admin__pb2.CreateTokenResponse.SerializeToString,
+            ),
+            'ListTokens': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTokens,
+                    request_deserializer=fastlane_dot_v1_dot_admin__pb2.ListTokensRequest.FromString,
+                    response_serializer=fastlane_dot_v1_dot_admin__pb2.ListTokensResponse.SerializeToString,
+            ),
+            'RevokeToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeToken,
+                    request_deserializer=fastlane_dot_v1_dot_admin__pb2.RevokeTokenRequest.FromString,
+                    response_serializer=fastlane_dot_v1_dot_admin__pb2.ApiToken.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -86,6 +137,87 @@ class AdminService:
             '/fastlane.v1.AdminService/GetCluster',
             fastlane_dot_v1_dot_admin__pb2.GetClusterRequest.SerializeToString,
             fastlane_dot_v1_dot_admin__pb2.ClusterStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fastlane.v1.AdminService/CreateToken',
+            fastlane_dot_v1_dot_admin__pb2.CreateTokenRequest.SerializeToString,
+            fastlane_dot_v1_dot_admin__pb2.CreateTokenResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTokens(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fastlane.v1.AdminService/ListTokens',
+            fastlane_dot_v1_dot_admin__pb2.ListTokensRequest.SerializeToString,
+            fastlane_dot_v1_dot_admin__pb2.ListTokensResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fastlane.v1.AdminService/RevokeToken',
+            fastlane_dot_v1_dot_admin__pb2.RevokeTokenRequest.SerializeToString,
+            fastlane_dot_v1_dot_admin__pb2.ApiToken.FromString,
             options,
             channel_credentials,
             insecure,

@@ -11,15 +11,18 @@ import argparse
 import os
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import orjson
 
+from fastlane.auth.tls import ClientTls
 from fastlane.config import DEFAULT_SERVER
 from fastlane.domain.models import DEFAULT_TENANT, Schedule
 from fastlane.domain.schedules import parse_at, validate_schedule, zone
 from fastlane.errors import InvalidArgument, ScheduleError
 
 SERVER_ENV = "FASTLANE_SERVER"
+TOKEN_ENV = "FASTLANE_TOKEN"  # read by fastlane.rpc.channel.load_token
 
 
 class UsageError(Exception):
@@ -72,8 +75,9 @@ def milliseconds_up_to(maximum: float) -> Callable[[str], float]:
 # -- shared flag groups ------------------------------------------------------------------------
 
 
-def client_flags() -> argparse.ArgumentParser:
-    """A parent parser with the flags of every command that talks to a daemon."""
+def client_flags(*, tenant: bool = True) -> argparse.ArgumentParser:
+    """A parent parser with the flags of every command that talks to a daemon (``tenant=False``
+    for a command whose own ``--tenant`` means something else)."""
     parent = argparse.ArgumentParser(add_help=False)
     group = parent.add_argument_group("daemon connection")
     group.add_argument(
@@ -82,7 +86,12 @@ def client_flags() -> argparse.ArgumentParser:
         default=default_server(),
         help=f"address of a fastlane daemon (default: ${SERVER_ENV}, else {DEFAULT_SERVER})",
     )
-    group.add_argument("--tenant", default=DEFAULT_TENANT, help=f"tenant to act for (default: {DEFAULT_TENANT})")
+    if tenant:
+        group.add_argument(
+            "--tenant", default="",
+            help=f"tenant to act for (default: the token's; without authentication: {DEFAULT_TENANT}); another "
+            "tenant than the token's needs an admin token",
+        )
     group.add_argument(
         "--rpc-timeout",
         metavar="SECONDS",
@@ -90,7 +99,38 @@ def client_flags() -> argparse.ArgumentParser:
         default=10.0,
         help="give up on the daemon after this many seconds (default: 10)",
     )
+    security_flags(group)
     return parent
+
+
+def security_flags(group: argparse._ActionsContainer) -> None:
+    """Token and TLS flags, shared by the client commands and ``fastlane worker``."""
+    group.add_argument(
+        "--token-file", metavar="FILE", type=Path,
+        help=f"read the API token from this file (default: ${TOKEN_ENV}, if set)",
+    )
+    group.add_argument("--tls", action="store_true",
+                       help="connect over TLS, trusting the system's CAs (implied by --tls-ca, --tls-cert)")
+    group.add_argument("--tls-ca", metavar="FILE", type=Path, help="connect over TLS, trusting this PEM CA")
+    group.add_argument("--tls-cert", metavar="FILE", type=Path,
+                       help="present this PEM client certificate (mutual TLS); needs --tls-key")
+    group.add_argument("--tls-key", metavar="FILE", type=Path, help="the PEM private key of --tls-cert")
+
+
+def client_tls(args: argparse.Namespace) -> ClientTls | None:
+    """The TLS settings the flags ask for, or None for a plain connection."""
+    if not (args.tls or args.tls_ca or args.tls_cert or args.tls_key):
+        return None
+    return ClientTls(ca_file=args.tls_ca, cert_file=args.tls_cert, key_file=args.tls_key)
+
+
+def lifetime(text: str) -> timedelta:
+    """A token lifetime: a number and a unit, ``90m``, ``12h``, ``30d`` or ``3600s``."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
+    number, unit = text[:-1], text[-1:].lower()
+    if unit not in units or not number.isdigit() or int(number) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive whole number and a unit: 90m, 12h, 30d")
+    return timedelta(seconds=int(number) * units[unit])
 
 
 def json_flag(parser: argparse.ArgumentParser) -> None:

@@ -11,15 +11,18 @@ import asyncio
 import inspect
 import os
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from fastlane.cli.arguments import (
     SERVER_ENV,
     UsageError,
+    client_tls,
     milliseconds_up_to,
     positive_int,
     positive_seconds,
+    security_flags,
 )
 from fastlane.config import DEFAULT_DB_URL, DEFAULT_SERVER, Settings, default_node_id
 from fastlane.domain.limits import MAX_SEND_AHEAD, PAYLOAD_CEILING_BYTES
@@ -50,11 +53,28 @@ def register(commands: Any) -> None:
     serve.add_argument(
         "--node-id", metavar="ID", help="unique name of this node (default: $FASTLANE_NODE_ID, else host name and pid)"
     )
-    serve.add_argument("--metrics", metavar="HOST:PORT", help="serve Prometheus metrics on this address (default: off; a non-loopback address needs --insecure, like --listen)")
+    serve.add_argument(
+        "--metrics", metavar="HOST:PORT",
+        help="serve Prometheus metrics on this separate address (default: off; a non-loopback address needs "
+        "--auth or --insecure)",
+    )
+    serve.add_argument(
+        "--auth", action="store_true",
+        help="require an API token (authorization: Bearer ...) on every call but health checks; each caller then "
+        "acts for its token's tenant with its token's role. Make the first admin token with "
+        "`fastlane tokens create --db URL --tenant T --role admin` (default: off, and then the node listens on "
+        "loopback only)",
+    )
+    serve.add_argument("--tls-cert", metavar="FILE", type=Path,
+                       help="serve the API over TLS with this PEM certificate (chain); re-read when the file changes")
+    serve.add_argument("--tls-key", metavar="FILE", type=Path, help="the PEM private key of --tls-cert")
+    serve.add_argument("--tls-client-ca", metavar="FILE", type=Path,
+                       help="require client certificates signed by this PEM CA (mutual TLS); needs --tls-cert")
     serve.add_argument(
         "--insecure",
         action="store_true",
-        help="allow --listen and --metrics on a non-loopback address although no authentication is configured",
+        help="allow --listen on a non-loopback address without --auth and TLS, and --metrics without --auth "
+        "(development only)",
     )
     serve.add_argument(
         "--shards",
@@ -137,6 +157,7 @@ def register(commands: Any) -> None:
         type=positive_int,
         help="most runs in flight per node stream (default: the worker's own setting)",
     )
+    security_flags(worker.add_argument_group("token and TLS (default: the worker's own settings)"))
     worker.set_defaults(handler=run_worker, command_parser=worker)
 
     migrate = commands.add_parser(
@@ -169,6 +190,10 @@ def serve_node(args: argparse.Namespace) -> int:
         advertise=args.advertise,
         node_id=args.node_id or default_node_id(),
         metrics_listen=args.metrics,
+        auth=args.auth,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        tls_client_ca=args.tls_client_ca,
         insecure=args.insecure,
         shard_count=args.shards,
         shard_lease_ttl=timedelta(seconds=args.shard_lease_ttl),
@@ -188,13 +213,15 @@ def run_worker(args: argparse.Namespace) -> int:
     if not module or not attribute:
         raise UsageError(f"worker target {args.target!r} must be MODULE:ATTR, e.g. myapp.tasks:worker")
     from fastlane import logs
+    from fastlane.rpc.channel import load_token
     from fastlane.worker import run_worker_cli
 
     # Connections to nodes coming and going are worth seeing; runs are never logged at INFO.
     logs.configure(os.environ.get("FASTLANE_LOG_LEVEL", "INFO"), json=False)
     # Flags, then $FASTLANE_SERVER, override what the Worker object was built with.
     servers = args.servers or ([os.environ[SERVER_ENV]] if os.environ.get(SERVER_ENV) else [])
-    return _finish(run_worker_cli(args.target, servers, args.concurrency))
+    return _finish(run_worker_cli(args.target, servers, args.concurrency,
+                                  token=load_token(args.token_file), tls=client_tls(args)))
 
 
 def migrate_schema(args: argparse.Namespace) -> int:

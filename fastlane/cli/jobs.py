@@ -23,6 +23,7 @@ from fastlane.cli.views import describe_schedule, job_fields, job_view, run_view
 from fastlane.client import Client
 from fastlane.domain.limits import MAX_PREVIEW
 from fastlane.domain.models import (
+    DEFAULT_TENANT,
     Delivery,
     Job,
     JobSpec,
@@ -223,7 +224,9 @@ def spec_from_flags(args: argparse.Namespace) -> JobSpec:
     if args.lease_ttl is not None:
         options["lease_ttl"] = timedelta(seconds=args.lease_ttl)
     spec = JobSpec(
-        tenant=args.tenant,
+        # Checked here with a placeholder when no --tenant is given: the client sends the spec
+        # without one, and the node puts the token's tenant (or the default) in.
+        tenant=args.tenant or DEFAULT_TENANT,
         name=args.name,
         job_type=args.job_type,
         schedule=schedule_from_flags(args),

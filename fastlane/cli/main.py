@@ -14,7 +14,7 @@ from typing import Any
 
 import grpc
 
-from fastlane.cli import cluster, daemon, jobs, runs
+from fastlane.cli import cluster, daemon, jobs, runs, tokens
 from fastlane.cli.arguments import UsageError, default_server
 from fastlane.errors import FastlaneError
 from fastlane.rpc.status import RemoteError
@@ -37,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     jobs.register(commands)
     runs.register(commands)
     cluster.register(commands)
+    tokens.register(commands)
     _register_demo(commands)
     _register_bench(commands)
     return parser

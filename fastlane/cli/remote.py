@@ -7,8 +7,10 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from fastlane.cli.arguments import client_tls
 from fastlane.client import Client
 from fastlane.domain.records import Page
+from fastlane.rpc.channel import load_token
 
 T = TypeVar("T")
 
@@ -17,8 +19,10 @@ MAX_PAGE_SIZE = 1000
 
 
 def open_client(args: argparse.Namespace) -> Client:
-    """A client configured from the common flags (``--server``, ``--tenant``, ``--rpc-timeout``)."""
-    return Client(args.server, tenant=args.tenant, timeout=args.rpc_timeout)
+    """A client configured from the common flags (``--server``, ``--tenant``, ``--rpc-timeout``,
+    the token and TLS flags)."""
+    return Client(args.server, tenant=getattr(args, "tenant", ""), timeout=args.rpc_timeout,
+                  token=load_token(args.token_file), tls=client_tls(args))
 
 
 def run_remote(args: argparse.Namespace, command: Callable[[Client], Awaitable[int]]) -> int:

@@ -17,9 +17,11 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from fastlane._proto import admin_pb2
 from fastlane._proto import common_pb2 as pb
 from fastlane.clock import EPOCH
 from fastlane.domain import validation
+from fastlane.domain.access import ApiToken, Role
 from fastlane.domain.limits import MAX_CRON_LENGTH, MAX_TIMEZONE_LENGTH
 from fastlane.domain.models import (
     DEFAULT_TENANT,
@@ -323,4 +325,25 @@ def attempt_from_pb(run_id: str, message: pb.Attempt) -> Attempt:
         finished_at=instant(message.finished_at, message.HasField("finished_at")),
         error_code=message.error_code or None,
         error_message=message.error_message or None,
+    )
+
+
+# -- API tokens --------------------------------------------------------------------------------
+
+
+def token_to_pb(token: ApiToken) -> admin_pb2.ApiToken:
+    return admin_pb2.ApiToken(
+        token_id=token.token_id, tenant=token.tenant, role=token.role.value, name=token.name,
+        created_at=timestamp(token.created_at), expires_at=timestamp(token.expires_at),
+        revoked_at=timestamp(token.revoked_at), last_used_at=timestamp(token.last_used_at),
+    )
+
+
+def token_from_pb(message: admin_pb2.ApiToken) -> ApiToken:
+    return ApiToken(
+        token_id=message.token_id, tenant=message.tenant, role=Role(message.role), name=message.name,
+        created_at=epoch_plus(message.created_at),
+        expires_at=instant(message.expires_at, message.HasField("expires_at")),
+        revoked_at=instant(message.revoked_at, message.HasField("revoked_at")),
+        last_used_at=instant(message.last_used_at, message.HasField("last_used_at")),
     )

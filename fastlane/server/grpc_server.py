@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
@@ -16,6 +18,7 @@ from fastlane._proto import (
     workers_pb2,
     workers_pb2_grpc,
 )
+from fastlane.auth.tls import ServerTls, server_credentials
 from fastlane.domain.limits import PAYLOAD_CEILING_BYTES
 from fastlane.errors import ConfigurationError
 from fastlane.server.servicers.admin import AdminServicer
@@ -35,8 +38,11 @@ class ApiServer:
     """The gRPC face of a node. Health says NOT_SERVING until :meth:`set_ready`."""
 
     def __init__(self, listen: str, *, jobs: JobServicer, runs: RunServicer, workers: WorkerServicer,
-                 admin: AdminServicer) -> None:
-        self._server = grpc.aio.server(options=[
+                 admin: AdminServicer, interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+                 tls: ServerTls | None = None) -> None:
+        """``interceptors``: the access check when tokens are required; ``tls``: serve over TLS
+        (mutual TLS when it names a client CA), its files re-read when they change."""
+        self._server = grpc.aio.server(interceptors=list(interceptors), options=[
             # gRPC sets SO_REUSEPORT by default, so a second node started on a taken port would
             # listen beside the first and clients would reach either at random: refuse instead.
             ("grpc.so_reuseport", 0),
@@ -58,7 +64,10 @@ class ApiServer:
             f"cannot listen on {listen}: the address is in use (is another fastlane node running?) or invalid"
         )
         try:
-            self.port = self._server.add_insecure_port(listen)
+            if tls is None:
+                self.port = self._server.add_insecure_port(listen)
+            else:
+                self.port = self._server.add_secure_port(listen, server_credentials(tls))
         except RuntimeError as error:
             raise refused from error
         if self.port == 0:

@@ -15,8 +15,7 @@ from typing import TypeVar
 
 import grpc
 
-from fastlane.domain import validation
-from fastlane.domain.models import DEFAULT_TENANT
+from fastlane.auth.caller import acting_tenant
 from fastlane.errors import FastlaneError, new_error_id
 from fastlane.rpc.status import status_of
 
@@ -47,5 +46,6 @@ def rpc(
 
 
 def tenant_of(requested: str) -> str:
-    """The tenant a call acts for. Without authentication, the one the caller names."""
-    return validation.name("tenant", requested) if requested else DEFAULT_TENANT
+    """The tenant a call acts for: the caller's token's, or the one the request names (which
+    only an admin token may choose freely); without authentication, the one named."""
+    return acting_tenant(requested)

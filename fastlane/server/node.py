@@ -20,6 +20,8 @@ from datetime import timedelta
 
 from fastlane._proto import admin_pb2
 from fastlane.aio import first_of
+from fastlane.auth.authenticator import Authenticator
+from fastlane.auth.tls import ServerTls
 from fastlane.clock import Clock, SystemClock
 from fastlane.config import Settings
 from fastlane.domain.models import Run, ShardLease
@@ -30,6 +32,7 @@ from fastlane.engine.operations import Operations
 from fastlane.engine.shards import ShardOwnership
 from fastlane.errors import FastlaneError, StorageUnavailable
 from fastlane.metrics import Metrics
+from fastlane.server.access import AccessInterceptor
 from fastlane.server.grpc_server import ApiServer
 from fastlane.server.servicers.admin import AdminServicer
 from fastlane.server.servicers.jobs import JobServicer
@@ -40,6 +43,15 @@ from fastlane.storage import Store, open_store
 from fastlane.supervise import Backoff, LoopGaveUp, supervised
 
 log = logging.getLogger("fastlane.node")
+
+
+def _protection(settings: Settings) -> str:
+    """How the API is protected, for the start-up line: an operator should see it at a glance."""
+    transport = ("mutual TLS" if settings.tls_client_ca else "TLS") if settings.tls else "no TLS"
+    if settings.auth:
+        return f"API tokens required, {transport}"
+    return (f"authentication OFF, {transport}: anyone who can reach this address acts for every tenant; "
+            "for development only (--auth to require tokens)")
 
 # Workers heartbeat every in-flight attempt this often; leases are at least three times longer.
 HEARTBEAT_INTERVAL = timedelta(seconds=1)
@@ -61,6 +73,7 @@ class Node:
         self._stop = asyncio.Event()
         self._failure: FastlaneError | None = None  # why the node could not go on, if it could not
         self.port: int | None = None
+        self.authenticator: Authenticator | None = None  # with --auth, once running
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -125,6 +138,12 @@ class Node:
             self._failure = self._failure or failure
             self._stop.set()
 
+    def _server_tls(self) -> ServerTls | None:
+        settings = self.settings
+        if settings.tls_cert is None or settings.tls_key is None:
+            return None
+        return ServerTls(cert_file=settings.tls_cert, key_file=settings.tls_key, client_ca_file=settings.tls_client_ca)
+
     async def _run_with(self, store: Store) -> None:
         settings, metrics = self.settings, self.metrics
         lane: FastLane | None = None
@@ -167,8 +186,11 @@ class Node:
                 note=ownership.note,
             )
 
+        authenticator = self.authenticator = Authenticator(store) if settings.auth else None
         server = ApiServer(
             settings.listen,
+            interceptors=[AccessInterceptor(authenticator)] if authenticator is not None else [],
+            tls=self._server_tls(),
             jobs=JobServicer(store, operations, max_payload=settings.max_payload_bytes),
             runs=RunServicer(store, operations),
             workers=WorkerServicer(dispatcher, node_id=settings.node_id, heartbeat_interval=HEARTBEAT_INTERVAL),
@@ -178,7 +200,7 @@ class Node:
         if settings.metrics_listen:
             metrics.serve(settings.metrics_listen)
         await server.start()
-        log.info("node %s listening on %s", settings.node_id, settings.listen)
+        log.info("node %s listening on %s (%s)", settings.node_id, settings.listen, _protection(settings))
         shards_ready = asyncio.Event()
         # The journal is restarted while it has results to record, even while stopping: it
         # returns once drained. Only a drain that cannot finish in time is abandoned.
@@ -193,6 +215,8 @@ class Node:
 
                 supervise("shard-ownership", lambda: ownership.run(shards_ready))
                 supervise("fast-lane", lane.run)
+                if authenticator is not None:
+                    supervise("token-use", lambda: authenticator.run(self._stop))
                 # Measures the loop's own lag until the node stops (it never returns by itself).
                 probe = LoopLagProbe(lag=metrics.loop_lag, stalls=metrics.loop_stalls,
                                      gc_pauses=GcPauses(metrics.gc_pauses), watchdog=True)

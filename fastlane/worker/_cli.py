@@ -15,13 +15,21 @@ from collections.abc import Sequence
 from contextlib import suppress
 from typing import Any
 
+from fastlane.auth.tls import ClientTls
 from fastlane.errors import ConfigurationError
 from fastlane.worker.sdk import Worker
 
 log = logging.getLogger("fastlane.worker")
 
 
-def run_worker_cli(target: str, servers: Sequence[str], concurrency: int | None) -> int:
+def run_worker_cli(
+    target: str,
+    servers: Sequence[str],
+    concurrency: int | None,
+    *,
+    token: str | None = None,
+    tls: ClientTls | None = None,
+) -> int:
     """Run the worker named by ``target`` until SIGTERM or SIGINT; return the exit code.
 
     The first signal stops gracefully (drain); a second one exits at once.
@@ -31,13 +39,14 @@ def run_worker_cli(target: str, servers: Sequence[str], concurrency: int | None)
             returning one.
         servers: Node addresses replacing the worker's own, if any are given.
         concurrency: Replaces the worker's concurrency if given.
+        token, tls: Replace the worker's API token and TLS settings if given.
 
     Returns:
         0 after a graceful stop, 1 after a forced exit, 2 if the target is unusable.
     """
     try:
         worker = _load_worker(target)
-        worker.override(servers=servers, concurrency=concurrency)
+        worker.override(servers=servers, concurrency=concurrency, token=token, tls=tls)
         if not worker.job_types:
             raise ConfigurationError(f"{target!r} has no handlers: register one with @worker.handler(job_type)")
     except ConfigurationError as exc:

@@ -21,7 +21,7 @@ from fastlane._proto import admin_pb2, admin_pb2_grpc
 from fastlane.domain.models import AttemptOutcome
 from fastlane.worker._clock import ClockEstimate
 from fastlane.worker._runs import Verdict
-from fastlane.worker._stream import CHANNEL_OPTIONS, NodeStream
+from fastlane.worker._stream import NodeStream, OpenChannel, plain_channel
 
 log = logging.getLogger("fastlane.worker")
 
@@ -42,9 +42,11 @@ class ClusterStreams:
         open_stream: Makes the (not yet serving) stream to one address.
     """
 
-    def __init__(self, seeds: Sequence[str], open_stream: Callable[[str], NodeStream]) -> None:
+    def __init__(self, seeds: Sequence[str], open_stream: Callable[[str], NodeStream],
+                 open_channel: OpenChannel = plain_channel) -> None:
         self._seeds = list(seeds)
         self._open_stream = open_stream
+        self._open_channel = open_channel
         self._streams: dict[str, NodeStream] = {}  # by address: the streams taking work
         self._serving: dict[NodeStream, asyncio.Task[None]] = {}  # every stream's serve() task
         self._retiring: dict[NodeStream, asyncio.Task[None]] = {}  # leaving streams: retire_stream()
@@ -143,7 +145,7 @@ class ClusterStreams:
         failures: list[str] = []
         for address in candidates:
             if address not in stubs:
-                channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+                channel = self._open_channel(address)
                 stubs[address] = (channel, admin_pb2_grpc.AdminServiceStub(channel))
             try:
                 status = await stubs[address][1].GetCluster(admin_pb2.GetClusterRequest(), timeout=_DISCOVERY_TIMEOUT)

@@ -42,6 +42,16 @@ CHANNEL_OPTIONS: Sequence[tuple[str, Any]] = (
     # One assignment may carry a 1 MiB payload and a 1 MiB checkpoint, and a batch several.
     ("grpc.max_receive_message_length", -1),
 )
+
+# Opens the channel to one node address: TLS and the API token are the Worker's to configure.
+OpenChannel = Callable[[str], grpc.aio.Channel]
+
+
+def plain_channel(address: str) -> grpc.aio.Channel:
+    """A channel without TLS or token: a development node on loopback."""
+    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+
+
 # A leaving stream whose node holds a result this long without acknowledging it hands its work on.
 _ACK_PATIENCE = 5.0
 _HANDOVER_RETRY = 1.0  # how often a leaving stream with no stream to hand over to looks again
@@ -62,15 +72,18 @@ class NodeStream:
         job_types: The job types this worker has handlers for.
         concurrency: Credits for this stream: the most attempts it may have in flight.
         launch: Makes the coroutine that runs one assignment and ends with :meth:`finish`.
+        open_channel: Opens the channel to a node (TLS and the token, when configured).
 
     Attempts handed over from a leaving stream (:meth:`hand_over`) heartbeat and report here but
     free no credit: this node never granted them.
     """
 
     def __init__(
-        self, address: str, *, worker_id: str, job_types: Sequence[str], concurrency: int, launch: Launch
+        self, address: str, *, worker_id: str, job_types: Sequence[str], concurrency: int, launch: Launch,
+        open_channel: OpenChannel = plain_channel,
     ) -> None:
         self.address = address
+        self._open_channel = open_channel
         self._worker_id = worker_id
         self._job_types = list(job_types)
         self._concurrency = concurrency
@@ -114,7 +127,7 @@ class NodeStream:
 
     async def serve(self) -> None:
         """Keep a stream open until :meth:`half_close` and the node's end of it; reconnect on breaks."""
-        channel = grpc.aio.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+        channel = self._open_channel(self.address)
         stub = pb_grpc.WorkerServiceStub(channel)
         delay, failures = _BACKOFF_START, 0
         try:

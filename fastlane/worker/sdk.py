@@ -40,17 +40,20 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+import grpc
 import orjson
 
 from fastlane._proto import workers_pb2 as pb
+from fastlane.auth.tls import ClientTls
 from fastlane.domain.limits import MAX_CHECKPOINT_BYTES
 from fastlane.errors import ConfigurationError
 from fastlane.rpc import wire
+from fastlane.rpc.channel import load_token, open_channel
 from fastlane.worker._clock import ClockEstimate
 from fastlane.worker._hold import StartTimer
 from fastlane.worker._membership import ClusterStreams
 from fastlane.worker._runs import RunSlot, run_attempt
-from fastlane.worker._stream import NodeStream
+from fastlane.worker._stream import CHANNEL_OPTIONS, NodeStream
 
 log = logging.getLogger("fastlane.worker")
 
@@ -141,6 +144,10 @@ class Worker:
             streams to nodes that leave finish their runs and go. If no node answers
             ``AdminService.GetCluster`` (an older daemon, or all down), the streams stay as they are.
         discovery_interval: Seconds between two membership checks.
+        token: The API token (a worker token) sent on every stream; None: the
+            ``FASTLANE_TOKEN`` environment variable, if set. Under a tenant's token the worker
+            receives only that tenant's runs.
+        tls: Connect over TLS (with a client certificate for mutual TLS); None: plain TCP.
     """
 
     def __init__(
@@ -152,9 +159,12 @@ class Worker:
         drain_timeout: float = 30.0,
         follow_cluster: bool = True,
         discovery_interval: float = 2.0,
+        token: str | None = None,
+        tls: ClientTls | None = None,
     ) -> None:
         self._servers: list[str] = []
         self._concurrency = 0
+        self._connection = Connection(token=token if token is not None else load_token(), tls=tls)
         self.override(servers=servers, concurrency=concurrency)
         if drain_timeout < 0:
             raise ConfigurationError(f"drain_timeout must not be negative, got {drain_timeout}")
@@ -251,7 +261,7 @@ class Worker:
                 return
             if not self._handlers:
                 raise ConfigurationError("no handlers: register one with @worker.handler(job_type) first")
-            streams = self._streams = ClusterStreams(self._servers, self._open_stream)
+            streams = self._streams = ClusterStreams(self._servers, self._open_stream, self._open_channel)
             for address in self._servers:
                 streams.add(address)
             following: asyncio.Task[None] | None = None
@@ -307,7 +317,11 @@ class Worker:
 
     def _open_stream(self, address: str) -> NodeStream:
         return NodeStream(address, worker_id=self._worker_id, job_types=self.job_types,
-                          concurrency=self._concurrency, launch=self._run_attempt)
+                          concurrency=self._concurrency, launch=self._run_attempt, open_channel=self._open_channel)
+
+    def _open_channel(self, address: str) -> grpc.aio.Channel:
+        connection = self._connection
+        return open_channel(address, tls=connection.tls, token=connection.token, options=CHANNEL_OPTIONS)
 
     async def _run_attempt(self, slot: RunSlot, assignment: pb.Assignment, received_at: datetime) -> None:
         handler = self._handlers.get(assignment.job_type)
@@ -315,8 +329,16 @@ class Worker:
         call = functools.partial(_call, handler, slot, assignment, received_at) if handler is not None else None
         await run_attempt(slot, assignment, call, self._starts)
 
-    def override(self, *, servers: str | Sequence[str] | None = None, concurrency: int | None = None) -> None:
-        """Replace the servers and concurrency given at construction (``fastlane worker`` flags win).
+    def override(
+        self,
+        *,
+        servers: str | Sequence[str] | None = None,
+        concurrency: int | None = None,
+        token: str | None = None,
+        tls: ClientTls | None = None,
+    ) -> None:
+        """Replace the servers, concurrency, token or TLS given at construction (``fastlane
+        worker`` flags win); None leaves one as it is.
 
         Raises:
             ConfigurationError: no server address is left, or concurrency is below 1.
@@ -334,6 +356,18 @@ class Worker:
             if concurrency < 1:
                 raise ConfigurationError(f"concurrency must be at least 1, got {concurrency}")
             self._concurrency = concurrency
+        if token is not None or tls is not None:
+            current = self._connection
+            self._connection = Connection(token=token if token is not None else current.token,
+                                          tls=tls if tls is not None else current.tls)
+
+
+@dataclass(frozen=True, slots=True)
+class Connection:
+    """How a worker reaches nodes: its API token and TLS settings (None: without)."""
+
+    token: str | None
+    tls: ClientTls | None
 
 
 def _is_async(fn: object) -> bool:

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import socket
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import orjson
 import pytest
 
 import fastlane.cli.remote
+from fastlane.auth.tls import ClientTls
 from fastlane.cli.main import main
 from fastlane.cli.output import format_fields, format_table
 from fastlane.config import Settings
@@ -386,21 +388,27 @@ def test_serve_defaults_to_sqlite_in_the_working_directory(monkeypatch: pytest.M
     assert (received[0].db_url, received[0].listen) == ("sqlite:///fastlane.db", "127.0.0.1:7070")
 
 
-def test_worker_passes_only_the_overrides_given(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[tuple[str, list[str], int | None]] = []
+def test_worker_passes_only_the_overrides_given(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    calls: list[tuple[str, list[str], int | None, str | None, object]] = []
     fake = SimpleNamespace(
-        run_worker_cli=lambda target, servers, concurrency: calls.append((target, servers, concurrency)) or 0
+        run_worker_cli=lambda target, servers, concurrency, *, token, tls: calls.append(
+            (target, servers, concurrency, token, tls)) or 0
     )
     monkeypatch.setitem(sys.modules, "fastlane.worker", fake)
     monkeypatch.delenv("FASTLANE_SERVER", raising=False)
+    monkeypatch.delenv("FASTLANE_TOKEN", raising=False)
+    token_file = tmp_path / "token"
+    token_file.write_text("fl_secret-from-file\n")
 
     assert main(["worker", "app.tasks:worker"]) == 0
     assert main(["worker", "app.tasks:worker", "--server", "a:1", "--server", "b:2", "--concurrency", "4"]) == 0
     monkeypatch.setenv("FASTLANE_SERVER", "env:3")
     assert main(["worker", "app.tasks:worker"]) == 0
+    assert main(["worker", "app.tasks:worker", "--token-file", str(token_file), "--tls-ca", "ca.pem"]) == 0
 
     assert calls == [
-        ("app.tasks:worker", [], None),
-        ("app.tasks:worker", ["a:1", "b:2"], 4),
-        ("app.tasks:worker", ["env:3"], None),
+        ("app.tasks:worker", [], None, None, None),
+        ("app.tasks:worker", ["a:1", "b:2"], 4, None, None),
+        ("app.tasks:worker", ["env:3"], None, None, None),
+        ("app.tasks:worker", ["env:3"], None, "fl_secret-from-file", ClientTls(ca_file=Path("ca.pem"))),
     ]

@@ -1,4 +1,4 @@
-"""AdminService: what this node knows of the cluster."""
+"""AdminService: what this node knows of the cluster, and API tokens."""
 
 from __future__ import annotations
 
@@ -8,6 +8,10 @@ from datetime import timedelta
 import grpc
 
 from fastlane._proto import admin_pb2, admin_pb2_grpc
+from fastlane.auth.issuing import issue_token
+from fastlane.domain import validation
+from fastlane.domain.access import Role
+from fastlane.domain.limits import MAX_NAME_LENGTH
 from fastlane.rpc import wire
 from fastlane.server.guard import rpc
 from fastlane.storage import Store
@@ -54,3 +58,38 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
                 for s in shards
             ],
         )
+
+    # -- API tokens (admin tokens only: see fastlane.auth.roles) --------------------------------
+
+    @rpc
+    async def CreateToken(
+        self,
+        request: admin_pb2.CreateTokenRequest,
+        context: grpc.aio.ServicerContext[admin_pb2.CreateTokenRequest, admin_pb2.CreateTokenResponse],
+    ) -> admin_pb2.CreateTokenResponse:
+        role = wire.enum_value(Role, request.role, "role", Role.VIEWER)
+        expires_in = wire.duration_in("expires_in", request.expires_in) if request.HasField("expires_in") else None
+        token, secret = await issue_token(
+            self._store, tenant=request.tenant, role=role,
+            name=validation.text("name", request.name, max_length=MAX_NAME_LENGTH), expires_in=expires_in,
+        )
+        return admin_pb2.CreateTokenResponse(token=wire.token_to_pb(token), secret=str(secret))
+
+    @rpc
+    async def ListTokens(
+        self,
+        request: admin_pb2.ListTokensRequest,
+        context: grpc.aio.ServicerContext[admin_pb2.ListTokensRequest, admin_pb2.ListTokensResponse],
+    ) -> admin_pb2.ListTokensResponse:
+        tenant = validation.name("tenant", request.tenant) if request.tenant else None
+        tokens = await self._store.list_tokens(tenant)
+        return admin_pb2.ListTokensResponse(tokens=[wire.token_to_pb(token) for token in tokens])
+
+    @rpc
+    async def RevokeToken(
+        self,
+        request: admin_pb2.RevokeTokenRequest,
+        context: grpc.aio.ServicerContext[admin_pb2.RevokeTokenRequest, admin_pb2.ApiToken],
+    ) -> admin_pb2.ApiToken:
+        token = await self._store.revoke_token(validation.identifier("token_id", request.token_id))
+        return wire.token_to_pb(token)

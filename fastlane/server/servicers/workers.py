@@ -29,6 +29,7 @@ import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from fastlane._proto import workers_pb2, workers_pb2_grpc
+from fastlane.auth.caller import qualified_worker_id, worker_tenant
 from fastlane.domain import validation
 from fastlane.domain.limits import (
     MAX_CHECKPOINT_BYTES,
@@ -42,7 +43,7 @@ from fastlane.engine.dispatch.ahead import ClockProbe
 from fastlane.engine.dispatch.dispatcher import Dispatcher
 from fastlane.engine.dispatch.messages import Acknowledge, Assign, Cancel, ClockEcho, Outgoing, WorkerSession
 from fastlane.engine.dispatch.tokens import MAX_LEASE_TOKEN
-from fastlane.errors import InvalidArgument
+from fastlane.errors import InvalidArgument, PermissionDenied
 from fastlane.rpc import wire
 from fastlane.storage import AttemptResult, Heartbeat
 
@@ -82,9 +83,16 @@ class WorkerServicer(workers_pb2_grpc.WorkerServiceServicer):
             # The id is not logged as sent: it may be what is wrong (control characters, length).
             log.warning("refused a worker stream: %s", error)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        try:
+            tenant = worker_tenant(hello.tenant)
+        except PermissionDenied as error:
+            log.warning("refused a worker stream: %s", error)
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(error))
         await context.write(workers_pb2.NodeMessage(welcome=workers_pb2.Welcome(
             node_id=self._node_id, heartbeat_interval=wire.duration(self._heartbeat_interval))))
-        session = self._dispatcher.connect(hello.worker_id, hello.job_types, hello.credits, hello.tenant)
+        # Under a tenant's token, the worker id is qualified by the tenant: reports are checked by
+        # worker id, so a worker of one tenant can never pass for another tenant's worker.
+        session = self._dispatcher.connect(qualified_worker_id(hello.worker_id), hello.job_types, hello.credits, tenant)
         reader = asyncio.create_task(self._read(session, context), name=f"worker-read:{hello.worker_id}")
         try:
             while True:
