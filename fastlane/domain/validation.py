@@ -17,6 +17,7 @@ import re
 from datetime import datetime, timedelta
 
 from fastlane.domain import schedules
+from fastlane.domain.access import ApiToken
 from fastlane.domain.limits import (
     DEFAULT_PAGE_SIZE,
     FIRST_INSTANT,
@@ -181,6 +182,21 @@ def validate_schedule(schedule: Schedule, field: str = "spec.schedule") -> Sched
     return schedule
 
 
+# -- API tokens --------------------------------------------------------------------------------
+
+
+def validate_token(token: ApiToken) -> ApiToken:
+    """Check a token record before it is stored; return it unchanged or raise
+    :class:`InvalidArgument` naming the field. The name is a note for people: any text of
+    0–200 characters without control characters, empty included."""
+    identifier("token_id", token.token_id)
+    name("tenant", token.tenant)
+    text("name", token.name, max_length=MAX_NAME_LENGTH)
+    if token.expires_at is not None:
+        instant("expires_at", token.expires_at)
+    return token
+
+
 def _shown(value: str) -> str:
     return repr(value if len(value) <= 40 else value[:40] + "…")
 
@@ -191,5 +207,5 @@ def _day(value: datetime) -> str:
 
 __all__ = [
     "count", "duration", "error_text", "identifier", "instant", "name", "page_size", "payload", "progress", "text",
-    "validate_schedule", "validate_spec",
+    "validate_schedule", "validate_spec", "validate_token",
 ]

@@ -9,10 +9,11 @@ lease is still the caller's with the same token. Otherwise they write nothing an
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Container, Sequence
+from collections.abc import Callable, Collection, Container, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Protocol
 
+from fastlane.domain.access import ApiToken
 from fastlane.domain.models import Attempt, DueJob, Job, JobSpec, JobState, NodeInfo, Run, RunState, ShardLease
 from fastlane.domain.records import AttemptResult, Change, Dispatch, Heartbeat, Occurrence, Page
 from fastlane.storage.results import Cancellation, Materialised, ResultOutcome
@@ -215,4 +216,37 @@ class Store(Protocol):
         PostgreSQL: LISTEN/NOTIFY, reconnecting when the connection drops (the node's periodic
         full scan covers what is missed meanwhile). SQLite has a single node: nothing to watch.
         """
+        ...
+
+    # -- API tokens -----------------------------------------------------------------------------
+
+    async def create_token(self, token: ApiToken, secret_hash: bytes) -> ApiToken:
+        """Store a new token with the hash of its secret (never the secret) and return it as stored.
+
+        ``created_at`` is the database clock's, whatever the record carries; a new token starts
+        unrevoked and unused (the record's ``revoked_at`` and ``last_used_at`` are not stored).
+        Raises :class:`~fastlane.errors.InvalidArgument` for a bad id, tenant, name or expiry,
+        and :class:`~fastlane.errors.Conflict` when the id is taken.
+        """
+        ...
+
+    async def find_token(self, token_id: str) -> tuple[ApiToken, bytes] | None:
+        """The token with this id and its stored secret hash, or None (revoked and expired ones too)."""
+        ...
+
+    async def list_tokens(self, tenant: str | None = None) -> list[ApiToken]:
+        """The tokens of ``tenant`` (None: of every tenant), oldest first, then by id."""
+        ...
+
+    async def revoke_token(self, token_id: str, *, tenant: str | None = None) -> ApiToken:
+        """Revoke a token as of the database clock and return it; revoking it again keeps the
+        first time. Raises :class:`~fastlane.errors.TokenNotFound` for an unknown id and, when
+        ``tenant`` is given, for a token of another tenant (whose existence is never revealed).
+        """
+        ...
+
+    async def touch_tokens(self, used: Mapping[str, datetime]) -> None:
+        """Record when tokens were last accepted, one statement for the batch: each token's
+        ``last_used_at`` becomes the later of the stored time and the given one, so reports
+        arriving out of order never move it back. Unknown ids are ignored."""
         ...

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from fastlane.domain.access import ApiToken, Role
 from fastlane.domain.models import (
     Attempt,
     AttemptOutcome,
@@ -317,4 +318,17 @@ def build_node(row: Row) -> NodeInfo:
         workers=row["workers"],
         eligible=bool(row["eligible"]),
         note=row["note"],
+    )
+
+
+def build_token(row: Row) -> ApiToken:
+    return ApiToken(
+        token_id=row["token_id"],
+        tenant=row["tenant"],
+        role=Role(row["role"]),
+        name=row["name"],
+        created_at=row["created_at"],
+        expires_at=row["expires_at"],
+        revoked_at=row["revoked_at"],
+        last_used_at=row["last_used_at"],
     )

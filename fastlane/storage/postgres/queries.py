@@ -313,3 +313,28 @@ LIVE_NODES = (
 )
 REMOVE_NODE = "DELETE FROM nodes WHERE node_id = $1"
 LIST_NODES = "SELECT * FROM nodes ORDER BY node_id"
+
+# -- API tokens ------------------------------------------------------------------------------------
+
+# created_at is the database clock's; a new token starts unrevoked and unused, whatever its record says.
+INSERT_TOKEN = """
+    INSERT INTO api_tokens (token_id, tenant, role, name, secret_hash, created_at, expires_at)
+    VALUES ($1, $2, $3, $4, $5, clock_timestamp(), $6)
+    ON CONFLICT (token_id) DO NOTHING
+    RETURNING *
+"""
+GET_TOKEN = "SELECT * FROM api_tokens WHERE token_id = $1"
+LIST_TOKENS = "SELECT * FROM api_tokens WHERE ($1::text IS NULL OR tenant = $1) ORDER BY created_at, token_id"
+# coalesce: revoking again keeps the first time. A token of another tenant is left alone and
+# returns no row, exactly as an unknown one does.
+REVOKE_TOKEN = """
+    UPDATE api_tokens SET revoked_at = coalesce(revoked_at, clock_timestamp())
+    WHERE token_id = $1 AND ($2::text IS NULL OR tenant = $2)
+    RETURNING *
+"""
+# Only rows whose time moves forward are written: a node reporting late never moves it back.
+TOUCH_TOKENS = """
+    UPDATE api_tokens t SET last_used_at = u.used_at
+    FROM unnest($1::text[], $2::timestamptz[]) AS u(token_id, used_at)
+    WHERE t.token_id = u.token_id AND (t.last_used_at IS NULL OR t.last_used_at < u.used_at)
+"""

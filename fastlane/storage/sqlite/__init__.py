@@ -1,8 +1,9 @@
 """The SQLite backend (aiosqlite, WAL): the embedded default for a single node.
 
 ``store`` holds :class:`SQLiteStore` (lifecycle and jobs), built from the mixins of ``lane`` (the
-fast lane), ``runs`` and ``shards`` (leases and membership) over ``connection``; ``queries``
-holds the dialect's named SQL, under the same names as the PostgreSQL backend's.
+fast lane), ``runs``, ``shards`` (leases and membership) and ``tokens`` (API tokens) over
+``connection``; ``queries`` holds the dialect's named SQL, under the same names as the
+PostgreSQL backend's.
 """
 
 from fastlane.storage.sqlite.store import SQLiteStore

@@ -283,3 +283,30 @@ HEARTBEAT_NODE = f"""
 LIVE_NODES = f"SELECT * FROM nodes WHERE heartbeat_at > {NOW} - ? ORDER BY node_id"
 REMOVE_NODE = "DELETE FROM nodes WHERE node_id = ?"
 LIST_NODES = "SELECT * FROM nodes ORDER BY node_id"
+
+# -- API tokens ------------------------------------------------------------------------------------
+
+# created_at is the database clock's; a new token starts unrevoked and unused, whatever its record says.
+INSERT_TOKEN = f"""
+    INSERT INTO api_tokens (token_id, tenant, role, name, secret_hash, created_at, expires_at)
+    VALUES (?, ?, ?, ?, ?, {NOW}, ?)
+    ON CONFLICT (token_id) DO NOTHING
+    RETURNING *
+"""
+GET_TOKEN = "SELECT * FROM api_tokens WHERE token_id = ?"
+LIST_TOKENS = "SELECT * FROM api_tokens WHERE (? IS NULL OR tenant = ?) ORDER BY created_at, token_id"
+# coalesce: revoking again keeps the first time. A token of another tenant is left alone and
+# returns no row, exactly as an unknown one does.
+REVOKE_TOKEN = f"""
+    UPDATE api_tokens SET revoked_at = coalesce(revoked_at, {NOW})
+    WHERE token_id = ? AND (? IS NULL OR tenant = ?)
+    RETURNING *
+"""
+# Only rows whose time moves forward are written: a node reporting late never moves it back.
+TOUCH_TOKENS = """
+    UPDATE api_tokens SET last_used_at = u.used_at
+    FROM (SELECT json_extract(value, '$[0]') AS token_id, json_extract(value, '$[1]') AS used_at
+          FROM json_each(?)) AS u
+    WHERE api_tokens.token_id = u.token_id
+      AND (api_tokens.last_used_at IS NULL OR api_tokens.last_used_at < u.used_at)
+"""

@@ -6,8 +6,9 @@ expanded by ``json_each`` so that, as on PostgreSQL, a batch is one statement. W
 ``BEGIN IMMEDIATE``, so two stores on one file (two processes, or a test's two connections)
 serialise on SQLite's write lock; the fence is checked inside that lock.
 
-This module holds the lifecycle and the jobs; the fast lane, runs and shards are in the mixins
-of ``lane``, ``runs`` and ``shards``, the connections in ``connection``, the SQL in ``queries``.
+This module holds the lifecycle and the jobs; the fast lane, runs, shards and API tokens are in
+the mixins of ``lane``, ``runs``, ``shards`` and ``tokens``, the connections in ``connection``,
+the SQL in ``queries``.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ from fastlane.storage.sqlite.connection import fetch_all, fetch_one, fetch_value
 from fastlane.storage.sqlite.lane import SQLiteLane
 from fastlane.storage.sqlite.runs import SQLiteRuns
 from fastlane.storage.sqlite.shards import SQLiteShards
+from fastlane.storage.sqlite.tokens import SQLiteTokens
 
 
-class SQLiteStore(SQLiteLane, SQLiteRuns, SQLiteShards, Store):
+class SQLiteStore(SQLiteLane, SQLiteRuns, SQLiteShards, SQLiteTokens, Store):
     """Store on one SQLite file: a write connection (serialised) and a read connection."""
 
     dialect = "sqlite"
