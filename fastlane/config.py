@@ -30,6 +30,7 @@ class Settings:
     advertise: str | None = None  # the address other nodes and workers use; default: listen
     node_id: str = field(default_factory=default_node_id)
     metrics_listen: str | None = None
+    health_listen: str | None = None  # the health service alone, plain gRPC (for probes)
     # Every call but health checks needs an API token (fastlane tokens create).
     auth: bool = False
     # TLS for the API: certificate and key files (re-read when they change), and the CA that
@@ -94,13 +95,15 @@ class Settings:
             raise ConfigurationError("--tls-cert and --tls-key go together: give both or neither")
         if self.tls_client_ca is not None and self.tls_cert is None:
             raise ConfigurationError("--tls-client-ca (mutual TLS) needs --tls-cert and --tls-key")
-        for flag, address in (("--listen", self.listen), ("--metrics", self.metrics_listen)):
+        for flag, address in (("--listen", self.listen), ("--metrics", self.metrics_listen),
+                              ("--health", self.health_listen)):
             if address is None:
                 continue
             host, _, port = address.rpartition(":")
             if not host or not port.isdigit():
                 raise ConfigurationError(f"{flag} {address!r}: expected HOST:PORT, e.g. 127.0.0.1:7070")
-            if self.insecure or _is_loopback(host):
+            # Health says SERVING or NOT_SERVING and nothing else: any address will do.
+            if self.insecure or _is_loopback(host) or flag == "--health":
                 continue
             missing = [what for what, present in (("--auth", self.auth), ("--tls-cert/--tls-key", self.tls))
                        if present is False and (flag == "--listen" or what == "--auth")]

@@ -59,6 +59,11 @@ def register(commands: Any) -> None:
         "--auth or --insecure)",
     )
     serve.add_argument(
+        "--health", metavar="HOST:PORT",
+        help="also serve the gRPC health service alone, without TLS or token, on this address (any address: it "
+        "tells only SERVING or NOT_SERVING); for Kubernetes gRPC probes when the API uses TLS (default: off)",
+    )
+    serve.add_argument(
         "--auth", action="store_true",
         help="require an API token (authorization: Bearer ...) on every call but health checks; each caller then "
         "acts for its token's tenant with its token's role. Make the first admin token with "
@@ -190,6 +195,7 @@ def serve_node(args: argparse.Namespace) -> int:
         advertise=args.advertise,
         node_id=args.node_id or default_node_id(),
         metrics_listen=args.metrics,
+        health_listen=args.health,
         auth=args.auth,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,

@@ -39,9 +39,11 @@ class ApiServer:
 
     def __init__(self, listen: str, *, jobs: JobServicer, runs: RunServicer, workers: WorkerServicer,
                  admin: AdminServicer, interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
-                 tls: ServerTls | None = None) -> None:
+                 tls: ServerTls | None = None, health_listen: str | None = None) -> None:
         """``interceptors``: the access check when tokens are required; ``tls``: serve over TLS
-        (mutual TLS when it names a client CA), its files re-read when they change."""
+        (mutual TLS when it names a client CA), its files re-read when they change;
+        ``health_listen``: also serve the health service alone, in plain gRPC, on this address
+        (Kubernetes' gRPC probes speak neither TLS nor tokens)."""
         self._server = grpc.aio.server(interceptors=list(interceptors), options=[
             # gRPC sets SO_REUSEPORT by default, so a second node started on a taken port would
             # listen beside the first and clients would reach either at random: refuse instead.
@@ -72,10 +74,23 @@ class ApiServer:
             raise refused from error
         if self.port == 0:
             raise refused
+        self._health_server: grpc.aio.Server | None = None
+        self.health_port: int | None = None
+        if health_listen is not None:
+            self._health_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+            health_pb2_grpc.add_HealthServicer_to_server(self._health, self._health_server)
+            try:
+                self.health_port = self._health_server.add_insecure_port(health_listen)
+            except RuntimeError as error:
+                raise ConfigurationError(f"cannot listen on --health {health_listen}: in use or invalid") from error
+            if self.health_port == 0:
+                raise ConfigurationError(f"cannot listen on --health {health_listen}: in use or invalid")
 
     async def start(self) -> None:
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         await self._server.start()
+        if self._health_server is not None:
+            await self._health_server.start()
 
     async def set_ready(self, ready: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
@@ -86,4 +101,6 @@ class ApiServer:
             await self._health.set(service, status)
 
     async def stop(self, grace: float) -> None:
+        if self._health_server is not None:
+            await self._health_server.stop(grace)
         await self._server.stop(grace)

@@ -191,6 +191,7 @@ class Node:
             settings.listen,
             interceptors=[AccessInterceptor(authenticator)] if authenticator is not None else [],
             tls=self._server_tls(),
+            health_listen=settings.health_listen,
             jobs=JobServicer(store, operations, max_payload=settings.max_payload_bytes),
             runs=RunServicer(store, operations),
             workers=WorkerServicer(dispatcher, node_id=settings.node_id, heartbeat_interval=HEARTBEAT_INTERVAL),
