@@ -1,0 +1,220 @@
+"""Tenants are a boundary: under ``--auth`` a caller sees and touches only its token's tenant.
+
+Every RPC of the job and run services is tried by a client of tenant ``a`` against tenant ``b``'s
+job and run, by id and by naming the tenant; workers of ``a`` never receive ``b``'s runs and cannot
+report on them. Real node and gRPC, both backends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+import grpc
+import pytest
+
+from fastlane._proto import workers_pb2 as pb
+from fastlane._proto import workers_pb2_grpc as pb_grpc
+from fastlane.domain.models import JobSpec, RunState, Schedule
+from fastlane.rpc.channel import open_channel
+from fastlane.rpc.status import RemoteError
+from fastlane.worker import RunContext, Worker
+
+WAIT = 20.0
+HOURLY = Schedule.interval(timedelta(hours=1))
+
+
+async def refused(call, code: grpc.StatusCode) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(RemoteError) as error:
+        await call
+    assert error.value.code is code, error.value
+
+
+async def test_a_client_of_one_tenant_sees_and_touches_nothing_of_another(secured):
+    node = secured
+    async with node.client("client-a") as a, node.client("client-b") as b, node.client("admin") as admin:
+        theirs = await b.create("payroll", "t", HOURLY, payload={"iban": "secret"})
+        their_run = await b.trigger_job(theirs.job_id)
+        assert theirs.tenant == "b"
+        mine = await a.create("reports", "t", HOURLY)
+        assert mine.tenant == "a"
+
+        # Listing: only a's own, and naming b is refused.
+        assert [job.job_id for job in (await a.list_jobs()).items] == [mine.job_id]
+        assert all(run.tenant == "a" for run in (await a.list_runs()).items)
+        async with node.client("client-a", tenant="b") as a_as_b:
+            await refused(a_as_b.list_jobs(), grpc.StatusCode.PERMISSION_DENIED)
+            await refused(a_as_b.list_runs(), grpc.StatusCode.PERMISSION_DENIED)
+            await refused(a_as_b.get_job(theirs.job_id), grpc.StatusCode.PERMISSION_DENIED)
+            await refused(a_as_b.get_run(their_run.run_id), grpc.StatusCode.PERMISSION_DENIED)
+            await refused(a_as_b.delete_job(theirs.job_id), grpc.StatusCode.PERMISSION_DENIED)
+            await refused(a_as_b.create("intruder", "t", HOURLY), grpc.StatusCode.PERMISSION_DENIED)
+
+        # By id, within a's own tenant: b's job and run do not exist.
+        not_found = grpc.StatusCode.NOT_FOUND
+        await refused(a.get_job(theirs.job_id), not_found)
+        await refused(a.pause_job(theirs.job_id), not_found)
+        await refused(a.resume_job(theirs.job_id), not_found)
+        await refused(a.trigger_job(theirs.job_id), not_found)
+        await refused(a.update_job(theirs.job_id, JobSpec(name="payroll", job_type="t", schedule=HOURLY)), not_found)
+        await refused(a.delete_job(theirs.job_id), not_found)
+        await refused(a.get_run(their_run.run_id), not_found)
+        await refused(a.cancel_run(their_run.run_id), not_found)
+        await refused(a.retry_run(their_run.run_id), not_found)
+        assert (await a.list_runs(job_id=theirs.job_id)).items == []
+
+        # A spec naming tenant b, sent by a's client, is refused too.
+        with pytest.raises(RemoteError) as spec_for_b:
+            async with node.client("client-a", tenant="b") as sneaky:
+                await sneaky.create_job(JobSpec(tenant="b", name="x", job_type="t", schedule=HOURLY))
+        assert spec_for_b.value.code is grpc.StatusCode.PERMISSION_DENIED
+
+        # b's job and run are untouched; an admin may act for b by naming it.
+        job = await b.get_job(theirs.job_id)
+        assert (job.state, job.spec.name, job.spec.payload) == (theirs.state, "payroll", theirs.spec.payload)
+        run, _ = await b.get_run(their_run.run_id)
+        assert run.state is RunState.SCHEDULED
+        async with node.client("admin", tenant="b") as admin_for_b:
+            assert [j.job_id for j in (await admin_for_b.list_jobs()).items] == [theirs.job_id]
+        assert (await admin.list_jobs()).items == []  # the admin's own tenant, "ops"
+
+
+async def test_a_worker_receives_only_the_runs_of_its_token_tenant(secured):
+    node = secured
+    received: dict[str, list[str]] = {"a": [], "b": []}
+    arrived = asyncio.Event()
+
+    def worker_of(tenant: str) -> Worker:
+        worker = Worker(node.address, worker_id="shared-name", concurrency=8, follow_cluster=False,
+                        token=node.secrets[f"worker-{tenant}"])
+
+        @worker.handler("t")
+        async def handle(ctx: RunContext) -> None:
+            assert ctx.tenant == tenant
+            received[tenant].append(ctx.run_id)
+            arrived.set()
+
+        return worker
+
+    async with node.client("client-a") as a, node.client("client-b") as b:
+        job_a = await a.create("ja", "t", HOURLY)
+        job_b = await b.create("jb", "t", HOURLY)
+        worker_a = worker_of("a")
+        task_a = asyncio.create_task(worker_a.run())
+        try:
+            run_a = await a.trigger_job(job_a.job_id)
+            run_b = await b.trigger_job(job_b.job_id)
+            async with asyncio.timeout(WAIT):
+                while (await a.get_run(run_a.run_id))[0].state is not RunState.SUCCEEDED:
+                    await asyncio.sleep(0.05)
+            # Only a's worker is connected: b's run waits for a worker of b.
+            assert received["a"] == [run_a.run_id]
+            assert (await b.get_run(run_b.run_id))[0].state is RunState.SCHEDULED
+
+            worker_b = worker_of("b")
+            task_b = asyncio.create_task(worker_b.run())
+            try:
+                async with asyncio.timeout(WAIT):
+                    while (await b.get_run(run_b.run_id))[0].state is not RunState.SUCCEEDED:
+                        await asyncio.sleep(0.05)
+                _, attempts = await b.get_run(run_b.run_id)
+                assert [attempt.worker_id for attempt in attempts] == ["b#shared-name"]
+            finally:
+                await asyncio.wait_for(worker_b.stop(), WAIT)
+                await asyncio.wait_for(task_b, WAIT)
+            assert received == {"a": [run_a.run_id], "b": [run_b.run_id]}
+        finally:
+            await asyncio.wait_for(worker_a.stop(), WAIT)
+            await asyncio.wait_for(task_a, WAIT)
+
+
+class RawStream:
+    """A worker stream spoken by hand, to send what the SDK never would."""
+
+    def __init__(self, address: str, token: str) -> None:
+        self.channel = open_channel(address, token=token)
+        self.outgoing: asyncio.Queue[pb.WorkerMessage | None] = asyncio.Queue()
+        self.call = pb_grpc.WorkerServiceStub(self.channel).Connect(self._requests())
+
+    async def _requests(self):  # type: ignore[no-untyped-def]
+        while (message := await self.outgoing.get()) is not None:
+            yield message
+
+    def send(self, **body) -> None:  # type: ignore[no-untyped-def]
+        self.outgoing.put_nowait(pb.WorkerMessage(**body))
+
+    async def read(self) -> pb.NodeMessage:
+        async with asyncio.timeout(WAIT):
+            message = await self.call.read()
+        assert message is not grpc.aio.EOF
+        return message
+
+    async def close(self) -> None:
+        self.outgoing.put_nowait(None)
+        self.call.cancel()
+        await self.channel.close()
+
+
+async def test_a_worker_token_cannot_ask_for_another_tenant_runs(secured):
+    stream = RawStream(secured.address, secured.secrets["worker-a"])
+    try:
+        stream.send(hello=pb.Hello(worker_id="w", job_types=["t"], credits=1, tenant="b"))
+        with pytest.raises(grpc.aio.AioRpcError) as refused_hello:
+            await stream.read()
+        assert refused_hello.value.code() is grpc.StatusCode.PERMISSION_DENIED
+    finally:
+        await stream.close()
+
+
+async def test_reports_on_another_tenant_attempt_are_refused(secured):
+    node = secured
+    async with node.client("client-b") as b:
+        job = await b.create("victim", "t", HOURLY)
+        victim = RawStream(node.address, node.secrets["worker-b"])
+        attacker = RawStream(node.address, node.secrets["worker-a"])
+        try:
+            victim.send(hello=pb.Hello(worker_id="same-id", job_types=["t"], credits=1))
+            assert (await victim.read()).WhichOneof("body") == "welcome"
+            run = await b.trigger_job(job.job_id)
+            while (message := await victim.read()).WhichOneof("body") != "assignments":
+                pass
+            assignment = message.assignments.assignments[0]
+            assert assignment.run_id == run.run_id
+
+            # a's worker, under the same worker id, knows the run id and lease token: it still
+            # cannot end the attempt, heartbeat it or replace its checkpoint.
+            attacker.send(hello=pb.Hello(worker_id="same-id", job_types=["t"], credits=1))
+            assert (await attacker.read()).WhichOneof("body") == "welcome"
+            attacker.send(heartbeats=pb.Heartbeats(beats=[pb.RunHeartbeat(
+                run_id=run.run_id, lease_token=assignment.lease_token, started=True, checkpoint=b"forged")]))
+            attacker.send(results=pb.Results(results=[pb.RunResult(
+                run_id=run.run_id, lease_token=assignment.lease_token, outcome="permanent_failure",
+                error_code="Forged", error_message="sent by another tenant")]))
+            victim.send(results=pb.Results(results=[pb.RunResult(
+                run_id=run.run_id, lease_token=assignment.lease_token, outcome="succeeded")]))
+            while (message := await victim.read()).WhichOneof("body") != "acks":
+                pass
+
+            settled, attempts = await b.get_run(run.run_id)
+            assert settled.state is RunState.SUCCEEDED
+            assert settled.checkpoint is None
+            assert [(attempt.worker_id, attempt.error_code) for attempt in attempts] == [("b#same-id", None)]
+        finally:
+            await victim.close()
+            await attacker.close()
+
+
+async def test_an_open_worker_stream_ends_when_its_token_is_revoked(secured):
+    node = secured
+    stream = RawStream(node.address, node.secrets["worker-a"])
+    try:
+        stream.send(hello=pb.Hello(worker_id="w", job_types=["t"], credits=1))
+        assert (await stream.read()).WhichOneof("body") == "welcome"
+        await node.store.revoke_token(node.tokens["worker-a"].token_id)
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            while True:
+                await stream.read()
+        assert ended.value.code() is grpc.StatusCode.UNAUTHENTICATED
+        assert "revoked" in (ended.value.details() or "")
+    finally:
+        await stream.close()
