@@ -555,6 +555,42 @@ def get_cluster() -> st.SearchStrategy[Probe]:
     return st.just(Probe("AdminService", "GetCluster", (), lambda memory: admin_pb2.GetClusterRequest()))
 
 
+TOKEN_ROLES = ("admin", "client", "worker", "viewer")
+
+
+@st.composite
+def create_token(draw: st.DrawFn) -> Probe:
+    request = admin_pb2.CreateTokenRequest(tenant="fuzz-tenant", role="viewer", name="fuzz")
+    fields = []
+    if draw(st.booleans()):
+        request.tenant = draw(strings())
+        fields.append("tenant")
+    if draw(st.booleans()):
+        request.role = draw(enum_strings(TOKEN_ROLES))
+        fields.append("role")
+    if draw(st.booleans()):
+        request.name = draw(strings())
+        fields.append("name")
+    if draw(st.booleans()):
+        request.expires_in.CopyFrom(draw(durations()))
+        fields.append("expires_in")
+    return Probe("AdminService", "CreateToken", tuple(fields), lambda memory: request)
+
+
+@st.composite
+def token_listing(draw: st.DrawFn) -> Probe:
+    tenant = draw(st.one_of(st.just(""), strings()))
+    return Probe("AdminService", "ListTokens", ("tenant",) if tenant else (),
+                 lambda memory: admin_pb2.ListTokensRequest(tenant=tenant))
+
+
+@st.composite
+def revoke_token(draw: st.DrawFn) -> Probe:
+    token_id = draw(strings())
+    return Probe("AdminService", "RevokeToken", ("token_id",), lambda memory: admin_pb2.RevokeTokenRequest(
+        token_id=token_id))
+
+
 def api_probes() -> st.SearchStrategy[Probe]:
     """Any request to JobService, RunService or AdminService; CreateJob and UpdateJob, which have
     the most fields, are drawn most often."""
@@ -564,7 +600,7 @@ def api_probes() -> st.SearchStrategy[Probe]:
         job_ref("GetJob"), job_ref("PauseJob"), job_ref("ResumeJob"), job_ref("DeleteJob"), job_ref("TriggerJob"),
         list_jobs(), preview_schedule(), preview_schedule(),
         list_runs(), run_ref("GetRun"), run_ref("CancelRun"), run_ref("RetryRun"),
-        get_cluster(),
+        get_cluster(), create_token(), token_listing(), revoke_token(),
     )
 
 

@@ -7,6 +7,8 @@ Real node, real gRPC, both backends; tokens are made in the node's database as a
 from __future__ import annotations
 
 import asyncio
+import random
+import string
 import time
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
@@ -186,3 +188,25 @@ async def test_last_use_is_recorded(secured):
     await node.node.authenticator.flush_last_used()
     token = next(t for t in await node.store.list_tokens("a") if t.token_id == node.tokens["viewer-a"].token_id)
     assert token.last_used_at is not None and token.last_used_at >= token.created_at
+
+
+async def test_random_authorization_values_are_unauthenticated_never_an_error(secured):
+    # The one new input of S2 on every call: whatever it holds, the answer is UNAUTHENTICATED.
+    rng = random.Random(20261123)
+    real = secured.secrets["client-a"]
+    values = ["", "Bearer", "Bearer ", "bearer " + real.upper(), "Basic " + real, real, "Bearer  " + real + "x",
+              "Bearer " + real[:-1], "Bearer fl__" + "0" * 64, "Bearer " + "fl_" + "a" * 12 + "_" + "g" * 64,
+              "Bearer " + "x" * 4000]
+    alphabet = string.ascii_letters + string.digits + string.punctuation + " "
+    values += ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 300))) for _ in range(200)]
+    values += ["Bearer " + real[:rng.randint(0, len(real))] + "".join(rng.choice(alphabet) for _ in range(5))
+               for _ in range(50)]
+    channel = open_channel(secured.address)
+    stub = jobs_pb2_grpc.JobServiceStub(channel)
+    try:
+        for value in values:
+            code = await status_of_call(stub.ListJobs(jobs_pb2.ListJobsRequest(), timeout=WAIT,
+                                                      metadata=(("authorization", value),)))
+            assert code is grpc.StatusCode.UNAUTHENTICATED, value
+    finally:
+        await channel.close()
