@@ -12,6 +12,7 @@ from pathlib import Path
 
 from fastlane.bench.harness import SHARDS, Bench, Deadline, ProcessMemory, now_utc, peak_rss
 from fastlane.bench.processes import Daemon, WorkerProcess, child_environment
+from fastlane.bench.secure import Secured
 
 from fastlane.client import Client
 
@@ -24,21 +25,25 @@ class FastlaneCluster:
     """``nodes`` daemons sharing ``db_url`` and ``workers`` worker processes connected to every node."""
 
     def __init__(self, bench: Bench, db_url: str, *, nodes: int = 1, workers: int = 1,
-                 lease_ttl: timedelta | None = None, label: str = "fastlane") -> None:
+                 lease_ttl: timedelta | None = None, label: str = "fastlane", secured: Secured | None = None) -> None:
+        """``secured``: run the nodes with TLS and tokens, and connect to them so (``--secure``)."""
         self._bench = bench
         self._label = label
         extra = ["--shard-lease-ttl", f"{lease_ttl.total_seconds():g}"] if lease_ttl else []
+        extra += secured.node_args() if secured else []
+        self._client_options = secured.client_options() if secured else {}
         workdir = bench.workdir
         self.daemons = [
             Daemon(db_url, workdir / f"{label}-node-{index}.log", node_id=f"node-{index}", shards=SHARDS,
-                   extra_args=extra)
+                   extra_args=extra, client_options=self._client_options)
             for index in range(1, nodes + 1)
         ]
         addresses = [daemon.address for daemon in self.daemons]
         self.record_paths: list[Path] = [workdir / f"{label}-received-{index}.txt" for index in range(1, workers + 1)]
         self.workers = [
             WorkerProcess(WORKER_TARGET, addresses, workdir / f"{label}-worker-{index}.log",
-                          concurrency=WORKER_CONCURRENCY, env=child_environment(FASTLANE_BENCH_RECORD=str(path)))
+                          concurrency=WORKER_CONCURRENCY, env=child_environment(FASTLANE_BENCH_RECORD=str(path)),
+                          extra_args=secured.worker_args() if secured else ())
             for index, path in enumerate(self.record_paths, start=1)
         ]
         self.started_at: datetime | None = None
@@ -75,7 +80,7 @@ class FastlaneCluster:
     async def _wait_balanced(self, deadline: Deadline) -> None:
         """Until every shard is owned and the owners are the nodes, each with its fair share."""
         node_ids = {f"node-{index}" for index in range(1, len(self.daemons) + 1)}
-        async with Client(self.daemons[0].address) as client:
+        async with Client(self.daemons[0].address, **self._client_options) as client:
             while True:
                 status = await client.cluster()
                 owners: dict[str, int] = {}

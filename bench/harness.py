@@ -139,6 +139,7 @@ class Bench:
     scale: float
     workdir: Path
     peer: bool = True
+    secure: bool = False  # spread and burst: run fastlane again with TLS and an API token
     pg: ThrowawayPostgres | None = None
     progress: Progress = field(default_factory=Progress)
     notes: list[str] = field(default_factory=list)

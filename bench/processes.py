@@ -12,8 +12,9 @@ import socket
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 STOP_TIMEOUT = 15.0
@@ -80,7 +81,10 @@ class Daemon(Process):
     """``fastlane serve`` on a free loopback port, with metrics on another."""
 
     def __init__(self, db_url: str, log_path: Path, *, node_id: str = "node-1", shards: int = 8,
-                 extra_args: Sequence[str] = (), env: dict[str, str] | None = None) -> None:
+                 extra_args: Sequence[str] = (), env: dict[str, str] | None = None,
+                 client_options: Mapping[str, Any] | None = None) -> None:
+        """``client_options``: how the harness's own client calls reach it (token, TLS)."""
+        self.client_options = dict(client_options or {})
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.metrics_address = f"127.0.0.1:{free_port()}"
@@ -93,7 +97,7 @@ class Daemon(Process):
     async def wait_ready(self, timeout: float = 30.0) -> None:
         from fastlane.client import Client
 
-        async with Client(self.address) as client:
+        async with Client(self.address, **self.client_options) as client:
             try:
                 await client.wait_ready(timeout)
             except Exception as error:
@@ -115,8 +119,9 @@ class WorkerProcess(Process):
     """``fastlane worker TARGET --server ADDRESS``."""
 
     def __init__(self, target: str, addresses: Sequence[str], log_path: Path, *,
-                 concurrency: int | None = None, env: dict[str, str] | None = None) -> None:
-        argv = [sys.executable, "-m", "fastlane", "worker", target]
+                 concurrency: int | None = None, env: dict[str, str] | None = None,
+                 extra_args: Sequence[str] = ()) -> None:
+        argv = [sys.executable, "-m", "fastlane", "worker", target, *extra_args]
         for address in addresses:
             argv += ["--server", address]
         if concurrency is not None:

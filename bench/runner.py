@@ -45,6 +45,7 @@ class Options:
     workers: int = 1
     scale: float = 1.0
     peer: bool = True  # run APScheduler beside fastlane where the scenario has a peer
+    secure: bool = False  # spread and burst: fastlane again with TLS and an API token
     json: bool = False
     out: str | None = None
 
@@ -58,7 +59,8 @@ def run_benchmark(options: Options) -> int:
     out = Path(options.out) if options.out else None
     with tempfile.TemporaryDirectory(prefix="fastlane-bench-") as scratch:
         bench = Bench(scenario=options.scenario, backend=options.backend, nodes=options.nodes,
-                      workers=options.workers, scale=options.scale, peer=options.peer, workdir=Path(scratch),
+                      workers=options.workers, scale=options.scale, peer=options.peer, secure=options.secure,
+                      workdir=Path(scratch),
                       progress=progress)
         try:
             results = _run(scenario, bench)

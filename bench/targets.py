@@ -20,6 +20,8 @@ SUSTAINED_RUNS_PER_S = 10_000.0
 VS_SQLALCHEMY_AT_MOST = 0.1  # at least 10x lower
 VS_MEMORY_AT_MOST = 2.0
 START_VS_MEMORY_AT_MOST = 1.0  # runs sent ahead start on their instant: no worse than in-process
+SECURED = "fastlane-tls-token"
+SECURED_VS_PLAIN_AT_MOST = 1.1  # TLS and a token cost at most 10 % of p99
 BYTES_PER_WINDOW_JOB = 500.0
 REBUILD_JOBS = 100_000
 REBUILD_S = 2.0
@@ -77,7 +79,19 @@ def _spread(document: Mapping[str, Any], fastlane: Mapping[str, Any] | None) -> 
             note = "no start lag recorded (a worker or peer from before the start column)"
         targets.append(Target(name=wording, limit=limit, op="<=", unit="ratio", measured=measured,
                               applies=theirs is not None, note=note))
-    return targets
+    return targets + _secured(document, fastlane)
+
+
+def _secured(document: Mapping[str, Any], fastlane: Mapping[str, Any] | None) -> list[Target]:
+    """What TLS and a token cost, from the same run. Start lag is compared: with runs sent ahead
+    the delivery lag is negative (received before the instant), so its ratio means nothing;
+    what a user sees is when the handler starts. Only with ``--secure``."""
+    secured = result_of(document, SECURED)
+    if secured is None:
+        return []
+    return [Target(name=f"spread p99 start lag with TLS and a token vs without (≤{SECURED_VS_PLAIN_AT_MOST:g}x)",
+                   limit=SECURED_VS_PLAIN_AT_MOST, op="<=", unit="ratio",
+                   measured=ratio(lag_of(secured, "start_lag_ms", "p99"), lag_of(fastlane, "start_lag_ms", "p99")))]
 
 
 def _burst(fastlane: Mapping[str, Any] | None) -> list[Target]:

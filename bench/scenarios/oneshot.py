@@ -36,10 +36,12 @@ from fastlane.bench.peer import (
     peer_available,
     run_peer,
 )
+from fastlane.bench.secure import secure
 from fastlane.bench.stats import Deliveries, histogram_quantiles, stall_causes
 
 from fastlane.domain.models import JobSpec, Schedule
 
+SECURED_SYSTEM = "fastlane-tls-token"  # the --secure run: TLS and an API token on every call and stream
 SPREAD_JOBS = 30_000
 SPREAD_OVER_S = 30.0
 BURST_JOBS = 100_000
@@ -65,21 +67,23 @@ async def burst(bench: Bench) -> list[dict[str, object]]:
 
 def spread_budget(bench: Bench) -> float:
     jobs = bench.scaled(SPREAD_JOBS, minimum=10)
-    return _budget(jobs, bench.seconds(SPREAD_OVER_S, minimum=1.0))
+    return _budget(jobs, bench.seconds(SPREAD_OVER_S, minimum=1.0), fastlane_runs=2 if bench.secure else 1)
 
 
 def burst_budget(bench: Bench) -> float:
-    return _budget(bench.scaled(BURST_JOBS, minimum=10), 0.0)
+    return _budget(bench.scaled(BURST_JOBS, minimum=10), 0.0, fastlane_runs=2 if bench.secure else 1)
 
 
-def _budget(jobs: int, over: float) -> float:
-    fastlane = START_ALLOWANCE_S + jobs * CREATE_WORST_S + over + FASTLANE_GRACE_S
+def _budget(jobs: int, over: float, *, fastlane_runs: int) -> float:
+    fastlane = fastlane_runs * (START_ALLOWANCE_S + jobs * CREATE_WORST_S + over + FASTLANE_GRACE_S)
     peers = 2 * (STARTUP_ALLOWANCE_S + jobs * ADD_JOB_WORST_S + over + PEER_GRACE_S) + jobs * PEER_SQL_GRACE_PER_JOB_S
     return fastlane + peers + 60
 
 
 async def _measure(bench: Bench, name: str, offsets: list[float]) -> list[dict[str, object]]:
     results = [await _fastlane(bench, name, offsets)]
+    if bench.secure:
+        results.append(await _fastlane(bench, name, offsets, secured=True))
     if peer_available(bench):
         for system in PEERS:
             grace = PEER_GRACE_S + (PEER_SQL_GRACE_PER_JOB_S * len(offsets) if PEERS[system] == "sqlalchemy" else 0)
@@ -90,9 +94,11 @@ async def _measure(bench: Bench, name: str, offsets: list[float]) -> list[dict[s
     return results
 
 
-async def _fastlane(bench: Bench, name: str, offsets: list[float]) -> dict[str, object]:
+async def _fastlane(bench: Bench, name: str, offsets: list[float], *, secured: bool = False) -> dict[str, object]:
     jobs = len(offsets)
-    url = await bench.fresh_database("fastlane")
+    system = SECURED_SYSTEM if secured else "fastlane"
+    url = await bench.fresh_database("fastlane_secure" if secured else "fastlane")
+    security = await secure(url, bench.workdir / "tls") if secured else None
     launch_lead = max(bench.launch_lead, BURST_LAUNCH_LEAD) if name == "burst" else bench.launch_lead
     async with JobWriter(url, bench.progress) as writer:
         first = now_utc() + await writer.plan_lead_in(jobs, launch_lead)
@@ -102,7 +108,8 @@ async def _fastlane(bench: Bench, name: str, offsets: list[float]) -> dict[str, 
         created = await writer.create(specs, jobs, f"creating {jobs:,} one-shot jobs")
     # Start so that the first runs fall inside the window the node loads at start-up.
     await sleep_until(first - launch_lead, bench.progress, "waiting to start the processes")
-    async with FastlaneCluster(bench, url, nodes=bench.nodes, workers=bench.workers) as cluster:
+    async with FastlaneCluster(bench, url, nodes=bench.nodes, workers=bench.workers, secured=security,
+                               label="fastlane-secure" if secured else "fastlane") as cluster:
         ready_at = await cluster.start()
         overrun = note_overrun(bench, first, ready_at)
         tail = RecordTail(cluster.record_paths)
@@ -117,13 +124,13 @@ async def _fastlane(bench: Bench, name: str, offsets: list[float]) -> dict[str, 
         scraped_before, scraped_after, "fastlane_event_loop_lag_seconds", {"p50": 0.5, "p99": 0.99, "p999": 0.999})
     figures["node_loop_stalls"] = stall_causes(scraped_before, scraped_after, "fastlane_event_loop_stalls_total")
     lag = figures["node_loop_lag_ms"]
-    bench.note(f"fastlane node-1 event-loop lag p50/p99/p99.9 ≤ {lag['p50']}/{lag['p99']}/{lag['p999']} ms "
+    bench.note(f"{system} node-1 event-loop lag p50/p99/p99.9 ≤ {lag['p50']}/{lag['p99']}/{lag['p999']} ms "
                f"(bucket bounds); stalls ≥ 2 ms by cause: {figures['node_loop_stalls'] or 'none'}")
     if name == "burst":
         figures["last_delivery_after_instant_s"] = _last_after(got, micros(first))
     if got.delivered < jobs:
-        bench.note(f"fastlane delivered {got.delivered:,} of {jobs:,} runs before the deadline")
-    return system_result(bench, "fastlane", jobs=jobs, got=got, **figures)
+        bench.note(f"{system} delivered {got.delivered:,} of {jobs:,} runs before the deadline")
+    return system_result(bench, system, jobs=jobs, got=got, **figures)
 
 
 def _last_after(got: Deliveries, instant_us: int) -> float | None:

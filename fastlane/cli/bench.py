@@ -59,6 +59,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="shrink (or grow) job counts and durations for a quick run, e.g. 0.01 (default: 1.0)")
     parser.add_argument("--no-peer", action="store_true",
                         help="measure fastlane only: do not run APScheduler on spread and burst")
+    parser.add_argument("--secure", action="store_true",
+                        help="spread and burst: run fastlane a second time with TLS and an API token on every call "
+                             "and stream (after the plain run, same shape), and compare the two (needs the "
+                             "bench extra's cryptography for the certificate)")
     parser.add_argument("--json", action="store_true",
                         help="print the result as one JSON document instead of the Markdown report")
     parser.add_argument("--out", metavar="DIR",
@@ -72,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("failover needs --backend postgres and --nodes 3 or more")
     if nodes > 1 and args.backend != "postgres":
         raise UsageError("more than one node needs --backend postgres (SQLite serves a single node)")
+    if args.secure and args.scenario not in ("spread", "burst"):
+        raise UsageError("--secure applies to spread and burst")
     if args.scenario == "scale" and nodes != 1:
         raise UsageError("scale measures one node: leave --nodes at 1")
     from fastlane.bench.runner import Options, run_benchmark
@@ -79,5 +85,6 @@ def run(args: argparse.Namespace) -> int:
     # fastlane.bench is unknown to mypy (see [tool.mypy] in pyproject.toml): its result is typed here.
     status: int = run_benchmark(Options(scenario=args.scenario, backend=args.backend, nodes=nodes,
                                         workers=args.workers, scale=args.scale, peer=not args.no_peer,
+                                        secure=args.secure,
                                         json=args.json, out=args.out))
     return status

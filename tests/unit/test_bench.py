@@ -432,6 +432,27 @@ def test_a_tiny_spread_run_delivers_every_job_once(tmp_path: Path) -> None:
     assert (out / "result.md").read_text().startswith("# fastlane bench: spread")
 
 
+@pytest.mark.e2e
+def test_a_secure_spread_run_measures_fastlane_with_tls_and_a_token_beside_the_plain_one(tmp_path: Path) -> None:
+    completed = subprocess.run(
+        [sys.executable, "-m", "fastlane", "bench", "spread", "--scale", "0.01", "--no-peer", "--secure", "--json",
+         "--out", str(tmp_path / "out")],
+        cwd=ROOT, env=child_environment(), capture_output=True, timeout=240, check=False,
+    )
+    assert completed.returncode == 0, completed.stderr.decode()[-3000:]
+    document = orjson.loads(completed.stdout)
+    by_system = {result["system"]: result for result in document["results"]}
+    assert set(by_system) == {"fastlane", "fastlane-tls-token"}
+    for result in by_system.values():
+        assert result["delivered"] == result["jobs"] == 300
+        assert result["duplicates"] == 0
+    [cost] = [t for t in document["targets"] if t["name"].startswith("spread p99 start lag with TLS and a token")]
+    assert cost["measured"] == pytest.approx(by_system["fastlane-tls-token"]["start_lag_ms"]["p99"]
+                                             / by_system["fastlane"]["start_lag_ms"]["p99"], rel=1e-3)
+    node_log = (tmp_path / "out" / "logs" / "fastlane-secure-node-1.log").read_text()
+    assert "API tokens required, TLS" in node_log  # the second node really ran with both
+
+
 def test_loop_lag_quantiles_come_from_the_bucket_counts_between_two_scrapes() -> None:
     def scrape(counts: list[float]) -> dict[str, float]:
         bounds = ["0.001", "0.005", "0.01", "+Inf"]
