@@ -36,6 +36,7 @@ from fastlane._proto import (
 from fastlane.auth.tls import ClientTls
 from fastlane.config import DEFAULT_SERVER
 from fastlane.domain.access import ApiToken, Role
+from fastlane.domain.audit import DEFAULT_AUDIT_LIMIT, AuditAction, AuditEvent, AuditTarget
 from fastlane.domain.models import (
     Attempt,
     Delivery,
@@ -309,6 +310,26 @@ class Client:
         """Replay a dead or lost run now, as a new attempt with the same idempotency key."""
         request = runs_pb2.RunRef(tenant=self.tenant, run_id=run_id)
         return wire.run_from_pb(await self._call(self._connect().runs.RetryRun, request))
+
+    # -- the audit trail ------------------------------------------------------------------------
+
+    async def list_audit(
+        self, kind: AuditTarget | str, target_id: str, limit: int = DEFAULT_AUDIT_LIMIT
+    ) -> list[AuditEvent]:
+        """Who changed a job or a run, and when: its ``limit`` (at most 1000) newest events,
+        newest first. ``kind`` is ``job`` (the job's events and its runs') or ``run``. A deleted
+        job keeps its history; an id of another tenant has none."""
+        request = jobs_pb2.ListAuditRequest(tenant=self.tenant, target_kind=str(kind), target_id=target_id,
+                                            limit=limit)
+        response = await self._call(self._connect().jobs.ListAudit, request)
+        return [
+            AuditEvent(
+                event_id=event.event_id, tenant=event.tenant, at=wire.epoch_plus(event.at), action=AuditAction(event.action),
+                target_kind=AuditTarget(event.target_kind), target_id=event.target_id, job_id=event.job_id,
+                token_id=event.token_id or None, actor=event.actor, detail=event.detail,
+            )
+            for event in response.events
+        ]
 
     # -- cluster --------------------------------------------------------------------------------
 

@@ -91,3 +91,45 @@ class PreviewScheduleResponse(_message.Message):
     FIRE_TIMES_FIELD_NUMBER: _ClassVar[int]
     fire_times: _containers.RepeatedCompositeFieldContainer[FireTime]
     def __init__(self, fire_times: _Optional[_Iterable[_Union[FireTime, _Mapping]]] = ...) -> None: ...
+
+class ListAuditRequest(_message.Message):
+    __slots__ = ("tenant", "target_kind", "target_id", "limit")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    TARGET_KIND_FIELD_NUMBER: _ClassVar[int]
+    TARGET_ID_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    target_kind: str
+    target_id: str
+    limit: int
+    def __init__(self, tenant: _Optional[str] = ..., target_kind: _Optional[str] = ..., target_id: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class AuditEvent(_message.Message):
+    __slots__ = ("event_id", "tenant", "at", "action", "target_kind", "target_id", "job_id", "token_id", "actor", "detail")
+    EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    TARGET_KIND_FIELD_NUMBER: _ClassVar[int]
+    TARGET_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    event_id: int
+    tenant: str
+    at: _timestamp_pb2.Timestamp
+    action: str
+    target_kind: str
+    target_id: str
+    job_id: str
+    token_id: str
+    actor: str
+    detail: str
+    def __init__(self, event_id: _Optional[int] = ..., tenant: _Optional[str] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., action: _Optional[str] = ..., target_kind: _Optional[str] = ..., target_id: _Optional[str] = ..., job_id: _Optional[str] = ..., token_id: _Optional[str] = ..., actor: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class ListAuditResponse(_message.Message):
+    __slots__ = ("events",)
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[AuditEvent]
+    def __init__(self, events: _Optional[_Iterable[_Union[AuditEvent, _Mapping]]] = ...) -> None: ...

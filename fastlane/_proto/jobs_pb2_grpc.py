@@ -80,6 +80,11 @@ class JobServiceStub:
                 request_serializer=fastlane_dot_v1_dot_jobs__pb2.PreviewScheduleRequest.SerializeToString,
                 response_deserializer=fastlane_dot_v1_dot_jobs__pb2.PreviewScheduleResponse.FromString,
                 _registered_method=True)
+        self.ListAudit = channel.unary_unary(
+                '/fastlane.v1.JobService/ListAudit',
+                request_serializer=fastlane_dot_v1_dot_jobs__pb2.ListAuditRequest.SerializeToString,
+                response_deserializer=fastlane_dot_v1_dot_jobs__pb2.ListAuditResponse.FromString,
+                _registered_method=True)
 
 
 class JobServiceServicer:
@@ -143,6 +148,15 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListAudit(self, request, context):
+        """Who changed a job or a run, and when (the audit trail), newest first. Kept after the job is
+        deleted. Only user actions are recorded: created, updated, paused, resumed, deleted,
+        triggered (about the run it made), cancelled, retried.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -190,6 +204,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.PreviewSchedule,
                     request_deserializer=fastlane_dot_v1_dot_jobs__pb2.PreviewScheduleRequest.FromString,
                     response_serializer=fastlane_dot_v1_dot_jobs__pb2.PreviewScheduleResponse.SerializeToString,
+            ),
+            'ListAudit': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAudit,
+                    request_deserializer=fastlane_dot_v1_dot_jobs__pb2.ListAuditRequest.FromString,
+                    response_serializer=fastlane_dot_v1_dot_jobs__pb2.ListAuditResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -435,6 +454,33 @@ class JobService:
             '/fastlane.v1.JobService/PreviewSchedule',
             fastlane_dot_v1_dot_jobs__pb2.PreviewScheduleRequest.SerializeToString,
             fastlane_dot_v1_dot_jobs__pb2.PreviewScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAudit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fastlane.v1.JobService/ListAudit',
+            fastlane_dot_v1_dot_jobs__pb2.ListAuditRequest.SerializeToString,
+            fastlane_dot_v1_dot_jobs__pb2.ListAuditResponse.FromString,
             options,
             channel_credentials,
             insecure,

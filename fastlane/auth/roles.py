@@ -27,6 +27,7 @@ ALLOWED: Final[dict[str, frozenset[Role]]] = {
     "/fastlane.v1.JobService/GetJob": READ,
     "/fastlane.v1.JobService/ListJobs": READ,
     "/fastlane.v1.JobService/PreviewSchedule": READ,
+    "/fastlane.v1.JobService/ListAudit": READ,
     "/fastlane.v1.RunService/ListRuns": READ,
     "/fastlane.v1.RunService/GetRun": READ,
     "/fastlane.v1.RunService/CancelRun": WRITE,

@@ -19,8 +19,17 @@ from fastlane.cli.arguments import (
 )
 from fastlane.cli.output import note, print_fields, print_json, print_table
 from fastlane.cli.remote import collect_pages, run_remote
-from fastlane.cli.views import describe_schedule, job_fields, job_view, run_view
+from fastlane.cli.views import (
+    audit_view,
+    describe_schedule,
+    fetch_history,
+    job_fields,
+    job_view,
+    print_history,
+    run_view,
+)
 from fastlane.client import Client
+from fastlane.domain.audit import AuditTarget
 from fastlane.domain.limits import MAX_PREVIEW
 from fastlane.domain.models import (
     DEFAULT_TENANT,
@@ -80,7 +89,7 @@ def register(commands: Any) -> None:
     listing.set_defaults(handler=list_jobs, command_parser=listing)
 
     for name, summary in (
-        ("get", "show one job"),
+        ("get", "show one job and its history (who changed it and its runs, and when)"),
         ("pause", "stop a job firing until it is resumed"),
         ("resume", "resume a paused job (missed times follow its misfire policy)"),
         ("delete", "delete a job (its runs stay in history; queued ones are cancelled)"),
@@ -303,18 +312,30 @@ def act_on_job(args: argparse.Namespace) -> int:
             else:
                 print(f"deleted job {args.job_id}")
             return 0
-        fetch = {"get": client.get_job, "pause": client.pause_job, "resume": client.resume_job}[args.action]
+        if args.action == "get":
+            return await show_job(client, args)
+        fetch = {"pause": client.pause_job, "resume": client.resume_job}[args.action]
         job = await fetch(args.job_id)
         if args.json:
             print_json(job_view(job))
-        elif args.action == "get":
-            print_fields(job_fields(job))
         else:
             next_fire = rfc3339(job.next_fire_at) or "-"
             print(f"{args.action}d job {job.job_id} ({job.name}): now {job.state.value}, next fire at {next_fire}")
         return 0
 
     return run_remote(args, act)
+
+
+async def show_job(client: Client, args: argparse.Namespace) -> int:
+    """``jobs get``: the job, then its history (its own events and its runs', newest first)."""
+    job = await client.get_job(args.job_id)
+    history = await fetch_history(client, AuditTarget.JOB, job.job_id)
+    if args.json:
+        print_json({**job_view(job), "history": None if history is None else [audit_view(e) for e in history]})
+        return 0
+    print_fields(job_fields(job))
+    print_history(history, targets=True)
+    return 0
 
 
 # -- preview -----------------------------------------------------------------------------------

@@ -8,8 +8,9 @@ from typing import Any
 from fastlane.cli.arguments import client_flags, json_flag, positive_int
 from fastlane.cli.output import note, print_fields, print_json, print_table
 from fastlane.cli.remote import collect_pages, run_remote
-from fastlane.cli.views import attempt_view, run_view
+from fastlane.cli.views import attempt_view, audit_view, fetch_history, print_history, run_view
 from fastlane.client import Client
+from fastlane.domain.audit import AuditTarget
 from fastlane.domain.models import Run, RunState
 
 # Long error texts would stretch every row of the table; `runs get` shows them whole.
@@ -41,7 +42,8 @@ def register(commands: Any) -> None:
     listing.set_defaults(handler=list_runs, command_parser=listing)
 
     get = actions.add_parser(
-        "get", parents=[remote], help="show one run and its attempts", description="Show one run and its attempts."
+        "get", parents=[remote], help="show one run, its attempts and its history",
+        description="Show one run, its attempts and its history (who triggered, cancelled or retried it, and when)."
     )
     get.add_argument("run_id", metavar="RUN_ID", help="id of the run")
     json_flag(get)
@@ -108,8 +110,10 @@ def list_runs(args: argparse.Namespace) -> int:
 def get_run(args: argparse.Namespace) -> int:
     async def show(client: Client) -> int:
         run, attempts = await client.get_run(args.run_id)
+        history = await fetch_history(client, AuditTarget.RUN, run.run_id)
         if args.json:
-            print_json({**run_view(run), "attempts": [attempt_view(attempt) for attempt in attempts]})
+            print_json({**run_view(run), "attempts": [attempt_view(attempt) for attempt in attempts],
+                        "history": None if history is None else [audit_view(event) for event in history]})
             return 0
         print_fields(run_view(run).items())
         if attempts:
@@ -141,6 +145,7 @@ def get_run(args: argparse.Namespace) -> int:
                     for attempt in attempts
                 ],
             )
+        print_history(history, targets=False)
         return 0
 
     return run_remote(args, show)

@@ -1,4 +1,5 @@
-"""JSON-ready views of jobs, runs, attempts and the cluster, as the CLI prints them.
+"""JSON-ready views of jobs, runs, attempts, their history and the cluster, as the CLI prints them
+(and the history section that ``jobs get`` and ``runs get`` share).
 
 Instants are RFC 3339 strings with ``Z`` for UTC, durations are seconds, enumerations their values.
 """
@@ -9,10 +10,15 @@ import base64
 from datetime import datetime, timedelta
 from typing import Any
 
+import grpc
 import orjson
 
 from fastlane._proto import admin_pb2
+from fastlane.cli.output import note, print_table
+from fastlane.client import Client
+from fastlane.domain.audit import DEFAULT_AUDIT_LIMIT, AuditEvent, AuditTarget
 from fastlane.domain.models import Attempt, Job, Run, Schedule, ScheduleKind
+from fastlane.rpc.status import RemoteError
 from fastlane.rpc.wire import instant, rfc3339
 
 
@@ -168,6 +174,67 @@ def attempt_view(attempt: Attempt) -> dict[str, Any]:
         "error_code": attempt.error_code,
         "error_message": attempt.error_message,
     }
+
+
+# -- history (the audit trail) -----------------------------------------------------------------
+
+
+async def fetch_history(client: Client, kind: AuditTarget, target_id: str) -> list[AuditEvent] | None:
+    """The history ``jobs get`` and ``runs get`` show; None from a node that keeps none (an
+    older release), so that the rest still shows."""
+    try:
+        return await client.list_audit(kind, target_id)
+    except RemoteError as error:
+        if error.code is grpc.StatusCode.UNIMPLEMENTED:
+            return None
+        raise
+
+
+def actor(event: AuditEvent) -> str:
+    """Who made a change, for people: the token's name and id, or that no token was asked for."""
+    if event.token_id is None:
+        return "unauthenticated (auth off)"
+    return f"{event.actor} ({event.token_id})" if event.actor else event.token_id
+
+
+def audit_view(event: AuditEvent) -> dict[str, Any]:
+    return {
+        "event_id": event.event_id,
+        "at": rfc3339(event.at),
+        "action": event.action.value,
+        "target_kind": event.target_kind.value,
+        "target_id": event.target_id,
+        "job_id": event.job_id,
+        "token_id": event.token_id,
+        "actor": event.actor,
+        "detail": event.detail or None,
+    }
+
+
+def history_table(events: list[AuditEvent], *, targets: bool) -> tuple[tuple[str, ...], list[tuple[Any, ...]]]:
+    """The headers and rows of a history section; ``targets``: a column saying what each event
+    is about (a job's history holds its runs' events too)."""
+    if targets:
+        return (("WHEN", "ACTION", "ACTOR", "TARGET", "DETAIL"),
+                [(e.at, e.action.value, actor(e), f"{e.target_kind.value} {e.target_id}", e.detail) for e in events])
+    return (("WHEN", "ACTION", "ACTOR", "DETAIL"), [(e.at, e.action.value, actor(e), e.detail) for e in events])
+
+
+def print_history(history: list[AuditEvent] | None, *, targets: bool) -> None:
+    """The history section under ``jobs get`` and ``runs get``."""
+    print()
+    if history is None:
+        note("(no history: this node keeps no audit trail)")
+        return
+    print("history")
+    if not history:
+        print("  (no changes recorded)")
+        return
+    headers, rows = history_table(history, targets=targets)
+    print_table(headers, rows)
+    if len(history) >= DEFAULT_AUDIT_LIMIT:
+        note(f"(showing the newest {len(history)} events)")
+
 
 
 def _pb_instant(message: Any, name: str) -> str | None:

@@ -14,10 +14,19 @@ and no control characters (PostgreSQL refuses NUL in text, logs and terminals ma
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 from fastlane.domain import schedules
 from fastlane.domain.access import ApiToken
+from fastlane.domain.audit import (
+    DEFAULT_AUDIT_LIMIT,
+    MAX_AUDIT_DETAIL,
+    MAX_AUDIT_LIMIT,
+    AuditAction,
+    AuditEvent,
+    AuditTarget,
+)
 from fastlane.domain.limits import (
     DEFAULT_PAGE_SIZE,
     FIRST_INSTANT,
@@ -130,6 +139,12 @@ def error_text(value: str) -> str:
     return _CONTROL.sub(" ", value[:MAX_ERROR_TEXT]) if _CONTROL.search(value) or len(value) > MAX_ERROR_TEXT else value
 
 
+def note_text(value: str, max_length: int) -> str:
+    """A note kept for people (an audit event's actor or detail): cut to ``max_length`` and
+    cleaned of control characters, never refused."""
+    return _CONTROL.sub(" ", value[:max_length]) if _CONTROL.search(value) or len(value) > max_length else value
+
+
 # -- job specs ---------------------------------------------------------------------------------
 
 
@@ -197,6 +212,42 @@ def validate_token(token: ApiToken) -> ApiToken:
     return token
 
 
+# -- the audit trail ---------------------------------------------------------------------------
+
+
+def audit_target(field: str, value: str) -> AuditTarget:
+    """What a history listing is about: ``job`` or ``run`` (nothing else, and not empty)."""
+    try:
+        return AuditTarget(value)
+    except ValueError:
+        allowed = ", ".join(member.value for member in AuditTarget)
+        raise InvalidArgument(field, f"{_shown(value)} is not one of: {allowed}") from None
+
+
+def audit_limit(value: int) -> int:
+    """How many events a history listing asked for; 0 means the default."""
+    return count("limit", value, 0, MAX_AUDIT_LIMIT) or DEFAULT_AUDIT_LIMIT
+
+
+def validate_audit_event(event: AuditEvent) -> AuditEvent:
+    """Check an event before it is stored: ids and tenant are refused with
+    :class:`InvalidArgument` when out of bounds (they come from stored jobs and runs, so never in
+    practice); the actor and detail are notes, cut and cleaned instead. Returns the event as it
+    is to be stored."""
+    name("tenant", event.tenant)
+    if event.action not in set(AuditAction):
+        raise InvalidArgument("action", f"{_shown(event.action)} is not one of: {', '.join(AuditAction)}")
+    audit_target("target_kind", event.target_kind)
+    identifier("target_id", event.target_id)
+    identifier("job_id", event.job_id)
+    if event.token_id is not None:
+        identifier("token_id", event.token_id)
+    actor, detail = note_text(event.actor, MAX_NAME_LENGTH), note_text(event.detail, MAX_AUDIT_DETAIL)
+    if (actor, detail) != (event.actor, event.detail):
+        return replace(event, actor=actor, detail=detail)
+    return event
+
+
 def _shown(value: str) -> str:
     return repr(value if len(value) <= 40 else value[:40] + "…")
 
@@ -206,6 +257,7 @@ def _day(value: datetime) -> str:
 
 
 __all__ = [
-    "count", "duration", "error_text", "identifier", "instant", "name", "page_size", "payload", "progress", "text",
-    "validate_schedule", "validate_spec", "validate_token",
+    "audit_limit", "audit_target", "count", "duration", "error_text", "identifier", "instant", "name", "note_text",
+    "page_size", "payload", "progress", "text", "validate_audit_event", "validate_schedule", "validate_spec",
+    "validate_token",
 ]

@@ -5,14 +5,28 @@ change routing (:mod:`.changes`) calls the same reactions for changes committed 
 nodes, so a rule is never written twice. A step writes through the store first, then tells the
 fast lane and the dispatcher; every reaction is idempotent, since a change made through this
 node arrives again as a notification.
+
+Each step also records who took it in the audit trail (:mod:`fastlane.domain.audit`), once its
+write has succeeded: the caller is :data:`~fastlane.auth.caller.current_caller`, set for the call
+by the access interceptor. What the node does by itself (materialising, dispatching, recording
+results) goes through none of these steps and is not audited.
 """
 
 from __future__ import annotations
 
-from fastlane.domain.models import Job, JobSpec, Run
+import asyncio
+import logging
+from dataclasses import replace
+
+from fastlane.auth.caller import current_caller
+from fastlane.domain.audit import AuditAction, AuditEvent, AuditTarget
+from fastlane.domain.models import Job, JobSpec, Run, RunState
 from fastlane.engine.dispatch.dispatcher import Dispatcher
 from fastlane.engine.lane import FastLane
+from fastlane.errors import StorageError
 from fastlane.storage import Store
+
+log = logging.getLogger("fastlane.audit")
 
 
 class Operations:
@@ -22,6 +36,7 @@ class Operations:
         self._store = store
         self._lane = lane
         self._dispatcher = dispatcher
+        self._audit_writes: set[asyncio.Task[None]] = set()  # held while shielded from cancellation
 
     # -- jobs -----------------------------------------------------------------------------------
 
@@ -30,31 +45,40 @@ class Operations:
         job, created = await self._store.create_job(spec)
         if created:
             self.job_changed(job)
+            await self._audit(AuditAction.CREATED, job, detail=job.name)
         return job, created
 
     async def update_job(self, tenant: str, job_id: str, spec: JobSpec) -> Job:
         job = await self._store.update_job(tenant, job_id, spec)
         self.job_changed(job)
+        await self._audit(AuditAction.UPDATED, job, detail=f"version {job.version}")
         return job
 
     async def pause_job(self, tenant: str, job_id: str) -> Job:
         job = await self._store.pause_job(tenant, job_id)
         self.job_changed(job)
+        await self._audit(AuditAction.PAUSED, job)
         return job
 
     async def resume_job(self, tenant: str, job_id: str) -> Job:
         job = await self._store.resume_job(tenant, job_id)
         self.job_changed(job)
+        await self._audit(AuditAction.RESUMED, job)
         return job
 
     async def delete_job(self, tenant: str, job_id: str) -> None:
         await self._store.delete_job(tenant, job_id)
         self.job_deleted(job_id)
+        await self._record(AuditEvent(tenant=tenant, action=AuditAction.DELETED, target_kind=AuditTarget.JOB,
+                                      target_id=job_id, job_id=job_id))
 
     async def trigger_job(self, tenant: str, job_id: str) -> Run:
         """A run of the job due now, outside its schedule."""
         run = await self._store.create_manual_run(tenant, job_id)
         self.run_scheduled(run)
+        # About the run the trigger made, so that the run's history says who made it; the job's
+        # history shows it too (it lists its runs' events).
+        await self._audit(AuditAction.TRIGGERED, run)
         return run
 
     # -- runs -----------------------------------------------------------------------------------
@@ -65,13 +89,46 @@ class Operations:
         self.run_cancelled(cancellation.run)
         for run in cancellation.released:
             self.run_scheduled(run)
+        stopping = cancellation.run.state is not RunState.CANCELLED
+        await self._audit(AuditAction.CANCELLED, cancellation.run, detail="its worker was told to stop" if stopping else "")
         return cancellation.run
 
     async def retry_run(self, tenant: str, run_id: str) -> Run:
         """Replay a dead or lost run as a new attempt now."""
         run = await self._store.retry_run(tenant, run_id)
         self.run_scheduled(run)
+        await self._audit(AuditAction.RETRIED, run, detail=f"attempt {run.attempts + 1}")
         return run
+
+    # -- the audit trail ------------------------------------------------------------------------
+
+    async def _audit(self, action: AuditAction, target: Job | Run, *, detail: str = "") -> None:
+        """Record that the current caller did ``action`` to ``target``."""
+        if isinstance(target, Job):
+            kind, target_id, job_id = AuditTarget.JOB, target.job_id, target.job_id
+        else:
+            kind, target_id, job_id = AuditTarget.RUN, target.run_id, target.job_id
+        await self._record(AuditEvent(tenant=target.tenant, action=action, target_kind=kind, target_id=target_id,
+                                      job_id=job_id, detail=detail))
+
+    async def _record(self, event: AuditEvent) -> None:
+        """Record ``event`` as the current caller's, shielded: a call cancelled now has made its
+        change, and the trail must still say so."""
+        caller = current_caller.get()
+        event = replace(event, token_id=caller.token_id, actor=caller.name)
+        write = asyncio.create_task(self._write_audit(event), name=f"audit-{event.action}")
+        self._audit_writes.add(write)
+        write.add_done_callback(self._audit_writes.discard)
+        await asyncio.shield(write)
+
+    async def _write_audit(self, event: AuditEvent) -> None:
+        try:
+            await self._store.record_audit([event])
+        except StorageError as error:
+            # The change is already committed: failing the call now would tell the caller it did
+            # not happen, and invite them to make it again (a second trigger, say). A gap in the
+            # trail is the lesser harm; it is logged with the whole event, so it can be restored.
+            log.warning("audit event not recorded (%s): %r", error, event)
 
     # -- reactions to a committed change (through this node or another) ------------------------
 

@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from typing import Protocol
 
 from fastlane.domain.access import ApiToken
+from fastlane.domain.audit import DEFAULT_AUDIT_LIMIT, AuditEvent
 from fastlane.domain.models import Attempt, DueJob, Job, JobSpec, JobState, NodeInfo, Run, RunState, ShardLease
 from fastlane.domain.records import AttemptResult, Change, Dispatch, Heartbeat, Occurrence, Page
 from fastlane.storage.results import Cancellation, Materialised, ResultOutcome
@@ -249,4 +250,28 @@ class Store(Protocol):
         """Record when tokens were last accepted, one statement for the batch: each token's
         ``last_used_at`` becomes the later of the stored time and the given one, so reports
         arriving out of order never move it back. Unknown ids are ignored."""
+        ...
+
+    # -- the audit trail ------------------------------------------------------------------------
+
+    async def record_audit(self, events: Sequence[AuditEvent]) -> None:
+        """Record changes made by callers, in one statement for the batch and in its order.
+
+        Each event's ``at`` is the database clock's and its ``event_id`` the store's, whatever the
+        record carries. Actor and detail are cut to their bounds and cleaned of control
+        characters; raises :class:`~fastlane.errors.InvalidArgument` for a bad tenant, action,
+        target or id (then nothing of the batch is written). Events are kept after their job is
+        deleted.
+        """
+        ...
+
+    async def list_audit(
+        self, tenant: str, *, target_kind: str, target_id: str, limit: int = DEFAULT_AUDIT_LIMIT
+    ) -> list[AuditEvent]:
+        """The ``limit`` (1..1000) newest events of ``tenant`` about one job or run, newest first
+        (by database time, then by recording order). A job's (``target_kind`` ``job``) include
+        its runs' events; a run's are its own. Another tenant's events are never listed: a
+        target of another tenant has none. Raises :class:`~fastlane.errors.InvalidArgument`
+        for a kind other than ``job`` or ``run``, a bad id or a limit out of range.
+        """
         ...

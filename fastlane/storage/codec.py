@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import orjson
 
 from fastlane.domain.access import ApiToken, Role
+from fastlane.domain.audit import AuditAction, AuditEvent, AuditTarget
 from fastlane.domain.models import (
     Attempt,
     AttemptOutcome,
@@ -331,4 +332,19 @@ def build_token(row: Row) -> ApiToken:
         expires_at=row["expires_at"],
         revoked_at=row["revoked_at"],
         last_used_at=row["last_used_at"],
+    )
+
+
+def build_audit_event(row: Row) -> AuditEvent:
+    return AuditEvent(
+        event_id=row["event_id"],
+        tenant=row["tenant"],
+        at=row["at"],
+        action=AuditAction(row["action"]),
+        target_kind=AuditTarget(row["target_kind"]),
+        target_id=row["target_id"],
+        job_id=row["job_id"],
+        token_id=row["token_id"],
+        actor=row["actor"],
+        detail=row["detail"],
     )

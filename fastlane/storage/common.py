@@ -11,6 +11,8 @@ from typing import Any, TypeVar
 import orjson
 
 from fastlane.clock import to_micros
+from fastlane.domain import validation
+from fastlane.domain.audit import MAX_AUDIT_LIMIT, AuditTarget
 from fastlane.domain.models import (
     AttemptOutcome,
     Job,
@@ -35,6 +37,14 @@ T = TypeVar("T")
 
 def micros_of_delta(delta: timedelta) -> int:
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def audit_listing(target_kind: str, target_id: str, limit: int) -> AuditTarget:
+    """The target kind of a history listing, checked with its id and limit (1..1000)."""
+    kind = validation.audit_target("target_kind", target_kind)
+    validation.identifier("target_id", target_id)
+    validation.count("limit", limit, 1, MAX_AUDIT_LIMIT)
+    return kind
 
 
 PENDING_CHUNK = 5_000  # rows of pending runs read by one query

@@ -1,4 +1,7 @@
-"""JobService: protobuf in, store reads and :mod:`~fastlane.engine.operations` steps, protobuf out."""
+"""JobService: protobuf in, store reads and :mod:`~fastlane.engine.operations` steps, protobuf out.
+
+Also the audit trail of jobs and runs (ListAudit), read from the store.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import grpc
 
 from fastlane._proto import common_pb2, jobs_pb2, jobs_pb2_grpc
 from fastlane.domain import schedules, validation
+from fastlane.domain.audit import AuditEvent
 from fastlane.domain.limits import DEFAULT_MAX_PAYLOAD_BYTES, MAX_PREVIEW
 from fastlane.domain.models import JobSpec, JobState, ScheduleKind
 from fastlane.engine.operations import Operations
@@ -113,6 +117,27 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
             for instant in schedules.preview(schedule, after, count)
         ]
         return jobs_pb2.PreviewScheduleResponse(fire_times=fire_times)
+
+    @rpc
+    async def ListAudit(
+        self,
+        request: jobs_pb2.ListAuditRequest,
+        context: grpc.aio.ServicerContext[jobs_pb2.ListAuditRequest, jobs_pb2.ListAuditResponse],
+    ) -> jobs_pb2.ListAuditResponse:
+        kind = validation.audit_target("target_kind", request.target_kind)
+        target_id = validation.identifier("target_id", request.target_id)
+        limit = validation.audit_limit(request.limit)
+        events = await self._store.list_audit(tenant_of(request.tenant), target_kind=kind, target_id=target_id,
+                                              limit=limit)
+        return jobs_pb2.ListAuditResponse(events=[_audit_event_to_pb(event) for event in events])
+
+
+def _audit_event_to_pb(event: AuditEvent) -> jobs_pb2.AuditEvent:
+    return jobs_pb2.AuditEvent(
+        event_id=event.event_id or 0, tenant=event.tenant, at=wire.timestamp(event.at), action=event.action.value,
+        target_kind=event.target_kind.value, target_id=event.target_id, job_id=event.job_id,
+        token_id=event.token_id or "", actor=event.actor, detail=event.detail,
+    )
 
 
 def _job_id(request: jobs_pb2.JobRef) -> str:

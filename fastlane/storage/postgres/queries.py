@@ -338,3 +338,23 @@ TOUCH_TOKENS = """
     FROM unnest($1::text[], $2::timestamptz[]) AS u(token_id, used_at)
     WHERE t.token_id = u.token_id AND (t.last_used_at IS NULL OR t.last_used_at < u.used_at)
 """
+
+# -- the audit trail -------------------------------------------------------------------------------
+
+# A batch in its order (WITH ORDINALITY), so event ids follow it; at is the database clock's.
+INSERT_AUDIT_EVENTS = """
+    INSERT INTO audit_events (tenant, at, action, target_kind, target_id, job_id, token_id, actor, detail)
+    SELECT e.tenant, clock_timestamp(), e.action, e.target_kind, e.target_id, e.job_id, e.token_id, e.actor, e.detail
+    FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[])
+         WITH ORDINALITY AS e(tenant, action, target_kind, target_id, job_id, token_id, actor, detail, position)
+    ORDER BY e.position
+"""
+# A job's history: its own events and its runs' (they carry its id), newest first.
+LIST_JOB_AUDIT = """
+    SELECT * FROM audit_events WHERE tenant = $1 AND job_id = $2
+    ORDER BY at DESC, event_id DESC LIMIT $3
+"""
+LIST_RUN_AUDIT = """
+    SELECT * FROM audit_events WHERE tenant = $1 AND target_kind = 'run' AND target_id = $2
+    ORDER BY at DESC, event_id DESC LIMIT $3
+"""

@@ -5,9 +5,9 @@ Leases are judged by ``clock_timestamp()`` (the database clock at the moment of 
 not the start of the transaction). Every write another node must hear of is notified inside its
 transaction (see ``changes``).
 
-This module holds the lifecycle and the jobs; the fast lane, runs, shards, the change watch and
-API tokens are in the mixins of ``lane``, ``runs``, ``shards``, ``changes`` and ``tokens``, the
-pool in ``connection``, the SQL in ``queries``.
+This module holds the lifecycle and the jobs; the fast lane, runs, shards, the change watch, API
+tokens and the audit trail are in the mixins of ``lane``, ``runs``, ``shards``, ``changes``,
+``tokens`` and ``audit``, the pool in ``connection``, the SQL in ``queries``.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from fastlane.storage import codec, common
 from fastlane.storage.base import Store
 from fastlane.storage.migrations import migrations_for
 from fastlane.storage.postgres import queries
+from fastlane.storage.postgres.audit import PostgresAudit
 from fastlane.storage.postgres.changes import PostgresChanges, notify
 from fastlane.storage.postgres.lane import PostgresLane
 from fastlane.storage.postgres.runs import PostgresRuns
@@ -33,7 +34,7 @@ from fastlane.storage.postgres.tokens import PostgresTokens
 _MIGRATION_LOCK = 7_236_001  # pg_advisory_xact_lock key: one migrator at a time across nodes
 
 
-class PostgresStore(PostgresLane, PostgresRuns, PostgresShards, PostgresChanges, PostgresTokens, Store):
+class PostgresStore(PostgresLane, PostgresRuns, PostgresShards, PostgresChanges, PostgresTokens, PostgresAudit, Store):
     """Store on PostgreSQL through an asyncpg pool."""
 
     dialect = "postgres"

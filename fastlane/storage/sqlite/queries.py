@@ -310,3 +310,23 @@ TOUCH_TOKENS = """
     WHERE api_tokens.token_id = u.token_id
       AND (api_tokens.last_used_at IS NULL OR api_tokens.last_used_at < u.used_at)
 """
+
+# -- the audit trail -------------------------------------------------------------------------------
+
+# A batch in its order (json_each's key), so event ids follow it; at is the database clock's.
+INSERT_AUDIT_EVENTS = f"""
+    INSERT INTO audit_events (tenant, at, action, target_kind, target_id, job_id, token_id, actor, detail)
+    SELECT json_extract(value, '$[0]'), {NOW}, json_extract(value, '$[1]'), json_extract(value, '$[2]'),
+           json_extract(value, '$[3]'), json_extract(value, '$[4]'), json_extract(value, '$[5]'),
+           json_extract(value, '$[6]'), json_extract(value, '$[7]')
+    FROM json_each(?) ORDER BY key
+"""
+# A job's history: its own events and its runs' (they carry its id), newest first.
+LIST_JOB_AUDIT = """
+    SELECT * FROM audit_events WHERE tenant = ? AND job_id = ?
+    ORDER BY at DESC, event_id DESC LIMIT ?
+"""
+LIST_RUN_AUDIT = """
+    SELECT * FROM audit_events WHERE tenant = ? AND target_kind = 'run' AND target_id = ?
+    ORDER BY at DESC, event_id DESC LIMIT ?
+"""

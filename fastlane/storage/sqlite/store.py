@@ -6,9 +6,9 @@ expanded by ``json_each`` so that, as on PostgreSQL, a batch is one statement. W
 ``BEGIN IMMEDIATE``, so two stores on one file (two processes, or a test's two connections)
 serialise on SQLite's write lock; the fence is checked inside that lock.
 
-This module holds the lifecycle and the jobs; the fast lane, runs, shards and API tokens are in
-the mixins of ``lane``, ``runs``, ``shards`` and ``tokens``, the connections in ``connection``,
-the SQL in ``queries``.
+This module holds the lifecycle and the jobs; the fast lane, runs, shards, API tokens and the
+audit trail are in the mixins of ``lane``, ``runs``, ``shards``, ``tokens`` and ``audit``, the
+connections in ``connection``, the SQL in ``queries``.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from fastlane.storage import codec, common
 from fastlane.storage.base import Store
 from fastlane.storage.migrations import migrations_for
 from fastlane.storage.sqlite import queries
+from fastlane.storage.sqlite.audit import SQLiteAudit
 from fastlane.storage.sqlite.connection import fetch_all, fetch_one, fetch_value, instant
 from fastlane.storage.sqlite.lane import SQLiteLane
 from fastlane.storage.sqlite.runs import SQLiteRuns
@@ -33,7 +34,7 @@ from fastlane.storage.sqlite.shards import SQLiteShards
 from fastlane.storage.sqlite.tokens import SQLiteTokens
 
 
-class SQLiteStore(SQLiteLane, SQLiteRuns, SQLiteShards, SQLiteTokens, Store):
+class SQLiteStore(SQLiteLane, SQLiteRuns, SQLiteShards, SQLiteTokens, SQLiteAudit, Store):
     """Store on one SQLite file: a write connection (serialised) and a read connection."""
 
     dialect = "sqlite"
