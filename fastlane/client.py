@@ -50,6 +50,7 @@ from fastlane.domain.models import (
     RunState,
     Schedule,
 )
+from fastlane.domain.quotas import TenantQuota
 from fastlane.domain.records import Page
 from fastlane.rpc import wire
 from fastlane.rpc.channel import load_token, open_channel
@@ -397,6 +398,22 @@ class Client:
         """Revoke a token: every node refuses it within seconds. Revoking twice is not an error."""
         request = admin_pb2.RevokeTokenRequest(token_id=token_id)
         return wire.token_from_pb(await self._call(self._connect().admin.RevokeToken, request))
+
+    # -- quotas ---------------------------------------------------------------------------------
+
+    async def get_quota(self, tenant: str = "") -> tuple[TenantQuota, TenantQuota]:
+        """A tenant's quotas in force, and its override (unset fields: the nodes' defaults).
+        Empty ``tenant``: the client's own; another needs an admin token."""
+        status = await self._call(self._connect().admin.GetQuota,
+                                  admin_pb2.GetQuotaRequest(tenant=tenant or self.tenant))
+        return wire.quota_from_pb(status.in_force), wire.quota_from_pb(status.override)
+
+    async def set_quota(self, tenant: str, override: TenantQuota | None) -> tuple[TenantQuota, TenantQuota]:
+        """Replace a tenant's quota override (admin tokens only); None removes it."""
+        request = admin_pb2.SetQuotaRequest(tenant=tenant, reset=override is None,
+                                            override=wire.quota_to_pb(override) if override else None)
+        status = await self._call(self._connect().admin.SetQuota, request)
+        return wire.quota_from_pb(status.in_force), wire.quota_from_pb(status.override)
 
     async def _call(self, rpc: Callable[..., Awaitable[R]], request: Any) -> R:
         try:

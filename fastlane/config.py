@@ -10,9 +10,11 @@ from datetime import timedelta
 from pathlib import Path
 
 from fastlane.domain.limits import DEFAULT_MAX_PAYLOAD_BYTES, MAX_SEND_AHEAD, PAYLOAD_CEILING_BYTES
+from fastlane.domain.quotas import TenantQuota
 from fastlane.errors import ConfigurationError
 
 DEFAULT_SERVER = "127.0.0.1:7070"
+DEFAULT_QUOTAS = TenantQuota(max_jobs=1_000_000, job_creations_per_second=1_000.0, max_waiting_runs=1_000_000)
 DEFAULT_DB_URL = "sqlite:///fastlane.db"
 
 
@@ -39,6 +41,9 @@ class Settings:
     tls_key: Path | None = None
     tls_client_ca: Path | None = None
     insecure: bool = False  # allow a non-loopback address without the protection it would need
+    # Quotas of every tenant without an override of its own (fastlane quotas set); generous, to
+    # stop a runaway client rather than to ration normal use.
+    quotas: TenantQuota = field(default_factory=lambda: DEFAULT_QUOTAS)
     shard_count: int = 64
     shard_lease_ttl: timedelta = timedelta(seconds=10)
     window: timedelta = timedelta(seconds=10)  # how far ahead the heap holds due work
@@ -61,6 +66,7 @@ class Settings:
 
     def __post_init__(self) -> None:
         self._check_listeners()
+        self.quotas.validated()
         if self.shard_count < 1:
             raise ConfigurationError(f"shard count {self.shard_count} must be at least 1")
         if not 1 <= self.max_payload_bytes <= PAYLOAD_CEILING_BYTES:

@@ -121,3 +121,39 @@ class RevokeTokenRequest(_message.Message):
     TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     token_id: str
     def __init__(self, token_id: _Optional[str] = ...) -> None: ...
+
+class Quota(_message.Message):
+    __slots__ = ("max_jobs", "job_creations_per_second", "max_waiting_runs")
+    MAX_JOBS_FIELD_NUMBER: _ClassVar[int]
+    JOB_CREATIONS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    MAX_WAITING_RUNS_FIELD_NUMBER: _ClassVar[int]
+    max_jobs: int
+    job_creations_per_second: float
+    max_waiting_runs: int
+    def __init__(self, max_jobs: _Optional[int] = ..., job_creations_per_second: _Optional[float] = ..., max_waiting_runs: _Optional[int] = ...) -> None: ...
+
+class GetQuotaRequest(_message.Message):
+    __slots__ = ("tenant",)
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    def __init__(self, tenant: _Optional[str] = ...) -> None: ...
+
+class SetQuotaRequest(_message.Message):
+    __slots__ = ("tenant", "override", "reset")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    OVERRIDE_FIELD_NUMBER: _ClassVar[int]
+    RESET_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    override: Quota
+    reset: bool
+    def __init__(self, tenant: _Optional[str] = ..., override: _Optional[_Union[Quota, _Mapping]] = ..., reset: _Optional[bool] = ...) -> None: ...
+
+class QuotaStatus(_message.Message):
+    __slots__ = ("tenant", "in_force", "override")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    IN_FORCE_FIELD_NUMBER: _ClassVar[int]
+    OVERRIDE_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    in_force: Quota
+    override: Quota
+    def __init__(self, tenant: _Optional[str] = ..., in_force: _Optional[_Union[Quota, _Mapping]] = ..., override: _Optional[_Union[Quota, _Mapping]] = ...) -> None: ...

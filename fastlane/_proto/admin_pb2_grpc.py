@@ -54,6 +54,16 @@ class AdminServiceStub:
                 request_serializer=fastlane_dot_v1_dot_admin__pb2.RevokeTokenRequest.SerializeToString,
                 response_deserializer=fastlane_dot_v1_dot_admin__pb2.ApiToken.FromString,
                 _registered_method=True)
+        self.GetQuota = channel.unary_unary(
+                '/fastlane.v1.AdminService/GetQuota',
+                request_serializer=fastlane_dot_v1_dot_admin__pb2.GetQuotaRequest.SerializeToString,
+                response_deserializer=fastlane_dot_v1_dot_admin__pb2.QuotaStatus.FromString,
+                _registered_method=True)
+        self.SetQuota = channel.unary_unary(
+                '/fastlane.v1.AdminService/SetQuota',
+                request_serializer=fastlane_dot_v1_dot_admin__pb2.SetQuotaRequest.SerializeToString,
+                response_deserializer=fastlane_dot_v1_dot_admin__pb2.QuotaStatus.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -86,6 +96,22 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetQuota(self, request, context):
+        """A tenant's quotas: those in force (its override over the nodes' defaults) and the override.
+        An admin may ask for any tenant; other roles for their own.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetQuota(self, request, context):
+        """Admin tokens only. A field left unset in the override falls back to the nodes' default;
+        reset removes the override.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -108,6 +134,16 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.RevokeToken,
                     request_deserializer=fastlane_dot_v1_dot_admin__pb2.RevokeTokenRequest.FromString,
                     response_serializer=fastlane_dot_v1_dot_admin__pb2.ApiToken.SerializeToString,
+            ),
+            'GetQuota': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetQuota,
+                    request_deserializer=fastlane_dot_v1_dot_admin__pb2.GetQuotaRequest.FromString,
+                    response_serializer=fastlane_dot_v1_dot_admin__pb2.QuotaStatus.SerializeToString,
+            ),
+            'SetQuota': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetQuota,
+                    request_deserializer=fastlane_dot_v1_dot_admin__pb2.SetQuotaRequest.FromString,
+                    response_serializer=fastlane_dot_v1_dot_admin__pb2.QuotaStatus.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -218,6 +254,60 @@ class AdminService:
             '/fastlane.v1.AdminService/RevokeToken',
             fastlane_dot_v1_dot_admin__pb2.RevokeTokenRequest.SerializeToString,
             fastlane_dot_v1_dot_admin__pb2.ApiToken.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetQuota(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fastlane.v1.AdminService/GetQuota',
+            fastlane_dot_v1_dot_admin__pb2.GetQuotaRequest.SerializeToString,
+            fastlane_dot_v1_dot_admin__pb2.QuotaStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetQuota(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fastlane.v1.AdminService/SetQuota',
+            fastlane_dot_v1_dot_admin__pb2.SetQuotaRequest.SerializeToString,
+            fastlane_dot_v1_dot_admin__pb2.QuotaStatus.FromString,
             options,
             channel_credentials,
             insecure,

@@ -38,6 +38,8 @@ ALLOWED: Final[dict[str, frozenset[Role]]] = {
     "/fastlane.v1.AdminService/CreateToken": frozenset({ADMIN}),
     "/fastlane.v1.AdminService/ListTokens": frozenset({ADMIN}),
     "/fastlane.v1.AdminService/RevokeToken": frozenset({ADMIN}),
+    "/fastlane.v1.AdminService/GetQuota": READ,
+    "/fastlane.v1.AdminService/SetQuota": frozenset({ADMIN}),
     # Reflection describes the API, not data: any valid token may use it.
     "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo": EVERYONE,
     "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo": EVERYONE,

@@ -124,6 +124,28 @@ def client_tls(args: argparse.Namespace) -> ClientTls | None:
     return ClientTls(ca_file=args.tls_ca, cert_file=args.tls_cert, key_file=args.tls_key)
 
 
+def count_or_unlimited(text: str) -> int | None:
+    """A quota count: a whole number from 0, or ``unlimited`` (None)."""
+    if text.strip().lower() == "unlimited":
+        return None
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number from 0, or 'unlimited'")
+    return int(text)
+
+
+def rate_or_unlimited(text: str) -> float | None:
+    """A quota rate: a number from 0, or ``unlimited`` (None)."""
+    if text.strip().lower() == "unlimited":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number from 0, or 'unlimited'")
+    return value
+
+
 def lifetime(text: str) -> timedelta:
     """A token lifetime: a number and a unit, ``90m``, ``12h``, ``30d`` or ``3600s``."""
     units = {"s": 1, "m": 60, "h": 3600, "d": 86_400}

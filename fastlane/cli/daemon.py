@@ -19,13 +19,16 @@ from fastlane.cli.arguments import (
     SERVER_ENV,
     UsageError,
     client_tls,
+    count_or_unlimited,
     milliseconds_up_to,
     positive_int,
     positive_seconds,
+    rate_or_unlimited,
     security_flags,
 )
-from fastlane.config import DEFAULT_DB_URL, DEFAULT_SERVER, Settings, default_node_id
+from fastlane.config import DEFAULT_DB_URL, DEFAULT_QUOTAS, DEFAULT_SERVER, Settings, default_node_id
 from fastlane.domain.limits import MAX_SEND_AHEAD, PAYLOAD_CEILING_BYTES
+from fastlane.domain.quotas import TenantQuota
 from fastlane.storage import DEFAULT_SHARD_COUNT, open_store
 
 
@@ -75,6 +78,18 @@ def register(commands: Any) -> None:
     serve.add_argument("--tls-key", metavar="FILE", type=Path, help="the PEM private key of --tls-cert")
     serve.add_argument("--tls-client-ca", metavar="FILE", type=Path,
                        help="require client certificates signed by this PEM CA (mutual TLS); needs --tls-cert")
+    quotas = serve.add_argument_group(
+        "quotas", "defaults for every tenant without its own (`fastlane quotas set`); a number, or 'unlimited'")
+    quotas.add_argument("--quota-max-jobs", metavar="N", type=count_or_unlimited,
+                        default=DEFAULT_QUOTAS.max_jobs, help=f"jobs a tenant may have (default: {DEFAULT_QUOTAS.max_jobs:,})")
+    quotas.add_argument("--quota-job-creations-per-second", metavar="R", type=rate_or_unlimited,
+                        default=DEFAULT_QUOTAS.job_creations_per_second,
+                        help="job creations per second per tenant, on each node "
+                        f"(default: {DEFAULT_QUOTAS.job_creations_per_second:g})")
+    quotas.add_argument("--quota-max-waiting-runs", metavar="N", type=count_or_unlimited,
+                        default=DEFAULT_QUOTAS.max_waiting_runs,
+                        help="runs due and not yet taken by a worker, beyond which the API adds no more for the "
+                        f"tenant (triggers, retries, jobs to run now) (default: {DEFAULT_QUOTAS.max_waiting_runs:,})")
     serve.add_argument(
         "--insecure",
         action="store_true",
@@ -201,6 +216,8 @@ def serve_node(args: argparse.Namespace) -> int:
         tls_key=args.tls_key,
         tls_client_ca=args.tls_client_ca,
         insecure=args.insecure,
+        quotas=TenantQuota(max_jobs=args.quota_max_jobs, job_creations_per_second=args.quota_job_creations_per_second,
+                           max_waiting_runs=args.quota_max_waiting_runs),
         shard_count=args.shards,
         shard_lease_ttl=timedelta(seconds=args.shard_lease_ttl),
         max_clock_offset=timedelta(milliseconds=args.max_clock_offset),

@@ -40,6 +40,7 @@ from fastlane.domain.models import (
     Schedule,
     ScheduleKind,
 )
+from fastlane.domain.quotas import TenantQuota
 from fastlane.errors import InvalidArgument
 
 E = TypeVar("E", bound=StrEnum)
@@ -346,4 +347,28 @@ def token_from_pb(message: admin_pb2.ApiToken) -> ApiToken:
         expires_at=instant(message.expires_at, message.HasField("expires_at")),
         revoked_at=instant(message.revoked_at, message.HasField("revoked_at")),
         last_used_at=instant(message.last_used_at, message.HasField("last_used_at")),
+    )
+
+
+# -- quotas ------------------------------------------------------------------------------------
+
+
+def quota_to_pb(quota: TenantQuota) -> admin_pb2.Quota:
+    message = admin_pb2.Quota()
+    if quota.max_jobs is not None:
+        message.max_jobs = quota.max_jobs
+    if quota.job_creations_per_second is not None:
+        message.job_creations_per_second = quota.job_creations_per_second
+    if quota.max_waiting_runs is not None:
+        message.max_waiting_runs = quota.max_waiting_runs
+    return message
+
+
+def quota_from_pb(message: admin_pb2.Quota) -> TenantQuota:
+    """A quota as sent; its bounds are checked by :meth:`TenantQuota.validated`."""
+    return TenantQuota(
+        max_jobs=message.max_jobs if message.HasField("max_jobs") else None,
+        job_creations_per_second=(message.job_creations_per_second
+                                  if message.HasField("job_creations_per_second") else None),
+        max_waiting_runs=message.max_waiting_runs if message.HasField("max_waiting_runs") else None,
     )

@@ -34,6 +34,7 @@ from fastlane.errors import FastlaneError, StorageUnavailable
 from fastlane.metrics import Metrics
 from fastlane.server.access import AccessInterceptor
 from fastlane.server.grpc_server import ApiServer
+from fastlane.server.quotas import QuotaGuard
 from fastlane.server.servicers.admin import AdminServicer
 from fastlane.server.servicers.jobs import JobServicer
 from fastlane.server.servicers.runs import RunServicer
@@ -187,15 +188,17 @@ class Node:
             )
 
         authenticator = self.authenticator = Authenticator(store) if settings.auth else None
+        quotas = QuotaGuard(store, settings.quotas)
         server = ApiServer(
             settings.listen,
             interceptors=[AccessInterceptor(authenticator)] if authenticator is not None else [],
             tls=self._server_tls(),
             health_listen=settings.health_listen,
-            jobs=JobServicer(store, operations, max_payload=settings.max_payload_bytes),
-            runs=RunServicer(store, operations),
+            jobs=JobServicer(store, operations, max_payload=settings.max_payload_bytes, quotas=quotas),
+            runs=RunServicer(store, operations, quotas=quotas),
             workers=WorkerServicer(dispatcher, node_id=settings.node_id, heartbeat_interval=HEARTBEAT_INTERVAL),
-            admin=AdminServicer(store, node_status, settings.node_id, live_within=settings.shard_lease_ttl),
+            admin=AdminServicer(store, node_status, settings.node_id, live_within=settings.shard_lease_ttl,
+                                quotas=quotas),
         )
         self.port = server.port
         if settings.metrics_listen:

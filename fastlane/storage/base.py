@@ -16,6 +16,7 @@ from typing import Protocol
 from fastlane.domain.access import ApiToken
 from fastlane.domain.audit import DEFAULT_AUDIT_LIMIT, AuditEvent
 from fastlane.domain.models import Attempt, DueJob, Job, JobSpec, JobState, NodeInfo, Run, RunState, ShardLease
+from fastlane.domain.quotas import TenantQuota
 from fastlane.domain.records import AttemptResult, Change, Dispatch, Heartbeat, Occurrence, Page
 from fastlane.storage.results import Cancellation, Materialised, ResultOutcome
 
@@ -274,4 +275,24 @@ class Store(Protocol):
         target of another tenant has none. Raises :class:`~fastlane.errors.InvalidArgument`
         for a kind other than ``job`` or ``run``, a bad id or a limit out of range.
         """
+        ...
+
+    # -- tenant quotas --------------------------------------------------------------------------
+
+    async def count_tenant_jobs(self, tenant: str) -> int:
+        """How many jobs ``tenant`` has (in any state), for its ``max_jobs`` quota."""
+        ...
+
+    async def count_waiting_runs(self, tenant: str) -> int:
+        """How many of ``tenant``'s runs are due and not yet taken by a worker (state
+        ``scheduled``, available now), for its ``max_waiting_runs`` quota."""
+        ...
+
+    async def list_quota_overrides(self) -> dict[str, TenantQuota]:
+        """Every tenant's quota override (unset fields: the nodes' defaults), by tenant."""
+        ...
+
+    async def set_quota_override(self, tenant: str, quota: TenantQuota | None) -> None:
+        """Replace ``tenant``'s override; None (or one with nothing set) removes it. Raises
+        :class:`~fastlane.errors.InvalidArgument` for a bad tenant or a limit out of range."""
         ...

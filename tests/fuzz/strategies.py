@@ -559,6 +559,31 @@ TOKEN_ROLES = ("admin", "client", "worker", "viewer")
 
 
 @st.composite
+def set_quota(draw: st.DrawFn) -> Probe:
+    # Always the fuzz tenant's own: a quota set low on the canary's tenant would refuse the canary.
+    request = admin_pb2.SetQuotaRequest(tenant="fuzz-tenant", reset=draw(st.booleans()))
+    fields = ["reset"] if request.reset else []
+    for name, values in (("max_jobs", int64s()), ("max_waiting_runs", int64s()),
+                         ("job_creations_per_second", st.floats(allow_nan=True, allow_infinity=True))):
+        if draw(st.booleans()):
+            setattr(request.override, name, draw(values))
+            fields.append(f"override.{name}")
+    if draw(st.integers(1, 4)) == 1:
+        request.tenant = draw(strings())
+        fields.append("tenant")
+    if request.tenant in ("canary", LIVE_TENANT, "default"):
+        request.tenant = "fuzz-tenant"
+    return Probe("AdminService", "SetQuota", tuple(fields), lambda memory: request)
+
+
+@st.composite
+def get_quota(draw: st.DrawFn) -> Probe:
+    tenant = draw(st.one_of(st.just(""), strings()))
+    return Probe("AdminService", "GetQuota", ("tenant",) if tenant else (),
+                 lambda memory: admin_pb2.GetQuotaRequest(tenant=tenant))
+
+
+@st.composite
 def create_token(draw: st.DrawFn) -> Probe:
     request = admin_pb2.CreateTokenRequest(tenant="fuzz-tenant", role="viewer", name="fuzz")
     fields = []
@@ -600,7 +625,7 @@ def api_probes() -> st.SearchStrategy[Probe]:
         job_ref("GetJob"), job_ref("PauseJob"), job_ref("ResumeJob"), job_ref("DeleteJob"), job_ref("TriggerJob"),
         list_jobs(), preview_schedule(), preview_schedule(),
         list_runs(), run_ref("GetRun"), run_ref("CancelRun"), run_ref("RetryRun"),
-        get_cluster(), create_token(), token_listing(), revoke_token(),
+        get_cluster(), create_token(), token_listing(), revoke_token(), set_quota(), get_quota(),
     )
 
 

@@ -66,6 +66,11 @@ def every_call(channel: grpc.aio.Channel) -> dict[str, Callable[[], Awaitable[An
         "/fastlane.v1.AdminService/ListTokens": lambda: admin.ListTokens(admin_pb2.ListTokensRequest(), timeout=WAIT),
         "/fastlane.v1.AdminService/RevokeToken": lambda: admin.RevokeToken(
             admin_pb2.RevokeTokenRequest(token_id="nosuchtoken0"), timeout=WAIT),
+        "/fastlane.v1.AdminService/GetQuota": lambda: admin.GetQuota(admin_pb2.GetQuotaRequest(), timeout=WAIT),
+        "/fastlane.v1.AdminService/SetQuota": lambda: admin.SetQuota(
+            admin_pb2.SetQuotaRequest(tenant="a", reset=True), timeout=WAIT),
+        "/fastlane.v1.JobService/ListAudit": lambda: jobs.ListAudit(
+            jobs_pb2.ListAuditRequest(target_kind="job", target_id="no-such-job"), timeout=WAIT),
     }
 
 

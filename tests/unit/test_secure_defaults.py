@@ -86,3 +86,27 @@ def test_a_bad_tenant_name_is_refused(tmp_path, capsys):
     assert main(["tokens", "create", "--db", f"sqlite:///{tmp_path}/x.db", "--tenant", "no spaces",
                  "--role", "client"]) == 1
     assert "--tenant" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["quotas", "set", "--tenant", "a"], "give at least one limit"),
+    (["quotas", "set", "--tenant", "a", "--reset", "--max-jobs", "3"], "give it alone"),
+    (["quotas", "set", "--tenant", "a", "--max-jobs", "-3"], "max_jobs"),
+])
+def test_quota_overrides_are_checked_before_any_call(argv, message, capsys):
+    assert main([*argv, "--server", "127.0.0.1:1"]) == 1  # nothing listens there: never reached
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag, value", [("--quota-max-jobs", "-1"), ("--quota-max-jobs", "lots"),
+                                         ("--quota-job-creations-per-second", "inf")])
+def test_quota_defaults_on_serve_are_checked(flag, value, capsys):
+    assert main(["serve", flag, value]) == 2
+    assert flag in capsys.readouterr().err
+
+
+def test_unlimited_quota_defaults_are_none():
+    from fastlane.cli.arguments import count_or_unlimited, rate_or_unlimited
+
+    assert (count_or_unlimited("unlimited"), rate_or_unlimited("Unlimited")) == (None, None)
+    assert (count_or_unlimited("0"), rate_or_unlimited("2.5")) == (0, 2.5)

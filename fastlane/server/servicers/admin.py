@@ -12,15 +12,18 @@ from fastlane.auth.issuing import issue_token
 from fastlane.domain import validation
 from fastlane.domain.access import Role
 from fastlane.domain.limits import MAX_NAME_LENGTH
+from fastlane.domain.quotas import TenantQuota
 from fastlane.rpc import wire
-from fastlane.server.guard import rpc
+from fastlane.server.guard import rpc, tenant_of
+from fastlane.server.quotas import QuotaGuard
 from fastlane.storage import Store
 
 
 class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     def __init__(self, store: Store, node_status: Callable[[], admin_pb2.NodeStatus], node_id: str,
-                 live_within: timedelta = timedelta(seconds=10)) -> None:
+                 live_within: timedelta = timedelta(seconds=10), *, quotas: QuotaGuard | None = None) -> None:
         self._store = store
+        self._quotas = quotas
         self._node_status = node_status
         self._node_id = node_id
         self._live_within = live_within
@@ -93,3 +96,30 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     ) -> admin_pb2.ApiToken:
         token = await self._store.revoke_token(validation.identifier("token_id", request.token_id))
         return wire.token_to_pb(token)
+
+    # -- quotas ----------------------------------------------------------------------------------
+
+    @rpc
+    async def GetQuota(
+        self, request: admin_pb2.GetQuotaRequest,
+        context: grpc.aio.ServicerContext[admin_pb2.GetQuotaRequest, admin_pb2.QuotaStatus],
+    ) -> admin_pb2.QuotaStatus:
+        return await self._status(tenant_of(request.tenant))
+
+    @rpc
+    async def SetQuota(
+        self, request: admin_pb2.SetQuotaRequest,
+        context: grpc.aio.ServicerContext[admin_pb2.SetQuotaRequest, admin_pb2.QuotaStatus],
+    ) -> admin_pb2.QuotaStatus:
+        tenant = validation.name("tenant", request.tenant)
+        override = None if request.reset else wire.quota_from_pb(request.override).validated()
+        await self._store.set_quota_override(tenant, override)
+        if self._quotas is not None:
+            self._quotas.overrides_changed()
+        return await self._status(tenant)
+
+    async def _status(self, tenant: str) -> admin_pb2.QuotaStatus:
+        override = (await self._store.list_quota_overrides()).get(tenant, TenantQuota())
+        in_force = await self._quotas.quota_of(tenant) if self._quotas is not None else override
+        return admin_pb2.QuotaStatus(tenant=tenant, in_force=wire.quota_to_pb(in_force),
+                                     override=wire.quota_to_pb(override))

@@ -17,14 +17,17 @@ from fastlane.domain.models import JobSpec, JobState, ScheduleKind
 from fastlane.engine.operations import Operations
 from fastlane.rpc import wire
 from fastlane.server.guard import rpc, tenant_of
+from fastlane.server.quotas import QuotaGuard
 from fastlane.storage import Store
 
 
 class JobServicer(jobs_pb2_grpc.JobServiceServicer):
-    def __init__(self, store: Store, operations: Operations, *, max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES) -> None:
+    def __init__(self, store: Store, operations: Operations, *, max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES,
+                 quotas: QuotaGuard | None = None) -> None:
         self._store = store
         self._operations = operations
         self._max_payload = max_payload
+        self._quotas = quotas
 
     def _spec(self, message: common_pb2.JobSpec) -> JobSpec:
         spec = wire.spec_from_pb(message, tenant=tenant_of(message.tenant))
@@ -37,6 +40,10 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
         context: grpc.aio.ServicerContext[jobs_pb2.CreateJobRequest, jobs_pb2.CreateJobResponse],
     ) -> jobs_pb2.CreateJobResponse:
         spec = self._spec(request.spec)
+        if self._quotas is not None:
+            # Checked for a repeat of an existing job too: telling the two apart costs a read
+            # on every creation, and a tenant at its limit has other things to look at.
+            await self._quotas.admit_job(spec.tenant, adds_a_run=spec.schedule.kind is ScheduleKind.NOW)
         job, created = await self._operations.create_job(spec)
         return jobs_pb2.CreateJobResponse(job=wire.job_to_pb(job), created=created)
 
@@ -99,7 +106,10 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
     async def TriggerJob(
         self, request: jobs_pb2.JobRef, context: grpc.aio.ServicerContext[jobs_pb2.JobRef, common_pb2.Run]
     ) -> common_pb2.Run:
-        run = await self._operations.trigger_job(tenant_of(request.tenant), _job_id(request))
+        tenant = tenant_of(request.tenant)
+        if self._quotas is not None:
+            await self._quotas.admit_run(tenant)
+        run = await self._operations.trigger_job(tenant, _job_id(request))
         return wire.run_to_pb(run)
 
     @rpc

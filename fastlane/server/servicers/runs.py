@@ -11,13 +11,15 @@ from fastlane.engine.operations import Operations
 from fastlane.errors import InvalidArgument
 from fastlane.rpc import wire
 from fastlane.server.guard import rpc, tenant_of
+from fastlane.server.quotas import QuotaGuard
 from fastlane.storage import Store
 
 
 class RunServicer(runs_pb2_grpc.RunServiceServicer):
-    def __init__(self, store: Store, operations: Operations) -> None:
+    def __init__(self, store: Store, operations: Operations, *, quotas: QuotaGuard | None = None) -> None:
         self._store = store
         self._operations = operations
+        self._quotas = quotas
 
     @rpc
     async def ListRuns(
@@ -55,7 +57,10 @@ class RunServicer(runs_pb2_grpc.RunServiceServicer):
     async def RetryRun(
         self, request: runs_pb2.RunRef, context: grpc.aio.ServicerContext[runs_pb2.RunRef, common_pb2.Run]
     ) -> common_pb2.Run:
-        run = await self._operations.retry_run(tenant_of(request.tenant), _run_id(request))
+        tenant = tenant_of(request.tenant)
+        if self._quotas is not None:
+            await self._quotas.admit_run(tenant)
+        run = await self._operations.retry_run(tenant, _run_id(request))
         return wire.run_to_pb(run)
 
 

@@ -27,6 +27,7 @@ from fastlane.storage.postgres import queries
 from fastlane.storage.postgres.audit import PostgresAudit
 from fastlane.storage.postgres.changes import PostgresChanges, notify
 from fastlane.storage.postgres.lane import PostgresLane
+from fastlane.storage.postgres.quotas import PostgresQuotas
 from fastlane.storage.postgres.runs import PostgresRuns
 from fastlane.storage.postgres.shards import PostgresShards
 from fastlane.storage.postgres.tokens import PostgresTokens
@@ -34,7 +35,9 @@ from fastlane.storage.postgres.tokens import PostgresTokens
 _MIGRATION_LOCK = 7_236_001  # pg_advisory_xact_lock key: one migrator at a time across nodes
 
 
-class PostgresStore(PostgresLane, PostgresRuns, PostgresShards, PostgresChanges, PostgresTokens, PostgresAudit, Store):
+class PostgresStore(
+    PostgresLane, PostgresRuns, PostgresShards, PostgresChanges, PostgresTokens, PostgresAudit, PostgresQuotas, Store
+):
     """Store on PostgreSQL through an asyncpg pool."""
 
     dialect = "postgres"

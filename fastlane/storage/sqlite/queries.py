@@ -330,3 +330,18 @@ LIST_RUN_AUDIT = """
     SELECT * FROM audit_events WHERE tenant = ? AND target_kind = 'run' AND target_id = ?
     ORDER BY at DESC, event_id DESC LIMIT ?
 """
+
+# -- tenant quotas ---------------------------------------------------------------------------------
+
+COUNT_TENANT_JOBS = "SELECT count(*) FROM jobs WHERE tenant = ?"  # jobs_by_tenant
+# runs_waiting_by_tenant: only runs in state 'scheduled' are in it.
+COUNT_WAITING_RUNS = f"SELECT count(*) FROM runs WHERE tenant = ? AND state = 'scheduled' AND available_at <= {NOW}"
+LIST_QUOTA_OVERRIDES = "SELECT tenant, max_jobs, job_creations_per_second, max_waiting_runs FROM tenant_quotas"
+SET_QUOTA_OVERRIDE = f"""
+    INSERT INTO tenant_quotas (tenant, max_jobs, job_creations_per_second, max_waiting_runs, updated_at)
+    VALUES (?, ?, ?, ?, {NOW})
+    ON CONFLICT (tenant) DO UPDATE SET max_jobs = excluded.max_jobs,
+        job_creations_per_second = excluded.job_creations_per_second,
+        max_waiting_runs = excluded.max_waiting_runs, updated_at = excluded.updated_at
+"""
+DELETE_QUOTA_OVERRIDE = "DELETE FROM tenant_quotas WHERE tenant = ?"

@@ -29,12 +29,13 @@ from fastlane.storage.sqlite import queries
 from fastlane.storage.sqlite.audit import SQLiteAudit
 from fastlane.storage.sqlite.connection import fetch_all, fetch_one, fetch_value, instant
 from fastlane.storage.sqlite.lane import SQLiteLane
+from fastlane.storage.sqlite.quotas import SQLiteQuotas
 from fastlane.storage.sqlite.runs import SQLiteRuns
 from fastlane.storage.sqlite.shards import SQLiteShards
 from fastlane.storage.sqlite.tokens import SQLiteTokens
 
 
-class SQLiteStore(SQLiteLane, SQLiteRuns, SQLiteShards, SQLiteTokens, SQLiteAudit, Store):
+class SQLiteStore(SQLiteLane, SQLiteRuns, SQLiteShards, SQLiteTokens, SQLiteAudit, SQLiteQuotas, Store):
     """Store on one SQLite file: a write connection (serialised) and a read connection."""
 
     dialect = "sqlite"
