@@ -33,6 +33,8 @@ log = logging.getLogger("fastlane.worker")
 _DEFAULT_HEARTBEAT_INTERVAL = 5.0
 _BACKOFF_START = 0.1
 _BACKOFF_CAP = 2.0
+_REFUSED_RETRY = 30.0  # seconds between attempts while a node refuses this worker's token
+_ACCESS_REFUSALS = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED})
 CHANNEL_OPTIONS: Sequence[tuple[str, Any]] = (
     # gRPC's own reconnect backoff (1 s growing to 120 s) would keep failing our calls long after
     # the node is back; hold it to the same schedule as ours.
@@ -98,6 +100,7 @@ class NodeStream:
         self._draining = False
         self._heartbeat_interval = _DEFAULT_HEARTBEAT_INTERVAL
         self._last_end = ""  # why the last stream ended, for the reconnect log line
+        self._refused: str | None = None  # the last stream was refused access: why
         self._clock = ClockEstimator()
 
     @property
@@ -130,6 +133,7 @@ class NodeStream:
         channel = self._open_channel(self.address)
         stub = pb_grpc.WorkerServiceStub(channel)
         delay, failures = _BACKOFF_START, 0
+        refused_before: str | None = None
         try:
             while not self._closing.is_set():
                 if await self._session(stub):
@@ -139,10 +143,18 @@ class NodeStream:
                 failures += 1
                 pause = random.uniform(delay / 2, delay)
                 delay = min(delay * 2, _BACKOFF_CAP)
-                # One line per outage at INFO; the retries of a long outage would flood the log.
-                level = logging.INFO if failures == 1 else logging.DEBUG
-                log.log(level, "reconnecting to %s in %.2f s (attempt %d, after %s)",
-                        self.address, pause, failures, self._last_end)
+                if self._refused:
+                    # The node will not take this worker (its token, its role or tenant): say so
+                    # loudly once, and ask again now and then rather than every second.
+                    if self._refused != refused_before:
+                        log.error("%s refused this worker: %s; check its token (--token-file or FASTLANE_TOKEN); "
+                                  "asking again every %g s", self.address, self._refused, _REFUSED_RETRY)
+                    refused_before, pause = self._refused, _REFUSED_RETRY
+                else:
+                    # One line per outage at INFO; the retries of a long outage would flood the log.
+                    level = logging.INFO if failures == 1 else logging.DEBUG
+                    log.log(level, "reconnecting to %s in %.2f s (attempt %d, after %s)",
+                            self.address, pause, failures, self._last_end)
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(pause):
                         await self._closing.wait()
@@ -287,6 +299,8 @@ class NodeStream:
 
     def _log_end(self, welcomed: bool, error: BaseException | None) -> None:
         self._last_end = _describe(error) if error is not None else "the node ended the stream"
+        refused = isinstance(error, grpc.aio.AioRpcError) and error.code() in _ACCESS_REFUSALS
+        self._refused = self._last_end if refused else None
         if error is not None and not isinstance(error, grpc.aio.AioRpcError):
             log.error("worker stream to %s crashed", self.address, exc_info=error)
         if welcomed and self._closing.is_set() and error is None:

@@ -218,3 +218,24 @@ async def test_an_open_worker_stream_ends_when_its_token_is_revoked(secured):
         assert "revoked" in (ended.value.details() or "")
     finally:
         await stream.close()
+
+
+async def test_a_worker_with_a_refused_token_says_so_once_and_waits(secured, caplog):
+    worker = Worker(secured.address, concurrency=1, follow_cluster=False, token="fl_zzzzzzzzzzzz_" + "0" * 64)
+
+    @worker.handler("t")
+    async def handle(ctx: RunContext) -> None:
+        raise AssertionError("a refused worker runs nothing")
+
+    caplog.set_level("INFO", logger="fastlane.worker")
+    task = asyncio.create_task(worker.run())
+    try:
+        async with asyncio.timeout(WAIT):
+            while not any(r.levelname == "ERROR" and "refused this worker" in r.getMessage() for r in caplog.records):
+                await asyncio.sleep(0.05)
+    finally:
+        await asyncio.wait_for(worker.stop(), WAIT)
+        await asyncio.wait_for(task, WAIT)
+    refusals = [r.getMessage() for r in caplog.records if "refused this worker" in r.getMessage()]
+    assert len(refusals) == 1
+    assert "UNAUTHENTICATED" in refusals[0] and "--token-file" in refusals[0]
