@@ -1,13 +1,17 @@
 """The ``fastlane`` command: argument parsing, dispatch to a command, and error reporting.
 
 Expected failures never show a traceback: a remote or validation error prints ``error: …`` and
-exits 1; a usage error prints argparse's usage and exits 2.
+exits 1; a usage error prints argparse's usage and exits 2. A connection or access refusal (TLS,
+token, role) is one line saying what went wrong and which flag to look at; for a connection the
+transport's own words follow, indented.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -15,7 +19,7 @@ from typing import Any
 import grpc
 
 from fastlane.cli import cluster, daemon, jobs, runs, tokens
-from fastlane.cli.arguments import UsageError, default_server
+from fastlane.cli.arguments import TOKEN_ENV, UsageError, default_server
 from fastlane.errors import FastlaneError
 from fastlane.rpc.status import RemoteError
 
@@ -87,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exit_request:
         return _exit_code(exit_request)
     except RemoteError as error:
-        return _report_remote(error, getattr(args, "server", None) or default_server())
+        return _report_remote(error, args)
     except FastlaneError as error:
         return _report(str(error))
     except KeyboardInterrupt:
@@ -110,14 +114,64 @@ def _report(message: str) -> int:
     return EXIT_ERROR
 
 
-def _report_remote(error: RemoteError, server: str) -> int:
-    detail = str(error)
+def _report_remote(error: RemoteError, args: argparse.Namespace) -> int:
+    server = getattr(args, "server", None) or default_server()
     if error.code is grpc.StatusCode.UNAVAILABLE:
+        problem = _connection_problem(error.details, server, args)
+        if problem is not None:
+            print(f"error: {problem}\n  ({error})", file=sys.stderr)
+            return EXIT_ERROR
         print(
-            f"error: cannot reach the fastlane daemon at {server} — is `fastlane serve` running?\n  ({detail})",
+            f"error: cannot reach the fastlane daemon at {server} — is `fastlane serve` running?\n  ({error})",
             file=sys.stderr,
         )
         return EXIT_ERROR
     if error.code is grpc.StatusCode.DEADLINE_EXCEEDED:
         return _report(f"the fastlane daemon at {server} did not answer in time (raise --rpc-timeout?)")
-    return _report(detail)
+    if error.code is grpc.StatusCode.UNAUTHENTICATED:
+        if not _sends_token(args):
+            return _report(f"the fastlane daemon at {server} requires an API token: set {TOKEN_ENV} or pass "
+                           "--token-file (an admin makes one with `fastlane tokens create`)")
+        return _report(f"the fastlane daemon at {server} refused the API token: {error.details} — check "
+                       f"--token-file / {TOKEN_ENV}; a revoked or expired token must be replaced")
+    if error.code is grpc.StatusCode.PERMISSION_DENIED:
+        return _report(f"permission denied: {error.details} — the token's role and tenant decide what it may do "
+                       "(`fastlane tokens list` shows them): use a token that allows this")
+    return _report(str(error))
+
+
+# What gRPC's transport says when TLS goes wrong; matched on its text, the only place it is told.
+_VERIFY_FAILED = re.compile(r"CERTIFICATE_VERIFY_FAILED: ([^:]+)")
+_CLOSED = ("socket closed", "connection reset", "end of tcp stream", "broken pipe")
+
+
+def _connection_problem(details: str, server: str, args: argparse.Namespace) -> str | None:
+    """What a failed connection says about TLS, with the flag to check; None for anything else."""
+    text = details.lower()
+    tls = any(getattr(args, flag, None) for flag in ("tls", "tls_ca", "tls_cert", "tls_key"))
+    no_tls = f"could not establish a TLS connection to {server}"
+    if "hostname verification" in text or "not in peer certificate" in text:
+        host = server.rpartition(":")[0] or server
+        return (f"{no_tls}: the node's certificate is not valid for {host} — connect by a name the certificate "
+                "holds, or have it reissued with this one")
+    if verify_failed := _VERIFY_FAILED.search(details):
+        return (f"{no_tls}: the node's certificate was not accepted ({verify_failed.group(1).strip()}) — check "
+                "that --tls-ca names the CA that signed it")
+    if "wrong_version_number" in text:
+        return f"{no_tls}: the node does not speak TLS on this port — check the port, or leave out the TLS flags"
+    if tls and ("handshake" in text or "ssl_error" in text):
+        return f"{no_tls}: the TLS handshake failed — check --tls-ca and the client certificate (--tls-cert, --tls-key)"
+    if not any(phrase in text for phrase in _CLOSED):
+        return None
+    if not tls:
+        return (f"the fastlane daemon at {server} closed the connection — if it serves TLS, pass --tls-ca (and "
+                "--tls-cert/--tls-key when it requires client certificates)")
+    if getattr(args, "tls_cert", None) is None:
+        return (f"{no_tls}: the node closed the handshake — it requires a client certificate (mutual TLS): pass "
+                "--tls-cert and --tls-key")
+    return (f"{no_tls}: the node closed the handshake — it did not accept the client certificate: check that "
+            "--tls-cert is signed by a CA the node trusts (its --tls-client-ca) and is still valid")
+
+
+def _sends_token(args: argparse.Namespace) -> bool:
+    return getattr(args, "token_file", None) is not None or bool(os.environ.get(TOKEN_ENV, "").strip())

@@ -47,6 +47,7 @@ class RemoteError(FastlaneError):
 
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
         self.code = code
+        self.details = message  # the daemon's own words, without the status name
         super().__init__(f"{code.name}: {message}")
 
 
@@ -66,11 +67,22 @@ class RemoteUnavailable(RemoteError):
     pass
 
 
+class RemoteUnauthenticated(RemoteError):
+    """The node requires an API token and got none, or refused the one it got (unknown, revoked,
+    expired): retrying with the same token will not help."""
+
+
+class RemotePermissionDenied(RemoteError):
+    """The token is valid, but its role or tenant does not allow this call."""
+
+
 _FROM_STATUS: dict[grpc.StatusCode, type[RemoteError]] = {
     grpc.StatusCode.NOT_FOUND: RemoteNotFound,
     grpc.StatusCode.INVALID_ARGUMENT: RemoteInvalidArgument,
     grpc.StatusCode.ALREADY_EXISTS: RemoteAlreadyExists,
     grpc.StatusCode.UNAVAILABLE: RemoteUnavailable,
+    grpc.StatusCode.UNAUTHENTICATED: RemoteUnauthenticated,
+    grpc.StatusCode.PERMISSION_DENIED: RemotePermissionDenied,
 }
 
 
