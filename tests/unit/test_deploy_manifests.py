@@ -32,7 +32,10 @@ KUBERNETES_VERSION = "1.30.0"
 NAMESPACE = "fastlane"
 KUSTOMIZE_API = "kustomize.config.k8s.io/v1beta1"
 # Files that `kubectl apply -k` must not apply.
-NOT_FOR_PRODUCTION = {"dev-postgres.yaml", "secret.example.yaml"}
+NOT_FOR_PRODUCTION = {"dev-postgres.yaml", "secret.example.yaml", "worker.example.yaml"}
+# Applied by hand where it fits: cert-manager's kinds exist only where its CRDs are installed.
+OPTIONAL = {"cert-manager.yaml"}
+CERT_MANAGER_API = "cert-manager.io/v1"
 CLUSTER_SCOPED = {"Namespace"}
 POD_NAME = "fastlane-1"
 SAMPLE_DSN = "postgresql://fastlane:s3cret@db.example.internal:5432/fastlane"
@@ -52,6 +55,9 @@ def _load_documents() -> list[tuple[Path, dict[str, Any]]]:
 
 DOCUMENTS = _load_documents()
 KUBERNETES_OBJECTS = [(path, doc) for path, doc in DOCUMENTS if doc.get("apiVersion") != KUSTOMIZE_API]
+# Kinds the bundled schemas know; cert-manager's are checked by hand below.
+BUILT_IN_OBJECTS = [(path, doc) for path, doc in KUBERNETES_OBJECTS if doc["apiVersion"] != CERT_MANAGER_API]
+CERT_MANAGER_OBJECTS = [(path, doc) for path, doc in KUBERNETES_OBJECTS if doc["apiVersion"] == CERT_MANAGER_API]
 
 
 def _document_id(entry: tuple[Path, dict[str, Any]]) -> str:
@@ -147,7 +153,7 @@ def test_manifests_found() -> None:
     assert {"Namespace", "StatefulSet", "Service", "PodDisruptionBudget", "NetworkPolicy", "Secret"} <= kinds
 
 
-@pytest.mark.parametrize("entry", KUBERNETES_OBJECTS, ids=[_document_id(e) for e in KUBERNETES_OBJECTS])
+@pytest.mark.parametrize("entry", BUILT_IN_OBJECTS, ids=[_document_id(e) for e in BUILT_IN_OBJECTS])
 def test_manifest_matches_kubernetes_schema(entry: tuple[Path, dict[str, Any]]) -> None:
     _, document = entry
     try:
@@ -176,11 +182,18 @@ def test_namespaced_objects_live_in_the_fastlane_namespace(entry: tuple[Path, di
 
 def test_kustomization_applies_every_production_file_and_nothing_else() -> None:
     listed = kustomization()["resources"]
-    production = sorted(
-        path.name for path in MANIFESTS.glob("*.yaml") if path.name not in NOT_FOR_PRODUCTION | {"kustomization.yaml"}
-    )
+    not_applied = NOT_FOR_PRODUCTION | OPTIONAL | {"kustomization.yaml"}
+    production = sorted(path.name for path in MANIFESTS.glob("*.yaml") if path.name not in not_applied)
     assert sorted(listed) == production
-    assert not NOT_FOR_PRODUCTION & set(listed)
+    assert not (NOT_FOR_PRODUCTION | OPTIONAL) & set(listed)
+    # Every file the kustomization leaves out says why, and the kustomization names it.
+    comment = (MANIFESTS / "kustomization.yaml").read_text()
+    for name in NOT_FOR_PRODUCTION | OPTIONAL:
+        assert name in comment, f"kustomization.yaml does not say why {name} is left out"
+
+
+def test_cert_manager_kinds_are_only_in_the_optional_file() -> None:
+    assert {path.name for path, _ in CERT_MANAGER_OBJECTS} == OPTIONAL
 
 
 def test_kustomization_image_entry_names_the_container_image() -> None:
@@ -275,9 +288,12 @@ def test_fastlane_serve_accepts_the_arguments(monkeypatch: pytest.MonkeyPatch) -
     [settings] = captured
     assert settings.db_url == SAMPLE_DSN
     assert settings.node_id == POD_NAME
-    # Reachable from other pods: which needs --insecure until fastlane has authentication.
+    # Reachable from other pods: with tokens and TLS, not with --insecure.
     assert settings.listen == f"0.0.0.0:{container_port('grpc')}"
-    assert settings.insecure is True
+    assert settings.insecure is False
+    assert settings.auth is True
+    assert settings.tls_cert is not None and settings.tls_key is not None
+    assert settings.health_listen == f"0.0.0.0:{container_port('health')}"
     assert settings.metrics_listen == f"0.0.0.0:{container_port('metrics')}"
     assert settings.advertised_address == f"{POD_NAME}.fastlane-headless.{NAMESPACE}.svc.cluster.local:7070"
 
@@ -290,13 +306,208 @@ def test_advertised_address_is_the_pods_stable_dns_name() -> None:
 
 
 @pytest.mark.parametrize("probe", ["readinessProbe", "livenessProbe", "startupProbe"])
-def test_probe_uses_grpc_health_on_the_grpc_port(probe: str) -> None:
+def test_probe_uses_grpc_health_on_the_plain_health_port(probe: str) -> None:
     assert probe in container(), f"the fastlane container has no {probe}"
     check = container()[probe]
     assert set(check) & {"grpc", "httpGet", "tcpSocket", "exec"} == {"grpc"}
-    assert check["grpc"]["port"] == container_port("grpc") == 7070
+    # The kubelet's gRPC probes speak neither TLS nor tokens: they go to --health, not the API.
+    health = flag_value(container()["args"], "--health")
+    assert health is not None, "fastlane serve has no --health address for the probes"
+    assert check["grpc"]["port"] == container_port("health") == int(health.rpartition(":")[2]) == 7071
+    assert check["grpc"]["port"] != container_port("grpc")
     # Service "" is the node as a whole: SERVING once its window is loaded.
     assert check["grpc"].get("service", "") == ""
+
+
+def test_health_port_is_reachable_by_the_kubelet() -> None:
+    # The kubelet probes the pod's IP: a loopback --health would never answer.
+    assert flag_value(container()["args"], "--health") == f"0.0.0.0:{container_port('health')}"
+
+
+# -- tokens and TLS ----------------------------------------------------------------------------------
+
+
+TLS_SECRET = "fastlane-tls"
+TLS_SECRET_KEYS = {"tls.crt", "tls.key", "ca.crt"}  # what a kubernetes.io/tls Secret (cert-manager's) holds
+
+
+def _containers() -> Iterator[tuple[str, dict[str, Any]]]:
+    for name, template in pod_templates():
+        for each in template["containers"] + template.get("initContainers", []):
+            yield f"{name}:{each['name']}", each
+
+
+@pytest.mark.parametrize("entry", list(_containers()), ids=[name for name, _ in _containers()])
+def test_no_container_runs_with_insecure(entry: tuple[str, dict[str, Any]]) -> None:
+    _, each = entry
+    words = each.get("command", []) + each.get("args", [])
+    assert not [word for word in words if word == "--insecure" or word.startswith("--insecure=")]
+
+
+def test_node_requires_tokens_and_tls() -> None:
+    args = container()["args"]
+    assert "--auth" in args
+    assert flag_value(args, "--tls-cert") and flag_value(args, "--tls-key")
+
+
+def _secret_file(path: str) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """The mount, the volume and the Secret key a file path of the fastlane container comes from."""
+    mounts = [mount for mount in container()["volumeMounts"] if path.startswith(mount["mountPath"].rstrip("/") + "/")]
+    assert len(mounts) == 1, f"{path} is not under exactly one volume mount: {mounts}"
+    [mount] = mounts
+    volumes = {volume["name"]: volume for volume in pod_spec()["volumes"]}
+    return mount, volumes[mount["name"]], path[len(mount["mountPath"].rstrip("/")) + 1:]
+
+
+@pytest.mark.parametrize("flag", ["--tls-cert", "--tls-key", "--tls-client-ca"])
+def test_tls_flags_name_files_of_the_mounted_tls_secret(flag: str) -> None:
+    path = flag_value(container()["args"], flag)
+    if path is None:
+        assert flag == "--tls-client-ca", f"{flag} is missing"
+        return  # mutual TLS is optional
+    mount, volume, key = _secret_file(path)
+    assert volume.get("secret", {}).get("secretName") == TLS_SECRET, f"{flag} {path}: not from the Secret {TLS_SECRET}"
+    assert key in TLS_SECRET_KEYS, f"{flag} {path}: {key} is not a key of a kubernetes.io/tls Secret"
+    items = volume["secret"].get("items")
+    assert items is None or key in {item["path"] for item in items}
+    assert mount.get("readOnly") is True
+    # A subPath mount is never updated: a renewed certificate would not reach the node.
+    assert "subPath" not in mount and "subPathExpr" not in mount
+
+
+def test_the_node_can_read_its_tls_key() -> None:
+    _, volume, _ = _secret_file(flag_value(container()["args"], "--tls-key") or "")
+    mode = volume["secret"].get("defaultMode", 0o644)
+    group = pod_spec()["securityContext"].get("fsGroup")
+    # The files belong to root, and to the fsGroup if there is one; the node runs as 10001.
+    assert mode & 0o004 or (mode & 0o040 and group is not None), f"mode {mode:o}, fsGroup {group}"
+    assert not mode & 0o002 and not mode & 0o020, "the key must not be writable by the node"
+
+
+def _certificate(name: str) -> dict[str, Any]:
+    return find("Certificate", name, "cert-manager.yaml")
+
+
+def _covers(pattern: str, host: str) -> bool:
+    if pattern.startswith("*."):
+        first, _, rest = host.partition(".")
+        return bool(first) and rest == pattern[2:]
+    return pattern == host
+
+
+def test_cert_manager_certificate_fills_the_mounted_secret_for_every_name_of_a_node() -> None:
+    certificate = _certificate(TLS_SECRET)["spec"]
+    assert certificate["secretName"] == TLS_SECRET
+    assert "server auth" in certificate["usages"]
+    names = certificate["dnsNames"]
+    advertised = (flag_value(container()["args"], "--advertise") or "").rpartition(":")[0]
+    wanted = [
+        advertised.replace("$(POD_NAME)", f"{statefulset()['metadata']['name']}-{index}")
+        for index in range(statefulset()["spec"]["replicas"] + 2)  # and a scale-up
+    ]
+    wanted += [f"fastlane.{NAMESPACE}.svc.cluster.local", f"fastlane.{NAMESPACE}.svc", "localhost"]
+    for host in wanted:
+        assert any(_covers(pattern, host) for pattern in names), f"the certificate does not cover {host}"
+    # The kubelet renews the mounted files; the node follows them (fastlane.auth.tls).
+    assert certificate.get("privateKey", {}).get("rotationPolicy") == "Always"
+
+
+# cert-manager v1's fields (its CRDs are not bundled with kubernetes-validate): a misspelt field
+# would be dropped by the API server, and the certificate would quietly lack it.
+_CERTIFICATE_SPEC = {
+    "additionalOutputFormats", "commonName", "dnsNames", "duration", "emailAddresses", "encodeUsagesInRequest",
+    "ipAddresses", "isCA", "issuerRef", "keystores", "literalSubject", "nameConstraints", "otherNames", "privateKey",
+    "renewBefore", "renewBeforePercentage", "revisionHistoryLimit", "secretName", "secretTemplate", "subject", "uris",
+    "usages",
+}
+_ISSUER_SPEC = {"acme", "ca", "selfSigned", "vault", "venafi"}
+_KEY_USAGES = {
+    "signing", "digital signature", "content commitment", "key encipherment", "key agreement", "data encipherment",
+    "cert sign", "crl sign", "encipher only", "decipher only", "any", "server auth", "client auth", "code signing",
+    "email protection", "s/mime", "ipsec end system", "ipsec tunnel", "ipsec user", "timestamping", "ocsp signing",
+    "microsoft sgc", "netscape sgc",
+}
+_GO_DURATION = re.compile(r"^(\d+h)?(\d+m)?(\d+s)?$")
+
+
+@pytest.mark.parametrize("entry", CERT_MANAGER_OBJECTS, ids=[_document_id(e) for e in CERT_MANAGER_OBJECTS])
+def test_cert_manager_objects_use_known_fields(entry: tuple[Path, dict[str, Any]]) -> None:
+    _, document = entry
+    assert set(document) == {"apiVersion", "kind", "metadata", "spec"}
+    assert set(document["metadata"]) <= {"name", "namespace", "labels", "annotations"}
+    spec = document["spec"]
+    if document["kind"] == "Issuer":
+        assert len(spec) == 1 and set(spec) <= _ISSUER_SPEC, spec
+        if "ca" in spec:
+            assert set(spec["ca"]) <= {"secretName", "crlDistributionPoints", "ocspServers", "issuingCertificateURLs"}
+            # The CA issuer signs with the key of a CA certificate made here.
+            [ca] = [doc for _, doc in CERT_MANAGER_OBJECTS
+                    if doc["kind"] == "Certificate" and doc["spec"]["secretName"] == spec["ca"]["secretName"]]
+            assert ca["spec"].get("isCA") is True
+        return
+    assert document["kind"] == "Certificate"
+    assert set(spec) <= _CERTIFICATE_SPEC, set(spec) - _CERTIFICATE_SPEC
+    assert spec["secretName"]
+    assert set(spec.get("privateKey", {})) <= {"algorithm", "encoding", "size", "rotationPolicy"}
+    assert spec.get("privateKey", {}).get("algorithm", "RSA") in {"RSA", "ECDSA", "Ed25519"}
+    assert set(spec.get("usages", [])) <= _KEY_USAGES
+    for field in ("duration", "renewBefore"):
+        if field in spec:
+            assert _GO_DURATION.match(spec[field]), f"{field} {spec[field]!r} is not a Go duration"
+    reference = spec["issuerRef"]
+    assert set(reference) <= {"name", "kind", "group"}
+    assert reference.get("group", "cert-manager.io") == "cert-manager.io"
+    if reference.get("kind", "Issuer") == "Issuer":
+        issuers = [doc for _, doc in CERT_MANAGER_OBJECTS if doc["kind"] == "Issuer"]
+        assert reference["name"] in {issuer["metadata"]["name"] for issuer in issuers}
+
+
+# -- the worker example ------------------------------------------------------------------------------
+
+
+def _worker() -> dict[str, Any]:
+    deployment = find("Deployment", "acme-worker", "worker.example.yaml")
+    [worker] = deployment["spec"]["template"]["spec"]["containers"]
+    return worker
+
+
+def test_worker_example_reads_its_token_from_the_example_secret() -> None:
+    [token] = [entry for entry in _worker()["env"] if entry["name"] == "FASTLANE_TOKEN"]
+    reference = token["valueFrom"]["secretKeyRef"]
+    example = find("Secret", reference["name"], "worker.example.yaml")
+    assert set(example["stringData"]) == {reference["key"]}
+    assert flag_value(_worker()["command"] + _worker()["args"], "--token-file") is None  # the variable is enough
+
+
+def test_worker_example_trusts_the_ca_it_mounts() -> None:
+    ca = flag_value(_worker()["args"], "--tls-ca")
+    assert ca is not None
+    deployment = find("Deployment", "acme-worker", "worker.example.yaml")
+    volumes = {volume["name"]: volume for volume in deployment["spec"]["template"]["spec"]["volumes"]}
+    [mount] = [mount for mount in _worker()["volumeMounts"] if ca.startswith(mount["mountPath"] + "/")]
+    assert volumes[mount["name"]]["configMap"]["name"] == "fastlane-ca"
+    # The example is admitted to the nodes by the NetworkPolicy.
+    assert deployment["spec"]["template"]["metadata"]["labels"]["fastlane/client"] == "true"
+
+
+def test_fastlane_worker_accepts_the_example_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
+    worker = _worker()
+    assert worker["command"][:2] == ["fastlane", "worker"]
+    for entry in worker["env"]:
+        monkeypatch.setenv(entry["name"], entry.get("value", "fl_abcdefghijkl_0123456789abcdef"))
+    captured: dict[str, Any] = {}
+
+    def fake_run_worker_cli(target: str, servers: list[str], concurrency: int | None, **kwargs: Any) -> int:
+        captured.update(target=target, servers=servers, **kwargs)
+        return 0
+
+    monkeypatch.setattr("fastlane.worker.run_worker_cli", fake_run_worker_cli)
+    monkeypatch.setattr("fastlane.logs.configure", lambda *args, **kwargs: None)
+    argv = worker["command"][1:] + worker["args"]
+    assert main(argv) == 0, f"fastlane {' '.join(argv)} was refused"
+    assert captured["servers"] == [f"fastlane.{NAMESPACE}.svc.cluster.local:7070"]
+    assert captured["token"] == "fl_abcdefghijkl_0123456789abcdef"
+    assert str(captured["tls"].ca_file) == flag_value(worker["args"], "--tls-ca")
 
 
 def test_liveness_is_more_patient_than_readiness() -> None:
@@ -420,7 +631,8 @@ def test_network_policy_guards_the_pods() -> None:
         # A rule without peers or ports admits everyone or every port.
         assert rule.get("from") and rule.get("ports"), rule
         for peer in rule["from"]:
-            assert "ipBlock" not in peer, "no address range may reach the nodes: they have no authentication"
+            # Defence in depth for the API, the only guard of the metrics: no address range.
+            assert "ipBlock" not in peer, "no address range may reach the nodes"
 
 
 def test_network_policy_admits_grpc_only_from_clients_and_nodes() -> None:
@@ -434,6 +646,11 @@ def test_network_policy_admits_grpc_only_from_clients_and_nodes() -> None:
     assert _ingress_ports(client) == {7070}
     assert _ingress_ports(node) == {7070}
     assert _ingress_ports(lambda peer: not (client(peer) or node(peer))) == {9464}
+
+
+def test_network_policy_admits_nobody_to_the_health_port() -> None:
+    # Only the kubelet probes it, from the node, which NetworkPolicy does not govern.
+    assert container_port("health") not in _ingress_ports(lambda peer: True)
 
 
 def test_network_policy_admits_metrics_from_the_monitoring_namespace() -> None:
@@ -536,10 +753,10 @@ def test_image_is_multi_stage_on_python_311_slim() -> None:
     assert set(resolved) == {"python:3.11-slim"}
 
 
-def test_image_exposes_the_grpc_and_metrics_ports() -> None:
+def test_image_exposes_the_grpc_health_and_metrics_ports() -> None:
     exposed = {int(port.split("/")[0]) for keyword, arguments in final_stage() if keyword == "EXPOSE"
                for port in arguments.split()}
-    assert exposed == {7070, 9464} == {container_port("grpc"), container_port("metrics")}
+    assert exposed == {7070, 7071, 9464} == {container_port("grpc"), container_port("health"), container_port("metrics")}
 
 
 def test_build_context_holds_what_the_dockerfile_copies() -> None:
