@@ -12,6 +12,7 @@ import pytest
 from fastlane.bench.processes import free_port
 
 from fastlane.auth.issuing import issue_token
+from fastlane.auth.tls import ClientTls
 from fastlane.client import Client
 from fastlane.config import Settings
 from fastlane.domain.access import ApiToken, Role
@@ -40,12 +41,15 @@ class SecuredNode:
     node: Node
     store: Store
     address: str
+    client_tls: ClientTls | None = None  # how its clients connect (None: plain TCP)
     secrets: dict[str, str] = field(default_factory=dict)  # "admin", "client-a", ... -> fl_... secret
     tokens: dict[str, ApiToken] = field(default_factory=dict)
 
-    def client(self, who: str | None, *, tenant: str = "", token: str | None = None) -> Client:
-        """A client of ``who`` (a key of ``secrets``; None: no token at all)."""
-        return Client(self.address, tenant=tenant, timeout=10,
+    def client(self, who: str | None, *, tenant: str = "", token: str | None = None,
+               tls: ClientTls | None = None) -> Client:
+        """A client of ``who`` (a key of ``secrets``; None: no token at all), over the node's
+        client TLS unless ``tls`` says otherwise."""
+        return Client(self.address, tenant=tenant, timeout=10, tls=tls or self.client_tls,
                       token=token if token is not None else (self.secrets[who] if who else None))
 
     async def issue(self, who: str, tenant: str, role: Role, **options: Any) -> str:
@@ -54,13 +58,13 @@ class SecuredNode:
         return str(secret)
 
 
-@pytest.fixture
-async def secured(db_url: str, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[SecuredNode]:
-    """A node requiring tokens on either backend, with tokens: admin (tenant ops), a client, a
-    viewer and a worker of tenant ``a``, a client and a worker of tenant ``b``."""
-    monkeypatch.delenv("FASTLANE_TOKEN", raising=False)
+@contextlib.asynccontextmanager
+async def secured_node(db_url: str, *, client_tls: ClientTls | None = None, **settings: Any) -> AsyncIterator[SecuredNode]:
+    """A node requiring tokens (``settings`` added to its Settings, e.g. TLS), with tokens: admin
+    (tenant ops), a client, a viewer and a worker of tenant ``a``, a client and a worker of ``b``."""
     address = f"127.0.0.1:{free_port()}"
-    node = Node(Settings(db_url=db_url, listen=address, node_id="secured-node", shard_count=ENGINE_SHARDS, auth=True))
+    node = Node(Settings(db_url=db_url, listen=address, node_id="secured-node", shard_count=ENGINE_SHARDS, auth=True,
+                         **settings))
     task = asyncio.create_task(node.run(), name="secured-node")
     store = open_store(db_url, shard_count=ENGINE_SHARDS)
     try:
@@ -69,7 +73,7 @@ async def secured(db_url: str, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator
                 if task.done():
                     await task  # raises why it stopped
                 await asyncio.sleep(0.02)
-        secured = SecuredNode(node, store, address)
+        secured = SecuredNode(node, store, address, client_tls=client_tls)
         await secured.issue("admin", "ops", Role.ADMIN)
         await secured.issue("client-a", "a", Role.CLIENT)
         await secured.issue("viewer-a", "a", Role.VIEWER)
@@ -82,3 +86,11 @@ async def secured(db_url: str, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator
         with contextlib.suppress(Exception):
             await asyncio.wait_for(task, 20)
         await store.close()
+
+
+@pytest.fixture
+async def secured(db_url: str, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[SecuredNode]:
+    """A node requiring tokens on either backend (see :func:`secured_node`), without TLS."""
+    monkeypatch.delenv("FASTLANE_TOKEN", raising=False)
+    async with secured_node(db_url) as node:
+        yield node
