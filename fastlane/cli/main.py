@@ -18,7 +18,7 @@ from typing import Any
 
 import grpc
 
-from fastlane.cli import cluster, daemon, jobs, runs, tokens
+from fastlane.cli import cluster, daemon, jobs, quotas, runs, tokens
 from fastlane.cli.arguments import TOKEN_ENV, UsageError, default_server
 from fastlane.errors import FastlaneError
 from fastlane.rpc.status import RemoteError
@@ -42,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     runs.register(commands)
     cluster.register(commands)
     tokens.register(commands)
+    quotas.register(commands)
     _register_demo(commands)
     _register_bench(commands)
     return parser
