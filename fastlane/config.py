@@ -109,7 +109,7 @@ class Settings:
             if not host or not port.isdigit():
                 raise ConfigurationError(f"{flag} {address!r}: expected HOST:PORT, e.g. 127.0.0.1:7070")
             # Health says SERVING or NOT_SERVING and nothing else: any address will do.
-            if self.insecure or _is_loopback(host) or flag == "--health":
+            if self.insecure or is_loopback_host(host) or flag == "--health":
                 continue
             missing = [what for what, present in (("--auth", self.auth), ("--tls-cert/--tls-key", self.tls))
                        if present is False and (flag == "--listen" or what == "--auth")]
@@ -120,7 +120,8 @@ class Settings:
                 )
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback_host(host: str) -> bool:
+    """Whether ``host`` (a name or an address, IPv6 with or without brackets) is this machine."""
     host = host.strip("[]")
     if host == "localhost":
         return True

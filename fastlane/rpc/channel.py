@@ -16,7 +16,6 @@ class per kind, sharing :class:`_BearerToken`.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Mapping, Sequence
@@ -26,6 +25,7 @@ from typing import Any, Final, TypeVar
 import grpc
 
 from fastlane.auth.tls import ClientTls, channel_credentials
+from fastlane.config import is_loopback_host
 from fastlane.errors import ConfigurationError
 
 log = logging.getLogger("fastlane.rpc")
@@ -206,12 +206,7 @@ def _is_loopback(target: str) -> bool:
         host = host[1:].partition("]")[0]
     elif host.count(":") == 1:  # host:port; more colons is a bare IPv6 address
         host = host.partition(":")[0]
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return is_loopback_host(host)
 
 
 __all__ = ["TOKEN_ENV", "load_token", "open_channel"]

@@ -87,10 +87,16 @@ class Node:
                 or a background loop kept failing); it has stopped and says why.
         """
         settings = self.settings
-        store = open_store(settings.db_url, shard_count=settings.shard_count)
+        store = open_store(settings.db_url, shard_count=settings.shard_count, lease_ttl=settings.shard_lease_ttl)
         try:
             version = await self._migrate(store)
             log.info("database %s at schema version %d", _redact(settings.db_url), version)
+            shards = await store.shard_count()
+            if shards != settings.shard_count:
+                # Fixed when the database was made (by the first node, migrate or tokens create):
+                # every node must agree, so the database's count wins over the flag.
+                log.warning("the database has %d shards: --shards %d is ignored (the count is fixed when the "
+                            "database is created)", shards, settings.shard_count)
             await self._run_with(store)
         finally:
             await store.close()

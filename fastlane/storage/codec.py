@@ -35,6 +35,7 @@ from fastlane.domain.models import (
     ShardLease,
     Timing,
 )
+from fastlane.domain.quotas import TenantQuota
 
 
 def _seconds(delta: timedelta | None) -> float | None:
@@ -333,6 +334,11 @@ def build_token(row: Row) -> ApiToken:
         revoked_at=row["revoked_at"],
         last_used_at=row["last_used_at"],
     )
+
+
+def build_quota(row: Row) -> TenantQuota:
+    return TenantQuota(max_jobs=row["max_jobs"], job_creations_per_second=row["job_creations_per_second"],
+                       max_waiting_runs=row["max_waiting_runs"])
 
 
 def build_audit_event(row: Row) -> AuditEvent:

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import pytest
 from fastlane.bench.processes import free_port
@@ -15,6 +16,7 @@ from fastlane.config import Settings
 from fastlane.engine.changes import ChangeFollower
 from fastlane.errors import FastlaneError
 from fastlane.server.node import Node
+from fastlane.storage import open_store
 from fastlane.supervise import LoopGaveUp
 
 
@@ -99,3 +101,26 @@ def hold_the_node_loop(seconds: float) -> None:
     deadline = time.perf_counter() + seconds
     while time.perf_counter() < deadline:  # C calls only, so this is the innermost Python frame
         pass
+
+
+async def test_a_shard_count_other_than_the_database_s_is_named_and_ignored(tmp_path, caplog):
+    made = settings_for(tmp_path)  # 4 shards: the database is made with them
+    store = open_store(made.db_url, shard_count=made.shard_count)
+    await store.migrate()
+    await store.close()
+    caplog.set_level("WARNING", logger="fastlane.node")
+    node = Node(replace(made, shard_count=16))
+    async with running(node):
+        await asyncio.wait_for(node.ready.wait(), 20)
+        owned = await asyncio.wait_for(_owned_shards(node), 20)
+    assert owned == 4
+    assert any("the database has 4 shards: --shards 16 is ignored" in r.getMessage() for r in caplog.records)
+
+
+async def _owned_shards(node: Node) -> int:
+    async with asyncio.timeout(20):
+        while True:
+            owned = node.metrics.registry.get_sample_value("fastlane_shards_owned")
+            if owned:
+                return int(owned)
+            await asyncio.sleep(0.05)

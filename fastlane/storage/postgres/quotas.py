@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastlane.domain import validation
 from fastlane.domain.quotas import TenantQuota
+from fastlane.storage import codec
 from fastlane.storage.postgres import queries
 from fastlane.storage.postgres.connection import PostgresConnections
 
@@ -22,9 +23,7 @@ class PostgresQuotas(PostgresConnections):
     async def list_quota_overrides(self) -> dict[str, TenantQuota]:
         async with self._connection() as db:
             rows = await db.fetch(queries.LIST_QUOTA_OVERRIDES)
-        return {row["tenant"]: TenantQuota(max_jobs=row["max_jobs"], max_waiting_runs=row["max_waiting_runs"],
-                                           job_creations_per_second=row["job_creations_per_second"])
-                for row in rows}
+        return {row["tenant"]: codec.build_quota(row) for row in rows}
 
     async def set_quota_override(self, tenant: str, quota: TenantQuota | None) -> None:
         validation.name("tenant", tenant)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastlane.domain import validation
 from fastlane.domain.quotas import TenantQuota
+from fastlane.storage import codec
 from fastlane.storage.sqlite import queries
 from fastlane.storage.sqlite.connection import SQLiteConnections, fetch_all, fetch_value
 
@@ -22,9 +23,7 @@ class SQLiteQuotas(SQLiteConnections):
     async def list_quota_overrides(self) -> dict[str, TenantQuota]:
         async with self._read() as db:
             rows = await fetch_all(db, queries.LIST_QUOTA_OVERRIDES, ())
-        return {row["tenant"]: TenantQuota(max_jobs=row["max_jobs"], max_waiting_runs=row["max_waiting_runs"],
-                                           job_creations_per_second=row["job_creations_per_second"])
-                for row in rows}
+        return {row["tenant"]: codec.build_quota(row) for row in rows}
 
     async def set_quota_override(self, tenant: str, quota: TenantQuota | None) -> None:
         validation.name("tenant", tenant)
