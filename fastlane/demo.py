@@ -59,7 +59,7 @@ async def _demo(workdir: Path, duration: float) -> int:
         ))
         async with Client(address) as client:
             await client.wait_ready(30)
-            print("daemon ready; starting the demo worker (its lines show each run and its delivery lag)")
+            print("daemon ready; starting the demo worker (its lines show each run and its start lag)")
             children.append(subprocess.Popen(
                 [sys.executable, "-m", "fastlane", "worker", "fastlane.demo_worker:worker", "--server", address],
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
