@@ -87,7 +87,7 @@ class Node:
                 or a background loop kept failing); it has stopped and says why.
         """
         settings = self.settings
-        store = open_store(settings.db_url, shard_count=settings.shard_count)
+        store = open_store(settings.db_url, shard_count=settings.shard_count, lease_ttl=settings.shard_lease_ttl)
         try:
             version = await self._migrate(store)
             log.info("database %s at schema version %d", _redact(settings.db_url), version)

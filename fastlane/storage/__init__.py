@@ -1,5 +1,7 @@
 """Durable state: the :class:`Store` protocol, its SQLite and PostgreSQL backends, and :func:`open_store`."""
 
+from datetime import timedelta
+
 from fastlane.domain.records import AttemptResult, Change, ChangeKind, Dispatch, Heartbeat, Occurrence, Page, RunFilter
 from fastlane.errors import ConfigurationError
 from fastlane.storage.base import DEFAULT_SHARD_COUNT, Store
@@ -23,8 +25,15 @@ __all__ = [
 ]
 
 
-def open_store(url: str, *, shard_count: int = DEFAULT_SHARD_COUNT) -> Store:
-    """Make a store for ``sqlite:///path`` or ``postgresql://...``; call ``migrate()`` before use."""
+def open_store(url: str, *, shard_count: int = DEFAULT_SHARD_COUNT, lease_ttl: timedelta | None = None) -> Store:
+    """Make a store for ``sqlite:///path`` or ``postgresql://...``; call ``migrate()`` before use.
+
+    ``lease_ttl`` is the node's shard lease TTL (default: the default of ``--shard-lease-ttl``).
+    On PostgreSQL every connection's ``idle_in_transaction_session_timeout``, ``lock_timeout``
+    and ``statement_timeout`` derive from it, so that no node holds a lock past its lease. SQLite
+    needs no such thing: one node, one writer at a time, no row locks that could outlive a lease
+    (its waits are bounded by ``busy_timeout``).
+    """
     if url.startswith("sqlite://"):
         from fastlane.storage.sqlite import SQLiteStore
 
@@ -32,7 +41,9 @@ def open_store(url: str, *, shard_count: int = DEFAULT_SHARD_COUNT) -> Store:
     if url.startswith(("postgresql://", "postgres://")):
         from fastlane.storage.postgres import PostgresStore
 
-        return PostgresStore(url, shard_count=shard_count)
+        if lease_ttl is None:
+            return PostgresStore(url, shard_count=shard_count)
+        return PostgresStore(url, shard_count=shard_count, lease_ttl=lease_ttl)
     raise ConfigurationError(
         f"unsupported database URL {url!r}: use sqlite:///path/to/file.db or postgresql://user@host/db"
     )

@@ -20,15 +20,25 @@ from fastlane.errors import StorageError, StorageUnavailable
 
 # SQLSTATE classes whose every condition is weather: 08 connection exception, 53 insufficient
 # resources (too many connections, out of memory, disk full), 57 operator intervention (admin or
-# crash shutdown, cannot connect now, query cancelled by a statement timeout), 58 system error (I/O).
+# crash shutdown, cannot connect now, idle_session_timeout, and 57014 query_canceled: a
+# statement_timeout, or a cancel request after a client-side timeout), 58 system error (I/O).
 _RETRYABLE_SQLSTATE_CLASSES = frozenset({"08", "53", "57", "58"})
 _RETRYABLE_SQLSTATES = frozenset({
     "40001",  # serialization_failure
     "40P01",  # deadlock_detected
     "40003",  # statement_completion_unknown
-    "55P03",  # lock_not_available
+    "55P03",  # lock_not_available: lock_timeout ran out (or NOWAIT)
     "25006",  # read_only_sql_transaction: connected to a standby during a failover
+    # The rest of class 25 (invalid transaction state) is a bug; these two are the server
+    # ending a session whose transaction outstayed a limit: the node's own
+    # idle_in_transaction_session_timeout (it froze mid-transaction) and, should an operator
+    # set one, PostgreSQL 17's transaction_timeout. The transaction is gone; a new one may work.
+    "25P03",  # idle_in_transaction_session_timeout
+    "25P04",  # transaction_timeout
 })
+# A statement that gave up waiting, while the database itself answered: lock_timeout, a deadlock
+# the server broke, statement_timeout.
+_GAVE_UP_WAITING = frozenset({"55P03", "40P01", "57014"})
 
 # asyncpg reports a connection or pool that is gone through InterfaceError and
 # InternalClientError with these words; the same classes also report caller mistakes (a wrong
@@ -57,8 +67,17 @@ def classify_postgres(error: BaseException, *, connection_closed: bool = False, 
     return StorageError(f"PostgreSQL error{_while(doing)}: {_describe(error)}")
 
 
+def gave_up_waiting(error: BaseException | None) -> bool:
+    """Whether ``error`` (a driver exception, e.g. a StorageError's ``__cause__``) is a statement
+    that gave up waiting (``lock_timeout``, a deadlock broken by the server, ``statement_timeout``)
+    rather than a database out of reach."""
+    return isinstance(error, asyncpg.PostgresError) and getattr(error, "sqlstate", None) in _GAVE_UP_WAITING
+
+
 def _postgres_is_retryable(error: BaseException) -> bool:
-    if isinstance(error, OSError | TimeoutError):  # refused, reset, unreachable; a query timed out
+    # Refused, reset, unreachable; asyncpg's command_timeout, a pool acquire or a connect that
+    # timed out (asyncio.TimeoutError is TimeoutError).
+    if isinstance(error, OSError | TimeoutError):
         return True
     if isinstance(error, asyncpg.PostgresError):
         sqlstate = getattr(error, "sqlstate", None) or ""

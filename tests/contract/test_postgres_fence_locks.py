@@ -1,4 +1,6 @@
-"""PostgreSQL's fence locks: an open fenced transaction holds off a takeover but not a renewal.
+"""PostgreSQL's fence locks: an open fenced transaction holds off a takeover (which waits for it,
+within lock_timeout) but not a renewal. How long such a lock can last is bounded by the session
+limits: see test_postgres_bounded_locks.
 
 (SQLite has one writer at a time, so there the question does not arise.)
 """
@@ -64,9 +66,13 @@ async def test_a_takeover_waits_until_the_fenced_transaction_ends(stores, pg_dsn
         await transaction.start()
         assert await fenced.fetch(_FENCE, [lease.shard_id], [lease.owner], [lease.token])
         await lease_ran_out(pg_dsn, shard_id=1)  # while the fenced transaction is still open
-        assert await other.acquire_shards("node-b", TTL, limit=1, shard_ids=[1]) == []
+        # The expired shard is not skipped: the takeover waits for the row (up to lock_timeout)...
+        takeover = asyncio.create_task(other.acquire_shards("node-b", TTL, limit=1, shard_ids=[1]))
+        await asyncio.sleep(0.3)
+        assert not takeover.done()
+        # ...and gets it once the fenced transaction has committed, not before.
         await transaction.commit()
-        [taken] = await other.acquire_shards("node-b", TTL, limit=1, shard_ids=[1])
+        [taken] = await asyncio.wait_for(takeover, timeout=5)
         assert taken.owner == "node-b" and taken.token == lease.token + 1
     finally:
         await fenced.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from fastlane.storage.driver_errors import (
     SQLITE_DRIVER_ERRORS,
     classify_postgres,
     classify_sqlite,
+    gave_up_waiting,
 )
 
 # -- PostgreSQL ----------------------------------------------------------------------------------
@@ -31,6 +33,12 @@ POSTGRES_WEATHER = [
     asyncpg.DeadlockDetectedError("deadlock detected"),
     asyncpg.exceptions.LockNotAvailableError("could not obtain lock on row"),
     asyncpg.exceptions.QueryCanceledError("canceling statement due to statement timeout"),
+    asyncpg.exceptions.LockNotAvailableError("canceling statement due to lock timeout"),
+    asyncpg.exceptions.IdleInTransactionSessionTimeoutError(
+        "terminating connection due to idle-in-transaction timeout"
+    ),
+    asyncpg.exceptions.TransactionTimeoutError("terminating connection due to transaction timeout"),
+    asyncpg.exceptions.IdleSessionTimeoutError("terminating connection due to idle-session timeout"),
     asyncpg.exceptions.ReadOnlySQLTransactionError("cannot execute UPDATE in a read-only transaction"),
     asyncpg.exceptions.DiskFullError("could not extend file: No space left on device"),
     asyncpg.InterfaceError("pool is closed"),
@@ -44,6 +52,7 @@ POSTGRES_WEATHER = [
     ConnectionRefusedError(111, "Connection refused"),
     OSError(113, "No route to host"),
     TimeoutError(),
+    asyncio.TimeoutError(),  # asyncpg's command_timeout, a pool acquire or connect that timed out
 ]
 
 POSTGRES_PERMANENT = [
@@ -57,6 +66,9 @@ POSTGRES_PERMANENT = [
     asyncpg.exceptions.DataError("invalid input for query argument $1: 'closed' (expected int, got str)"),
     asyncpg.InterfaceError("cannot perform operation: another operation is in progress"),
     asyncpg.InternalClientError("no binary format encoder for type foo"),
+    # Class 25 is weather only where the server ended a transaction that outstayed a limit.
+    asyncpg.exceptions.ActiveSQLTransactionError("CREATE INDEX CONCURRENTLY cannot run inside a transaction block"),
+    asyncpg.exceptions.InFailedSQLTransactionError("current transaction is aborted"),
 ]
 
 
@@ -82,6 +94,38 @@ def test_any_postgres_error_on_a_connection_found_closed_is_weather() -> None:
 def test_the_message_names_the_step_and_the_driver_error() -> None:
     classified = classify_postgres(ConnectionRefusedError(111, "Connection refused"), doing="connecting")
     assert str(classified) == "PostgreSQL unavailable while connecting: ConnectionRefusedError: [Errno 111] Connection refused"
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        asyncpg.exceptions.LockNotAvailableError("canceling statement due to lock timeout"),
+        asyncpg.DeadlockDetectedError("deadlock detected"),
+        asyncpg.exceptions.QueryCanceledError("canceling statement due to statement timeout"),
+    ],
+    ids=lambda error: type(error).__name__,
+)
+def test_a_statement_that_gave_up_waiting_is_told_apart(error: BaseException) -> None:
+    assert gave_up_waiting(error)
+    assert isinstance(classify_postgres(error), StorageUnavailable)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        None,
+        asyncpg.ConnectionDoesNotExistError("connection was closed in the middle of operation"),
+        asyncpg.exceptions.IdleInTransactionSessionTimeoutError(
+            "terminating connection due to idle-in-transaction timeout"
+        ),
+        asyncpg.exceptions.AdminShutdownError("terminating connection due to administrator command"),
+        TimeoutError(),
+        ConnectionResetError(104, "Connection reset by peer"),
+    ],
+    ids=lambda error: type(error).__name__,
+)
+def test_a_database_out_of_reach_did_not_give_up_waiting(error: BaseException | None) -> None:
+    assert not gave_up_waiting(error)
 
 
 def test_bugs_and_cancellation_are_not_driver_errors() -> None:

@@ -268,6 +268,8 @@ LIST_ATTEMPTS = "SELECT * FROM attempts WHERE run_id = $1 ORDER BY attempt"
 
 # -- shards ----------------------------------------------------------------------------------------
 
+# Free and expired shards whose rows nobody has locked: nodes acquiring at once split them
+# instead of queueing for one another (SKIP LOCKED).
 ACQUIRE_SHARDS = """
     UPDATE shards SET owner = $1, token = token + 1,
                       lease_expires_at = clock_timestamp() + $2 * interval '1 microsecond'
@@ -277,6 +279,21 @@ ACQUIRE_SHARDS = """
           AND ($4::int[] IS NULL OR shard_id = ANY($4::int[]))
         ORDER BY shard_id LIMIT $3
         FOR UPDATE SKIP LOCKED
+    )
+    RETURNING *
+"""
+# Expired shards, waiting (up to lock_timeout) for a row still locked, typically by the FENCE of
+# a transaction its old owner opened before its lease ran out. Rows are locked in shard order; a
+# row taken meanwhile by another node fails the recheck of the lease after the wait and is left.
+ACQUIRE_EXPIRED_SHARDS = """
+    UPDATE shards SET owner = $1, token = token + 1,
+                      lease_expires_at = clock_timestamp() + $2 * interval '1 microsecond'
+    WHERE shard_id IN (
+        SELECT shard_id FROM shards
+        WHERE owner <> '' AND lease_expires_at <= clock_timestamp()
+          AND ($4::int[] IS NULL OR shard_id = ANY($4::int[]))
+        ORDER BY shard_id LIMIT $3
+        FOR UPDATE
     )
     RETURNING *
 """

@@ -3,15 +3,22 @@ notified so that every node rebalances at once."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection, Sequence
 from datetime import timedelta
 
+import asyncpg
+
 from fastlane.domain.models import NodeInfo, ShardLease
 from fastlane.domain.records import Change, ChangeKind
+from fastlane.errors import StorageUnavailable
 from fastlane.storage import codec, common
+from fastlane.storage.driver_errors import gave_up_waiting
 from fastlane.storage.postgres import queries
 from fastlane.storage.postgres.changes import notify
 from fastlane.storage.postgres.connection import PostgresConnections
+
+log = logging.getLogger("fastlane.storage.postgres")
 
 
 class PostgresShards(PostgresConnections):
@@ -20,12 +27,46 @@ class PostgresShards(PostgresConnections):
     async def acquire_shards(
         self, owner: str, ttl: timedelta, *, limit: int, shard_ids: Collection[int] | None = None
     ) -> list[ShardLease]:
+        """Take free and expired shards, in two transactions.
+
+        The first takes the rows nobody has locked and skips the others (``SKIP LOCKED``): nodes
+        acquiring at once split the free shards instead of queueing for one another.
+
+        If that falls short, the second takes expired shards whose rows are still locked, and
+        waits for them. Such a lock is the fence (``FOR KEY SHARE``) of a transaction the old
+        owner opened while its lease was valid; skipping it left a frozen owner's shards
+        unowned for as long as it stayed frozen. The wait is bounded by ``lock_timeout``, which
+        is longer than ``idle_in_transaction_session_timeout`` (see ``SessionLimits``): the old
+        owner commits, rolls back, or, frozen, has its session ended by the server before the
+        wait runs out. A wait that runs out anyway leaves the shard to the next lease cycle, and
+        the shards of the first step are returned all the same. This transaction holds no other
+        lock while it waits, so nodes waiting for rows cannot deadlock one another.
+
+        The fence still holds: the takeover locks the row only once the old owner's
+        transaction has ended, so that transaction either committed before the takeover or
+        never commits; and after the takeover the token no longer matches any write the old
+        owner tries (``StaleFence``).
+        """
+        micros = common.micros_of_delta(ttl)
+        only = None if shard_ids is None else list(shard_ids)
         async with self._transaction() as db:
-            rows = await db.fetch(
-                queries.ACQUIRE_SHARDS,
-                owner, common.micros_of_delta(ttl), limit, None if shard_ids is None else list(shard_ids),
-            )
+            rows = list(await db.fetch(queries.ACQUIRE_SHARDS, owner, micros, limit, only))
+        if len(rows) < limit:
+            rows += await self._acquire_expired(owner, micros, limit - len(rows), only)
         return common.leases_in_order(rows)
+
+    async def _acquire_expired(
+        self, owner: str, micros: int, limit: int, only: list[int] | None
+    ) -> list[asyncpg.Record]:
+        rows: list[asyncpg.Record] = []
+        try:
+            async with self._transaction() as db:
+                rows = list(await db.fetch(queries.ACQUIRE_EXPIRED_SHARDS, owner, micros, limit, only))
+        except StorageUnavailable as error:
+            if not gave_up_waiting(error.__cause__):
+                raise
+            log.info("expired shards still locked by their old owner's transaction: next cycle (%s)", error)
+        return rows
 
     async def renew_shards(self, leases: Sequence[ShardLease], ttl: timedelta) -> list[ShardLease]:
         if not leases:

@@ -13,7 +13,7 @@ tokens and the audit trail are in the mixins of ``lane``, ``runs``, ``shards``, 
 from __future__ import annotations
 
 import random
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from fastlane.domain.models import Job, JobSpec, JobState, new_id, shard_of
 from fastlane.domain.records import Change, ChangeKind, Page
@@ -26,6 +26,7 @@ from fastlane.storage.migrations import migrations_for
 from fastlane.storage.postgres import queries
 from fastlane.storage.postgres.audit import PostgresAudit
 from fastlane.storage.postgres.changes import PostgresChanges, notify
+from fastlane.storage.postgres.connection import DEFAULT_LEASE_TTL
 from fastlane.storage.postgres.lane import PostgresLane
 from fastlane.storage.postgres.quotas import PostgresQuotas
 from fastlane.storage.postgres.runs import PostgresRuns
@@ -42,8 +43,18 @@ class PostgresStore(
 
     dialect = "postgres"
 
-    def __init__(self, url: str, *, shard_count: int, pool_size: int = 10, rng: random.Random | None = None) -> None:
-        super().__init__(url, pool_size=pool_size)
+    def __init__(
+        self,
+        url: str,
+        *,
+        shard_count: int,
+        pool_size: int = 10,
+        rng: random.Random | None = None,
+        lease_ttl: timedelta = DEFAULT_LEASE_TTL,
+    ) -> None:
+        """``lease_ttl`` is the nodes' shard lease TTL: the session limits of every connection
+        derive from it (see :class:`~fastlane.storage.postgres.connection.SessionLimits`)."""
+        super().__init__(url, pool_size=pool_size, lease_ttl=lease_ttl)
         self._requested_shards = shard_count
         self._shard_count: int | None = None
         self._rng = rng or random.Random()
@@ -51,7 +62,9 @@ class PostgresStore(
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def migrate(self) -> int:
-        async with self._transaction() as db:
+        # On a connection without the statement and lock limits of the pool's (see
+        # SessionLimits.migration_settings): a migration may rightly take long.
+        async with self._migration_transaction() as db:
             await db.execute(queries.LOCK_MIGRATIONS, _MIGRATION_LOCK)
             exists = await db.fetchval(queries.META_TABLE_EXISTS)
             current = 0
