@@ -14,16 +14,15 @@ results) goes through none of these steps and is not audited.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import replace
 
 from fastlane.auth.caller import current_caller
 from fastlane.domain.audit import AuditAction, AuditEvent, AuditTarget
 from fastlane.domain.models import Job, JobSpec, Run, RunState
+from fastlane.engine.audit_trail import AuditTrail
 from fastlane.engine.dispatch.dispatcher import Dispatcher
 from fastlane.engine.lane import FastLane
-from fastlane.errors import StorageError
 from fastlane.storage import Store
 
 log = logging.getLogger("fastlane.audit")
@@ -36,7 +35,7 @@ class Operations:
         self._store = store
         self._lane = lane
         self._dispatcher = dispatcher
-        self._audit_writes: set[asyncio.Task[None]] = set()  # held while shielded from cancellation
+        self._trail = AuditTrail(store)
 
     # -- jobs -----------------------------------------------------------------------------------
 
@@ -112,23 +111,10 @@ class Operations:
                                       job_id=job_id, detail=detail))
 
     async def _record(self, event: AuditEvent) -> None:
-        """Record ``event`` as the current caller's, shielded: a call cancelled now has made its
-        change, and the trail must still say so."""
+        """Record ``event`` as the current caller's; a call cancelled now has made its change,
+        and the trail still says so (see :class:`~fastlane.engine.audit_trail.AuditTrail`)."""
         caller = current_caller.get()
-        event = replace(event, token_id=caller.token_id, actor=caller.name)
-        write = asyncio.create_task(self._write_audit(event), name=f"audit-{event.action}")
-        self._audit_writes.add(write)
-        write.add_done_callback(self._audit_writes.discard)
-        await asyncio.shield(write)
-
-    async def _write_audit(self, event: AuditEvent) -> None:
-        try:
-            await self._store.record_audit([event])
-        except StorageError as error:
-            # The change is already committed: failing the call now would tell the caller it did
-            # not happen, and invite them to make it again (a second trigger, say). A gap in the
-            # trail is the lesser harm; it is logged with the whole event, so it can be restored.
-            log.warning("audit event not recorded (%s): %r", error, event)
+        await self._trail.record(replace(event, token_id=caller.token_id, actor=caller.name))
 
     # -- reactions to a committed change (through this node or another) ------------------------
 

@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.chaos, pytest.mark.postgres]
 
 JOBS = 3_000
 SPREAD = timedelta(seconds=24)
-LEAD_IN = timedelta(seconds=12)  # time to create the jobs before the first is due
+LEAD_IN = timedelta(seconds=18)  # time to create the jobs (through the API: quotas and audit included) before the first is due
 LEASE_TTL = 3.0
 SHARDS = 32
 
