@@ -728,3 +728,21 @@ async def test_due_jobs_page_by_fire_time_then_id(store):
     paged = [job.job_id for job in first + second + third]
     assert len(paged) == 5 and len(set(paged)) == 5
     assert paged == sorted(paged)  # one fire time: job id order
+
+
+@pytest.mark.postgres
+async def test_a_manual_run_of_a_job_deleted_meanwhile_is_job_not_found(pg_dsn, monkeypatch):
+    # PostgreSQL reads the job, then inserts its run: a delete in between leaves the insert
+    # with nothing to copy. That is a job not found, as on SQLite (one statement there).
+    from fastlane.storage.postgres import queries
+
+    store = open_store(pg_dsn, shard_count=SHARDS)
+    try:
+        await store.migrate()
+        job, _ = await store.create_job(
+            JobSpec(name="gone", job_type="t", schedule=Schedule.interval(timedelta(hours=1))))
+        monkeypatch.setattr(queries, "INSERT_MANUAL_RUN", "SELECT $1::text, $2::text WHERE false")
+        with pytest.raises(JobNotFound):
+            await store.create_manual_run("default", job.job_id)
+    finally:
+        await store.close()

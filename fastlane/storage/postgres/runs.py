@@ -31,9 +31,9 @@ class PostgresRuns(PostgresConnections):
                 raise JobNotFound(job_id)
             row = await db.fetchrow(queries.INSERT_MANUAL_RUN, new_id(), job_id)
             if row is None:
-                # JOB_OF_TENANT takes no lock: the job was deleted meanwhile. Raised as the
-                # TypeError that subscripting None raised here before this check was written.
-                raise TypeError(f"job {job_id} vanished while its manual run was being inserted")
+                # JOB_OF_TENANT takes no lock: the job was deleted meanwhile. To the caller it is
+                # simply not found (NOT_FOUND), as on SQLite, where one statement does both.
+                raise JobNotFound(job_id)
             run = codec.build_run(row)
             await notify(db, Change(ChangeKind.RUN, run.shard_id, run.tenant, run.run_id))
         return run
