@@ -11,7 +11,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from conftest import secured_node
+from secured_nodes import secured_node
 from tls_certs import new_authority
 
 from fastlane.auth.tls import ClientTls
