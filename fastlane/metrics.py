@@ -60,6 +60,13 @@ class Metrics:
                             "Released runs left in the database because their job type's ready queue was full",
                             registry=registry)
         self.workers = Gauge("fastlane_workers_connected", "Worker streams connected to this node", registry=registry)
+        self.database_writable = Gauge(
+            "fastlane_database_writable",
+            "1 while the database's last write committed; 0 while writes fail on a full disk, a read-only file "
+            "or an I/O error (SQLite), so the node reports NOT_SERVING",
+            registry=registry,
+        )
+        self.database_writable.set(1)
         self.shards_owned = Gauge("fastlane_shards_owned", "Shards this node holds a lease on", registry=registry)
         self.shards_lost = Counter("fastlane_shards_lost_total",
                                    "Shards this node stopped owning, by cause (rebalance, not_renewed, local_expiry, "

@@ -41,6 +41,7 @@ from fastlane.server.servicers.runs import RunServicer
 from fastlane.server.servicers.workers import WorkerServicer
 from fastlane.stalls import GcPauses, LoopLagProbe
 from fastlane.storage import Store, open_store
+from fastlane.storage.sqlite import SQLiteStore
 from fastlane.supervise import Backoff, LoopGaveUp, supervised
 
 log = logging.getLogger("fastlane.node")
@@ -121,20 +122,44 @@ class Node:
                     async with asyncio.timeout(delay):
                         await self._stop.wait()
 
-    async def _report_health(self, server: ApiServer, ownership: ShardOwnership) -> None:
+    async def _report_health(self, server: ApiServer, ownership: ShardOwnership, store: Store) -> None:
         """Readiness follows the database: a node that cannot reach it (so cannot renew its
-        leases, and fires nothing) says NOT_SERVING until it can again. Restartable: it says
-        the current state first."""
-        serving = ownership.healthy
-        await server.set_ready(serving)
+        leases, and fires nothing) says NOT_SERVING until it can again; so does one whose
+        SQLite file cannot be written (a full disk, a read-only file), at once and with one
+        ERROR line naming the cause. Restartable: it says the current state first."""
+        faults = store if isinstance(store, SQLiteStore) else None
+        fault = faults.write_fault if faults is not None else None
+        reachable = ownership.healthy
+        await self._set_health(server, reachable=reachable, fault=fault)
         while True:
-            await ownership.health_changed(serving)
-            serving = ownership.healthy
-            if serving:
-                log.info("database reachable again: serving")
-            else:
-                log.warning("cannot reach the database: not serving")
-            await server.set_ready(serving)
+            waits = [asyncio.create_task(ownership.health_changed(reachable), name="health-leases")]
+            if faults is not None:
+                waits.append(asyncio.create_task(faults.write_fault_changed(fault), name="health-writes"))
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for wait in waits:
+                    wait.cancel()
+            was_serving = reachable and fault is None
+            new_fault = faults.write_fault if faults is not None else None
+            if new_fault != fault:
+                if new_fault is not None:
+                    log.error("the database cannot be written: %s; not serving meanwhile", new_fault)
+                else:
+                    log.info("the database can be written again")
+                fault = new_fault
+            if ownership.healthy != reachable:
+                reachable = ownership.healthy
+                if not reachable:
+                    log.warning("cannot reach the database: not serving")
+            serving = reachable and fault is None
+            if serving and not was_serving:
+                log.info("database reachable and writable again: serving")
+            await self._set_health(server, reachable=reachable, fault=fault)
+
+    async def _set_health(self, server: ApiServer, *, reachable: bool, fault: str | None) -> None:
+        self.metrics.database_writable.set(fault is None)
+        await server.set_ready(reachable and fault is None)
 
     async def _supervise(self, name: str, make_loop: Callable[[], Awaitable[None]], until: asyncio.Event) -> None:
         """Run a background loop under supervision; if it cannot go on, neither can the node."""
@@ -239,7 +264,7 @@ class Node:
                     await server.set_ready(True)
                     self.ready.set()
                     log.info("node %s ready: %d shards, %d in window", settings.node_id, len(ownership.leases), lane.size)
-                health = supervise("health", lambda: self._report_health(server, ownership))
+                health = supervise("health", lambda: self._report_health(server, ownership, store))
                 await self._stop.wait()
                 health.cancel()
                 probing.cancel()

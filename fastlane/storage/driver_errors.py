@@ -95,29 +95,74 @@ def _postgres_is_retryable(error: BaseException) -> bool:
 # -- SQLite ----------------------------------------------------------------------------------------
 
 # Primary result codes (extended code & 0xff) that are weather: another process holds the lock,
-# an I/O error, a full disk, a file that cannot be opened right now, a WAL protocol race.
+# an I/O error, a full disk, a read-only file or mount, a file that cannot be opened right now, a
+# WAL protocol race.
 _SQLITE_RETRYABLE_CODES = frozenset({
     sqlite3.SQLITE_BUSY,
     sqlite3.SQLITE_LOCKED,
     sqlite3.SQLITE_NOMEM,
     sqlite3.SQLITE_IOERR,
     sqlite3.SQLITE_FULL,
+    sqlite3.SQLITE_READONLY,
     sqlite3.SQLITE_CANTOPEN,
     sqlite3.SQLITE_PROTOCOL,
 })
 _SQLITE_RETRYABLE_WORDS = ("database is locked", "database table is locked", "busy", "disk i/o error",
-                           "closed database", "connection closed", "unable to open database file")
+                           "closed database", "connection closed", "unable to open database file",
+                           "database or disk is full", "readonly database")
+
+# The database's bad days: the file cannot be written until an operator acts (frees space, makes
+# the file or its mount writable, repairs the disk). Still weather, retried until it passes, but
+# said plainly, with the fix; the node reports NOT_SERVING meanwhile. By primary result code,
+# then by words for errors without one (the file system's own OSError).
+_SQLITE_WRITE_FAULTS = {
+    sqlite3.SQLITE_FULL: "the disk holding {path} is full: free space on it; fastlane retries until writes succeed",
+    sqlite3.SQLITE_READONLY: ("the database file {path} is read-only (its permissions, a read-only mount, or "
+                              "the file was moved or replaced): make it writable; fastlane retries until writes "
+                              "succeed"),
+    sqlite3.SQLITE_IOERR: ("an I/O error on the disk holding {path}: check the disk and its file system; "
+                           "fastlane retries until writes succeed"),
+    sqlite3.SQLITE_CANTOPEN: ("cannot open the database file {path} or its -wal/-shm files: check that they and "
+                              "their directory exist and are writable; fastlane retries until writes succeed"),
+}
+_WRITE_FAULT_ERRNOS = {28: sqlite3.SQLITE_FULL, 122: sqlite3.SQLITE_FULL,  # ENOSPC, EDQUOT
+                       30: sqlite3.SQLITE_READONLY, 13: sqlite3.SQLITE_READONLY, 1: sqlite3.SQLITE_READONLY,
+                       5: sqlite3.SQLITE_IOERR}  # EROFS, EACCES, EPERM; EIO
 
 SQLITE_DRIVER_ERRORS: tuple[type[BaseException], ...] = (sqlite3.Error, OSError)
 """What the SQLite store wraps; anything else (a bug, a cancellation) passes through."""
 
 
-def classify_sqlite(error: BaseException, *, doing: str = "") -> StorageError:
+def classify_sqlite(error: BaseException, *, doing: str = "", path: str = "") -> StorageError:
     """The storage error to raise ``from`` an sqlite3 (or file system) exception; ``doing``
-    names the step for the message ("opening '/var/lib/fastlane.db'")."""
+    names the step for the message ("opening '/var/lib/fastlane.db'"). With ``path`` (the
+    database file), a full disk, a read-only file, an I/O error or a file that cannot be opened
+    is said as such, with its fix (see :func:`sqlite_write_fault`)."""
+    fault = sqlite_write_fault(error, path=path) if path else None
+    if fault is not None:
+        return StorageUnavailable(f"{fault}{_while(doing)} ({_describe(error)})")
     if _sqlite_is_retryable(error):
         return StorageUnavailable(f"SQLite unavailable{_while(doing)}: {_describe(error)}")
     return StorageError(f"SQLite error{_while(doing)}: {_describe(error)}")
+
+
+def sqlite_write_fault(error: BaseException, *, path: str) -> str | None:
+    """What keeps the database file at ``path`` from being written, with its fix, if ``error``
+    says so (a full disk, a read-only file or mount, an I/O error, a file that cannot be opened);
+    None for anything else (a lock held by another process, a bug in a statement)."""
+    code = getattr(error, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        primary = code & 0xFF
+    elif isinstance(error, OSError) and error.errno in _WRITE_FAULT_ERRNOS:
+        primary = _WRITE_FAULT_ERRNOS[error.errno]
+    else:
+        message = str(error).lower()
+        primary = (sqlite3.SQLITE_FULL if "database or disk is full" in message
+                   else sqlite3.SQLITE_READONLY if "readonly database" in message
+                   else sqlite3.SQLITE_IOERR if "disk i/o error" in message
+                   else -1)
+    template = _SQLITE_WRITE_FAULTS.get(primary)
+    return None if template is None else template.format(path=path)
 
 
 def _sqlite_is_retryable(error: BaseException) -> bool:

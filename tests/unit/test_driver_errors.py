@@ -17,6 +17,7 @@ from fastlane.storage.driver_errors import (
     classify_postgres,
     classify_sqlite,
     gave_up_waiting,
+    sqlite_write_fault,
 )
 
 # -- PostgreSQL ----------------------------------------------------------------------------------
@@ -190,3 +191,87 @@ def test_sqlite_errors_in_the_statement_or_its_data_are_permanent(database: Path
 
 def test_sqlite_file_system_errors_are_weather() -> None:
     assert isinstance(classify_sqlite(PermissionError(13, "Permission denied")), StorageUnavailable)
+
+
+# -- SQLite's bad days: the real errors, said with their cause and fix -------------------------------
+
+
+def full_disk_error(path: Path) -> sqlite3.Error:
+    """SQLite's own SQLITE_FULL ("database or disk is full"), by capping the file's page count."""
+    connection = sqlite3.connect(path, isolation_level=None)
+    try:
+        connection.execute(f"PRAGMA max_page_count = {connection.execute('PRAGMA page_count').fetchone()[0]}")
+        connection.execute("INSERT INTO jobs VALUES (zeroblob(1000000))")
+    except sqlite3.Error as error:
+        return error
+    finally:
+        connection.close()
+    raise AssertionError("the insert did not fill the database")
+
+
+def read_only_error(path: Path) -> sqlite3.Error:
+    """SQLite's own SQLITE_READONLY, from a connection that opened the file read-only."""
+    connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        connection.execute("INSERT INTO jobs VALUES (1)")
+    except sqlite3.Error as error:
+        return error
+    finally:
+        connection.close()
+    raise AssertionError("a read-only connection wrote")
+
+
+def test_sqlite_a_full_disk_is_weather_that_names_the_disk_and_the_fix(database: Path) -> None:
+    error = full_disk_error(database)
+    assert error.sqlite_errorcode == sqlite3.SQLITE_FULL
+    classified = classify_sqlite(error, path=str(database))
+    assert isinstance(classified, StorageUnavailable)
+    assert str(classified).startswith(f"the disk holding {database} is full: free space on it; fastlane retries")
+    assert "database or disk is full" in str(classified)  # the driver's words too
+
+
+def test_sqlite_a_read_only_file_is_weather_that_names_the_file_and_the_fix(database: Path) -> None:
+    error = read_only_error(database)
+    assert error.sqlite_errorcode & 0xFF == sqlite3.SQLITE_READONLY
+    classified = classify_sqlite(error, path=str(database))
+    assert isinstance(classified, StorageUnavailable)
+    assert f"the database file {database} is read-only" in str(classified)
+    assert "make it writable" in str(classified)
+    # Without the path (a caller that does not know it), still weather, said generically.
+    assert isinstance(classify_sqlite(error), StorageUnavailable)
+
+
+@pytest.mark.parametrize(("code", "words"), [
+    (sqlite3.SQLITE_IOERR_WRITE, "an I/O error on the disk holding"),
+    (sqlite3.SQLITE_IOERR_FSYNC, "an I/O error on the disk holding"),
+    (sqlite3.SQLITE_READONLY_DBMOVED, "is read-only"),
+    (sqlite3.SQLITE_READONLY_RECOVERY, "is read-only"),
+    (sqlite3.SQLITE_CANTOPEN, "cannot open the database file"),
+])
+def test_sqlite_extended_codes_of_a_write_fault_are_named(code: int, words: str) -> None:
+    error = sqlite3.OperationalError("the driver's words")
+    error.sqlite_errorcode = code
+    classified = classify_sqlite(error, path="/var/lib/fastlane.db")
+    assert isinstance(classified, StorageUnavailable)
+    assert words in str(classified) and "/var/lib/fastlane.db" in str(classified)
+
+
+@pytest.mark.parametrize(("error", "words"), [
+    (OSError(28, "No space left on device"), "is full"),
+    (OSError(30, "Read-only file system"), "is read-only"),
+    (OSError(5, "Input/output error"), "I/O error"),
+])
+def test_sqlite_file_system_errors_of_a_write_fault_are_named(error: OSError, words: str) -> None:
+    fault = sqlite_write_fault(error, path="/var/lib/fastlane.db")
+    assert fault is not None and words in fault
+
+
+def test_a_lock_or_a_bad_statement_is_no_write_fault(database: Path) -> None:
+    holder = sqlite3.connect(database, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        locked = raised(database, "BEGIN IMMEDIATE", isolation=None)
+    finally:
+        holder.close()
+    assert sqlite_write_fault(locked, path=str(database)) is None
+    assert sqlite_write_fault(raised(database, "SELEKT 1"), path=str(database)) is None

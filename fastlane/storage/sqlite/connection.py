@@ -20,7 +20,8 @@ import aiosqlite
 import orjson
 
 from fastlane.clock import from_micros, to_micros
-from fastlane.storage.driver_errors import SQLITE_DRIVER_ERRORS, classify_sqlite
+from fastlane.errors import StorageUnavailable
+from fastlane.storage.driver_errors import SQLITE_DRIVER_ERRORS, classify_sqlite, sqlite_write_fault
 from fastlane.storage.turns import WriteTurns
 
 
@@ -40,6 +41,29 @@ class SQLiteConnections:
         self._reader: aiosqlite.Connection | None = None
         self._write_lock = WriteTurns()
         self._read_lock = asyncio.Lock()
+        self._write_fault: str | None = None
+        self._write_fault_changed = asyncio.Event()
+
+    @property
+    def write_fault(self) -> str | None:
+        """What keeps the last write transaction from committing, with its fix ("the disk holding
+        /var/lib/fastlane.db is full: free space on it; ..."), or None once one commits again.
+
+        Set by a full disk, a read-only file or mount, an I/O error or a file that cannot be
+        opened; a lock held by another process or an error in a statement leaves it as it is.
+        """
+        return self._write_fault
+
+    async def write_fault_changed(self, fault: str | None) -> None:
+        """Return once :attr:`write_fault` differs from ``fault``."""
+        while self._write_fault == fault:
+            await self._write_fault_changed.wait()
+
+    def _writes(self, fault: str | None) -> None:
+        if fault != self._write_fault:
+            self._write_fault = fault
+            self._write_fault_changed.set()  # wakes every waiter; each compares again
+            self._write_fault_changed = asyncio.Event()
 
     async def _connect(self) -> aiosqlite.Connection:
         connection: aiosqlite.Connection | None = None
@@ -55,16 +79,22 @@ class SQLiteConnections:
             if connection is not None:  # half set up: its thread must not linger
                 with contextlib.suppress(Exception):
                     await connection.close()
-            raise classify_sqlite(error, doing=f"opening {str(self.path)!r}") from error
+            raise classify_sqlite(error, doing="opening it", path=str(self.path)) from error
         return connection
 
     @contextlib.asynccontextmanager
     async def _transaction(self, *, urgent: bool = False) -> AsyncIterator[aiosqlite.Connection]:
         """The write transaction; ``urgent`` (lease and membership upkeep) goes ahead of queued ones."""
         async with self._write_lock.turn(urgent=urgent):
-            if self._writer is None:
-                self._writer = await self._connect()
+            try:
+                if self._writer is None:
+                    self._writer = await self._connect()
+            except StorageUnavailable as unavailable:
+                self._writes(sqlite_write_fault(unavailable.__cause__, path=str(self.path))
+                             if unavailable.__cause__ is not None else None)
+                raise
             db = self._writer
+            changes = db.total_changes
             try:
                 await db.execute("BEGIN IMMEDIATE")
                 try:
@@ -76,7 +106,17 @@ class SQLiteConnections:
             except SQLITE_DRIVER_ERRORS as error:
                 if self._writer is db and db.in_transaction:  # a failed COMMIT leaves it open
                     await self._roll_back(db)
-                raise classify_sqlite(error) from error
+                fault = sqlite_write_fault(error, path=str(self.path))
+                if fault is not None:
+                    await self._reopen_all(db)
+                    self._writes(fault)
+                raise classify_sqlite(error, path=str(self.path)) from error
+            if db.total_changes != changes:
+                self._writes(None)
+            elif self._write_fault is not None:
+                # A transaction that changed nothing commits even on a full disk or a read-only
+                # file: it says nothing about the fault, and the next one opens the file afresh.
+                await self._reopen_all(db)
 
     async def _roll_back(self, db: aiosqlite.Connection) -> None:
         """Roll back; a writer that cannot (its file gone, say) is closed, so the next
@@ -85,10 +125,30 @@ class SQLiteConnections:
             if db.in_transaction:  # SQLite rolls back by itself after some errors
                 await db.execute("ROLLBACK")
         except (sqlite3.Error, ValueError):  # ValueError: aiosqlite's connection is already closed
-            if self._writer is db:
-                self._writer = None
-            with contextlib.suppress(Exception):
-                await db.close()
+            await self._drop_writer(db)
+
+    async def _reopen_all(self, db: aiosqlite.Connection) -> None:
+        """Close both connections after a write fault: the next use opens the file again.
+
+        A connection that opened the file read-only (or lost it to a remount or an I/O error)
+        stays so; and while any connection of this process has the file open, SQLite hands a
+        new one the descriptor a closed one left, so the reader goes too. Then the next
+        transaction sees the file as it is now, and succeeds as soon as the cause is gone,
+        without a restart.
+        """
+        await self._drop_writer(db)
+        async with self._read_lock:
+            reader, self._reader = self._reader, None
+            if reader is not None:
+                with contextlib.suppress(Exception):
+                    await reader.close()
+
+    async def _drop_writer(self, db: aiosqlite.Connection) -> None:
+        """Close ``db``, the writer: the next transaction starts on a fresh connection."""
+        if self._writer is db:
+            self._writer = None
+        with contextlib.suppress(Exception):
+            await db.close()
 
     @contextlib.asynccontextmanager
     async def _read(self) -> AsyncIterator[aiosqlite.Connection]:
@@ -98,7 +158,7 @@ class SQLiteConnections:
             try:
                 yield self._reader
             except SQLITE_DRIVER_ERRORS as error:
-                raise classify_sqlite(error) from error
+                raise classify_sqlite(error, path=str(self.path)) from error
 
     async def close(self) -> None:
         for name in ("_writer", "_reader"):
