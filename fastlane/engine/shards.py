@@ -11,6 +11,18 @@ database; locally the node keeps a conservative deadline (measured from *before*
 call, minus a margin) and :meth:`ShardOwnership.fence` stops answering for a shard the moment
 that deadline passes, so the node stops firing before any other node can take the shard over —
 even if the renewal itself is stuck.
+
+How a hang is bounded: a network that stops answering (packets dropped, no reset) leaves the
+renewal call waiting, possibly until a client timeout (3/4 TTL) or the cycle's own (TTL/3), or
+longer if the driver's cancellation hangs too. None of that matters for safety: the database
+extends a lease only by a statement it ran, which it ran after the call started, so the lease
+lasts at least until ``start of the last renewal that returned + TTL``. The node's deadline is
+that moment less a margin (min(1 s, TTL/10), for the database judging expiry a little early),
+on the monotonic clock. The fire path compares it (:meth:`ShardOwnership.fence`, a float
+comparison, no await) before each release, and a timer set for that moment drops every shard
+at once — the lane's heaps and the dispatcher's queues with them — without waiting for the
+stuck call to return. A renewal that returns after the deadline brings nothing back: the
+shards are taken again, with new tokens, once the database lets their leases run out.
 """
 
 from __future__ import annotations
@@ -37,6 +49,7 @@ CHANGE_SLACK = 0.02  # seconds after a lease or heartbeat runs out before lookin
 ShardsAcquired = Callable[[Sequence[ShardLease]], Awaitable[None]]
 ShardsLost = Callable[[Sequence[int]], None]
 WorkerCount = Callable[[], int]
+Monotonic = Callable[[], float]
 
 
 def fair_share(node_id: str, live: Sequence[NodeInfo], shard_count: int) -> int:
@@ -65,7 +78,9 @@ class ShardOwnership:
         clock: Clock | None = None,
         max_clock_offset: timedelta = timedelta(milliseconds=500),
         workers: WorkerCount = lambda: 0,
+        monotonic: Monotonic = time.monotonic,
     ) -> None:
+        """``monotonic`` (seconds) measures the local lease deadline; injectable for tests."""
         self._store = store
         self._node_id = node_id
         self._address = address
@@ -77,13 +92,15 @@ class ShardOwnership:
         self._share = 0
         self._wake = asyncio.Event()
         self._next_change_at: datetime | None = None
-        self._last_upkeep = time.monotonic()
+        self._monotonic = monotonic
+        self._last_upkeep = monotonic()
         self._ttl = ttl
         self._metrics = metrics
         self._on_acquired = on_acquired
         self._on_lost = on_lost
         self._leases: dict[int, ShardLease] = {}
         self._valid_until = 0.0  # monotonic deadline of the last successful renewal, less a margin
+        self._expiry: asyncio.TimerHandle | None = None  # drops every shard at that deadline
         # The database may judge expiry a little before our monotonic clock does.
         self._margin = min(1.0, ttl.total_seconds() / 10)
         self._stopping = asyncio.Event()
@@ -96,20 +113,21 @@ class ShardOwnership:
         return self._leases
 
     def fence(self, shard_id: int) -> ShardLease | None:
-        """The lease to fence writes for ``shard_id`` with, or None if this node may not act for it."""
-        if time.monotonic() > self._valid_until:
+        """The lease to fence writes for ``shard_id`` with, or None if this node may not act for it
+        (past the local lease deadline, even before the shards are dropped)."""
+        if self._monotonic() > self._valid_until:
             return None
         return self._leases.get(shard_id)
 
     def owned(self) -> list[int]:
-        if time.monotonic() > self._valid_until:
+        if self._monotonic() > self._valid_until:
             return []
         return sorted(self._leases)
 
     @property
     def healthy(self) -> bool:
         """Whether the last lease cycle that reached the database is recent (within a TTL)."""
-        return time.monotonic() - self._last_upkeep < self._ttl.total_seconds()
+        return self._monotonic() - self._last_upkeep < self._ttl.total_seconds()
 
     def wake(self) -> None:
         """Look at the cluster again now (a node joined or left)."""
@@ -164,7 +182,7 @@ class ShardOwnership:
 
     def _upkept(self) -> None:
         """A lease cycle reached the database: healthy (again) for a TTL from now."""
-        self._last_upkeep = time.monotonic()
+        self._last_upkeep = self._monotonic()
         self._upkeep_done.set()
 
     async def health_changed(self, healthy: bool) -> None:
@@ -174,7 +192,7 @@ class ShardOwnership:
             self._upkeep_done.clear()
             timeout = None
             if healthy:
-                timeout = max(self._last_upkeep + self._ttl.total_seconds() - time.monotonic(), 0.0) + CHANGE_SLACK
+                timeout = max(self._last_upkeep + self._ttl.total_seconds() - self._monotonic(), 0.0) + CHANGE_SLACK
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout):
                     await self._upkeep_done.wait()
@@ -256,14 +274,14 @@ class ShardOwnership:
         missing = self._share - len(self._leases)
         if missing <= 0:
             return
-        started = time.monotonic()
+        started = self._monotonic()
         acquired = await self._store.acquire_shards(self._node_id, self._ttl, limit=missing)
         if not acquired:
             return
         if not self._leases:
             # Nothing was held before: these leases start the local deadline. Otherwise the
             # deadline of the renewal just before is earlier, hence the conservative one.
-            self._valid_until = started + self._ttl.total_seconds() - self._margin
+            self._hold_until(started)
         for lease in acquired:
             self._leases[lease.shard_id] = lease
         self._metrics.shards_owned.set(len(self._leases))
@@ -294,17 +312,44 @@ class ShardOwnership:
     async def _renew(self) -> None:
         if not self._leases:
             return
-        started = time.monotonic()
-        renewed = await self._store.renew_shards(list(self._leases.values()), self._ttl)
+        started = self._monotonic()
+        asked = dict(self._leases)
+        renewed = await self._store.renew_shards(list(asked.values()), self._ttl)
+        # Shards dropped while the call was out (the local deadline passed, a fenced write was
+        # refused) stay dropped: the lane has forgotten them, so they are acquired afresh.
+        still_held = {lease.shard_id for lease in asked.values() if self._leases.get(lease.shard_id) == lease}
         kept = {lease.shard_id for lease in renewed}
-        lost = [shard_id for shard_id in self._leases if shard_id not in kept]
-        self._leases = {lease.shard_id: lease for lease in renewed}
-        self._valid_until = started + self._ttl.total_seconds() - self._margin
+        lost = [shard_id for shard_id in still_held if shard_id not in kept]
+        self._leases = {lease.shard_id: lease for lease in renewed if lease.shard_id in still_held}
+        self._hold_until(started)
         if lost:
             self._drop(lost, "not_renewed", "lease not renewed (taken over or expired)")
 
+    def _hold_until(self, started: float) -> None:
+        """A lease call begun at ``started`` (monotonic) succeeded: the leases are safe until
+        TTL less the margin after it, and a timer drops them then unless renewed before."""
+        self._valid_until = started + self._ttl.total_seconds() - self._margin
+        self._arm_expiry()
+
+    def _arm_expiry(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+        # At least a millisecond: the deadline is exclusive, and a clock that stands still
+        # (an injected one) must not spin the loop.
+        delay = max(self._valid_until - self._monotonic(), 0.001)
+        self._expiry = asyncio.get_running_loop().call_later(delay, self._deadline_reached)
+
+    def _deadline_reached(self) -> None:
+        self._expiry = None
+        if self._stopping.is_set() or not self._leases:
+            return
+        if self._monotonic() > self._valid_until:
+            self._expire_locally()
+        else:  # renewed meanwhile, or the timer ran a hair early
+            self._arm_expiry()
+
     def _expire_locally(self) -> None:
-        if self._leases and time.monotonic() > self._valid_until:
+        if self._leases and self._monotonic() > self._valid_until:
             self._drop(list(self._leases), "local_expiry", "could not renew before the lease would expire")
 
     def lost(self, shard_id: int, token: int, reason: str) -> None:
@@ -328,6 +373,9 @@ class ShardOwnership:
     async def stop(self) -> None:
         """Stop renewing, release every lease and leave the cluster, so successors take over at once."""
         self._stopping.set()
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
         for task in list(self._rebuilds):
             task.cancel()
         leases, self._leases = list(self._leases.values()), {}
