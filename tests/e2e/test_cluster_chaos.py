@@ -18,7 +18,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from conftest import HERE, wait_for
+from e2e_support import HERE, wait_for
 from fastlane.bench.processes import Daemon, WorkerProcess, child_environment, free_port
 
 from fastlane.client import Client

@@ -29,7 +29,7 @@ import asyncpg
 import grpc
 import orjson
 import pytest
-from conftest import HERE, Recorder, wait_for
+from e2e_support import HERE, Recorder, wait_for
 from fastlane.bench.pgcluster import ThrowawayPostgres, _adopt_orphans, _reap
 from fastlane.bench.processes import Daemon, Process, WorkerProcess, child_environment
 from grpc_health.v1 import health_pb2, health_pb2_grpc

@@ -30,7 +30,7 @@ import asyncpg
 import grpc
 import orjson
 import pytest
-from conftest import Recorder, recorded_events, wait_for
+from e2e_support import Recorder, recorded_events, wait_for
 from fastlane.bench.processes import Daemon
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from stall_proxy import StallProxy

@@ -12,7 +12,7 @@ from datetime import timedelta
 import grpc
 import orjson
 import pytest
-from conftest import Daemon, Process, Recorder, free_port, wait_for
+from e2e_support import Daemon, Process, Recorder, free_port, wait_for
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 from grpc_health.v1 import health_pb2, health_pb2_grpc

@@ -7,7 +7,7 @@ import sys
 
 import orjson
 import pytest
-from conftest import ROOT, Daemon, Recorder, child_environment, wait_for
+from e2e_support import ROOT, Daemon, Recorder, child_environment, wait_for
 
 from fastlane.storage import open_store
 

@@ -17,7 +17,7 @@ from collections import Counter
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from conftest import (
+from e2e_support import (
     Daemon,
     Recorder,
     all_runs,

@@ -26,7 +26,7 @@ from pathlib import Path
 import grpc
 import orjson
 import pytest
-from conftest import Recorder, wait_for
+from e2e_support import Recorder, wait_for
 from fastlane.bench.processes import ROOT, Daemon, child_environment, free_port
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 

@@ -27,7 +27,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from conftest import Daemon, Process, Recorder, instant, wait_for, workers_connected
+from e2e_support import Daemon, Process, Recorder, instant, wait_for, workers_connected
 
 from fastlane.client import Client
 from fastlane.domain.models import RunState, Schedule

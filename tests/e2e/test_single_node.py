@@ -7,7 +7,7 @@ from collections import Counter
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from conftest import Daemon, Recorder, instant, wait_for
+from e2e_support import Daemon, Recorder, instant, wait_for
 
 from fastlane.domain.models import AttemptOutcome, RunState, Schedule
 

@@ -1,0 +1,111 @@
+"""Helpers for the end-to-end tests: the recording worker, waiting, and reading what happened.
+
+A plain module (not conftest.py) so that tests import it by a name no other test folder uses:
+``from e2e_support import Recorder, wait_for``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import datetime
+from pathlib import Path
+
+import orjson
+from fastlane.bench.processes import (  # noqa: F401
+    ROOT,
+    Daemon,
+    Process,
+    WorkerProcess,
+    child_environment,
+    free_port,
+)
+
+from fastlane.client import Client
+
+HERE = Path(__file__).resolve().parent
+
+
+class Recorder(WorkerProcess):
+    """The recording worker and the runs it has received."""
+
+    def __init__(self, address: str, record_path: Path, log_path: Path) -> None:
+        self.record_path = record_path
+        env = child_environment(HERE, FASTLANE_RECORD_FILE=str(record_path))
+        super().__init__("recording_worker:worker", [address], log_path, env=env)
+
+    def received(self) -> list[dict]:
+        if not self.record_path.exists():
+            return []
+        lines = self.record_path.read_bytes().splitlines()
+        return [orjson.loads(line) for line in lines if line.strip()]
+
+    def received_for(self, job_id: str) -> list[dict]:
+        return [entry for entry in self.received() if entry["job_id"] == job_id]
+
+
+async def wait_for(condition, timeout: float, what: str, interval: float = 0.05):  # type: ignore[no-untyped-def]
+    """Poll ``condition`` (sync or async) until it returns something truthy, or fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+def instant(text: str) -> datetime:
+    return datetime.fromisoformat(text)
+
+
+def recorded_events(recorder: Recorder, job_id: str | None = None, event: str | None = None) -> list[dict]:
+    """What the recording worker's handlers did after receiving runs (its ``.events`` file)."""
+    path = Path(f"{recorder.record_path}.events")
+    if not path.exists():
+        return []
+    entries = [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+    return [
+        entry for entry in entries
+        if (job_id is None or entry["job_id"] == job_id) and (event is None or entry["event"] == event)
+    ]
+
+
+def start_recorder(address: str, tmp_path: Path, processes: list[Process], name: str) -> Recorder:
+    """Another recording worker, with its own record file ``NAME.jsonl`` and log ``NAME.log``."""
+    worker = Recorder(address, tmp_path / f"{name}.jsonl", tmp_path / f"{name}.log")
+    worker.start()
+    processes.append(worker)
+    return worker
+
+
+async def workers_connected(client: Client) -> int:
+    status = await client.cluster()
+    return sum(node.workers_connected for node in status.nodes)
+
+
+async def all_runs(client: Client, job_id: str) -> list:  # type: ignore[type-arg]
+    """Every run of a job, oldest scheduled time first."""
+    runs, token = [], ""
+    while True:
+        page = await client.list_runs(job_id=job_id, page_size=1000, page_token=token)
+        runs.extend(page.items)
+        token = page.next_page_token
+        if not token:
+            return sorted(runs, key=lambda run: (run.scheduled_for, run.run_id))
+
+
+def run_cli(daemon: Daemon, *args: str) -> object:
+    """Run ``fastlane ARGS --server ADDRESS --json`` as a user would and return its parsed output."""
+    import subprocess
+    import sys
+
+    completed = subprocess.run(
+        [sys.executable, "-m", "fastlane", *args, "--server", daemon.address, "--json"],
+        capture_output=True, env=child_environment(), cwd=ROOT, timeout=60, check=False,
+    )
+    assert completed.returncode == 0, completed.stderr.decode()
+    return orjson.loads(completed.stdout)
