@@ -35,6 +35,8 @@ _BACKOFF_START = 0.1
 _BACKOFF_CAP = 2.0
 _REFUSED_RETRY = 30.0  # seconds between attempts while a node refuses this worker's token
 _ACCESS_REFUSALS = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED})
+# How gRPC's transport words a failed TLS handshake (its details are the only place it says so).
+_TLS_FAILURE_SIGNS = ("handshake failed", "certificate_verify_failed", "ssl_error")
 CHANNEL_OPTIONS: Sequence[tuple[str, Any]] = (
     # gRPC's own reconnect backoff (1 s growing to 120 s) would keep failing our calls long after
     # the node is back; hold it to the same schedule as ours.
@@ -101,6 +103,7 @@ class NodeStream:
         self._heartbeat_interval = _DEFAULT_HEARTBEAT_INTERVAL
         self._last_end = ""  # why the last stream ended, for the reconnect log line
         self._refused: str | None = None  # the last stream was refused access: why
+        self._tls_failure: str | None = None  # the last connection failed its TLS handshake: why
         self._clock = ClockEstimator()
 
     @property
@@ -150,6 +153,15 @@ class NodeStream:
                         log.error("%s refused this worker: %s; check its token (--token-file or FASTLANE_TOKEN); "
                                   "asking again every %g s", self.address, self._refused, _REFUSED_RETRY)
                     refused_before, pause = self._refused, _REFUSED_RETRY
+                elif self._tls_failure:
+                    # Not an outage a retry cures by itself: a certificate or CA does not match.
+                    if self._tls_failure != refused_before:
+                        log.error("could not establish a TLS connection to %s: %s; check --tls-ca (the CA that "
+                                  "signed the node's certificate) and --tls-cert/--tls-key", self.address,
+                                  self._tls_failure)
+                    refused_before = self._tls_failure
+                    log.debug("reconnecting to %s in %.2f s (attempt %d, after %s)", self.address, pause, failures,
+                              self._last_end)
                 else:
                     # One line per outage at INFO; the retries of a long outage would flood the log.
                     level = logging.INFO if failures == 1 else logging.DEBUG
@@ -301,6 +313,9 @@ class NodeStream:
         self._last_end = _describe(error) if error is not None else "the node ended the stream"
         refused = isinstance(error, grpc.aio.AioRpcError) and error.code() in _ACCESS_REFUSALS
         self._refused = self._last_end if refused else None
+        tls_failed = (isinstance(error, grpc.aio.AioRpcError) and error.code() is grpc.StatusCode.UNAVAILABLE
+                      and any(sign in (error.details() or "").lower() for sign in _TLS_FAILURE_SIGNS))
+        self._tls_failure = self._last_end if tls_failed else None
         if error is not None and not isinstance(error, grpc.aio.AioRpcError):
             log.error("worker stream to %s crashed", self.address, exc_info=error)
         if welcomed and self._closing.is_set() and error is None:

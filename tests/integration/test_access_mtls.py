@@ -85,3 +85,25 @@ async def test_the_right_certificates_without_a_token_are_unauthenticated(mtls):
         with pytest.raises(RemoteError) as refused:
             await client.list_jobs()
     assert refused.value.code is grpc.StatusCode.UNAUTHENTICATED
+
+
+async def test_a_worker_that_cannot_verify_the_node_says_so_once(mtls, caplog):
+    node, files = mtls
+    wrong_ca = ClientTls(ca_file=files["stranger"], cert_file=files["client"], key_file=files["client-key"])
+    worker = Worker(node.address, concurrency=1, follow_cluster=False, token=node.secrets["worker-a"], tls=wrong_ca)
+
+    @worker.handler("t")
+    async def handle(ctx: RunContext) -> None:
+        raise AssertionError("a worker that cannot connect runs nothing")
+
+    caplog.set_level("DEBUG", logger="fastlane.worker")
+    task = asyncio.create_task(worker.run())
+    try:
+        async with asyncio.timeout(WAIT):  # three failed attempts, and still one line
+            while not any("(attempt 3," in r.getMessage() for r in caplog.records):
+                await asyncio.sleep(0.05)
+    finally:
+        await asyncio.wait_for(worker.stop(), WAIT)
+        await asyncio.wait_for(task, WAIT)
+    lines = [r.getMessage() for r in caplog.records if r.levelname == "ERROR" and "TLS" in r.getMessage()]
+    assert len(lines) == 1 and "--tls-ca" in lines[0]
