@@ -104,6 +104,9 @@ class ShardOwnership:
         # The database may judge expiry a little before our monotonic clock does.
         self._margin = min(1.0, ttl.total_seconds() / 10)
         self._stopping = asyncio.Event()
+        # Held by each lease cycle, and by stop() before it releases: a cycle under way when the
+        # node stops would otherwise acquire, after the release, the very shards just released.
+        self._cycle = asyncio.Lock()
         self._rebuilds: set[asyncio.Task[None]] = set()
         self._ready = asyncio.Event()  # set once the first windows are built
         self._upkeep_done = asyncio.Event()  # set by each lease cycle that reached the database
@@ -146,7 +149,9 @@ class ShardOwnership:
             self._wake.clear()
             step = "renewing leases"
             try:
-                async with asyncio.timeout(interval):
+                async with self._cycle, asyncio.timeout(interval):
+                    if self._stopping.is_set():
+                        break
                     await self._renew()
                     step = "heartbeating membership"
                     await self._follow_membership()
@@ -371,8 +376,15 @@ class ShardOwnership:
         self._on_lost(shard_ids)
 
     async def stop(self) -> None:
-        """Stop renewing, release every lease and leave the cluster, so successors take over at once."""
+        """Stop renewing, release every lease and leave the cluster, so successors take over at once.
+
+        Waits for a lease cycle under way to end first (at most a third of the TTL), so that what it
+        acquires is released too."""
         self._stopping.set()
+        async with self._cycle:
+            await self._release_all()
+
+    async def _release_all(self) -> None:
         if self._expiry is not None:
             self._expiry.cancel()
             self._expiry = None

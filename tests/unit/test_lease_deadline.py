@@ -136,8 +136,9 @@ async def test_shards_are_dropped_at_the_deadline_while_the_renewal_is_still_stu
         dropped_at, shard_ids = lost[0]
         assert shard_ids == [0, 1]
         assert not store.unstuck.is_set(), "dropped while the renewal call had not returned"
-        # The last renewal that returned began at most one cycle (TTL/3) before the hung one.
-        assert dropped_at - hung_at < 0.54 + 0.05, f"dropped {dropped_at - hung_at:.3f} s after the hang began"
+        # The last renewal that returned began at most one cycle (TTL/3) before the hung one, so
+        # the drop comes by 0.54 s; the slack is for a timer firing late on a loaded machine.
+        assert dropped_at - hung_at < 0.54 + 0.25, f"dropped {dropped_at - hung_at:.3f} s after the hang began"
         assert ownership.leases == {} and ownership.owned() == []
 
         # The stuck call returns at last, renewed: that brings nothing back behind the lane's
@@ -149,3 +150,41 @@ async def test_shards_are_dropped_at_the_deadline_while_the_renewal_is_still_stu
         assert set(ownership.leases) <= set(built)
     finally:
         await stopped(ownership, task, store)
+
+
+class SlowAcquireStore(HangingStore):
+    """Acquiring waits for ``go``: a lease cycle is under way when the node is told to stop."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.acquiring = asyncio.Event()
+        self.go = asyncio.Event()
+        self.released: list[int] = []
+
+    async def acquire_shards(self, node_id: str, ttl: timedelta, *, limit: int) -> list[ShardLease]:
+        self.acquiring.set()
+        await self.go.wait()
+        return await super().acquire_shards(node_id, ttl, limit=limit)
+
+    async def release_shards(self, leases: Sequence[ShardLease]) -> None:
+        self.released += [lease.shard_id for lease in leases]
+
+
+async def test_shards_a_cycle_acquires_while_the_node_stops_are_released_too():
+    store = SlowAcquireStore()
+    ownership = ownership_of(store, timedelta(seconds=3), [])
+    running = asyncio.create_task(ownership.run(asyncio.Event()))
+    try:
+        await asyncio.wait_for(store.acquiring.wait(), 5)
+        stopping = asyncio.create_task(ownership.stop())
+        await asyncio.sleep(0)  # stop() is waiting for the cycle, not releasing yet
+        assert not stopping.done()
+        store.go.set()  # the cycle acquires after the stop began
+        await asyncio.wait_for(stopping, 5)
+        await asyncio.wait_for(running, 5)
+    finally:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
+    assert sorted(store.released) == list(range(SHARDS))
+    assert ownership.leases == {}
