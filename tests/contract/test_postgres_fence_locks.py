@@ -68,7 +68,7 @@ async def test_a_takeover_waits_until_the_fenced_transaction_ends(stores, pg_dsn
         await lease_ran_out(pg_dsn, shard_id=1)  # while the fenced transaction is still open
         # The expired shard is not skipped: the takeover waits for the row (up to lock_timeout)...
         takeover = asyncio.create_task(other.acquire_shards("node-b", TTL, limit=1, shard_ids=[1]))
-        await asyncio.sleep(0.3)
+        await waiting_for_a_lock(pg_dsn)
         assert not takeover.done()
         # ...and gets it once the fenced transaction has committed, not before.
         await transaction.commit()
@@ -76,3 +76,14 @@ async def test_a_takeover_waits_until_the_fenced_transaction_ends(stores, pg_dsn
         assert taken.owner == "node-b" and taken.token == lease.token + 1
     finally:
         await fenced.close()
+
+
+async def waiting_for_a_lock(dsn: str, timeout: float = 5.0) -> None:
+    """Return once some session waits for a row lock (the takeover, blocked on the fence)."""
+    probe = await asyncpg.connect(dsn)
+    try:
+        async with asyncio.timeout(timeout):
+            while not await probe.fetchval("SELECT count(*) FROM pg_locks WHERE NOT granted"):
+                await asyncio.sleep(0.01)
+    finally:
+        await probe.close()
