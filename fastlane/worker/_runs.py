@@ -316,6 +316,11 @@ class RunBook:
         self.ack_clock = time.monotonic()
         self.settled.set()
 
+    @property
+    def pending_count(self) -> int:
+        """Results finished and not yet taken for sending."""
+        return len(self._pending)
+
     def take_pending(self) -> tuple[list[pb.RunResult], int]:
         """The results not yet sent and the credits they free; both are then forgotten here."""
         batch, self._pending = self._pending, []

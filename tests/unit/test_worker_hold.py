@@ -22,10 +22,6 @@ MS = 1_000_000
 LATE_BOUND_NS = 50 * MS  # generous: a loaded machine may wake a task late, never early
 
 
-def driver_tasks() -> list[asyncio.Task[object]]:
-    return [task for task in asyncio.all_tasks() if task.get_name() == "worker-start-timer"]
-
-
 async def woken_at(timer: StartTimer, instant_ns: int) -> int:
     await timer.wait_until(instant_ns)
     return time.time_ns()
@@ -33,19 +29,18 @@ async def woken_at(timer: StartTimer, instant_ns: int) -> int:
 
 async def test_a_wait_ends_on_its_instant_never_before() -> None:
     timer = StartTimer()
-    for lead_ms in (30, 5, 1):  # beyond the spin window, and within it from the start
-        instant = time.time_ns() + lead_ms * MS
+    for lead_ms in (30, 5, 1, 0.05):
+        instant = time.time_ns() + int(lead_ms * MS)
         woke = await woken_at(timer, instant)
         assert woke >= instant
         assert woke - instant < LATE_BOUND_NS
     await timer.close()
 
 
-async def test_an_instant_already_passed_returns_at_once_without_a_timer_task() -> None:
+async def test_an_instant_already_passed_returns_at_once_without_setting_the_alarm() -> None:
     timer = StartTimer()
     await timer.wait_until(time.time_ns() - MS)
-    assert timer._driver is None
-    assert driver_tasks() == []
+    assert timer.alarm_set_for is None
 
 
 async def test_many_waits_on_one_instant_share_one_waker_and_end_together() -> None:
@@ -53,7 +48,7 @@ async def test_many_waits_on_one_instant_share_one_waker_and_end_together() -> N
     instant = time.time_ns() + 40 * MS
     waits = [asyncio.create_task(woken_at(timer, instant)) for _ in range(200)]
     await asyncio.sleep(0)
-    assert len(driver_tasks()) == 1
+    assert timer.alarm_set_for == instant
     assert timer.waiting == 200
     woke = await asyncio.gather(*waits)
     assert min(woke) >= instant
@@ -64,9 +59,10 @@ async def test_many_waits_on_one_instant_share_one_waker_and_end_together() -> N
 async def test_an_earlier_instant_added_later_is_not_held_up_by_a_later_one() -> None:
     timer = StartTimer()
     late = asyncio.create_task(woken_at(timer, time.time_ns() + 2_000 * MS))
-    await asyncio.sleep(0.01)  # the waker now sleeps towards the late instant
+    await asyncio.sleep(0.01)  # the alarm is now set for the late instant
     instant = time.time_ns() + 20 * MS
     woke = await woken_at(timer, instant)
+    assert timer.alarm_set_for is not None and timer.alarm_set_for > instant  # set for the late one again
     assert instant <= woke < instant + LATE_BOUND_NS
     assert not late.done()
     late.cancel()
@@ -83,10 +79,10 @@ async def test_a_cancelled_wait_ends_alone_and_the_waker_stops_when_nothing_wait
     cancelled.cancel()
     with pytest.raises(asyncio.CancelledError):
         await cancelled
+    assert timer.alarm_set_for == instant  # the cancelled, earlier instant gave its alarm up
     assert await kept >= instant
     assert timer.waiting == 0
-    await asyncio.sleep(0)
-    assert driver_tasks() == []  # the waker ended by itself: nothing was left to wake
+    assert timer.alarm_set_for is None  # nothing is left to wake
 
 
 async def test_close_cancels_pending_waits() -> None:
@@ -96,7 +92,7 @@ async def test_close_cancels_pending_waits() -> None:
     await timer.close()
     with pytest.raises(asyncio.CancelledError):
         await waiting
-    assert driver_tasks() == []
+    assert timer.alarm_set_for is None
 
 
 # -- held attempts in the run book ---------------------------------------------------------------
