@@ -107,11 +107,14 @@ def plan_late_reports(
     return plan
 
 
-def left_for_deciding(results: Sequence[AttemptResult], plan: LatePlan) -> list[AttemptResult]:
-    """The results the usual decision still takes: all but the late reports recorded without
-    changing their run."""
-    if not plan.recorded:
-        return list(results)
+def settle_plan(
+    plan: LatePlan, runs: dict[str, Run], results: Sequence[AttemptResult], outcomes: list[ResultOutcome]
+) -> list[AttemptResult]:
+    """Once the plan is written: adopted runs replace theirs in ``runs``, the outcomes of reports
+    recorded without changing their run join ``outcomes``; returns the results the usual
+    decision still takes (all but those)."""
+    runs.update(plan.adopted)
+    outcomes += plan.outcomes
     adopted = plan.adopted_keys
     return [r for r in results if (key := (r.run_id, r.lease_token)) not in plan.recorded or key in adopted]
 

@@ -87,8 +87,10 @@ class KernelAlarm:
             raise OSError(ctypes.get_errno(), "timerfd_settime failed")
 
     def _readable(self) -> None:
+        if self._fd is None:
+            return
         try:
-            os.read(self._fd, 8) if self._fd is not None else None  # the expiry count: reading re-arms the wait
+            os.read(self._fd, 8)  # the expiry count; reading it makes the descriptor wait again
         except BlockingIOError:  # set again after it became readable: not due any more
             return
         self._ring()

@@ -188,9 +188,8 @@ async def record_late_reports(
     now: datetime,
     outcomes: list[ResultOutcome],
 ) -> list[AttemptResult]:
-    """Record the results whose attempt has no row (see :mod:`fastlane.storage.late_reports`):
-    adopted runs replace theirs in ``runs``, outcomes of the others go to ``outcomes``; returns
-    the results left for :func:`apply_results`."""
+    """Record the results whose attempt has no row (:mod:`fastlane.storage.late_reports`); returns
+    the results left for :func:`apply_results` (see :func:`~fastlane.storage.late_reports.settle_plan`)."""
     known = {(row["run_id"], row["lease_token"])
              for row in await fetch_all(db, queries.ATTEMPT_KEYS, (json_array({r.run_id for r in results}),))}
     late = late_reports.unrecorded(results, known)
@@ -205,9 +204,7 @@ async def record_late_reports(
         await db.execute(queries.COUNT_LATE_ATTEMPT, (row.attempt, to_micros(row.dispatched_at), row.run_id))
     for run_id, attempt, since in plan.redeliveries:
         await db.execute(queries.MARK_REDELIVERIES, (run_id, attempt, to_micros(since)))
-    runs.update(plan.adopted)
-    outcomes += plan.outcomes
-    return late_reports.left_for_deciding(results, plan)
+    return late_reports.settle_plan(plan, runs, results, outcomes)
 
 
 async def apply_results(
