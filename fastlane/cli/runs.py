@@ -8,7 +8,7 @@ from typing import Any
 from fastlane.cli.arguments import client_flags, json_flag, positive_int
 from fastlane.cli.output import note, print_fields, print_json, print_table
 from fastlane.cli.remote import collect_pages, run_remote
-from fastlane.cli.views import attempt_view, audit_view, fetch_history, print_history, run_view
+from fastlane.cli.views import attempt_note, attempt_view, audit_view, fetch_history, print_history, run_view
 from fastlane.client import Client
 from fastlane.domain.audit import AuditTarget
 from fastlane.domain.models import Run, RunState
@@ -124,6 +124,7 @@ def get_run(args: argparse.Namespace) -> int:
                     "WORKER",
                     "NODE",
                     "OUTCOME",
+                    "NOTE",
                     "DISPATCHED_AT",
                     "STARTED_AT",
                     "FINISHED_AT",
@@ -136,6 +137,7 @@ def get_run(args: argparse.Namespace) -> int:
                         attempt.worker_id,
                         attempt.node_id,
                         attempt.outcome.value,
+                        attempt_note(attempt),
                         attempt.dispatched_at,
                         attempt.started_at,
                         attempt.finished_at,

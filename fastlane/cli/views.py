@@ -162,6 +162,12 @@ def run_view(run: Run) -> dict[str, Any]:
     }
 
 
+def attempt_note(attempt: Attempt) -> str:
+    """What ``runs get`` says of an attempt beside its outcome: how history knows of it."""
+    notes = ["reported late" if attempt.reported_late else "", "redelivery" if attempt.redelivery else ""]
+    return ", ".join(note for note in notes if note)
+
+
 def attempt_view(attempt: Attempt) -> dict[str, Any]:
     return {
         "attempt": attempt.attempt,
@@ -173,6 +179,8 @@ def attempt_view(attempt: Attempt) -> dict[str, Any]:
         "finished_at": rfc3339(attempt.finished_at),
         "error_code": attempt.error_code,
         "error_message": attempt.error_message,
+        "reported_late": attempt.reported_late,
+        "redelivery": attempt.redelivery,
     }
 
 

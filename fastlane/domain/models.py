@@ -333,6 +333,11 @@ class Attempt:
     finished_at: datetime | None = None
     error_code: str | None = None
     error_message: str | None = None
+    # Known from its worker's report only: the node that sent it died before recording the
+    # dispatch (``dispatched_at`` is then the earliest time the report gives).
+    reported_late: bool = False
+    # Sent while an earlier, unrecorded delivery of the run was under way: the run went out twice.
+    redelivery: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -262,6 +262,8 @@ def attempt_to_pb(attempt: Attempt) -> pb.Attempt:
         finished_at=timestamp(attempt.finished_at),
         error_code=attempt.error_code or "",
         error_message=attempt.error_message or "",
+        reported_late=attempt.reported_late,
+        redelivery=attempt.redelivery,
     )
 
 
@@ -326,6 +328,8 @@ def attempt_from_pb(run_id: str, message: pb.Attempt) -> Attempt:
         finished_at=instant(message.finished_at, message.HasField("finished_at")),
         error_code=message.error_code or None,
         error_message=message.error_message or None,
+        reported_late=message.reported_late,
+        redelivery=message.redelivery,
     )
 
 

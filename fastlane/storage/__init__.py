@@ -5,6 +5,7 @@ from datetime import timedelta
 from fastlane.domain.records import AttemptResult, Change, ChangeKind, Dispatch, Heartbeat, Occurrence, Page, RunFilter
 from fastlane.errors import ConfigurationError
 from fastlane.storage.base import DEFAULT_SHARD_COUNT, Store
+from fastlane.storage.late_reports import Reporter, ReporterOf
 from fastlane.storage.results import Cancellation, Materialised, ResultOutcome
 
 __all__ = [
@@ -18,6 +19,8 @@ __all__ = [
     "Materialised",
     "Occurrence",
     "Page",
+    "Reporter",
+    "ReporterOf",
     "ResultOutcome",
     "RunFilter",
     "Store",

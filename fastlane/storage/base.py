@@ -18,6 +18,7 @@ from fastlane.domain.audit import DEFAULT_AUDIT_LIMIT, AuditEvent
 from fastlane.domain.models import Attempt, DueJob, Job, JobSpec, JobState, NodeInfo, Run, RunState, ShardLease
 from fastlane.domain.quotas import TenantQuota
 from fastlane.domain.records import AttemptResult, Change, Dispatch, Heartbeat, Occurrence, Page
+from fastlane.storage.late_reports import ReporterOf
 from fastlane.storage.results import Cancellation, Materialised, ResultOutcome
 
 DEFAULT_SHARD_COUNT = 64
@@ -159,7 +160,13 @@ class Store(Protocol):
         """Extend leases; return the run ids whose attempt is no longer current (worker should stop)."""
         ...
 
-    async def record_results(self, results: Sequence[AttemptResult]) -> list[ResultOutcome]: ...
+    async def record_results(
+        self, results: Sequence[AttemptResult], *, reporter_of: ReporterOf | None = None
+    ) -> list[ResultOutcome]:
+        """Apply the results of current attempts; record stale ones as superseded. With
+        ``reporter_of``, a result whose attempt has no row (its node died before recording the
+        dispatch) is recorded as an attempt of its own: see :mod:`fastlane.storage.late_reports`."""
+        ...
 
     async def get_run(self, tenant: str, run_id: str) -> Run: ...
 

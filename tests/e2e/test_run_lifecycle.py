@@ -498,10 +498,15 @@ async def test_misfire_policies_decide_what_fires_after_the_daemon_was_down(daem
             assert skipped == [], f"fire_all skipped {len(skipped)} of {len(due)} missed occurrences"
         elif kind is MisfireKind.FIRE_ONCE:
             # One run for the whole outage, for the latest missed occurrence; the other missed ones
-            # skipped; occurrences still within the grace fire as usual.
+            # skipped; occurrences still within the grace fire as usual. The node decided a little
+            # before it wrote (``recovery`` is the write), so the last occurrence this test counts
+            # as missed may still have been within the grace for the node, and fired as usual:
+            # the fired ones among the missed are the latest one or two, the rest skipped.
             missed_ids = {run.run_id for run in missed}
             fired_missed = [run.scheduled_for for run in fired if run.run_id in missed_ids]
-            assert fired_missed == [missed[-1].scheduled_for], (
+            latest = [run.scheduled_for for run in missed[-len(fired_missed):]] if fired_missed else []
+            within_a_second = recovery - missed[-1].scheduled_for <= grace[name] + timedelta(seconds=1)
+            assert 1 <= len(fired_missed) <= (2 if within_a_second else 1) and fired_missed == latest, (
                 f"{name} fired {[t.isoformat() for t in fired_missed]} of {len(missed)} missed"
             )
             on_time = [run for run in due if run.run_id not in missed_ids]

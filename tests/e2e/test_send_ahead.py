@@ -22,6 +22,7 @@ second attempt in its history.
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -148,3 +149,48 @@ async def test_a_node_killed_inside_the_lead_leaves_the_held_run_to_start_once(
     assert len(worker.received_for(job.job_id)) == 1
     _, attempts = await client.get_run(run_id)
     assert len(attempts) == 1
+
+
+async def test_a_node_killed_before_recording_a_sent_run_leaves_history_with_what_the_worker_did(
+    node: Daemon, client: Client, worker: Recorder, sqlite_url: str
+) -> None:
+    """The kill comes after the assignment left and before its dispatch was written (the test holds
+    the database's write lock meanwhile): the database still has the run waiting. The worker runs
+    it on its instant and reports it to the restarted node, which records it as the worker's
+    attempt, ``reported_late``. Either that report lands first and completes the run (one
+    attempt), or the restarted node has sent the run again first (the worker runs it twice) and
+    history shows both, the second marked as a redelivery."""
+    scheduled = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=3)
+    job = await client.create("ahead-unrecorded", "e2e", Schedule.at_instant(scheduled))
+    run_id = await wait_for(lambda: first_run_id(client, job.job_id), 10, "the run to be materialised")
+    early = uncertainty_bound(node)
+
+    with sqlite3.connect(sqlite_url.removeprefix("sqlite:///"), timeout=5, isolation_level=None) as writer_lock:
+        writer_lock.execute("BEGIN IMMEDIATE")  # the node's writes wait: its dispatch is never written
+        await wait_for(lambda: node.metrics().get("fastlane_runs_sent_ahead_total", 0) >= 1, 10,
+                       "the run to be sent ahead", interval=0.01)
+        node.kill()
+        assert datetime.now(UTC) < scheduled, "the kill came too late to be inside the lead"
+        writer_lock.execute("ROLLBACK")
+
+    await wait_for(lambda: worker.received_for(job.job_id), 10, "the held run to start without its node")
+    node.start()
+    await node.wait_ready()
+
+    run, attempts = await wait_run_settled(client, run_id)
+    ran = received_and_started(worker, job.job_id)
+    assert scheduled <= ran[0][1] + early
+    late = [attempt for attempt in attempts if attempt.reported_late]
+    assert len(late) == 1 and late[0].worker_id  # the worker that reported it
+    assert late[0].outcome.value == "succeeded" and late[0].started_at is not None
+    assert len(attempts) == len(ran), (attempts, ran)  # history has every delivery the worker ran
+    if len(ran) == 1:
+        assert run.attempts == 1 and not late[0].redelivery
+    else:
+        [again] = [attempt for attempt in attempts if not attempt.reported_late]
+        assert again.redelivery and not late[0].redelivery and again.worker_id == late[0].worker_id
+
+
+async def first_run_id(client: Client, job_id: str) -> str | None:
+    runs = (await client.list_runs(job_id=job_id)).items
+    return runs[0].run_id if runs else None

@@ -469,6 +469,8 @@ def finished_run(job_id: str, minutes: int, state: RunState) -> tuple[Run, list[
             finished_at=scheduled + timedelta(seconds=number + 1),
             error_code="E_BOOM" if outcome is AttemptOutcome.FAILED else None,
             error_message="boom" if outcome is AttemptOutcome.FAILED else None,
+            reported_late=number == 2,  # the flags cross the wire too
+            redelivery=number == 1,
         )
         for number, outcome in ((1, AttemptOutcome.FAILED), (2, AttemptOutcome.SUCCEEDED))
     ]
@@ -623,6 +625,8 @@ async def test_cli_create_then_list_runs_as_json(daemon: FakeDaemon, capsys: pyt
         "finished_at": "2027-03-13T12:05:02Z",
         "error_code": "E_BOOM",
         "error_message": "boom",
+        "reported_late": False,
+        "redelivery": True,
     }
     assert triggered["manual"] is True
 

@@ -55,7 +55,7 @@ class ScriptedStore:
         self.beats += beats
         return []
 
-    async def record_results(self, results: Sequence[AttemptResult]) -> list[Any]:
+    async def record_results(self, results: Sequence[AttemptResult], *, reporter_of: Any = None) -> list[Any]:
         self._weather("results", [r.run_id for r in results])
         self.recorded += results
         return []

@@ -92,7 +92,7 @@ class Dispatcher:
         # Shared with the journal, which updates both as writes land: changed in place only.
         self._claimed: set[str] = set()  # runs assigned whose dispatch is not yet durable
         self._in_flight: dict[AttemptKey, WorkerSession] = {}  # attempts sent, not yet reported
-        self._journal = Journal(store, metrics=metrics, reschedule=reschedule,
+        self._journal = Journal(store, node_id=node_id, metrics=metrics, reschedule=reschedule,
                                 claimed=self._claimed, in_flight=self._in_flight)
         self._background: set[asyncio.Task[None]] = set()
         self._ahead = SendAhead(send_ahead, clock=clock, metrics=metrics)

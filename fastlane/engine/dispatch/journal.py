@@ -23,7 +23,7 @@ from fastlane.domain.models import Attempt, Run, RunState
 from fastlane.engine.dispatch.messages import Acknowledge, AttemptKey, AttemptRef, Cancel, WorkerSession
 from fastlane.errors import StorageError, StorageUnavailable
 from fastlane.metrics import Metrics
-from fastlane.storage import AttemptResult, Dispatch, Heartbeat, ResultOutcome, Store
+from fastlane.storage import AttemptResult, Dispatch, Heartbeat, Reporter, ReporterOf, ResultOutcome, Store
 
 log = logging.getLogger("fastlane.dispatch")
 
@@ -98,12 +98,14 @@ class Journal:
         self,
         store: Store,
         *,
+        node_id: str,
         metrics: Metrics,
         reschedule: Callable[[Run], None],
         claimed: set[str],
         in_flight: dict[AttemptKey, WorkerSession],
     ) -> None:
         self._store = store
+        self._node_id = node_id
         self._metrics = metrics
         self._reschedule = reschedule
         self._claimed = claimed
@@ -221,7 +223,23 @@ class Journal:
         return set(await self._store.record_heartbeats([beat for _, beat in beats]))
 
     async def _record_results(self, results: list[tuple[WorkerSession, AttemptResult]]) -> list[ResultOutcome]:
-        return await self._store.record_results([result for _, result in results])
+        return await self._store.record_results([result for _, result in results],
+                                                reporter_of=self._reporters(results))
+
+    def _reporters(self, results: list[tuple[WorkerSession, AttemptResult]]) -> ReporterOf:
+        """Who reported each of these results, for the store to record a result whose dispatch
+        it never saw as that worker's attempt. Asked of rarely (only for such results), so the
+        index is built on the first question."""
+        index: dict[AttemptKey, WorkerSession] | None = None
+
+        def reporter_of(run_id: str, lease_token: int) -> Reporter | None:
+            nonlocal index
+            if index is None:
+                index = {(result.run_id, result.lease_token): session for session, result in results}
+            session = index.get((run_id, lease_token))
+            return None if session is None else Reporter(session.worker_id, self._node_id, session.tenant)
+
+        return reporter_of
 
     def _dispatches_landed(self, dispatches: list[Dispatch], attempts: list[Attempt]) -> None:
         recorded = {attempt.run_id for attempt in attempts}

@@ -265,6 +265,23 @@ LIST_RUNS = """
     ORDER BY scheduled_for DESC, run_id DESC LIMIT $6
 """
 LIST_ATTEMPTS = "SELECT * FROM attempts WHERE run_id = $1 ORDER BY attempt"
+# Late reports (fastlane.storage.late_reports): which attempts of these runs have rows, the rows
+# made from the reports, and what they change on their runs and on the runs' other attempts.
+ATTEMPT_KEYS = "SELECT run_id, lease_token FROM attempts WHERE run_id = ANY($1::text[])"
+INSERT_LATE_ATTEMPT = """
+    INSERT INTO attempts (run_id, attempt, lease_token, worker_id, node_id, outcome, dispatched_at, started_at,
+                          finished_at, error_code, error_message, reported_late)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, true)
+"""
+COUNT_LATE_ATTEMPT = """
+    UPDATE runs SET attempts = greatest(attempts, $1), first_attempt_at = coalesce(first_attempt_at, $2),
+                    updated_at = clock_timestamp()
+    WHERE run_id = $3
+"""
+MARK_REDELIVERIES = """
+    UPDATE attempts SET redelivery = true
+    WHERE run_id = $1 AND attempt <> $2 AND NOT reported_late AND (finished_at IS NULL OR finished_at >= $3)
+"""
 
 # -- shards ----------------------------------------------------------------------------------------
 

@@ -12,7 +12,8 @@ from fastlane.domain.models import Attempt, Run, RunState, new_id
 from fastlane.domain.records import AttemptResult, Change, ChangeKind, Dispatch, Heartbeat, Page
 from fastlane.domain.transitions import CANCELLED_BY_REQUEST
 from fastlane.errors import InvalidState, JobNotFound, RunNotFound
-from fastlane.storage import codec, common
+from fastlane.storage import codec, common, late_reports
+from fastlane.storage.late_reports import ReporterOf
 from fastlane.storage.postgres import queries
 from fastlane.storage.postgres.changes import notify
 from fastlane.storage.postgres.connection import PoolConnection, PostgresConnections
@@ -107,7 +108,9 @@ class PostgresRuns(PostgresConnections):
         current = {row["run_id"] for row in rows}
         return [h.run_id for h in heartbeats if h.run_id not in current]
 
-    async def record_results(self, results: Sequence[AttemptResult]) -> list[ResultOutcome]:
+    async def record_results(
+        self, results: Sequence[AttemptResult], *, reporter_of: ReporterOf | None = None
+    ) -> list[ResultOutcome]:
         if not results:
             return []
         successes, others = common.successes_first(results)
@@ -132,8 +135,10 @@ class PostgresRuns(PostgresConnections):
             if rest:
                 rows = await db.fetch(queries.RESULT_RUNS, list({r.run_id for r in rest}))
                 now = await db.fetchval(queries.DB_NOW)
-                outcomes += await apply_results(
-                    db, {row["run_id"]: codec.build_run(row) for row in rows}, rest, now, self._rng)
+                runs = {row["run_id"]: codec.build_run(row) for row in rows}
+                if reporter_of is not None:
+                    rest = await record_late_reports(db, runs, rest, reporter_of, now, outcomes)
+                outcomes += await apply_results(db, runs, rest, now, self._rng)
             return outcomes
 
     async def get_run(self, tenant: str, run_id: str) -> Run:
@@ -167,6 +172,34 @@ class PostgresRuns(PostgresConnections):
         async with self._connection() as db:
             rows = await db.fetch(queries.LIST_ATTEMPTS, run_id)
         return [codec.build_attempt(row) for row in rows]
+
+
+async def record_late_reports(
+    db: PoolConnection,
+    runs: dict[str, Run],
+    results: list[AttemptResult],
+    reporter_of: ReporterOf,
+    now: datetime,
+    outcomes: list[ResultOutcome],
+) -> list[AttemptResult]:
+    """Record the results whose attempt has no row (:mod:`fastlane.storage.late_reports`); returns
+    the results left for :func:`apply_results` (see :func:`~fastlane.storage.late_reports.settle_plan`)."""
+    known = {(row["run_id"], row["lease_token"])
+             for row in await db.fetch(queries.ATTEMPT_KEYS, list({r.run_id for r in results}))}
+    late = late_reports.unrecorded(results, known)
+    if not late:
+        return results
+    plan = late_reports.plan_late_reports(runs, late, reporter_of, now)
+    for row in plan.rows:
+        await db.execute(queries.INSERT_LATE_ATTEMPT, row.run_id, row.attempt, row.lease_token, row.worker_id,
+                         row.node_id, row.outcome.value, row.dispatched_at, row.started_at, row.finished_at,
+                         row.error_code, row.error_message)
+        await db.execute(queries.COUNT_LATE_ATTEMPT, row.attempt, row.dispatched_at, row.run_id)
+    for run_id, attempt, since in plan.redeliveries:
+        await db.execute(queries.MARK_REDELIVERIES, run_id, attempt, since)
+    for run in plan.adopted.values():  # its shard's owner holds it as waiting: it must hear it was run
+        await notify(db, Change(ChangeKind.RUN, run.shard_id, run.tenant, run.run_id))
+    return late_reports.settle_plan(plan, runs, results, outcomes)
 
 
 async def apply_results(

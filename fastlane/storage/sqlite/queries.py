@@ -241,6 +241,22 @@ LIST_RUNS = """
     ORDER BY scheduled_for DESC, run_id DESC LIMIT ?
 """
 LIST_ATTEMPTS = "SELECT * FROM attempts WHERE run_id = ? ORDER BY attempt"
+# Late reports (fastlane.storage.late_reports): which attempts of these runs have rows, the rows
+# made from the reports, and what they change on their runs and on the runs' other attempts.
+ATTEMPT_KEYS = "SELECT run_id, lease_token FROM attempts WHERE run_id IN (SELECT value FROM json_each(?))"
+INSERT_LATE_ATTEMPT = """
+    INSERT INTO attempts (run_id, attempt, lease_token, worker_id, node_id, outcome, dispatched_at, started_at,
+                          finished_at, error_code, error_message, reported_late)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1)
+"""
+COUNT_LATE_ATTEMPT = (
+    f"UPDATE runs SET attempts = max(attempts, ?), first_attempt_at = coalesce(first_attempt_at, ?), "
+    f"updated_at = {NOW} WHERE run_id = ?"
+)
+MARK_REDELIVERIES = (
+    "UPDATE attempts SET redelivery = 1 WHERE run_id = ? AND attempt <> ? AND NOT reported_late "
+    "AND (finished_at IS NULL OR finished_at >= ?)"
+)
 
 # -- shards ----------------------------------------------------------------------------------------
 

@@ -14,7 +14,8 @@ from fastlane.domain.models import Attempt, Run, RunState, new_id
 from fastlane.domain.records import AttemptResult, Dispatch, Heartbeat, Page
 from fastlane.domain.transitions import CANCELLED_BY_REQUEST
 from fastlane.errors import InvalidState, JobNotFound, RunNotFound
-from fastlane.storage import codec, common
+from fastlane.storage import codec, common, late_reports
+from fastlane.storage.late_reports import ReporterOf
 from fastlane.storage.results import Cancellation, ResultOutcome
 from fastlane.storage.sqlite import queries
 from fastlane.storage.sqlite.connection import (
@@ -109,7 +110,9 @@ class SQLiteRuns(SQLiteConnections):
             )
         return [h.run_id for h in heartbeats if (h.run_id, h.lease_token) not in current]
 
-    async def record_results(self, results: Sequence[AttemptResult]) -> list[ResultOutcome]:
+    async def record_results(
+        self, results: Sequence[AttemptResult], *, reporter_of: ReporterOf | None = None
+    ) -> list[ResultOutcome]:
         if not results:
             return []
         successes, others = common.successes_first(results)
@@ -137,6 +140,8 @@ class SQLiteRuns(SQLiteConnections):
                 rows = await fetch_all(db, queries.RESULT_RUNS, (json_array({r.run_id for r in rest}),))
                 now = from_micros(await fetch_value(db, queries.DB_NOW))
                 runs = {row["run_id"]: codec.build_run(row) for row in rows}
+                if reporter_of is not None:
+                    rest = await record_late_reports(db, runs, rest, reporter_of, now, outcomes)
                 outcomes += await apply_results(db, runs, rest, now, self._rng)
             return outcomes
 
@@ -173,6 +178,33 @@ class SQLiteRuns(SQLiteConnections):
         async with self._read() as db:
             rows = await fetch_all(db, queries.LIST_ATTEMPTS, (run_id,))
         return [codec.build_attempt(row) for row in rows]
+
+
+async def record_late_reports(
+    db: aiosqlite.Connection,
+    runs: dict[str, Run],
+    results: list[AttemptResult],
+    reporter_of: ReporterOf,
+    now: datetime,
+    outcomes: list[ResultOutcome],
+) -> list[AttemptResult]:
+    """Record the results whose attempt has no row (:mod:`fastlane.storage.late_reports`); returns
+    the results left for :func:`apply_results` (see :func:`~fastlane.storage.late_reports.settle_plan`)."""
+    known = {(row["run_id"], row["lease_token"])
+             for row in await fetch_all(db, queries.ATTEMPT_KEYS, (json_array({r.run_id for r in results}),))}
+    late = late_reports.unrecorded(results, known)
+    if not late:
+        return results
+    plan = late_reports.plan_late_reports(runs, late, reporter_of, now)
+    for row in plan.rows:
+        await db.execute(queries.INSERT_LATE_ATTEMPT, (
+            row.run_id, row.attempt, row.lease_token, row.worker_id, row.node_id, row.outcome.value,
+            to_micros(row.dispatched_at), instant(row.started_at), instant(row.finished_at), row.error_code,
+            row.error_message))
+        await db.execute(queries.COUNT_LATE_ATTEMPT, (row.attempt, to_micros(row.dispatched_at), row.run_id))
+    for run_id, attempt, since in plan.redeliveries:
+        await db.execute(queries.MARK_REDELIVERIES, (run_id, attempt, to_micros(since)))
+    return late_reports.settle_plan(plan, runs, results, outcomes)
 
 
 async def apply_results(
