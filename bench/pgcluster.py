@@ -119,9 +119,13 @@ def _find_bin_dir() -> str | None:
 class ThrowawayPostgres:
     """A private PostgreSQL cluster in a temporary directory."""
 
-    def __init__(self, *, bin_dir: str | None = None, start_timeout: int = 60) -> None:
+    def __init__(
+        self, *, bin_dir: str | None = None, start_timeout: int = 60, settings: dict[str, str] | None = None
+    ) -> None:
+        """``settings`` are server settings (``-c name=value``) over the defaults."""
         self._bin_dir = bin_dir or _find_bin_dir()
         self._start_timeout = start_timeout
+        self._settings = dict(settings or {})
         self._as_root = os.geteuid() == 0
         self.base_dir: str | None = None
         self.port: int | None = None
@@ -202,10 +206,7 @@ class ThrowawayPostgres:
             if self._as_root:
                 shutil.chown(self.base_dir, user=SERVER_USER, group=SERVER_USER)
             os.chmod(self.base_dir, 0o700)
-            self._run(
-                "initdb", "-D", self.data_dir, "-U", "postgres", "--auth=trust",
-                "--no-sync", "-E", "UTF8", "--locale=C",
-            )
+            self._create_data_dir()
             for attempt in range(1, _START_ATTEMPTS + 1):
                 port = _free_port()
                 options = (
@@ -213,6 +214,8 @@ class ThrowawayPostgres:
                     "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
                     "-c max_connections=300 -c shared_buffers=128MB"
                 )
+                # Later -c options win over earlier ones.
+                options += "".join(f" -c {name}={value}" for name, value in self._settings.items())
                 try:
                     with _adopt_orphans():
                         self._run(
@@ -233,6 +236,26 @@ class ThrowawayPostgres:
             self.stop()
             raise
         return self
+
+    def _create_data_dir(self) -> None:
+        self._run(
+            "initdb", "-D", self.data_dir, "-U", "postgres", "--auth=trust",
+            "--no-sync", "-E", "UTF8", "--locale=C",
+        )
+
+    def promote(self) -> None:
+        """``pg_ctl promote``: a standby becomes a primary (on a new timeline); waits until it is."""
+        self._run("pg_ctl", "-D", self.data_dir, "-w", "-t", str(self._start_timeout), "promote",
+                  timeout=self._start_timeout + 30)
+
+    def crash(self) -> None:
+        """``pg_ctl stop -m immediate``: the server dies at once, as on a crash; the data
+        directory stays until :meth:`stop`."""
+        old = self._read_postmaster_pid()
+        self._run("pg_ctl", "-D", self.data_dir, "-m", "immediate", "-w", "stop", timeout=60)
+        if old is not None:
+            _reap(old, timeout=5)
+        self._postmaster_pid = None
 
     def stop(self) -> None:
         """Stop the server and remove the directory. Safe to call repeatedly."""
@@ -297,6 +320,52 @@ class ThrowawayPostgres:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+REPLICATION_SETTINGS = {"wal_level": "replica", "max_wal_senders": "5", "hot_standby": "on"}
+
+
+class StandbyPostgres(ThrowawayPostgres):
+    """A streaming standby of ``primary``: its data directory is a ``pg_basebackup`` of it, and it
+    replays the primary's WAL as it comes. Give the primary ``synchronous_standby_names='*'``
+    (see :func:`replicated_pair`) and every commit waits until this standby has it."""
+
+    def __init__(self, primary: ThrowawayPostgres, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._primary = primary
+
+    def _create_data_dir(self) -> None:
+        self._run(
+            "pg_basebackup", "-D", self.data_dir, "-h", "127.0.0.1", "-p", str(self._primary.port),
+            "-U", "postgres", "--write-recovery-conf", "--wal-method=stream", "--no-sync",
+            "--checkpoint=fast",
+        )
+
+
+def replicated_pair(*, synchronous: bool = True) -> tuple[ThrowawayPostgres, StandbyPostgres]:
+    """A primary and its streaming standby, both started; stop both when done. With
+    ``synchronous``, a commit on the primary returns only once the standby has flushed it
+    (``synchronous_commit=on``), so a failover loses nothing acknowledged."""
+    primary_settings = dict(REPLICATION_SETTINGS)
+    if synchronous:
+        primary_settings.update(synchronous_standby_names="'*'", synchronous_commit="on")
+    primary = ThrowawayPostgres(settings=primary_settings).start()
+    try:
+        standby = StandbyPostgres(primary, settings={**REPLICATION_SETTINGS, "cluster_name": "standby"}).start()
+    except BaseException:
+        primary.stop()
+        raise
+    return primary, standby
+
+
+def multi_host_dsn(dsn: str, *others: ThrowawayPostgres) -> str:
+    """``dsn`` (a postgresql:// URL of one server) naming the servers ``others`` too, in that
+    order, and asking for a server that accepts writes (``target_session_attrs=read-write``)."""
+    parts = urllib.parse.urlsplit(dsn)
+    hosts = ",".join([parts.netloc.rpartition("@")[2], *(f"127.0.0.1:{other.port}" for other in others)])
+    user = parts.netloc.rpartition("@")[0]
+    query = urllib.parse.urlencode([*urllib.parse.parse_qsl(parts.query), ("target_session_attrs", "read-write")])
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}@{hosts}" if user else hosts, query=query))
 
 
 # -- database helpers (asyncpg) ----------------------------------------------

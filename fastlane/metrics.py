@@ -70,7 +70,13 @@ class Metrics:
         self.shards_owned = Gauge("fastlane_shards_owned", "Shards this node holds a lease on", registry=registry)
         self.shards_lost = Counter("fastlane_shards_lost_total",
                                    "Shards this node stopped owning, by cause (rebalance, not_renewed, local_expiry, "
-                                   "fence_rejected, rebuild_failed)", ["cause"], registry=registry)
+                                   "fence_rejected, rebuild_failed, server_changed)", ["cause"], registry=registry)
+        self.database_server_changes = Counter(
+            "fastlane_database_server_changes_total",
+            "Times this node found its database to be another server history (a failover to a promoted "
+            "standby): it dropped every shard and acquired them again",
+            registry=registry,
+        )
         self.fence_rejections = Counter("fastlane_fence_rejections_total",
                                         "Writes refused because this node's shard lease was stale", registry=registry)
         self.lease_expiries = Counter("fastlane_lease_expiries_total", "Attempts whose worker lease expired",

@@ -13,7 +13,6 @@ import os
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from fastlane.cli.arguments import (
     SERVER_ENV,
@@ -29,7 +28,7 @@ from fastlane.cli.arguments import (
 from fastlane.config import DEFAULT_DB_URL, DEFAULT_QUOTAS, DEFAULT_SERVER, Settings, default_node_id
 from fastlane.domain.limits import MAX_SEND_AHEAD, PAYLOAD_CEILING_BYTES
 from fastlane.domain.quotas import TenantQuota
-from fastlane.storage import DEFAULT_SHARD_COUNT, open_store
+from fastlane.storage import DEFAULT_SHARD_COUNT, open_store, redacted_url
 
 
 def register(commands: Any) -> None:
@@ -198,8 +197,10 @@ def _add_db_flag(parser: argparse.ArgumentParser) -> None:
         "--db",
         metavar="URL",
         default=os.environ.get(DB_ENV, DEFAULT_DB_URL),
-        help="database: sqlite:///path/to/file.db or postgresql://user@host/db "
-        f"(default: ${DB_ENV}, else {DEFAULT_DB_URL})",
+        help="database: sqlite:///path/to/file.db or postgresql://user@host/db; for a primary with "
+        "standbys name every server and ask for the writable one, e.g. "
+        "postgresql://user@pg-0:5432,pg-1:5432/db?target_session_attrs=read-write, and nodes follow a "
+        f"promoted standby without a restart (default: ${DB_ENV}, else {DEFAULT_DB_URL})",
     )
 
 
@@ -256,7 +257,7 @@ def migrate_schema(args: argparse.Namespace) -> int:
             await store.close()
 
     version = asyncio.run(migrate())
-    print(f"schema at version {version} ({redact(args.db)})")
+    print(f"schema at version {version} ({redacted_url(args.db)})")
     return 0
 
 
@@ -275,13 +276,3 @@ def _run_fast(awaitable: Any) -> Any:
     except ImportError:
         return asyncio.run(awaitable)
     return uvloop.run(awaitable)
-
-
-def redact(url: str) -> str:
-    """The URL without its password, fit for printing."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))

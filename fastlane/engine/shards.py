@@ -99,6 +99,7 @@ class ShardOwnership:
         self._on_acquired = on_acquired
         self._on_lost = on_lost
         self._leases: dict[int, ShardLease] = {}
+        self._server_epoch = store.server_epoch  # the database server history the leases are from
         self._valid_until = 0.0  # monotonic deadline of the last successful renewal, less a margin
         self._expiry: asyncio.TimerHandle | None = None  # drops every shard at that deadline
         # The database may judge expiry a little before our monotonic clock does.
@@ -276,6 +277,7 @@ class ShardOwnership:
         await self._store.release_shards(leases)
 
     async def _acquire(self) -> None:
+        await self._follow_server()  # the cycle's calls so far may have found another server
         missing = self._share - len(self._leases)
         if missing <= 0:
             return
@@ -315,6 +317,7 @@ class ShardOwnership:
                 await self._store.release_shards(held)
 
     async def _renew(self) -> None:
+        await self._follow_server()
         if not self._leases:
             return
         started = self._monotonic()
@@ -329,6 +332,21 @@ class ShardOwnership:
         self._hold_until(started)
         if lost:
             self._drop(lost, "not_renewed", "lease not renewed (taken over or expired)")
+
+    async def _follow_server(self) -> None:
+        """After a failover, start over: the windows were built from the old server, whose last
+        commits the new one may lack. Every shard is dropped and its lease released on the new
+        server (where the token still matches: a lease whose token bump was lost is left to
+        expire), so this cycle acquires them again, with tokens the old server never handed out,
+        and rebuilds the windows from what the new server holds."""
+        epoch = self._store.server_epoch
+        if epoch == self._server_epoch:
+            return
+        self._server_epoch = epoch
+        self._metrics.database_server_changes.inc()
+        leases = list(self._leases.values())
+        self._drop(list(self._leases), "server_changed", "the database is another server now (failover)")
+        await self._store.release_shards(leases)
 
     def _hold_until(self, started: float) -> None:
         """A lease call begun at ``started`` (monotonic) succeeded: the leases are safe until

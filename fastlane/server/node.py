@@ -40,7 +40,7 @@ from fastlane.server.servicers.jobs import JobServicer
 from fastlane.server.servicers.runs import RunServicer
 from fastlane.server.servicers.workers import WorkerServicer
 from fastlane.stalls import GcPauses, LoopLagProbe
-from fastlane.storage import Store, open_store
+from fastlane.storage import Store, open_store, redacted_url
 from fastlane.storage.sqlite import SQLiteStore
 from fastlane.supervise import Backoff, LoopGaveUp, supervised
 
@@ -91,7 +91,7 @@ class Node:
         store = open_store(settings.db_url, shard_count=settings.shard_count, lease_ttl=settings.shard_lease_ttl)
         try:
             version = await self._migrate(store)
-            log.info("database %s at schema version %d", _redact(settings.db_url), version)
+            log.info("database %s at schema version %d", redacted_url(settings.db_url), version)
             shards = await store.shard_count()
             if shards != settings.shard_count:
                 # Fixed when the database was made (by the first node, migrate or tokens create):
@@ -294,15 +294,6 @@ class Node:
         finally:
             await server.stop(0)
         log.info("node %s stopped", settings.node_id)
-
-
-def _redact(url: str) -> str:
-    """A database URL without its password, for logs."""
-    scheme, sep, rest = url.partition("://")
-    credentials, at, host = rest.rpartition("@")
-    if not at or ":" not in credentials:
-        return url
-    return f"{scheme}{sep}{credentials.split(':', 1)[0]}:***@{host}"
 
 
 def serve(settings: Settings) -> int:

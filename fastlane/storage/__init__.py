@@ -25,6 +25,7 @@ __all__ = [
     "RunFilter",
     "Store",
     "open_store",
+    "redacted_url",
 ]
 
 
@@ -50,3 +51,13 @@ def open_store(url: str, *, shard_count: int = DEFAULT_SHARD_COUNT, lease_ttl: t
     raise ConfigurationError(
         f"unsupported database URL {url!r}: use sqlite:///path/to/file.db or postgresql://user@host/db"
     )
+
+
+def redacted_url(url: str) -> str:
+    """A database URL without its password, fit for logs. Taken apart by hand rather than by
+    ``urllib``: a multi-host URL (``user:pw@h1:5432,h2:5432``) has no single port to parse."""
+    scheme, sep, rest = url.partition("://")
+    credentials, at, hosts = rest.rpartition("@")
+    if not at or ":" not in credentials:
+        return url
+    return f"{scheme}{sep}{credentials.split(':', 1)[0]}:***@{hosts}"

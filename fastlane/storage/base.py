@@ -45,6 +45,14 @@ class Store(Protocol):
 
     async def shard_count(self) -> int: ...
 
+    @property
+    def server_epoch(self) -> int:
+        """Goes up by one each time the store finds itself on another database server history:
+        a failover to a promoted standby (a new timeline), or another system altogether. What a
+        node remembers of the old server (its windows) may not hold there, so the node drops
+        every shard when this changes and acquires them again. Always 0 on SQLite."""
+        ...
+
     # -- jobs -----------------------------------------------------------------------------------
 
     async def create_job(self, spec: JobSpec, *, job_id: str | None = None) -> tuple[Job, bool]:

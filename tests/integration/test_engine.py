@@ -279,6 +279,46 @@ class SlowClockReads:
         return getattr(self._store, name)
 
 
+class FailingOver:
+    """A store that can be told it found another database server (as after a failover)."""
+
+    def __init__(self, store) -> None:  # type: ignore[no-untyped-def]
+        self._store = store
+        self.server_epoch = 0
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(self._store, name)
+
+
+async def test_a_node_on_another_database_server_drops_every_shard_and_acquires_it_again(store):
+    acquisitions: list[list[int]] = []
+    lost: list[int] = []
+
+    async def acquired(leases):  # type: ignore[no-untyped-def]
+        acquisitions.append(sorted(lease.token for lease in leases))
+
+    metrics = Metrics()
+    failing_over = FailingOver(store)
+    ownership = ShardOwnership(failing_over, node_id="node-a", ttl=timedelta(seconds=9),  # type: ignore[arg-type]
+                               metrics=metrics, on_acquired=acquired, on_lost=lost.extend)
+    ready = asyncio.Event()
+    task = asyncio.create_task(ownership.run(ready))
+    try:
+        await asyncio.wait_for(ready.wait(), 10)
+        before = dict(ownership.leases)
+        assert len(before) == SHARDS and not lost
+        failing_over.server_epoch = 1
+        ownership.wake()
+        await until(lambda: len(acquisitions) == 2 and len(ownership.leases) == SHARDS, timeout=10)
+        assert sorted(lost) == sorted(before)  # every window dropped, not only some
+        # Released on the new server, so taken again at once, with new tokens.
+        assert all(ownership.leases[shard].token > before[shard].token for shard in before)
+        assert metrics.database_server_changes._value.get() == 1
+    finally:
+        await ownership.stop()
+        await asyncio.wait_for(task, 10)
+
+
 async def own_shards_with(store, clock) -> tuple[int, str]:  # type: ignore[no-untyped-def]
     """How many shards a node with this store and clock comes to own, and its note."""
     async def acquired(leases):  # type: ignore[no-untyped-def]

@@ -20,6 +20,8 @@ class HangingStore:
     """Just enough of a Store for :class:`ShardOwnership`: acquiring works, renewing hangs while
     ``hang`` is set, even through cancellation (a driver whose cancellation is stuck too)."""
 
+    server_epoch = 0  # never fails over
+
     def __init__(self) -> None:
         self.hang = False
         self.renewal_started = asyncio.Event()

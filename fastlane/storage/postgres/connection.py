@@ -15,6 +15,7 @@ from asyncpg.pool import PoolConnectionProxy
 
 from fastlane.errors import ConfigurationError
 from fastlane.storage.driver_errors import POSTGRES_DRIVER_ERRORS, classify_postgres
+from fastlane.storage.postgres.server_identity import IdentityWatch
 
 # What the pool lends: a proxy to a connection, with its methods. A string, as asyncpg's class is
 # generic only in its stubs.
@@ -98,7 +99,11 @@ def _milliseconds(duration: timedelta) -> str:
 class PostgresConnections:
     """The connection pool of a store on PostgreSQL, opened on first use.
 
-    Every connection carries the :class:`SessionLimits` of ``lease_ttl``.
+    Every connection carries the :class:`SessionLimits` of ``lease_ttl``, and reads the identity
+    of its server first (see ``server_identity``). ``url`` may name several hosts
+    (``postgresql://h1:5432,h2:5432/db?target_session_attrs=read-write``): a connection goes to
+    the first that accepts writes, so after a failover the pool's new connections find the
+    promoted standby.
     """
 
     def __init__(self, url: str, *, pool_size: int, lease_ttl: timedelta = DEFAULT_LEASE_TTL) -> None:
@@ -106,6 +111,12 @@ class PostgresConnections:
         self._pool_size = pool_size
         self._limits = SessionLimits.for_lease(lease_ttl)
         self._pool: asyncpg.Pool | None = None
+        self._identity = IdentityWatch()
+
+    @property
+    def server_epoch(self) -> int:
+        """How many times the pool found itself on another server history (a failover)."""
+        return self._identity.epoch
 
     async def _open(self) -> asyncpg.Pool:
         if self._pool is None:
@@ -117,6 +128,7 @@ class PostgresConnections:
                     command_timeout=self._limits.call_seconds,
                     timeout=self._limits.call_seconds,
                     server_settings=self._limits.server_settings(),
+                    init=self._identity.check,
                 )
             except POSTGRES_DRIVER_ERRORS as error:
                 raise classify_postgres(error, doing="connecting") from error

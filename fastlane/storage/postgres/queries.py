@@ -285,10 +285,15 @@ MARK_REDELIVERIES = """
 
 # -- shards ----------------------------------------------------------------------------------------
 
+# A shard token acquired on timeline t is at least (t - 1) << 32: tokens handed out after a
+# promotion never equal one handed out before it, even when the standby lost the commit of that
+# older token's bump (see server_identity). Timeline 1 adds nothing; 2^31 timelines fit a bigint.
+TOKEN_FLOOR = "((('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint - 1) << 32)"
+
 # Free and expired shards whose rows nobody has locked: nodes acquiring at once split them
 # instead of queueing for one another (SKIP LOCKED).
-ACQUIRE_SHARDS = """
-    UPDATE shards SET owner = $1, token = token + 1,
+ACQUIRE_SHARDS = f"""
+    UPDATE shards SET owner = $1, token = GREATEST(token + 1, {TOKEN_FLOOR}),
                       lease_expires_at = clock_timestamp() + $2 * interval '1 microsecond'
     WHERE shard_id IN (
         SELECT shard_id FROM shards
@@ -302,8 +307,8 @@ ACQUIRE_SHARDS = """
 # Expired shards, waiting (up to lock_timeout) for a row still locked, typically by the FENCE of
 # a transaction its old owner opened before its lease ran out. Rows are locked in shard order; a
 # row taken meanwhile by another node fails the recheck of the lease after the wait and is left.
-ACQUIRE_EXPIRED_SHARDS = """
-    UPDATE shards SET owner = $1, token = token + 1,
+ACQUIRE_EXPIRED_SHARDS = f"""
+    UPDATE shards SET owner = $1, token = GREATEST(token + 1, {TOKEN_FLOOR}),
                       lease_expires_at = clock_timestamp() + $2 * interval '1 microsecond'
     WHERE shard_id IN (
         SELECT shard_id FROM shards

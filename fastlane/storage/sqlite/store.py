@@ -46,6 +46,10 @@ class SQLiteStore(SQLiteLane, SQLiteRuns, SQLiteShards, SQLiteTokens, SQLiteAudi
         self._shard_count: int | None = None
         self._rng = rng or random.Random()
 
+    @property
+    def server_epoch(self) -> int:
+        return 0  # one file, no failover
+
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def migrate(self) -> int:
