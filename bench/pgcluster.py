@@ -243,6 +243,16 @@ class ThrowawayPostgres:
             "--no-sync", "-E", "UTF8", "--locale=C",
         )
 
+    def restart(self, mode: str = "fast") -> None:
+        """``pg_ctl restart -m MODE``: the server goes down and comes back with the same options."""
+        old = self._read_postmaster_pid()
+        with _adopt_orphans():  # the new postmaster becomes our child, so stop() can reap it
+            self._run("pg_ctl", "-D", self.data_dir, "-m", mode, "-l", self.log_path, "-w", "-t", "60", "restart",
+                      timeout=90)
+        if old is not None:
+            _reap(old, timeout=5)
+        self._postmaster_pid = self._read_postmaster_pid()
+
     def promote(self) -> None:
         """``pg_ctl promote``: a standby becomes a primary (on a new timeline); waits until it is."""
         self._run("pg_ctl", "-D", self.data_dir, "-w", "-t", str(self._start_timeout), "promote",
@@ -351,7 +361,10 @@ def replicated_pair(*, synchronous: bool = True) -> tuple[ThrowawayPostgres, Sta
         primary_settings.update(synchronous_standby_names="'*'", synchronous_commit="on")
     primary = ThrowawayPostgres(settings=primary_settings).start()
     try:
-        standby = StandbyPostgres(primary, settings={**REPLICATION_SETTINGS, "cluster_name": "standby"}).start()
+        # A quick reconnection after the primary restarts: a synchronous primary commits nothing
+        # while its standby is away (the default waits 5 s between tries).
+        settings = {**REPLICATION_SETTINGS, "cluster_name": "standby", "wal_retrieve_retry_interval": "100ms"}
+        standby = StandbyPostgres(primary, settings=settings).start()
     except BaseException:
         primary.stop()
         raise

@@ -47,6 +47,7 @@ log = logging.getLogger("fastlane.lane")
 
 SCAN_PAGE = 20_000  # jobs read by one window query
 EXPIRY_CHECK_EVERY = timedelta(seconds=1)
+EXPIRY_SLACK = timedelta(milliseconds=20)  # after an attempt lease ends, before looking again
 # A run already this late when the node first holds it (a missed occurrence fired by the misfire
 # policy, an `at` in the past, a resumed job, a run recovered after a failover) is a catch-up:
 # its lag is counted apart, so the trigger-lag SLO measures only what the node could fire on time.
@@ -351,9 +352,12 @@ class FastLane:
             after = (page[-1].next_fire_at, page[-1].job_id)
 
     async def _expiry_loop(self) -> None:
-        """Attempts whose worker stopped heartbeating go back to the queue (or die)."""
+        """Attempts whose worker stopped heartbeating go back to the queue (or die): looked for
+        every EXPIRY_CHECK_EVERY, and sooner when the earliest lease out ends before that."""
+        wait = EXPIRY_CHECK_EVERY
         while not self._stopping.is_set():
-            await pause(self._stopping, EXPIRY_CHECK_EVERY.total_seconds())
+            await pause(self._stopping, wait.total_seconds())
+            wait = EXPIRY_CHECK_EVERY
             owned = self._owned_shards()
             if not owned or self._stopping.is_set():
                 continue
@@ -371,6 +375,11 @@ class FastLane:
                     self._dispatch.forget_attempts(requeued)
                     for run in requeued:
                         self.schedule_run(run, recovered=True)
+                next_expiry = await self._store.next_lease_expiry(owned)
+                if next_expiry is not None:
+                    # Just after it ends (the database judges it): no sooner than EXPIRY_SLACK, so
+                    # a lease the loop could not requeue (a stale fence) does not spin it.
+                    wait = min(max(next_expiry + EXPIRY_SLACK, EXPIRY_SLACK), EXPIRY_CHECK_EVERY)
             except StorageError as error:
                 log.warning("lease expiry check failed: %s", error)
 

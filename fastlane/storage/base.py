@@ -144,6 +144,13 @@ class Store(Protocol):
         the fenced ``requeue_expired``)."""
         ...
 
+    async def next_lease_expiry(self, shard_ids: Collection[int]) -> timedelta | None:
+        """How long until the earliest lease of an attempt in these shards runs out, by the
+        database clock (negative when one is already out); None when no attempt is out. The
+        node looks for expired leases again then, so a crashed worker's runs go back to the
+        queue as its leases end rather than at the next periodic check."""
+        ...
+
     # -- runs -----------------------------------------------------------------------------------
 
     async def create_manual_run(self, tenant: str, job_id: str) -> Run:

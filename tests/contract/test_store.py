@@ -417,6 +417,18 @@ async def test_permanent_failure_goes_straight_to_dead(store):
     assert outcome.run.state is RunState.DEAD and outcome.run.attempts == 1
 
 
+async def test_the_next_lease_expiry_is_when_the_earliest_attempt_lease_out_ends(store):
+    leases, run = await scheduled_run(store)
+    assert await store.next_lease_expiry([run.shard_id]) is None  # nothing is out
+    await store.record_dispatches([Dispatch(run_id=run.run_id, lease_token=1, worker_id="w1", node_id="n",
+                                            lease_ttl=timedelta(seconds=20), dispatched_at=NOW)])
+    remaining = await store.next_lease_expiry([run.shard_id])
+    assert remaining is not None and timedelta(seconds=19) < remaining <= timedelta(seconds=20)
+    assert await store.next_lease_expiry([(run.shard_id + 1) % SHARDS]) is None  # another shard's leases are not counted
+    await store.record_results([AttemptResult(run_id=run.run_id, lease_token=1, outcome=AttemptOutcome.SUCCEEDED)])
+    assert await store.next_lease_expiry([run.shard_id]) is None  # finished: no longer out
+
+
 async def test_a_superseded_result_is_recorded_but_does_not_change_the_run(store):
     leases, run = await scheduled_run(store)
     await store.record_dispatches([Dispatch(run_id=run.run_id, lease_token=1, worker_id="w1", node_id="n",

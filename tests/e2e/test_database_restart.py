@@ -20,7 +20,7 @@ import os
 import shlex
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -31,8 +31,8 @@ import orjson
 import pytest
 from e2e_support import HERE, Recorder, wait_for
 from fastlane.bench.pgcluster import ThrowawayPostgres, _adopt_orphans, _reap
-from fastlane.bench.processes import Daemon, Process, WorkerProcess, child_environment
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from fastlane.bench.processes import Daemon, WorkerProcess, child_environment
+from health_watch import HealthLog, alive, health_of, watch_health
 
 from fastlane.client import Client
 from fastlane.domain.models import JobSpec, MisfireKind, MisfirePolicy, Schedule
@@ -46,15 +46,7 @@ RESTARTS = 3  # of the regression test
 
 
 class RestartablePostgres(ThrowawayPostgres):
-    """A throwaway cluster that can also be restarted and stopped/started in place (same port)."""
-
-    def restart(self, mode: str = "fast") -> None:
-        """``pg_ctl restart -m MODE``: the server goes down and comes back with the same options."""
-        old = self._read_postmaster_pid()
-        with _adopt_orphans():  # the new postmaster becomes our child, so stop() can reap it
-            self._run("pg_ctl", "-D", self.data_dir, "-m", mode, "-l", self.log_path, "-w", "-t", "60", "restart",
-                      timeout=90)
-        self._forget(old)
+    """A throwaway cluster that can also be stopped and started in place (same port)."""
 
     def stop_server(self, mode: str = "immediate") -> None:
         """``pg_ctl stop -m MODE``, keeping the data directory for :meth:`start_server`."""
@@ -94,77 +86,6 @@ def own_postgres() -> Iterator[RestartablePostgres]:
 def cluster_node(dsn: str, workdir: Path, name: str) -> Daemon:
     return Daemon(dsn, workdir / f"{name}.log", node_id=name, shards=SHARDS,
                   extra_args=["--shard-lease-ttl", str(LEASE_TTL)])
-
-
-# -- health, observed from outside ---------------------------------------------------------------
-
-
-async def health_of(channel: grpc.aio.Channel) -> bool:
-    """Whether the node says SERVING; a node that does not answer is not serving."""
-    stub = health_pb2_grpc.HealthStub(channel)
-    try:
-        response = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=0.5)
-    except grpc.aio.AioRpcError:
-        return False
-    return response.status == health_pb2.HealthCheckResponse.SERVING
-
-
-@dataclass
-class HealthLog:
-    """Every health transition of one node, as (monotonic time, serving)."""
-
-    name: str
-    transitions: list[tuple[float, bool]] = field(default_factory=list)
-
-    @property
-    def serving(self) -> bool:
-        return bool(self.transitions) and self.transitions[-1][1]
-
-    def note(self, at: float, serving: bool) -> None:
-        if not self.transitions or self.transitions[-1][1] != serving:
-            self.transitions.append((at, serving))
-
-    def not_serving_between(self, start: float, end: float) -> float:
-        """Seconds spent not serving in [start, end]."""
-        total = 0.0
-        for (at, serving), (until, _) in zip(self.transitions, [*self.transitions[1:], (end, True)], strict=True):
-            if not serving:
-                total += max(0.0, min(until, end) - max(at, start))
-        return total
-
-    def went_down_after(self, start: float) -> bool:
-        return any(at >= start and not serving for at, serving in self.transitions)
-
-    def back_after(self, start: float) -> float | None:
-        """When the node last became SERVING after ``start`` and stayed so, or None."""
-        if not self.serving:
-            return None
-        at = self.transitions[-1][0]
-        return max(at, start)
-
-
-async def watch_health(nodes: Sequence[Daemon], logs: dict[str, HealthLog]) -> None:
-    """Poll every node's health every 50 ms until cancelled."""
-    channels = {node.address: grpc.aio.insecure_channel(node.address) for node in nodes}
-    try:
-        while True:
-            states = await asyncio.gather(*(health_of(channels[node.address]) for node in nodes))
-            now = time.monotonic()
-            for node, serving in zip(nodes, states, strict=True):
-                logs[node.address].note(now, serving)
-            await asyncio.sleep(0.05)
-    finally:
-        for channel in channels.values():
-            await channel.close()
-
-
-def alive(processes: Sequence[Process]) -> list[str]:
-    """Why any of ``processes`` is no longer running (with its log tail), or nothing."""
-    return [
-        f"{process.log_path.name} exited with {process.popen.returncode}:\n{process.log_tail(60)}"
-        for process in processes
-        if process.popen is None or process.popen.poll() is not None
-    ]
 
 
 async def create_with_retry(client: Client, spec: JobSpec, timeout: float = 15.0):  # type: ignore[no-untyped-def]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Collection, Container, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from fastlane.domain.models import DueJob, Run, ShardLease
 from fastlane.domain.records import Occurrence
@@ -103,6 +103,11 @@ class PostgresLane(PostgresConnections):
         async with self._connection() as db:
             rows = await db.fetch(queries.SHARDS_WITH_EXPIRED_LEASES, list(shard_ids))
         return sorted(row["shard_id"] for row in rows)
+
+    async def next_lease_expiry(self, shard_ids: Collection[int]) -> timedelta | None:
+        async with self._connection() as db:
+            remaining = await db.fetchval(queries.NEXT_LEASE_EXPIRY, list(shard_ids))
+        return None if remaining is None else timedelta(microseconds=remaining)
 
 
 async def check_fences(db: PoolConnection, fences: Sequence[ShardLease]) -> None:

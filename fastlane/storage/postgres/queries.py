@@ -143,6 +143,11 @@ SHARDS_WITH_EXPIRED_LEASES = (
     "SELECT DISTINCT shard_id FROM runs WHERE state IN ('dispatched', 'running') "
     "AND shard_id = ANY($1::int[]) AND lease_expires_at < clock_timestamp()"
 )
+# Microseconds until the earliest attempt lease of these shards runs out (negative: already out).
+NEXT_LEASE_EXPIRY = (
+    "SELECT (extract(epoch FROM min(lease_expires_at) - clock_timestamp()) * 1000000)::bigint FROM runs "
+    "WHERE state IN ('dispatched', 'running') AND shard_id = ANY($1::int[])"
+)
 
 # -- runs ------------------------------------------------------------------------------------------
 

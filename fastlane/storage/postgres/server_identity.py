@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from fastlane.storage.postgres.connection import Connection
+import asyncpg
 
 log = logging.getLogger("fastlane.storage.postgres")
 
@@ -59,7 +57,7 @@ class IdentityWatch:
         self.current: ServerIdentity | None = None
         self.epoch = 0
 
-    async def check(self, connection: Connection) -> None:
+    async def check(self, connection: "asyncpg.Connection[asyncpg.Record]") -> None:
         row = await connection.fetchrow(READ_IDENTITY)
         assert row is not None  # a SELECT without FROM returns one row
         self.note(ServerIdentity(system_id=int(row["system_id"]), timeline=row["timeline"]))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Collection, Container, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import aiosqlite
 
@@ -125,6 +125,12 @@ class SQLiteLane(SQLiteConnections):
         async with self._read() as db:
             rows = await fetch_all(db, queries.SHARDS_WITH_EXPIRED_LEASES, (json_array(shard_ids),))
         return sorted(row["shard_id"] for row in rows)
+
+    async def next_lease_expiry(self, shard_ids: Collection[int]) -> timedelta | None:
+        async with self._read() as db:
+            rows = await fetch_all(db, queries.NEXT_LEASE_EXPIRY, (json_array(shard_ids),))
+        remaining = rows[0]["remaining"] if rows else None
+        return None if remaining is None else timedelta(microseconds=remaining)
 
 
 async def check_fence(db: aiosqlite.Connection, fence: ShardLease) -> None:

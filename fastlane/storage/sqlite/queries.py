@@ -137,6 +137,11 @@ SHARDS_WITH_EXPIRED_LEASES = (
     f"SELECT DISTINCT shard_id FROM runs WHERE state IN ('dispatched', 'running') "
     f"AND shard_id IN (SELECT value FROM json_each(?)) AND lease_expires_at < {NOW}"
 )
+# Microseconds until the earliest attempt lease of these shards runs out (negative: already out).
+NEXT_LEASE_EXPIRY = (
+    f"SELECT min(lease_expires_at) - {NOW} AS remaining FROM runs WHERE state IN ('dispatched', 'running') "
+    f"AND shard_id IN (SELECT value FROM json_each(?))"
+)
 
 # -- runs ------------------------------------------------------------------------------------------
 
