@@ -47,7 +47,7 @@ log = logging.getLogger("fastlane.lane")
 
 SCAN_PAGE = 20_000  # jobs read by one window query
 EXPIRY_CHECK_EVERY = timedelta(seconds=1)
-EXPIRY_SLACK = timedelta(milliseconds=20)  # after an attempt lease ends, before looking again
+EXPIRY_SLACK = timedelta(milliseconds=50)  # after an attempt lease ends, before looking again
 # A run already this late when the node first holds it (a missed occurrence fired by the misfire
 # policy, an `at` in the past, a resumed job, a run recovered after a failover) is a catch-up:
 # its lag is counted apart, so the trigger-lag SLO measures only what the node could fire on time.

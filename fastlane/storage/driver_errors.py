@@ -84,6 +84,8 @@ def _postgres_is_retryable(error: BaseException) -> bool:
         return sqlstate[:2] in _RETRYABLE_SQLSTATE_CLASSES or sqlstate in _RETRYABLE_SQLSTATES
     if isinstance(error, asyncpg.exceptions.OutdatedSchemaCacheError):
         return True  # a cached statement went stale after a migration: preparing it again works
+    if isinstance(error, asyncpg.exceptions.TargetServerAttributeNotMatched):
+        return True  # no server takes writes yet: mid-failover, until a standby is promoted
     if isinstance(error, asyncpg.exceptions.DataError | asyncpg.exceptions.ClientConfigurationError):
         return False  # a bad argument or setting (its message may quote the value: no word matching)
     if isinstance(error, asyncpg.InterfaceError | asyncpg.InternalClientError):

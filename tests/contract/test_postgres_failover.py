@@ -9,6 +9,9 @@ see test_store).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
+import urllib.parse
 from collections.abc import AsyncIterator
 from datetime import timedelta
 
@@ -121,6 +124,45 @@ async def test_a_store_follows_a_promoted_synchronous_standby_and_keeps_what_was
     finally:
         standby.stop()
         primary.stop()
+
+
+@contextlib.asynccontextmanager
+async def silent_host() -> AsyncIterator[int]:
+    """A port that accepts connections and never says a word: a server gone dark, as behind a
+    partition, where nothing is refused or reset."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def accept(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+
+    server = await asyncio.start_server(accept, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+        for writer in held:
+            writer.transport.abort()
+
+
+async def test_a_first_host_gone_dark_does_not_keep_the_store_from_the_next(pg_dsn):
+    ttl = timedelta(seconds=3)  # connecting may take 3/4 of it, shared by the hosts
+    async with silent_host() as port:
+        parts = urllib.parse.urlsplit(pg_dsn)
+        user, _, server = parts.netloc.rpartition("@")
+        url = urllib.parse.urlunsplit(parts._replace(netloc=f"{user}@127.0.0.1:{port},{server}",
+                                                     query="target_session_attrs=read-write"))
+        store = open_store(url, shard_count=SHARDS, lease_ttl=ttl)
+        try:
+            started = time.monotonic()
+            await store.migrate()  # its own connection: past the silent host, within its share
+            first = time.monotonic() - started
+            assert first < ttl.total_seconds() * 3 / 4, first
+            started = time.monotonic()
+            assert len(await store.acquire_shards("node-a", TTL, limit=SHARDS)) == SHARDS
+            # The pool's connection begins with the host that last gave one.
+            assert time.monotonic() - started < 1.0
+        finally:
+            await store.close()
 
 
 async def _retry(call, timeout: float = 20.0):  # type: ignore[no-untyped-def]

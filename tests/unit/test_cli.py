@@ -18,6 +18,7 @@ from fastlane.auth.tls import ClientTls
 from fastlane.cli.main import main
 from fastlane.cli.output import format_fields, format_table
 from fastlane.config import Settings
+from fastlane.storage import redacted_url
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -412,3 +413,15 @@ def test_worker_passes_only_the_overrides_given(monkeypatch: pytest.MonkeyPatch,
         ("app.tasks:worker", ["env:3"], None, None, None),
         ("app.tasks:worker", ["env:3"], None, "fl_secret-from-file", ClientTls(ca_file=Path("ca.pem"))),
     ]
+
+
+@pytest.mark.parametrize(("url", "shown"), [
+    ("postgresql://fastlane:s3cret@db:5432/fastlane", "postgresql://fastlane:***@db:5432/fastlane"),
+    # Several hosts (a primary and its standbys) have no single port for urllib to parse.
+    ("postgresql://fastlane:s3cret@pg-0:5432,pg-1:5432/fastlane?target_session_attrs=read-write",
+     "postgresql://fastlane:***@pg-0:5432,pg-1:5432/fastlane?target_session_attrs=read-write"),
+    ("postgresql://fastlane@pg-0,pg-1/fastlane", "postgresql://fastlane@pg-0,pg-1/fastlane"),
+    ("sqlite:///var/lib/fastlane.db", "sqlite:///var/lib/fastlane.db"),
+])
+def test_database_urls_are_logged_without_their_password(url, shown):
+    assert redacted_url(url) == shown

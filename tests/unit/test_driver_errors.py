@@ -54,6 +54,9 @@ POSTGRES_WEATHER = [
     OSError(113, "No route to host"),
     TimeoutError(),
     asyncio.TimeoutError(),  # asyncpg's command_timeout, a pool acquire or connect that timed out
+    # No server takes writes (target_session_attrs=read-write) until a standby is promoted.
+    asyncpg.exceptions.TargetServerAttributeNotMatched('None of the hosts match the target attribute requirement '
+                                                      '<SessionAttribute.read_write: "read-write">'),
 ]
 
 POSTGRES_PERMANENT = [

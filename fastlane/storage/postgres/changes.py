@@ -11,14 +11,13 @@ import time
 from collections.abc import Callable
 from typing import cast
 
-import asyncpg
-
 from fastlane.domain.records import Change, ChangeKind
 from fastlane.errors import StorageUnavailable
 from fastlane.storage import common
 from fastlane.storage.driver_errors import POSTGRES_DRIVER_ERRORS, classify_postgres
 from fastlane.storage.postgres import queries
 from fastlane.storage.postgres.connection import PoolConnection, SessionLimits
+from fastlane.storage.postgres.hosts import HostRotation
 from fastlane.supervise import Backoff
 
 log = logging.getLogger("fastlane.storage.postgres")
@@ -39,6 +38,7 @@ class PostgresChanges:
     url: str
     _rng: random.Random
     _limits: SessionLimits
+    _hosts: HostRotation
 
     async def watch_changes(self, on_change: Callable[[Change], None]) -> None:
         """LISTEN for changes until cancelled; after a lost connection, connect and LISTEN again
@@ -67,9 +67,7 @@ class PostgresChanges:
         try:
             # The node's session limits apply here too, harmlessly: LISTEN waits idle *outside* a
             # transaction, which idle_in_transaction_session_timeout leaves alone.
-            listener = await asyncpg.connect(
-                self.url, timeout=LISTENER_PING, server_settings=self._limits.server_settings()
-            )
+            listener = await self._hosts.connect(timeout=LISTENER_PING, server_settings=self._limits.server_settings())
         except POSTGRES_DRIVER_ERRORS as error:
             raise classify_postgres(error, doing="connecting to listen for changes") from error
         lost = asyncio.Event()

@@ -8,13 +8,14 @@ import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TypeAlias
+from typing import Any, TypeAlias, cast
 
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
 from fastlane.errors import ConfigurationError
 from fastlane.storage.driver_errors import POSTGRES_DRIVER_ERRORS, classify_postgres
+from fastlane.storage.postgres.hosts import HostRotation
 from fastlane.storage.postgres.server_identity import IdentityWatch
 
 # What the pool lends: a proxy to a connection, with its methods. A string, as asyncpg's class is
@@ -103,7 +104,7 @@ class PostgresConnections:
     of its server first (see ``server_identity``). ``url`` may name several hosts
     (``postgresql://h1:5432,h2:5432/db?target_session_attrs=read-write``): a connection goes to
     the first that accepts writes, so after a failover the pool's new connections find the
-    promoted standby.
+    promoted standby (see ``hosts``).
     """
 
     def __init__(self, url: str, *, pool_size: int, lease_ttl: timedelta = DEFAULT_LEASE_TTL) -> None:
@@ -111,6 +112,7 @@ class PostgresConnections:
         self._pool_size = pool_size
         self._limits = SessionLimits.for_lease(lease_ttl)
         self._pool: asyncpg.Pool | None = None
+        self._hosts = HostRotation(url)
         self._identity = IdentityWatch()
 
     @property
@@ -128,6 +130,8 @@ class PostgresConnections:
                     command_timeout=self._limits.call_seconds,
                     timeout=self._limits.call_seconds,
                     server_settings=self._limits.server_settings(),
+                    # cast: the stubs spell out every keyword of asyncpg.connect; this passes them on.
+                    connect=cast(Any, self._hosts.connect),
                     init=self._identity.check,
                 )
             except POSTGRES_DRIVER_ERRORS as error:
@@ -160,8 +164,8 @@ class PostgresConnections:
         """A transaction on a connection of its own, outside the pool, with
         :meth:`SessionLimits.migration_settings` and no client-side statement timeout."""
         try:
-            connection = await asyncpg.connect(
-                self.url, timeout=self._limits.call_seconds, server_settings=self._limits.migration_settings()
+            connection = await self._hosts.connect(
+                timeout=self._limits.call_seconds, server_settings=self._limits.migration_settings()
             )
         except POSTGRES_DRIVER_ERRORS as error:
             raise classify_postgres(error, doing="connecting to migrate") from error
