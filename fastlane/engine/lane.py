@@ -82,6 +82,10 @@ class LaneDispatcher(Protocol):
 
     def holds(self, run_id: str) -> bool: ...
 
+    async def journal_written(self, timeout: float) -> None:
+        """Wait until what was journalled before this call is written (or the timeout passes)."""
+        ...
+
     @property
     def ready_depth(self) -> int:
         """Released runs waiting for worker credits."""
@@ -362,7 +366,13 @@ class FastLane:
             if not owned or self._stopping.is_set():
                 continue
             try:
-                for shard_id in await self._store.shards_with_expired_leases(owned):
+                expired = await self._store.shards_with_expired_leases(owned)
+                if expired:
+                    # Results workers reported may still be in this node's journal (the database
+                    # was away a while): landed first, they finish their runs instead of the
+                    # expiry sending those runs out again.
+                    await self._dispatch.journal_written(EXPIRY_CHECK_EVERY.total_seconds())
+                for shard_id in expired:
                     fence = self._fence(shard_id)
                     if fence is None:
                         continue

@@ -195,6 +195,11 @@ class Node:
             dispatcher.drop_shards(shard_ids)
 
         async def shards_acquired(leases: Sequence[ShardLease]) -> None:
+            # The windows are built from the database: first let this node's own dispatches and
+            # results land there. A node taking back shards it held before an outage or a
+            # failover has sent runs whose dispatch is still in its journal; read as still
+            # scheduled, they would be delivered a second time.
+            await dispatcher.journal_written(timeout=settings.shard_lease_ttl.total_seconds() / 3)
             if lane is not None:
                 await lane.shards_acquired(leases)
 

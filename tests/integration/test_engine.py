@@ -52,6 +52,9 @@ class RecordingDispatch:
     def watch_ahead(self, wake) -> None:  # type: ignore[no-untyped-def]
         pass
 
+    async def journal_written(self, timeout: float) -> None:
+        pass  # no journal: nothing is ever pending
+
     def times_of(self, job_id: str) -> list[datetime]:
         # A run released again from the database (the full scan's sweep) is confirmed by the real
         # dispatcher before it is sent; here, count each run once.

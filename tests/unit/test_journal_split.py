@@ -209,3 +209,52 @@ async def test_reports_checked_against_the_database_survive_an_outage_during_the
     assert [r.run_id for r in store.recorded] == ["r1"]
     assert store.calls["attempts"] == down + 1
     await drained(dispatcher, journal)
+
+
+# -- written so far ----------------------------------------------------------------------------
+
+
+class GatedStore(ScriptedStore):
+    """Each write waits for ``gate`` (set by the test) before it lands."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+
+    async def record_dispatches(self, dispatches: Sequence[Dispatch]) -> list[Any]:
+        await self.gate.wait()
+        return await super().record_dispatches(dispatches)
+
+
+async def test_written_waits_for_what_was_journalled_before_it_not_after_and_rides_out_an_outage():
+    store = GatedStore()
+    store.down = 1  # the first write fails: its batch is pending again
+    dispatcher = dispatcher_on(store)
+    session = dispatcher.connect("w", ["t"], 1_000, None)
+    journal = asyncio.create_task(dispatcher.run())
+    try:
+        dispatcher.release([run_named(f"before-{i}") for i in range(5)])
+        await asyncio.sleep(0)  # the writer takes them and waits at the gate
+        waiting = asyncio.create_task(dispatcher.journal_written(WAIT))
+        dispatcher.release([run_named(f"after-{i}") for i in range(5)])
+        await asyncio.sleep(0.05)
+        assert not waiting.done()  # nothing has landed yet
+
+        store.gate.set()  # the outage's failed write, its retry, then the rest
+        await asyncio.wait_for(waiting, WAIT)
+        landed = {dispatch.run_id for dispatch in store.dispatched}
+        assert {f"before-{i}" for i in range(5)} <= landed
+        assert store.calls["dispatches"] >= 2  # it waited through the failed round
+
+        # Under steady load the journal is never empty; what came before still lands in time.
+        store.gate.clear()
+        dispatcher.release([run_named("busy-1")])
+        await asyncio.sleep(0)
+        waiting = asyncio.create_task(dispatcher.journal_written(WAIT))
+        dispatcher.release([run_named("busy-2")])
+        store.gate.set()
+        await asyncio.wait_for(waiting, WAIT)
+        assert "busy-1" in {dispatch.run_id for dispatch in store.dispatched}
+        assert len(sent(session, Assign)) >= 1
+    finally:
+        await drained(dispatcher, journal)

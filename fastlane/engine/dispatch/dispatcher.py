@@ -486,8 +486,12 @@ class Dispatcher:
         await self._journal.run()
 
     async def flush(self, timeout: float) -> None:
-        """Wait until everything journalled so far is durable (or the timeout passes)."""
+        """Wait until the journal is empty (or the timeout passes)."""
         await self._journal.flush(timeout)
+
+    async def journal_written(self, timeout: float) -> None:
+        """Wait until what was journalled before this call is written (or the timeout passes)."""
+        await self._journal.written(timeout)
 
     def stop(self) -> None:
         """Let :meth:`run` return once the journal is drained (or ``JOURNAL_STOP_GRACE`` passed)."""

@@ -24,11 +24,15 @@ from fastlane.engine.dispatch.messages import Acknowledge, AttemptKey, AttemptRe
 from fastlane.errors import StorageError, StorageUnavailable
 from fastlane.metrics import Metrics
 from fastlane.storage import AttemptResult, Dispatch, Heartbeat, Reporter, ReporterOf, ResultOutcome, Store
+from fastlane.storage.driver_errors import gave_up_waiting
 
 log = logging.getLogger("fastlane.dispatch")
 
 JOURNAL_RETRY = timedelta(milliseconds=200)  # the first retry of an unavailable database
-JOURNAL_RETRY_CAP = timedelta(seconds=5)  # doubling up to this
+# Doubling up to this. Short: once the database is back, the results waiting here must land
+# before their attempts' leases (3 s at least) run out, or the runs are delivered again. A try a
+# second is nothing to a database that is back, and one connection attempt to one still away.
+JOURNAL_RETRY_CAP = timedelta(seconds=1)
 # Once stopping, the journal tries this long to make what it holds durable, then gives up (the
 # node waits a little longer than this for it): a node must stop while its database is down.
 JOURNAL_STOP_GRACE = timedelta(seconds=4)
@@ -114,6 +118,11 @@ class Journal:
         self._ready = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
+        # Writer rounds begun, and the last that ended with its batch written: what was pending
+        # when a round began is written once a round at least that late has landed.
+        self._rounds_begun = 0
+        self._rounds_landed = 0
+        self._round_landed = asyncio.Event()  # set, and replaced, each time a round lands
         self._stopping = False
         self._stop_requested = asyncio.Event()
         self._deadline: float | None = None  # loop time after which a stopping journal gives up
@@ -140,14 +149,18 @@ class Journal:
                     return
                 continue
             batch, self.pending = self.pending, JournalBatch()
+            self._rounds_begun += 1
             try:
                 await self._write(batch)
+                self._landed(self._rounds_begun)
                 retry = JOURNAL_RETRY.total_seconds()
             except StorageUnavailable as error:
                 self._requeue(batch)
                 if self._stop_grace_over():
                     self._give_up(error)
                     return
+                if gave_up_waiting(error.__cause__):
+                    retry = JOURNAL_RETRY.total_seconds()  # the database is there: a lock was busy
                 log.warning("journal write failed, retrying in %.1f s: %s", retry, error)
                 await self._retry_pause(retry)
                 retry = min(retry * 2, JOURNAL_RETRY_CAP.total_seconds())
@@ -156,10 +169,25 @@ class Journal:
             self._ready.set()  # loop once more: returns if stopping and drained
 
     async def flush(self, timeout: float) -> None:
-        """Wait until everything journalled so far is durable (or the timeout passes)."""
+        """Wait until the journal is empty (or the timeout passes)."""
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout):
                 await self._idle.wait()
+
+    async def written(self, timeout: float) -> None:
+        """Wait until every record journalled before this call is written (or set aside, or
+        given up), or the timeout passes. Records journalled later need not be: under steady
+        load the journal is never empty, yet this returns within a round or two."""
+        target = self._rounds_begun + (1 if self.pending else 0)  # a failed round's batch is pending again
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                while self._rounds_landed < target:
+                    await self._round_landed.wait()
+
+    def _landed(self, round_number: int) -> None:
+        self._rounds_landed = round_number
+        self._round_landed.set()
+        self._round_landed = asyncio.Event()
 
     def stop(self) -> None:
         """Let :meth:`run` return once the journal is drained (or ``JOURNAL_STOP_GRACE`` passed)."""
@@ -190,6 +218,7 @@ class Journal:
                   len(journal.dispatches), len(journal.heartbeats), len(journal.results), error)
         self.pending = JournalBatch()
         self._idle.set()
+        self._landed(self._rounds_begun)  # nothing more will land: no one waits for it
 
     def _requeue(self, batch: JournalBatch) -> None:
         batch.dispatches.extend(self.pending.dispatches)
