@@ -85,7 +85,8 @@ async def succeeded_attempts_per_run(dsn: str) -> dict[str, int]:
 
 @pytest.mark.timeout(120)
 async def test_a_node_whose_database_hangs_stops_firing_before_its_lease_expires(pg_dsn, tmp_path: Path, processes):
-    async with StallProxy.for_dsn(pg_dsn) as proxy:
+    proxy = await StallProxy.for_dsn(pg_dsn).start()
+    try:
         node = Daemon(proxy.dsn(pg_dsn), tmp_path / "node.log", shards=SHARDS,
                       extra_args=["--shard-lease-ttl", str(LEASE_TTL)])
         node.start()
@@ -141,86 +142,93 @@ async def test_a_node_whose_database_hangs_stops_firing_before_its_lease_expires
             await asyncio.gather(watcher, return_exceptions=True)
             await channel.close()
 
-    records = [entry for entry in worker.received() if entry["job_id"] in job_ids]
+        records = [entry for entry in worker.received() if entry["job_id"] in job_ids]
 
-    def at(entry: dict, key: str) -> datetime:
-        return datetime.fromisoformat(entry[key])
+        def at(entry: dict, key: str) -> datetime:
+            return datetime.fromisoformat(entry[key])
 
-    # 1. Nothing delivered while the lease may belong to someone else. By the database's clock
-    # the lease ends at the latest TTL after the stall began; the node's own deadline is a margin
-    # (min(1 s, TTL/10) = 0.3 s) earlier, which covers the few milliseconds a run takes from the
-    # node to the worker's handler: no further allowance is needed.
-    lease_gone = wall_stalled + timedelta(seconds=LEASE_TTL)
-    during = [e for e in records if lease_gone < min(at(e, "assignment_received_at"), at(e, "received_at")) < wall_resumed]
-    last_before = max((at(e, "assignment_received_at") for e in records
-                       if at(e, "assignment_received_at") < wall_resumed), default=wall_stalled)
-    report = {
-        "lease_ttl_s": LEASE_TTL,
-        "stall_s": STALL,
-        "last_delivery_after_stall_start_s": round((last_before - wall_stalled).total_seconds(), 3),
-        "deliveries_past_lease": len(during),
-    }
+        # 1. Nothing delivered while the lease may belong to someone else. By the database's clock
+        # the lease ends at the latest TTL after the stall began; the node's own deadline is a margin
+        # (min(1 s, TTL/10) = 0.3 s) earlier, which covers the few milliseconds a run takes from the
+        # node to the worker's handler: no further allowance is needed.
+        lease_gone = wall_stalled + timedelta(seconds=LEASE_TTL)
+        during = [e for e in records if lease_gone < min(at(e, "assignment_received_at"), at(e, "received_at")) < wall_resumed]
+        last_before = max((at(e, "assignment_received_at") for e in records
+                           if at(e, "assignment_received_at") < wall_resumed), default=wall_stalled)
+        report = {
+            "lease_ttl_s": LEASE_TTL,
+            "stall_s": STALL,
+            "last_delivery_after_stall_start_s": round((last_before - wall_stalled).total_seconds(), 3),
+            "deliveries_past_lease": len(during),
+        }
 
-    # 2. NOT_SERVING during the stall, from no later than the lease's end until the stall's end.
-    down = [at_ for at_, state in transitions if not state and stalled_at <= at_ <= resumed_at]
-    assert down, f"the node never said NOT_SERVING during the stall: {transitions}"
-    report["not_serving_after_stall_start_s"] = round(down[0] - stalled_at, 3)
-    report["serving_again_after_resume_s"] = round(serving_again, 3)
+        # 2. NOT_SERVING during the stall, from no later than the lease's end until the stall's end.
+        down = [at_ for at_, state in transitions if not state and stalled_at <= at_ <= resumed_at]
+        assert down, f"the node never said NOT_SERVING during the stall: {transitions}"
+        report["not_serving_after_stall_start_s"] = round(down[0] - stalled_at, 3)
+        report["serving_again_after_resume_s"] = round(serving_again, 3)
 
-    # 3. Every occurrence due until shortly after the node came back was fired (the default
-    # misfire policy fires occurrences found less than its 10 s grace late), and none twice.
-    first_at: dict[tuple[str, datetime], datetime] = {}
-    runs_of: dict[tuple[str, datetime], set[str]] = defaultdict(set)
-    for entry in records:
-        key = (entry["job_id"], at(entry, "scheduled_for"))
-        first_at[key] = min(first_at.get(key, at(entry, "received_at")), at(entry, "received_at"))
-        runs_of[key].add(entry["run_id"])
-    until = wall_resumed + timedelta(seconds=serving_again + 1)
-    expected = set()
-    for job, _ in retried:
-        assert job.spec.schedule.at is not None
-        expected.add((job.job_id, job.spec.schedule.at))
-    for job, _ in jobs:
-        moment = job.spec.schedule.anchor
-        assert moment is not None
-        while moment <= until:
-            expected.add((job.job_id, moment))
-            moment += EVERY
-    missing = sorted(expected - set(first_at), key=lambda key: key[1])
-    stall_occurrences = [key for key in expected if wall_stalled <= key[1] <= wall_resumed]
-    report["occurrences_due_in_stall"] = len(stall_occurrences)
-    report["worst_lateness_s"] = round(max(
-        (first_at[key] - key[1]).total_seconds() for key in stall_occurrences if key in first_at
-    ), 3) if stall_occurrences else 0.0
-    retries = [e for e in records if e["job_id"] in retried_ids and e["attempt"] == 2]
-    report["retries_delivered_before_lease_end"] = sum(at(e, "assignment_received_at") <= lease_gone for e in retries)
-    report["retries_delivered_after_stall"] = sum(at(e, "assignment_received_at") >= wall_resumed for e in retries)
-    report["redeliveries"] = sum(n - 1 for n in Counter((e["run_id"], e["attempt"]) for e in records).values())
-    print(f"database stall report: {orjson.dumps(report).decode()}")
+        # 3. Every occurrence due until shortly after the node came back was fired (the default
+        # misfire policy fires occurrences found less than its 10 s grace late), and none twice.
+        first_at: dict[tuple[str, datetime], datetime] = {}
+        runs_of: dict[tuple[str, datetime], set[str]] = defaultdict(set)
+        for entry in records:
+            key = (entry["job_id"], at(entry, "scheduled_for"))
+            first_at[key] = min(first_at.get(key, at(entry, "received_at")), at(entry, "received_at"))
+            runs_of[key].add(entry["run_id"])
+        until = wall_resumed + timedelta(seconds=serving_again + 1)
+        expected = set()
+        for job, _ in retried:
+            assert job.spec.schedule.at is not None
+            expected.add((job.job_id, job.spec.schedule.at))
+        for job, _ in jobs:
+            moment = job.spec.schedule.anchor
+            assert moment is not None
+            while moment <= until:
+                expected.add((job.job_id, moment))
+                moment += EVERY
+        missing = sorted(expected - set(first_at), key=lambda key: key[1])
+        stall_occurrences = [key for key in expected if wall_stalled <= key[1] <= wall_resumed]
+        report["occurrences_due_in_stall"] = len(stall_occurrences)
+        report["worst_lateness_s"] = round(max(
+            (first_at[key] - key[1]).total_seconds() for key in stall_occurrences if key in first_at
+        ), 3) if stall_occurrences else 0.0
+        retries = [e for e in records if e["job_id"] in retried_ids and e["attempt"] == 2]
+        report["retries_delivered_before_lease_end"] = sum(at(e, "assignment_received_at") <= lease_gone for e in retries)
+        report["retries_delivered_after_stall"] = sum(at(e, "assignment_received_at") >= wall_resumed for e in retries)
+        report["redeliveries"] = sum(n - 1 for n in Counter((e["run_id"], e["attempt"]) for e in records).values())
+        print(f"database stall report: {orjson.dumps(report).decode()}")
 
-    assert not during, (
-        f"{len(during)} runs reached the worker after the lease could have expired "
-        f"({lease_gone.isoformat()}) and before the stall ended ({wall_resumed.isoformat()}): "
-        f"{[(e['scheduled_for'], e['assignment_received_at']) for e in during[:5]]}"
-    )
-    assert down[0] <= stalled_at + LEASE_TTL + 0.5, f"NOT_SERVING only {down[0] - stalled_at:.2f} s into the stall"
-    assert not [at_ for at_, state in transitions if state and down[0] < at_ < resumed_at], (
-        f"SERVING again during the stall: {transitions}"
-    )
-    assert not missing, f"{len(missing)} occurrences never fired, first {missing[:3]}"
+        assert not during, (
+            f"{len(during)} runs reached the worker after the lease could have expired "
+            f"({lease_gone.isoformat()}) and before the stall ended ({wall_resumed.isoformat()}): "
+            f"{[(e['scheduled_for'], e['assignment_received_at']) for e in during[:5]]}"
+        )
+        assert down[0] <= stalled_at + LEASE_TTL + 0.5, f"NOT_SERVING only {down[0] - stalled_at:.2f} s into the stall"
+        assert not [at_ for at_, state in transitions if state and down[0] < at_ < resumed_at], (
+            f"SERVING again during the stall: {transitions}"
+        )
+        assert not missing, f"{len(missing)} occurrences never fired, first {missing[:3]}"
 
-    def retried_succeeded() -> bool:
-        done = {e["job_id"] for e in recorded_events(worker, event="outcome") if e["result"] == "succeeded"}
-        return retried_ids <= done
+        def retried_succeeded() -> bool:
+            done = {e["job_id"] for e in recorded_events(worker, event="outcome") if e["result"] == "succeeded"}
+            return retried_ids <= done
 
-    await wait_for(retried_succeeded, 15, "every retried job to succeed at last")
+        await wait_for(retried_succeeded, 15, "every retried job to succeed at last")
 
-    def succeeded_runs() -> dict[tuple[str, datetime], set[str]]:
-        outcomes = {e["run_id"] for e in recorded_events(worker, event="outcome") if e["result"] == "succeeded"}
-        return {key: runs & outcomes for key, runs in runs_of.items()}
+        def succeeded_runs() -> dict[tuple[str, datetime], set[str]]:
+            outcomes = {e["run_id"] for e in recorded_events(worker, event="outcome") if e["result"] == "succeeded"}
+            return {key: runs & outcomes for key, runs in runs_of.items()}
 
-    doubled = {key: runs for key, runs in succeeded_runs().items() if len(runs) > 1}
-    assert not doubled, f"occurrences with two succeeded runs: {list(doubled.items())[:3]}"
-    twice = {run_id: n for run_id, n in (await succeeded_attempts_per_run(pg_dsn)).items() if n > 1}
-    assert not twice, f"runs with two succeeded attempts in history: {list(twice.items())[:3]}"
-    assert node.popen is not None and node.popen.poll() is None, node.log_tail()
+        doubled = {key: runs for key, runs in succeeded_runs().items() if len(runs) > 1}
+        assert not doubled, f"occurrences with two succeeded runs: {list(doubled.items())[:3]}"
+        twice = {run_id: n for run_id, n in (await succeeded_attempts_per_run(pg_dsn)).items() if n > 1}
+        assert not twice, f"runs with two succeeded attempts in history: {list(twice.items())[:3]}"
+        assert node.popen is not None and node.popen.poll() is None, node.log_tail()
+    finally:
+        # While the database is still reachable through the proxy (which runs on this loop: the
+        # waits go to a thread), so the worker's results are acknowledged and the node's journal
+        # lands, and both stop at once.
+        for process in reversed(processes):
+            await asyncio.to_thread(process.stop)
+        await proxy.close()
