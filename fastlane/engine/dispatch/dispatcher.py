@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -19,6 +19,7 @@ from fastlane.domain.models import Attempt, Delivery, Run
 from fastlane.engine.dispatch.ahead import ClockProbe, SendAhead
 from fastlane.engine.dispatch.journal import Journal, write_isolating
 from fastlane.engine.dispatch.messages import Assign, Assigned, AttemptKey, AttemptRef, Cancel, WorkerSession
+from fastlane.engine.dispatch.ready import ReadyQueue
 from fastlane.engine.dispatch.tokens import new_lease_token
 from fastlane.errors import StorageError
 from fastlane.metrics import Metrics
@@ -82,7 +83,7 @@ class Dispatcher:
         self._max_ready_bytes = max(max_ready_bytes_per_type, 1)
         self._ready_bytes: Counter[str] = Counter()  # payload bytes in each ready queue
         self._sessions: dict[str, list[WorkerSession]] = {}  # by job type, rotated for fairness
-        self._ready: dict[str, deque[_Waiting]] = {}
+        self._ready: dict[str, ReadyQueue[_Waiting]] = {}  # fair across tenants: see ready.py
         self._queued: set[str] = set()  # run ids in the ready queues
         # Runs beyond a full ready queue, by job type, oldest first; and the same ids in one set.
         self._parked: dict[str, dict[str, _Parked]] = {}
@@ -259,7 +260,9 @@ class Dispatcher:
         is one of them coming back), so that a steady inflow cannot starve the parked runs."""
         if run.run_id in self._queued:
             return
-        queue = self._ready.setdefault(run.job_type, deque())
+        queue = self._ready.get(run.job_type)
+        if queue is None:
+            queue = self._ready[run.job_type] = ReadyQueue()
         parked = self._parked.get(run.job_type)
         if self._has_room(run.job_type, len(run.payload)) and (reloaded or not parked):
             self._queued.add(run.run_id)
@@ -282,10 +285,10 @@ class Dispatcher:
         )
 
     def _drop_queued(self, matches: Callable[[Run], bool]) -> None:
-        for job_type, queue in list(self._ready.items()):
-            self._ready[job_type] = kept = deque(waiting for waiting in queue if not matches(waiting.run))
-            self._ready_bytes[job_type] = sum(len(waiting.run.payload) for waiting in kept)
-        self._queued = {waiting.run.run_id for queue in self._ready.values() for waiting in queue}
+        for job_type, queue in self._ready.items():
+            for waiting in queue.remove_if(lambda waiting: matches(waiting.run)):
+                self._ready_bytes[job_type] -= len(waiting.run.payload)
+                self._queued.discard(waiting.run.run_id)
 
     def _unpark(self, matches: Callable[[str, _Parked], bool]) -> None:
         for job_type, parked in list(self._parked.items()):
@@ -326,21 +329,13 @@ class Dispatcher:
         assigned: list[Assigned] = []
         for job_type in session.job_types:
             queue = self._ready.get(job_type)
-            skipped: deque[_Waiting] = deque()
-            while queue and session.credits > 0:
-                waiting = queue.popleft()
+            # A worker of one tenant takes only that tenant's runs; the others' wait their turn.
+            while queue and session.credits > 0 and (waiting := queue.pop(session.tenant)) is not None:
                 self._queued.discard(waiting.run.run_id)
                 self._ready_bytes[job_type] -= len(waiting.run.payload)
                 if waiting.run.run_id in self._claimed:
                     continue
-                if session.tenant is not None and waiting.run.tenant != session.tenant:
-                    self._queued.add(waiting.run.run_id)
-                    self._ready_bytes[job_type] += len(waiting.run.payload)
-                    skipped.append(waiting)
-                    continue
                 assigned.append(self._assign(session, waiting.run, now, waiting.confirm_first))
-            if queue is not None:
-                queue.extendleft(reversed(skipped))
             self._refill(job_type)
         if assigned:
             self._send(session, assigned)
