@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
-from fastlane.domain.limits import DEFAULT_MAX_PAYLOAD_BYTES, MAX_SEND_AHEAD, PAYLOAD_CEILING_BYTES
+from fastlane.domain.limits import DEFAULT_MAX_PAYLOAD_BYTES, MAX_SEND_AHEAD, MAX_TENANT_WEIGHT, PAYLOAD_CEILING_BYTES
 from fastlane.domain.quotas import TenantQuota
 from fastlane.errors import ConfigurationError
 
@@ -63,6 +63,9 @@ class Settings:
     # How long before its instant a run may be sent to a worker whose clock is known to within
     # this; the worker holds it and starts it on the instant. Zero: every run is sent on its instant.
     send_ahead: timedelta = timedelta(milliseconds=20)
+    # Runs a tenant takes per turn when runs of several tenants wait for the same workers; 1 for
+    # every tenant not named. Give every node of a cluster the same weights.
+    tenant_weights: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._check_listeners()
@@ -82,6 +85,9 @@ class Settings:
                 f"--send-ahead {self.send_ahead.total_seconds() * 1000:g} ms is out of range "
                 f"(0..{MAX_SEND_AHEAD.total_seconds() * 1000:g} ms)"
             )
+        for tenant, weight in self.tenant_weights.items():
+            if not 1 <= weight <= MAX_TENANT_WEIGHT:
+                raise ConfigurationError(f"--tenant-weight {tenant}={weight} is out of range (1..{MAX_TENANT_WEIGHT})")
         if self.lead + self.send_ahead >= self.window:
             raise ConfigurationError("the materialisation lead (plus --send-ahead) must be shorter than the window")
 

@@ -17,6 +17,8 @@ import orjson
 
 from fastlane.auth.tls import ClientTls
 from fastlane.config import DEFAULT_SERVER
+from fastlane.domain import validation
+from fastlane.domain.limits import MAX_TENANT_WEIGHT
 from fastlane.domain.models import DEFAULT_TENANT, Schedule
 from fastlane.domain.schedules import parse_at, validate_schedule, zone
 from fastlane.errors import InvalidArgument, ScheduleError
@@ -45,6 +47,24 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} must be at least 1")
     return value
+
+
+def tenant_weight(text: str) -> tuple[str, int]:
+    """``TENANT=N``: a tenant name and its weight, 1..MAX_TENANT_WEIGHT."""
+    tenant, equals, number = text.partition("=")
+    if not equals:
+        raise argparse.ArgumentTypeError(f"{text!r} is not TENANT=N, e.g. billing=3")
+    try:
+        validation.name("tenant", tenant)
+    except InvalidArgument as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    try:
+        weight = int(number)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{number!r} is not a whole number") from None
+    if not 1 <= weight <= MAX_TENANT_WEIGHT:
+        raise argparse.ArgumentTypeError(f"weight {weight} is out of range (1..{MAX_TENANT_WEIGHT})")
+    return tenant, weight
 
 
 def positive_seconds(text: str) -> float:

@@ -24,9 +24,10 @@ from fastlane.cli.arguments import (
     positive_seconds,
     rate_or_unlimited,
     security_flags,
+    tenant_weight,
 )
 from fastlane.config import DEFAULT_DB_URL, DEFAULT_QUOTAS, DEFAULT_SERVER, Settings, default_node_id
-from fastlane.domain.limits import MAX_SEND_AHEAD, PAYLOAD_CEILING_BYTES
+from fastlane.domain.limits import MAX_SEND_AHEAD, MAX_TENANT_WEIGHT, PAYLOAD_CEILING_BYTES
 from fastlane.domain.quotas import TenantQuota
 from fastlane.storage import DEFAULT_SHARD_COUNT, open_store, redacted_url
 
@@ -155,6 +156,17 @@ def register(commands: Any) -> None:
         f"the instant. 0 turns it off (default: {defaults.send_ahead.total_seconds() * 1000:g}, at most "
         f"{max_ahead_ms:g})",
     )
+    serve.add_argument(
+        "--tenant-weight",
+        dest="tenant_weights",
+        metavar="TENANT=N",
+        type=tenant_weight,
+        action="append",
+        default=[],
+        help="when runs of several tenants wait for the same workers, tenants take turns, each taking N runs "
+        f"a turn (1..{MAX_TENANT_WEIGHT}); repeat for each tenant, e.g. --tenant-weight billing=3. Tenants not "
+        "named weigh 1. Give every node the same weights",
+    )
     serve.set_defaults(handler=serve_node, command_parser=serve)
 
     worker = commands.add_parser(
@@ -226,6 +238,7 @@ def serve_node(args: argparse.Namespace) -> int:
         max_ready_bytes_per_type=args.max_ready_bytes_per_type,
         max_payload_bytes=args.max_payload_bytes,
         send_ahead=timedelta(milliseconds=args.send_ahead),
+        tenant_weights=dict(args.tenant_weights),
     )
     from fastlane.server.node import serve
 

@@ -43,6 +43,7 @@ MAX_WORKER_CLOCK_UNCERTAINTY = timedelta(seconds=60)
 MAX_ATTEMPTS = 1_000
 MAX_FIRE_ALL_CAP = 10_000
 MIN_PRIORITY, MAX_PRIORITY = -1000, 1000
+MAX_TENANT_WEIGHT = 100  # runs a tenant takes per turn of its job type's ready queue (--tenant-weight)
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1_000
 MAX_PREVIEW = 1_000

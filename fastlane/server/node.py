@@ -187,7 +187,8 @@ class Node:
         dispatcher = Dispatcher(store, node_id=settings.node_id, clock=self.clock, metrics=metrics,
                                 max_ready_per_type=settings.max_ready_per_type,
                                 max_ready_bytes_per_type=settings.max_ready_bytes_per_type,
-                                send_ahead=settings.send_ahead, reschedule=reschedule)
+                                send_ahead=settings.send_ahead, tenant_weights=settings.tenant_weights,
+                                reschedule=reschedule)
 
         def shards_lost(shard_ids: Sequence[int]) -> None:
             if lane is not None:

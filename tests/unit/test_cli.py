@@ -425,3 +425,21 @@ def test_worker_passes_only_the_overrides_given(monkeypatch: pytest.MonkeyPatch,
 ])
 def test_database_urls_are_logged_without_their_password(url, shown):
     assert redacted_url(url) == shown
+
+
+def test_serve_takes_tenant_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    received: list[Settings] = []
+
+    async def serve(settings: Settings) -> int:
+        received.append(settings)
+        return 0
+
+    monkeypatch.setitem(sys.modules, "fastlane.server.node", SimpleNamespace(serve=serve))
+    assert main(["serve", "--db", "sqlite:///x.db", "--tenant-weight", "billing=3", "--tenant-weight", "ops=1"]) == 0
+    assert received[0].tenant_weights == {"billing": 3, "ops": 1}
+
+
+@pytest.mark.parametrize("value", ["billing", "billing=0", "billing=101", "billing=x", "=3", "bad tenant=2"])
+def test_serve_refuses_a_tenant_weight_out_of_bounds(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--tenant-weight", value]) == 2
+    assert "--tenant-weight" in capsys.readouterr().err

@@ -9,8 +9,10 @@ from datetime import timedelta
 
 from test_journal_split import NOW, ScriptedStore, dispatcher_on, drained, run_named, sent
 
+from fastlane.clock import SystemClock
 from fastlane.domain.models import Run
-from fastlane.engine.dispatch import Assign
+from fastlane.engine.dispatch import Assign, Dispatcher
+from fastlane.metrics import Metrics
 
 
 def run_of(name: str, tenant: str, *, priority: int = 0, due_s: float = 0.0) -> Run:
@@ -48,5 +50,18 @@ async def test_queued_runs_of_a_tenant_go_out_by_priority_and_a_tenants_worker_t
         dispatcher.grant(shared, 2)
         assert assigned_names(shared) == ["a-high", "a-low"]
         assert dispatcher.ready_depth == 0
+    finally:
+        await drained(dispatcher, journal)
+
+
+async def test_a_tenant_weighing_more_takes_that_many_runs_a_turn():
+    dispatcher = Dispatcher(ScriptedStore(), node_id="n", clock=SystemClock(), metrics=Metrics(),  # type: ignore[arg-type]
+                            reschedule=lambda run: None, tenant_weights={"big": 3})
+    journal = asyncio.create_task(dispatcher.run())
+    try:
+        session = dispatcher.connect("w", ["t"], 0, None)
+        dispatcher.release([run_of(f"{tenant}-{i}", tenant, due_s=i) for i in range(6) for tenant in ("big", "small")])
+        dispatcher.grant(session, 8)
+        assert [name.split("-")[0] for name in assigned_names(session)] == ["big"] * 3 + ["small"] + ["big"] * 3 + ["small"]
     finally:
         await drained(dispatcher, journal)

@@ -10,7 +10,7 @@ import asyncio
 import itertools
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -74,8 +74,11 @@ class Dispatcher:
         max_ready_per_type: int = DEFAULT_MAX_READY_PER_TYPE,
         max_ready_bytes_per_type: int = DEFAULT_MAX_READY_BYTES_PER_TYPE,
         send_ahead: timedelta = timedelta(0),
+        tenant_weights: Mapping[str, int] | None = None,
     ) -> None:
+        """``tenant_weights``: runs a tenant takes per turn of a ready queue (1 if not named)."""
         self._store = store
+        self._tenant_weights = dict(tenant_weights or {})
         self._node_id = node_id
         self._clock = clock
         self._metrics = metrics
@@ -262,7 +265,7 @@ class Dispatcher:
             return
         queue = self._ready.get(run.job_type)
         if queue is None:
-            queue = self._ready[run.job_type] = ReadyQueue()
+            queue = self._ready[run.job_type] = ReadyQueue(self._weight_of)
         parked = self._parked.get(run.job_type)
         if self._has_room(run.job_type, len(run.payload)) and (reloaded or not parked):
             self._queued.add(run.run_id)
@@ -275,6 +278,9 @@ class Dispatcher:
             parked = self._parked[run.job_type] = {}
         parked[run.run_id] = _Parked(run.shard_id, run.available_at)
         self._parked_ids.add(run.run_id)
+
+    def _weight_of(self, tenant: str) -> int:
+        return self._tenant_weights.get(tenant, 1)
 
     def _has_room(self, job_type: str, payload_bytes: int) -> bool:
         """Whether the ready queue of ``job_type`` can take one more run of that size (an empty
