@@ -443,3 +443,11 @@ def test_serve_takes_tenant_weights(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_serve_refuses_a_tenant_weight_out_of_bounds(value: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", "--tenant-weight", value]) == 2
     assert "--tenant-weight" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("weight", [0, 101])
+def test_settings_refuse_a_tenant_weight_out_of_bounds(weight: int) -> None:
+    from fastlane.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="--tenant-weight"):
+        Settings(tenant_weights={"billing": weight})
