@@ -58,11 +58,8 @@ def tenant_weight(text: str) -> tuple[str, int]:
         validation.name("tenant", tenant)
     except InvalidArgument as error:
         raise argparse.ArgumentTypeError(str(error)) from None
-    try:
-        weight = int(number)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{number!r} is not a whole number") from None
-    if not 1 <= weight <= MAX_TENANT_WEIGHT:
+    weight = positive_int(number)
+    if weight > MAX_TENANT_WEIGHT:
         raise argparse.ArgumentTypeError(f"weight {weight} is out of range (1..{MAX_TENANT_WEIGHT})")
     return tenant, weight
 
