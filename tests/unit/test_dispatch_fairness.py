@@ -25,7 +25,8 @@ def assigned_names(session) -> list[str]:  # type: ignore[no-untyped-def]
 
 
 async def test_a_quiet_tenant_is_not_stuck_behind_a_noisy_tenants_backlog():
-    dispatcher = dispatcher_on(ScriptedStore())
+    metrics = Metrics()
+    dispatcher = dispatcher_on(ScriptedStore(), metrics)
     journal = asyncio.create_task(dispatcher.run())
     try:
         session = dispatcher.connect("w", ["t"], 0, None)  # no credits: everything queues
@@ -34,6 +35,9 @@ async def test_a_quiet_tenant_is_not_stuck_behind_a_noisy_tenants_backlog():
         dispatcher.grant(session, 6)
         assert assigned_names(session) == ["noisy-0", "quiet-0", "noisy-1", "quiet-1", "noisy-2", "quiet-2"]
         assert dispatcher.ready_depth == 497
+        # Who is waiting shows per tenant, as scraped.
+        assert metrics.registry.get_sample_value("fastlane_ready_runs", {"job_type": "t", "tenant": "noisy"}) == 497
+        assert metrics.registry.get_sample_value("fastlane_ready_runs", {"job_type": "t", "tenant": "quiet"}) is None
     finally:
         await drained(dispatcher, journal)
 

@@ -76,9 +76,8 @@ class Dispatcher:
         send_ahead: timedelta = timedelta(0),
         tenant_weights: Mapping[str, int] | None = None,
     ) -> None:
-        """``tenant_weights``: runs a tenant takes per turn of a ready queue (1 if not named)."""
         self._store = store
-        self._tenant_weights = dict(tenant_weights or {})
+        self._tenant_weights = dict(tenant_weights or {})  # runs per turn of a ready queue (1 if not named)
         self._node_id = node_id
         self._clock = clock
         self._metrics = metrics
@@ -101,6 +100,7 @@ class Dispatcher:
         self._background: set[asyncio.Task[None]] = set()
         self._ahead = SendAhead(send_ahead, clock=clock, metrics=metrics)
         metrics.ready_queue.set_function(lambda: self.ready_depth)  # read when scraped
+        metrics.ready_by_tenant.read = self.ready_depths
         metrics.parked.set_function(lambda: self.parked_count)
 
     # -- sessions -------------------------------------------------------------------------------
@@ -108,6 +108,10 @@ class Dispatcher:
     @property
     def workers_connected(self) -> int:
         return len({id(s) for sessions in self._sessions.values() for s in sessions})
+
+    def ready_depths(self) -> dict[tuple[str, str], int]:
+        """Runs waiting in the ready queues, by (job type, tenant); read by the metrics thread."""
+        return {(kind, tenant): n for kind, queue in list(self._ready.items()) for tenant, n in queue.tenant_depths().items()}
 
     @property
     def ready_depth(self) -> int:
@@ -265,7 +269,7 @@ class Dispatcher:
             return
         queue = self._ready.get(run.job_type)
         if queue is None:
-            queue = self._ready[run.job_type] = ReadyQueue(self._weight_of)
+            queue = self._ready[run.job_type] = ReadyQueue(lambda tenant: self._tenant_weights.get(tenant, 1))
         parked = self._parked.get(run.job_type)
         if self._has_room(run.job_type, len(run.payload)) and (reloaded or not parked):
             self._queued.add(run.run_id)
@@ -278,9 +282,6 @@ class Dispatcher:
             parked = self._parked[run.job_type] = {}
         parked[run.run_id] = _Parked(run.shard_id, run.available_at)
         self._parked_ids.add(run.run_id)
-
-    def _weight_of(self, tenant: str) -> int:
-        return self._tenant_weights.get(tenant, 1)
 
     def _has_room(self, job_type: str, payload_bytes: int) -> bool:
         """Whether the ready queue of ``job_type`` can take one more run of that size (an empty

@@ -70,7 +70,8 @@ class ReadyQueue(Generic[W]):
                 yield waiting
 
     def tenant_depths(self) -> dict[str, int]:
-        return {tenant: len(heap) for tenant, heap in self._heaps.items()}
+        # Also read by the metrics thread: list() takes the items in one step under the GIL.
+        return {tenant: len(heap) for tenant, heap in list(self._heaps.items())}
 
     def append(self, waiting: W) -> None:
         run = waiting.run
