@@ -64,7 +64,7 @@ class MisfirePolicy(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., grace: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., fire_all_cap: _Optional[int] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("tenant", "name", "job_type", "schedule", "payload", "priority", "concurrency_key", "retry", "misfire", "overlap", "delivery", "timeout", "lease_ttl")
+    __slots__ = ("tenant", "name", "job_type", "schedule", "payload", "priority", "concurrency_key", "retry", "misfire", "overlap", "delivery", "timeout", "lease_ttl", "concurrency_limit")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     JOB_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -78,6 +78,7 @@ class JobSpec(_message.Message):
     DELIVERY_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     LEASE_TTL_FIELD_NUMBER: _ClassVar[int]
+    CONCURRENCY_LIMIT_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     name: str
     job_type: str
@@ -91,7 +92,8 @@ class JobSpec(_message.Message):
     delivery: str
     timeout: _duration_pb2.Duration
     lease_ttl: _duration_pb2.Duration
-    def __init__(self, tenant: _Optional[str] = ..., name: _Optional[str] = ..., job_type: _Optional[str] = ..., schedule: _Optional[_Union[Schedule, _Mapping]] = ..., payload: _Optional[bytes] = ..., priority: _Optional[int] = ..., concurrency_key: _Optional[str] = ..., retry: _Optional[_Union[RetryPolicy, _Mapping]] = ..., misfire: _Optional[_Union[MisfirePolicy, _Mapping]] = ..., overlap: _Optional[str] = ..., delivery: _Optional[str] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., lease_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    concurrency_limit: int
+    def __init__(self, tenant: _Optional[str] = ..., name: _Optional[str] = ..., job_type: _Optional[str] = ..., schedule: _Optional[_Union[Schedule, _Mapping]] = ..., payload: _Optional[bytes] = ..., priority: _Optional[int] = ..., concurrency_key: _Optional[str] = ..., retry: _Optional[_Union[RetryPolicy, _Mapping]] = ..., misfire: _Optional[_Union[MisfirePolicy, _Mapping]] = ..., overlap: _Optional[str] = ..., delivery: _Optional[str] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., lease_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., concurrency_limit: _Optional[int] = ...) -> None: ...
 
 class Job(_message.Message):
     __slots__ = ("job_id", "spec", "state", "next_fire_at", "created_at", "updated_at", "version", "shard_id", "error")

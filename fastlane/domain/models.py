@@ -200,13 +200,21 @@ class JobSpec:
     tenant: str = DEFAULT_TENANT
     payload: bytes = b""
     priority: int = 0
+    # Runs of every job of the tenant with this key share one cap, across the cluster: at most
+    # ``concurrency_limit`` of them dispatched or running at once (None: no cap; limit None: 1).
     concurrency_key: str | None = None
+    concurrency_limit: int | None = None
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     misfire: MisfirePolicy = field(default_factory=MisfirePolicy)
     overlap: OverlapPolicy = OverlapPolicy.ALLOW
     delivery: Delivery = Delivery.AT_LEAST_ONCE
     timeout: timedelta | None = None
     lease_ttl: timedelta = timedelta(seconds=30)
+
+    @property
+    def key_limit(self) -> int | None:
+        """The cap of this spec's concurrency key (None without a key)."""
+        return None if self.concurrency_key is None else (self.concurrency_limit or 1)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -311,6 +319,8 @@ class Run:
     progress: float = 0.0
     checkpoint: bytes | None = None
     last_error: str | None = None
+    concurrency_key: str | None = None  # copied from the job when the run was made
+    concurrency_limit: int | None = None  # set when concurrency_key is
 
     @property
     def idempotency_key(self) -> str:

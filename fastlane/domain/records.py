@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Generic, TypeVar
 
-from fastlane.domain.models import AttemptOutcome, RunState
+from fastlane.domain.models import Attempt, AttemptOutcome, RunState
 
 T = TypeVar("T")
 
@@ -31,6 +31,15 @@ class Occurrence:
     skipped_times: tuple[datetime, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class KeyCap:
+    """A run's concurrency key: at most ``limit`` runs of (tenant, key) dispatched or running at once."""
+
+    tenant: str
+    key: str
+    limit: int
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Dispatch:
     """A run handed to a worker: becomes a new attempt holding a lease."""
@@ -41,6 +50,16 @@ class Dispatch:
     node_id: str
     lease_ttl: timedelta
     dispatched_at: datetime  # when the node sent it; the journal may write it a little later
+    cap: KeyCap | None = None  # the run's concurrency key: see Store.record_capped_dispatches
+
+
+@dataclass(frozen=True, slots=True)
+class CappedDispatches:
+    """What :meth:`Store.record_capped_dispatches` did: the attempts it started, and the runs
+    still ``scheduled`` it left so because their key was at its limit."""
+
+    attempts: list[Attempt]
+    held: list[str]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

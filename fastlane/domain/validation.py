@@ -33,6 +33,7 @@ from fastlane.domain.limits import (
     LAST_INSTANT,
     MAX_ATTEMPTS,
     MAX_BACKOFF,
+    MAX_CONCURRENCY_LIMIT,
     MAX_CRON_LENGTH,
     MAX_ERROR_TEXT,
     MAX_FIRE_ALL_CAP,
@@ -156,7 +157,11 @@ def validate_spec(spec: JobSpec, *, max_payload: int = PAYLOAD_CEILING_BYTES) ->
     payload("spec.payload", spec.payload, max_payload)
     count("spec.priority", spec.priority, MIN_PRIORITY, MAX_PRIORITY)
     if spec.concurrency_key is not None:
-        raise InvalidArgument("spec.concurrency_key", "per-key concurrency caps are not supported yet; leave it unset")
+        name("spec.concurrency_key", spec.concurrency_key)
+    if spec.concurrency_limit is not None:
+        if spec.concurrency_key is None:
+            raise InvalidArgument("spec.concurrency_limit", "needs a concurrency_key: the limit caps the runs of a key")
+        count("spec.concurrency_limit", spec.concurrency_limit, 1, MAX_CONCURRENCY_LIMIT)
     validate_schedule(spec.schedule)
     retry = spec.retry
     count("spec.retry.max_attempts", retry.max_attempts, 1, MAX_ATTEMPTS)

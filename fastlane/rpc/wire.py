@@ -160,6 +160,7 @@ def spec_to_pb(spec: JobSpec) -> pb.JobSpec:
         payload=spec.payload,
         priority=spec.priority,
         concurrency_key=spec.concurrency_key or "",
+        concurrency_limit=spec.concurrency_limit or 0,
         retry=pb.RetryPolicy(
             max_attempts=retry.max_attempts,
             max_retry_time=duration(retry.max_retry_time),
@@ -193,6 +194,7 @@ def spec_from_pb(message: pb.JobSpec, *, tenant: str | None = None) -> JobSpec:
         payload=message.payload,
         priority=message.priority,
         concurrency_key=message.concurrency_key or None,
+        concurrency_limit=message.concurrency_limit or None,
         retry=RetryPolicy(
             max_attempts=retry.max_attempts or defaults_retry.max_attempts,
             max_retry_time=optional_duration(retry, "max_retry_time", "spec.retry.max_retry_time", None),

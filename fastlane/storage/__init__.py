@@ -2,7 +2,17 @@
 
 from datetime import timedelta
 
-from fastlane.domain.records import AttemptResult, Change, ChangeKind, Dispatch, Heartbeat, Occurrence, Page, RunFilter
+from fastlane.domain.records import (
+    AttemptResult,
+    CappedDispatches,
+    Change,
+    ChangeKind,
+    Dispatch,
+    Heartbeat,
+    Occurrence,
+    Page,
+    RunFilter,
+)
 from fastlane.errors import ConfigurationError
 from fastlane.storage.base import DEFAULT_SHARD_COUNT, Store
 from fastlane.storage.late_reports import Reporter, ReporterOf
@@ -14,6 +24,7 @@ __all__ = [
     "Cancellation",
     "Change",
     "ChangeKind",
+    "CappedDispatches",
     "Dispatch",
     "Heartbeat",
     "Materialised",

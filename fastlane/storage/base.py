@@ -17,7 +17,7 @@ from fastlane.domain.access import ApiToken
 from fastlane.domain.audit import DEFAULT_AUDIT_LIMIT, AuditEvent
 from fastlane.domain.models import Attempt, DueJob, Job, JobSpec, JobState, NodeInfo, Run, RunState, ShardLease
 from fastlane.domain.quotas import TenantQuota
-from fastlane.domain.records import AttemptResult, Change, Dispatch, Heartbeat, Occurrence, Page
+from fastlane.domain.records import AttemptResult, CappedDispatches, Change, Dispatch, Heartbeat, Occurrence, Page
 from fastlane.storage.late_reports import ReporterOf
 from fastlane.storage.results import Cancellation, Materialised, ResultOutcome
 
@@ -169,6 +169,13 @@ class Store(Protocol):
 
     async def record_dispatches(self, dispatches: Sequence[Dispatch]) -> list[Attempt]:
         """Start an attempt for each run still ``scheduled``; others are ignored (and not returned)."""
+        ...
+
+    async def record_capped_dispatches(self, dispatches: Sequence[Dispatch]) -> CappedDispatches:
+        """As :meth:`record_dispatches`, for runs with a concurrency key (``Dispatch.cap``): in
+        the same transaction, under a lock per key, a run is started only while fewer than its
+        limit of its key's runs are ``dispatched`` or ``running``; the others stay ``scheduled``
+        and come back in ``held``, in the order given. Runs are admitted in the order given."""
         ...
 
     async def record_heartbeats(self, heartbeats: Sequence[Heartbeat]) -> list[str]:

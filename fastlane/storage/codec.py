@@ -114,6 +114,8 @@ def encode_policies(spec: JobSpec) -> bytes:
             "timeout": _seconds(spec.timeout),
             "lease_ttl": _seconds(spec.lease_ttl),
             "concurrency_key": spec.concurrency_key,
+            # Resolved (None: 1) so that runs copy it from the document as it is.
+            "concurrency_limit": spec.key_limit,
         },
         option=orjson.OPT_SORT_KEYS,
     )
@@ -143,12 +145,13 @@ def decode_spec(
         timeout=_delta(doc.get("timeout")),
         lease_ttl=timedelta(seconds=doc["lease_ttl"]),
         concurrency_key=doc.get("concurrency_key"),
+        concurrency_limit=doc.get("concurrency_limit"),
     )
 
 
 def first_difference(a: JobSpec, b: JobSpec) -> str | None:
     """The name of the first field where two specs differ (for a precise conflict message)."""
-    for name in ("job_type", "schedule", "payload", "priority", "concurrency_key", "retry",
+    for name in ("job_type", "schedule", "payload", "priority", "concurrency_key", "concurrency_limit", "retry",
                  "misfire", "overlap", "delivery", "timeout", "lease_ttl"):
         if getattr(a, name) != getattr(b, name):
             return name
@@ -252,6 +255,8 @@ def build_run(row: Row) -> Run:
         created_at=row["created_at"],
         updated_at=row["updated_at"],
         finished_at=row["finished_at"],
+        concurrency_key=row["concurrency_key"],
+        concurrency_limit=row["concurrency_limit"],
     )
 
 

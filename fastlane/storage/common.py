@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -25,7 +25,7 @@ from fastlane.domain.models import (
     ShardLease,
     new_id,
 )
-from fastlane.domain.records import AttemptResult, Change, ChangeKind, Occurrence, Page
+from fastlane.domain.records import AttemptResult, Change, ChangeKind, Dispatch, Occurrence, Page
 from fastlane.domain.schedules import first_fire
 from fastlane.domain.transitions import after_attempt, resolve_overlap
 from fastlane.errors import InvalidArgument, JobAlreadyExists
@@ -290,3 +290,32 @@ def decide_results(
         changed.append(run)
         outcomes.append(ResultOutcome(run=run, accepted=True))
     return ResultDecisions(outcomes=outcomes, runs=changed, attempts=attempts)
+
+
+def admit_under_caps(
+    dispatches: Sequence[Dispatch], scheduled: Collection[str], active: Mapping[tuple[str, str], int]
+) -> tuple[list[Dispatch], list[str]]:
+    """Split capped dispatches of runs still ``scheduled`` into those their key has room for
+    (``active``: runs of each (tenant, key) dispatched or running now) and the run ids held back,
+    in the order given; dispatches of runs no longer scheduled are in neither."""
+    taken = dict(active)
+    admitted: list[Dispatch] = []
+    held: list[str] = []
+    for dispatch in dispatches:
+        if dispatch.run_id not in scheduled:
+            continue
+        if dispatch.cap is None:
+            admitted.append(dispatch)
+            continue
+        key = (dispatch.cap.tenant, dispatch.cap.key)
+        if taken.get(key, 0) < dispatch.cap.limit:
+            taken[key] = taken.get(key, 0) + 1
+            admitted.append(dispatch)
+        else:
+            held.append(dispatch.run_id)
+    return admitted, held
+
+
+def capped_keys(dispatches: Sequence[Dispatch]) -> list[tuple[str, str]]:
+    """The distinct (tenant, key) of these dispatches, sorted: locks taken in one order cannot deadlock."""
+    return sorted({(d.cap.tenant, d.cap.key) for d in dispatches if d.cap is not None})

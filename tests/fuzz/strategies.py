@@ -282,6 +282,7 @@ SPEC_MUTATIONS: dict[str, st.SearchStrategy[Mutator]] = {
     "spec.payload": _setter("payload", byte_strings()),
     "spec.priority": _setter("priority", int32s()),
     "spec.concurrency_key": _setter("concurrency_key", strings()),
+    "spec.concurrency_limit": _setter("concurrency_limit", int32s()),
     "spec.retry.max_attempts": _setter("retry.max_attempts", int32s()),
     "spec.retry.max_retry_time": _setter("retry.max_retry_time", durations()),
     "spec.retry.backoff_base": _setter("retry.backoff_base", durations()),

@@ -287,6 +287,7 @@ def full_spec(name: str, schedule: Schedule) -> JobSpec:
         payload=b'{"report": 7}',
         priority=-12,
         concurrency_key="reports",
+        concurrency_limit=4,
         retry=RetryPolicy(
             max_attempts=7,
             max_retry_time=timedelta(hours=1),

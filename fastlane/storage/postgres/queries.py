@@ -117,13 +117,14 @@ REQUEST_CANCEL_FOR_OVERLAP = (
 INSERT_RUNS = """
     INSERT INTO runs (run_id, job_id, tenant, job_type, shard_id, scheduled_for, available_at, state,
                       payload, priority, manual, delivery, lease_ttl_ms, timeout_ms, retry,
-                      created_at, updated_at, finished_at, last_error)
+                      created_at, updated_at, finished_at, last_error, concurrency_key, concurrency_limit)
     SELECT o.run_id, j.job_id, j.tenant, j.job_type, j.shard_id, o.scheduled_for, o.scheduled_for,
            o.state, j.payload, j.priority, false, j.policies->>'delivery',
            ((j.policies->>'lease_ttl')::float8 * 1000)::bigint,
            ((j.policies->>'timeout')::float8 * 1000)::bigint, j.policies->'retry',
            clock_timestamp(), clock_timestamp(),
-           CASE WHEN o.state = 'skipped' THEN clock_timestamp() END, o.last_error
+           CASE WHEN o.state = 'skipped' THEN clock_timestamp() END, o.last_error,
+           j.policies->>'concurrency_key', (j.policies->>'concurrency_limit')::integer
     FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::text[], $5::text[])
          AS o(run_id, job_id, scheduled_for, state, last_error)
     JOIN jobs j ON j.job_id = o.job_id
@@ -155,12 +156,13 @@ JOB_OF_TENANT = "SELECT job_id FROM jobs WHERE job_id = $1 AND tenant = $2"
 INSERT_MANUAL_RUN = """
     INSERT INTO runs (run_id, job_id, tenant, job_type, shard_id, scheduled_for, available_at, state,
                       payload, priority, manual, delivery, lease_ttl_ms, timeout_ms, retry,
-                      created_at, updated_at)
+                      created_at, updated_at, concurrency_key, concurrency_limit)
     SELECT $1, j.job_id, j.tenant, j.job_type, j.shard_id, clock_timestamp(), clock_timestamp(),
            'scheduled', j.payload, j.priority, true, j.policies->>'delivery',
            ((j.policies->>'lease_ttl')::float8 * 1000)::bigint,
            ((j.policies->>'timeout')::float8 * 1000)::bigint, j.policies->'retry',
-           clock_timestamp(), clock_timestamp()
+           clock_timestamp(), clock_timestamp(),
+           j.policies->>'concurrency_key', (j.policies->>'concurrency_limit')::integer
     FROM jobs j WHERE j.job_id = $2
     RETURNING *
 """
@@ -196,6 +198,20 @@ DISPATCH_RUNS = """
     INSERT INTO attempts (run_id, attempt, lease_token, worker_id, node_id, outcome, dispatched_at)
     SELECT run_id, attempts, lease_token, worker_id, node_id, 'pending', dispatched_at FROM started
     RETURNING *
+"""
+# Capped dispatches (Store.record_capped_dispatches): a transaction-scoped lock per key, taken in
+# sorted order (PostgreSQL evaluates the volatile lock function after the sort), then the count.
+KEY_LOCK_SPACE = 7_236_002  # the first key of pg_advisory_xact_lock(int, int); the migrator uses 7_236_001
+LOCK_CONCURRENCY_KEYS = (
+    f"SELECT pg_advisory_xact_lock({KEY_LOCK_SPACE}, hashtext(k.tenant || chr(31) || k.key)) "
+    "FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS k(tenant, key, position) ORDER BY k.position"
+)
+SCHEDULED_AMONG = "SELECT run_id FROM runs WHERE run_id = ANY($1::text[]) AND state = 'scheduled'"
+COUNT_ACTIVE_BY_KEY = """
+    SELECT r.tenant, r.concurrency_key, count(*) AS active FROM runs r
+    JOIN unnest($1::text[], $2::text[]) AS k(tenant, key) ON r.tenant = k.tenant AND r.concurrency_key = k.key
+    WHERE r.concurrency_key IS NOT NULL AND r.state IN ('dispatched', 'running')
+    GROUP BY r.tenant, r.concurrency_key
 """
 EXTEND_LEASES = """
     UPDATE runs r

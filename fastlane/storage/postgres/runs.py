@@ -9,7 +9,7 @@ from datetime import datetime
 
 from fastlane.clock import from_micros
 from fastlane.domain.models import Attempt, Run, RunState, new_id
-from fastlane.domain.records import AttemptResult, Change, ChangeKind, Dispatch, Heartbeat, Page
+from fastlane.domain.records import AttemptResult, CappedDispatches, Change, ChangeKind, Dispatch, Heartbeat, Page
 from fastlane.domain.transitions import CANCELLED_BY_REQUEST
 from fastlane.errors import InvalidState, JobNotFound, RunNotFound
 from fastlane.storage import codec, common, late_reports
@@ -77,16 +77,20 @@ class PostgresRuns(PostgresConnections):
         if not dispatches:
             return []
         async with self._transaction() as db:
-            rows = await db.fetch(
-                queries.DISPATCH_RUNS,
-                [d.run_id for d in dispatches],
-                [d.lease_token for d in dispatches],
-                [d.worker_id for d in dispatches],
-                [d.node_id for d in dispatches],
-                [common.micros_of_delta(d.lease_ttl) for d in dispatches],
-                [d.dispatched_at for d in dispatches],
-            )
-        return [codec.build_attempt(row) for row in rows]
+            return await _dispatch(db, dispatches)
+
+    async def record_capped_dispatches(self, dispatches: Sequence[Dispatch]) -> CappedDispatches:
+        if not dispatches:
+            return CappedDispatches([], [])
+        keys = common.capped_keys(dispatches)
+        async with self._transaction() as db:
+            await db.execute(queries.LOCK_CONCURRENCY_KEYS, [t for t, _ in keys], [k for _, k in keys])
+            scheduled = {row["run_id"] for row in await db.fetch(queries.SCHEDULED_AMONG, [d.run_id for d in dispatches])}
+            rows = await db.fetch(queries.COUNT_ACTIVE_BY_KEY, [t for t, _ in keys], [k for _, k in keys])
+            active = {(row["tenant"], row["concurrency_key"]): row["active"] for row in rows}
+            admitted, held = common.admit_under_caps(dispatches, scheduled, active)
+            attempts = await _dispatch(db, admitted) if admitted else []
+        return CappedDispatches(attempts, held)
 
     async def record_heartbeats(self, heartbeats: Sequence[Heartbeat]) -> list[str]:
         if not heartbeats:
@@ -241,3 +245,17 @@ async def release_buffered(db: PoolConnection, job_ids: Collection[str]) -> list
         return []
     rows = await db.fetch(queries.RELEASE_BUFFERED, list(job_ids))
     return [codec.build_run(row) for row in rows]
+
+
+async def _dispatch(db: PoolConnection, dispatches: Sequence[Dispatch]) -> list[Attempt]:
+    """Start an attempt of each run still ``scheduled``, in one statement."""
+    rows = await db.fetch(
+        queries.DISPATCH_RUNS,
+        [d.run_id for d in dispatches],
+        [d.lease_token for d in dispatches],
+        [d.worker_id for d in dispatches],
+        [d.node_id for d in dispatches],
+        [common.micros_of_delta(d.lease_ttl) for d in dispatches],
+        [d.dispatched_at for d in dispatches],
+    )
+    return [codec.build_attempt(row) for row in rows]

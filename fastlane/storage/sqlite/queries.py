@@ -108,13 +108,14 @@ REQUEST_CANCEL_FOR_OVERLAP = (
 INSERT_RUNS = f"""
     INSERT INTO runs (run_id, job_id, tenant, job_type, shard_id, scheduled_for, available_at, state,
                       payload, priority, manual, delivery, lease_ttl_ms, timeout_ms, retry,
-                      created_at, updated_at, finished_at, last_error)
+                      created_at, updated_at, finished_at, last_error, concurrency_key, concurrency_limit)
     SELECT o.run_id, j.job_id, j.tenant, j.job_type, j.shard_id, o.scheduled_for, o.scheduled_for,
            o.state, j.payload, j.priority, 0, json_extract(j.policies, '$.delivery'),
            CAST(json_extract(j.policies, '$.lease_ttl') * 1000 AS INTEGER),
            CAST(json_extract(j.policies, '$.timeout') * 1000 AS INTEGER),
            json_extract(j.policies, '$.retry'), {NOW}, {NOW},
-           CASE WHEN o.state = 'skipped' THEN {NOW} END, o.last_error
+           CASE WHEN o.state = 'skipped' THEN {NOW} END, o.last_error,
+           json_extract(j.policies, '$.concurrency_key'), json_extract(j.policies, '$.concurrency_limit')
     FROM (SELECT json_extract(value, '$[0]') AS run_id, json_extract(value, '$[1]') AS job_id,
                  json_extract(value, '$[2]') AS scheduled_for, json_extract(value, '$[3]') AS state,
                  json_extract(value, '$[4]') AS last_error
@@ -148,12 +149,13 @@ NEXT_LEASE_EXPIRY = (
 INSERT_MANUAL_RUN = f"""
     INSERT INTO runs (run_id, job_id, tenant, job_type, shard_id, scheduled_for, available_at, state,
                       payload, priority, manual, delivery, lease_ttl_ms, timeout_ms, retry,
-                      created_at, updated_at)
+                      created_at, updated_at, concurrency_key, concurrency_limit)
     SELECT ?, j.job_id, j.tenant, j.job_type, j.shard_id, {NOW}, {NOW}, 'scheduled', j.payload,
            j.priority, 1, json_extract(j.policies, '$.delivery'),
            CAST(json_extract(j.policies, '$.lease_ttl') * 1000 AS INTEGER),
            CAST(json_extract(j.policies, '$.timeout') * 1000 AS INTEGER),
-           json_extract(j.policies, '$.retry'), {NOW}, {NOW}
+           json_extract(j.policies, '$.retry'), {NOW}, {NOW},
+           json_extract(j.policies, '$.concurrency_key'), json_extract(j.policies, '$.concurrency_limit')
     FROM jobs j WHERE j.job_id = ? AND j.tenant = ?
     RETURNING *
 """
@@ -196,6 +198,13 @@ INSERT_ATTEMPTS = """
 CURRENT_ATTEMPTS = (
     "SELECT run_id, lease_token FROM runs WHERE run_id IN (SELECT value FROM json_each(?)) "
     "AND state IN ('dispatched', 'running')"
+)
+# Capped dispatches (Store.record_capped_dispatches); BEGIN IMMEDIATE already serialises writers.
+SCHEDULED_AMONG = "SELECT run_id FROM runs WHERE run_id IN (SELECT value FROM json_each(?)) AND state = 'scheduled'"
+COUNT_ACTIVE_BY_KEY = (
+    "SELECT tenant, concurrency_key, count(*) AS active FROM runs "
+    "WHERE concurrency_key IN (SELECT value FROM json_each(?)) "
+    "AND concurrency_key IS NOT NULL AND state IN ('dispatched', 'running') GROUP BY tenant, concurrency_key"
 )
 EXTEND_LEASES = f"""
     UPDATE runs SET lease_expires_at = {NOW} + lease_ttl_ms * 1000, progress = coalesce(?, progress),

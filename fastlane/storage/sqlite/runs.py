@@ -11,7 +11,7 @@ import aiosqlite
 
 from fastlane.clock import from_micros, to_micros
 from fastlane.domain.models import Attempt, Run, RunState, new_id
-from fastlane.domain.records import AttemptResult, Dispatch, Heartbeat, Page
+from fastlane.domain.records import AttemptResult, CappedDispatches, Dispatch, Heartbeat, Page
 from fastlane.domain.transitions import CANCELLED_BY_REQUEST
 from fastlane.errors import InvalidState, JobNotFound, RunNotFound
 from fastlane.storage import codec, common, late_reports
@@ -72,24 +72,20 @@ class SQLiteRuns(SQLiteConnections):
         if not dispatches:
             return []
         async with self._transaction() as db:
-            started = await fetch_all(
-                db,
-                queries.DISPATCH_RUNS,
-                (json_array((d.run_id, d.lease_token, d.worker_id, common.micros_of_delta(d.lease_ttl),
-                             to_micros(d.dispatched_at))
-                            for d in dispatches),),
-            )
-            if not started:
-                return []
-            sent = {d.run_id: d for d in dispatches}
-            rows = await fetch_all(
-                db,
-                queries.INSERT_ATTEMPTS,
-                (json_array((run["run_id"], run["attempts"], run["lease_token"], run["worker_id"],
-                             sent[run["run_id"]].node_id, to_micros(sent[run["run_id"]].dispatched_at))
-                            for run in started),),
-            )
-        return [codec.build_attempt(row) for row in rows]
+            return await _dispatch(db, dispatches)
+
+    async def record_capped_dispatches(self, dispatches: Sequence[Dispatch]) -> CappedDispatches:
+        if not dispatches:
+            return CappedDispatches([], [])
+        keys = common.capped_keys(dispatches)
+        async with self._transaction() as db:  # BEGIN IMMEDIATE: no other writer counts meanwhile
+            rows = await fetch_all(db, queries.SCHEDULED_AMONG, (json_array(d.run_id for d in dispatches),))
+            scheduled = {row["run_id"] for row in rows}
+            rows = await fetch_all(db, queries.COUNT_ACTIVE_BY_KEY, (json_array({key for _, key in keys}),))
+            active = {(row["tenant"], row["concurrency_key"]): row["active"] for row in rows}
+            admitted, held = common.admit_under_caps(dispatches, scheduled, active)
+            attempts = await _dispatch(db, admitted) if admitted else []
+        return CappedDispatches(attempts, held)
 
     async def record_heartbeats(self, heartbeats: Sequence[Heartbeat]) -> list[str]:
         if not heartbeats:
@@ -236,3 +232,25 @@ async def release_buffered(db: aiosqlite.Connection, job_ids: Collection[str]) -
         return []
     rows = await fetch_all(db, queries.RELEASE_BUFFERED, (json_array(job_ids),))
     return [codec.build_run(row) for row in rows]
+
+
+async def _dispatch(db: aiosqlite.Connection, dispatches: Sequence[Dispatch]) -> list[Attempt]:
+    """Start an attempt of each run still ``scheduled``: the runs in one statement, the attempts in another."""
+    started = await fetch_all(
+        db,
+        queries.DISPATCH_RUNS,
+        (json_array((d.run_id, d.lease_token, d.worker_id, common.micros_of_delta(d.lease_ttl),
+                     to_micros(d.dispatched_at))
+                    for d in dispatches),),
+    )
+    if not started:
+        return []
+    sent = {d.run_id: d for d in dispatches}
+    rows = await fetch_all(
+        db,
+        queries.INSERT_ATTEMPTS,
+        (json_array((run["run_id"], run["attempts"], run["lease_token"], run["worker_id"],
+                     sent[run["run_id"]].node_id, to_micros(sent[run["run_id"]].dispatched_at))
+                    for run in started),),
+    )
+    return [codec.build_attempt(row) for row in rows]
