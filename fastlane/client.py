@@ -85,6 +85,7 @@ class JobOptions(TypedDict, total=False):
 
     priority: int
     concurrency_key: str | None
+    concurrency_limit: int | None
     retry: RetryPolicy
     misfire: MisfirePolicy
     overlap: OverlapPolicy
@@ -178,7 +179,7 @@ class Client:
             payload: Bytes are sent as they are; any other value is encoded as JSON; None sends
                 no payload.
             **policies: Other :class:`~fastlane.domain.models.JobSpec` fields: ``priority``,
-                ``concurrency_key``, ``retry``, ``misfire``, ``overlap``, ``delivery``,
+                ``concurrency_key``, ``concurrency_limit``, ``retry``, ``misfire``, ``overlap``, ``delivery``,
                 ``timeout``, ``lease_ttl``.
         """
         unknown = set(policies) - _POLICY_FIELDS

@@ -9,7 +9,13 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
-from fastlane.domain.limits import DEFAULT_MAX_PAYLOAD_BYTES, MAX_SEND_AHEAD, MAX_TENANT_WEIGHT, PAYLOAD_CEILING_BYTES
+from fastlane.domain.limits import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    MAX_SEND_AHEAD,
+    MAX_TENANT_IN_FLIGHT,
+    MAX_TENANT_WEIGHT,
+    PAYLOAD_CEILING_BYTES,
+)
 from fastlane.domain.quotas import TenantQuota
 from fastlane.errors import ConfigurationError
 
@@ -66,6 +72,8 @@ class Settings:
     # Runs a tenant takes per turn when runs of several tenants wait for the same workers; 1 for
     # every tenant not named. Give every node of a cluster the same weights.
     tenant_weights: dict[str, int] = field(default_factory=dict)
+    # Attempts of a tenant's runs this node has at workers at once; no cap for a tenant not named.
+    tenant_max_in_flight: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._check_listeners()
@@ -88,6 +96,10 @@ class Settings:
         for tenant, weight in self.tenant_weights.items():
             if not 1 <= weight <= MAX_TENANT_WEIGHT:
                 raise ConfigurationError(f"--tenant-weight {tenant}={weight} is out of range (1..{MAX_TENANT_WEIGHT})")
+        for tenant, cap in self.tenant_max_in_flight.items():
+            if not 1 <= cap <= MAX_TENANT_IN_FLIGHT:
+                raise ConfigurationError(
+                    f"--tenant-max-in-flight {tenant}={cap} is out of range (1..{MAX_TENANT_IN_FLIGHT})")
         if self.lead + self.send_ahead >= self.window:
             raise ConfigurationError("the materialisation lead (plus --send-ahead) must be shorter than the window")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -21,18 +22,18 @@ _LAG_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05, 0
 _WORKER_CLOCK_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0, 10.0, 60.0)
 
 
-class ReadyRunsByTenant:
-    """``fastlane_ready_runs{job_type, tenant}``, read from the dispatcher when scraped (no cost on
-    the fire path): a tenant whose runs pile up while others' go out shows here."""
+class ReadWhenScraped:
+    """A gauge family whose samples ``read`` returns (label values to value) when scraped: no cost
+    on the fire path. The dispatcher sets ``read``."""
 
-    def __init__(self) -> None:
-        self.read: Callable[[], Mapping[tuple[str, str], int]] = dict
+    def __init__(self, name: str, documentation: str, labels: list[str]) -> None:
+        self._name, self._documentation, self._labels = name, documentation, labels
+        self.read: Callable[[], Mapping[Any, float]] = dict  # keys: tuples of label values
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        family = GaugeMetricFamily("fastlane_ready_runs", "Released runs waiting for worker credits, by job type "
-                                   "and tenant", labels=["job_type", "tenant"])
-        for (job_type, tenant), count in self.read().items():
-            family.add_metric([job_type, tenant], count)
+        family = GaugeMetricFamily(self._name, self._documentation, labels=self._labels)
+        for values, value in self.read().items():
+            family.add_metric(list(values), value)
         yield family
 
 
@@ -40,8 +41,21 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         registry = self.registry
-        self.ready_by_tenant = ReadyRunsByTenant()
-        registry.register(self.ready_by_tenant)
+        # Per job type and tenant: a tenant whose runs pile up while others' go out shows here.
+        self.ready_by_tenant = ReadWhenScraped(
+            "fastlane_ready_runs", "Released runs waiting for worker credits, by job type and tenant",
+            ["job_type", "tenant"])
+        self.oldest_ready = ReadWhenScraped(
+            "fastlane_oldest_ready_age_seconds", "Seconds since the oldest run waiting for worker credits was due, "
+            "by job type and tenant", ["job_type", "tenant"])
+        self.in_flight_by_tenant = ReadWhenScraped(
+            "fastlane_in_flight_runs", "Attempts this node sent and has no result of yet, by job type and tenant",
+            ["job_type", "tenant"])
+        self.held_by_cap = ReadWhenScraped(
+            "fastlane_held_runs", "Released runs held back by a cap: cap=tenant_in_flight (--tenant-max-in-flight) "
+            "or concurrency_key (the job's concurrency_limit)", ["job_type", "tenant", "cap"])
+        for family in (self.ready_by_tenant, self.oldest_ready, self.in_flight_by_tenant, self.held_by_cap):
+            registry.register(family)
         self.trigger_lag = Histogram(
             "fastlane_trigger_lag_seconds", "Release time minus scheduled time of each run the node held before "
             "its time (the precision SLO; catch-ups are in fastlane_catch_up_lag_seconds)",

@@ -18,7 +18,7 @@ import orjson
 from fastlane.auth.tls import ClientTls
 from fastlane.config import DEFAULT_SERVER
 from fastlane.domain import validation
-from fastlane.domain.limits import MAX_TENANT_WEIGHT
+from fastlane.domain.limits import MAX_TENANT_IN_FLIGHT, MAX_TENANT_WEIGHT
 from fastlane.domain.models import DEFAULT_TENANT, Schedule
 from fastlane.domain.schedules import parse_at, validate_schedule, zone
 from fastlane.errors import InvalidArgument, ScheduleError
@@ -49,19 +49,25 @@ def positive_int(text: str) -> int:
     return value
 
 
-def tenant_weight(text: str) -> tuple[str, int]:
-    """``TENANT=N``: a tenant name and its weight, 1..MAX_TENANT_WEIGHT."""
-    tenant, equals, number = text.partition("=")
-    if not equals:
-        raise argparse.ArgumentTypeError(f"{text!r} is not TENANT=N, e.g. billing=3")
-    try:
-        validation.name("tenant", tenant)
-    except InvalidArgument as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-    weight = positive_int(number)
-    if weight > MAX_TENANT_WEIGHT:
-        raise argparse.ArgumentTypeError(f"weight {weight} is out of range (1..{MAX_TENANT_WEIGHT})")
-    return tenant, weight
+def tenant_number(what: str, highest: int) -> Callable[[str], tuple[str, int]]:
+    """A parser of ``TENANT=N``: a tenant name and its ``what`` (e.g. weight), 1..``highest``."""
+    def parse(text: str) -> tuple[str, int]:
+        tenant, equals, number = text.partition("=")
+        if not equals:
+            raise argparse.ArgumentTypeError(f"{text!r} is not TENANT=N, e.g. billing=3")
+        try:
+            validation.name("tenant", tenant)
+        except InvalidArgument as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+        value = positive_int(number)
+        if value > highest:
+            raise argparse.ArgumentTypeError(f"{what} {value} is out of range (1..{highest})")
+        return tenant, value
+    return parse
+
+
+tenant_weight = tenant_number("weight", MAX_TENANT_WEIGHT)
+tenant_max_in_flight = tenant_number("cap", MAX_TENANT_IN_FLIGHT)
 
 
 def positive_seconds(text: str) -> float:

@@ -24,10 +24,11 @@ from fastlane.cli.arguments import (
     positive_seconds,
     rate_or_unlimited,
     security_flags,
+    tenant_max_in_flight,
     tenant_weight,
 )
 from fastlane.config import DEFAULT_DB_URL, DEFAULT_QUOTAS, DEFAULT_SERVER, Settings, default_node_id
-from fastlane.domain.limits import MAX_SEND_AHEAD, MAX_TENANT_WEIGHT, PAYLOAD_CEILING_BYTES
+from fastlane.domain.limits import MAX_SEND_AHEAD, MAX_TENANT_IN_FLIGHT, MAX_TENANT_WEIGHT, PAYLOAD_CEILING_BYTES
 from fastlane.domain.quotas import TenantQuota
 from fastlane.storage import DEFAULT_SHARD_COUNT, open_store, redacted_url
 
@@ -167,6 +168,18 @@ def register(commands: Any) -> None:
         f"a turn (1..{MAX_TENANT_WEIGHT}); repeat for each tenant, e.g. --tenant-weight billing=3. Tenants not "
         "named weigh 1. Give every node the same weights",
     )
+    serve.add_argument(
+        "--tenant-max-in-flight",
+        dest="tenant_caps",
+        metavar="TENANT=N",
+        type=tenant_max_in_flight,
+        action="append",
+        default=[],
+        help="send at most N attempts of the tenant's runs to workers at once from this node (1.."
+        f"{MAX_TENANT_IN_FLIGHT:,}); its other runs wait their turn while other tenants' go out, so workers it "
+        "shares keep room for them. Per node: with K nodes the tenant may have K x N in flight (a "
+        "cluster-wide cap is a job's concurrency key). Repeat for each tenant; tenants not named have no cap",
+    )
     serve.set_defaults(handler=serve_node, command_parser=serve)
 
     worker = commands.add_parser(
@@ -239,6 +252,7 @@ def serve_node(args: argparse.Namespace) -> int:
         max_payload_bytes=args.max_payload_bytes,
         send_ahead=timedelta(milliseconds=args.send_ahead),
         tenant_weights=dict(args.tenant_weights),
+        tenant_max_in_flight=dict(args.tenant_caps),
     )
     from fastlane.server.node import serve
 

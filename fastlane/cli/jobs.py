@@ -30,7 +30,7 @@ from fastlane.cli.views import (
 )
 from fastlane.client import Client
 from fastlane.domain.audit import AuditTarget
-from fastlane.domain.limits import MAX_PREVIEW
+from fastlane.domain.limits import MAX_CONCURRENCY_LIMIT, MAX_PREVIEW
 from fastlane.domain.models import (
     DEFAULT_TENANT,
     Delivery,
@@ -131,7 +131,18 @@ def _add_policy_flags(parser: argparse.ArgumentParser) -> None:
     policies = parser.add_argument_group("payload and policies")
     policies.add_argument("--payload", metavar="JSON", help="JSON document handed to the worker, e.g. '{\"id\": 7}'")
     policies.add_argument(
-        "--priority", metavar="N", type=int, default=0, help="higher runs first, -1000..1000 (default: 0)"
+        "--priority", metavar="N", type=int, default=0,
+        help="higher first among the tenant's runs waiting for a worker, -1000..1000; a waiting run gains 20 a "
+        "second, so none waits behind newer ones for more than 100 s (default: 0)",
+    )
+    policies.add_argument(
+        "--concurrency-key", metavar="KEY",
+        help="runs of every job of the tenant with this key share one cap across the cluster: at most "
+        "--concurrency-limit of them dispatched or running at once; the others wait (default: no cap)",
+    )
+    policies.add_argument(
+        "--concurrency-limit", metavar="N", type=positive_int,
+        help=f"with --concurrency-key: runs of the key at once, 1..{MAX_CONCURRENCY_LIMIT:,} (default: 1)",
     )
     defaults = RetryPolicy()
     policies.add_argument(
@@ -241,6 +252,8 @@ def spec_from_flags(args: argparse.Namespace) -> JobSpec:
         schedule=schedule_from_flags(args),
         payload=json_payload(args.payload),
         priority=args.priority,
+        concurrency_key=args.concurrency_key,
+        concurrency_limit=args.concurrency_limit,
         **options,
     )
     return validate_spec(spec)

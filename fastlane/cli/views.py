@@ -79,6 +79,7 @@ def job_view(job: Job) -> dict[str, Any]:
         **payload_view(spec.payload),
         "priority": spec.priority,
         "concurrency_key": spec.concurrency_key,
+        "concurrency_limit": spec.key_limit,
         "retry": {
             "max_attempts": spec.retry.max_attempts,
             "max_retry_time_seconds": seconds(spec.retry.max_retry_time),
@@ -117,7 +118,7 @@ def job_fields(job: Job) -> list[tuple[str, Any]]:
         ("next_fire_at", job.next_fire_at),
         ("payload", spec.payload.decode(errors="replace") if spec.payload else None),
         ("priority", spec.priority),
-        ("concurrency_key", spec.concurrency_key),
+        ("concurrency_key", None if spec.concurrency_key is None else f"{spec.concurrency_key} (at most {spec.key_limit} at once)"),
         (
             "retry",
             f"{retry.max_attempts} attempts, backoff {format_seconds(retry.backoff_base)}"

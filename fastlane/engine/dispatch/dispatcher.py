@@ -1,13 +1,13 @@
 """The dispatcher: ready queues by job type, worker sessions and their credits, sending.
 
 See :mod:`fastlane.engine.dispatch` for how a run is sent (fast or confirmed) and the guards,
-:mod:`.ahead` for runs sent ahead of their instant.
+:mod:`.ahead` for runs sent ahead of their instant, :mod:`.ready` for the order of waiting runs,
+:mod:`.capped` for concurrency keys.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
@@ -15,13 +15,17 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from fastlane.clock import Clock
-from fastlane.domain.models import Attempt, Delivery, Run
+from fastlane.domain.models import Delivery, Run
+from fastlane.domain.records import KeyCap
 from fastlane.engine.dispatch.ahead import ClockProbe, SendAhead
-from fastlane.engine.dispatch.journal import Journal, write_isolating
+from fastlane.engine.dispatch.capped import KeyGate
+from fastlane.engine.dispatch.confirmed import ConfirmedSender
+from fastlane.engine.dispatch.inflight import InFlight
+from fastlane.engine.dispatch.journal import Journal
 from fastlane.engine.dispatch.messages import Assign, Assigned, AttemptKey, AttemptRef, Cancel, WorkerSession
+from fastlane.engine.dispatch.parked import ParkedRuns
 from fastlane.engine.dispatch.ready import ReadyQueue
 from fastlane.engine.dispatch.tokens import new_lease_token
-from fastlane.errors import StorageError
 from fastlane.metrics import Metrics
 from fastlane.storage import AttemptResult, Dispatch, Heartbeat, Store
 
@@ -31,7 +35,6 @@ log = logging.getLogger("fastlane.dispatch")
 # payloads are bounded by bytes instead (a 1 MiB payload every 0.1 s fills 64 MiB in 6 s).
 DEFAULT_MAX_READY_PER_TYPE = 150_000
 DEFAULT_MAX_READY_BYTES_PER_TYPE = 64 << 20
-RELOAD_BATCH = 1_000  # parked runs read back per query
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,24 +43,6 @@ class _Waiting:
 
     run: Run
     confirm_first: bool
-
-
-@dataclass(frozen=True, slots=True)
-class _Parked:
-    """A released run left in the database because its ready queue was full."""
-
-    shard_id: int
-    available_at: datetime
-
-
-class _AllBut:
-    """A ``skip`` for :meth:`Store.pending_runs` that skips every run but the wanted ones."""
-
-    def __init__(self, wanted: Iterable[str]) -> None:
-        self._wanted = set(wanted)
-
-    def __contains__(self, run_id: object) -> bool:
-        return run_id not in self._wanted
 
 
 class Dispatcher:
@@ -75,9 +60,11 @@ class Dispatcher:
         max_ready_bytes_per_type: int = DEFAULT_MAX_READY_BYTES_PER_TYPE,
         send_ahead: timedelta = timedelta(0),
         tenant_weights: Mapping[str, int] | None = None,
+        tenant_max_in_flight: Mapping[str, int] | None = None,
     ) -> None:
         self._store = store
         self._tenant_weights = dict(tenant_weights or {})  # runs per turn of a ready queue (1 if not named)
+        self._tenant_caps = dict(tenant_max_in_flight or {})  # attempts in flight per tenant (no cap if not named)
         self._node_id = node_id
         self._clock = clock
         self._metrics = metrics
@@ -87,20 +74,26 @@ class Dispatcher:
         self._sessions: dict[str, list[WorkerSession]] = {}  # by job type, rotated for fairness
         self._ready: dict[str, ReadyQueue[_Waiting]] = {}  # fair across tenants: see ready.py
         self._queued: set[str] = set()  # run ids in the ready queues
-        # Runs beyond a full ready queue, by job type, oldest first; and the same ids in one set.
-        self._parked: dict[str, dict[str, _Parked]] = {}
-        self._parked_ids: set[str] = set()
-        self._reloading: set[str] = set()  # job types whose parked runs are being read back
+        self._parked = ParkedRuns(store, room=self._room, half_empty=self._half_empty, assigning=lambda: self._assigning,
+                                  release=lambda runs: self._hand_out(runs, confirm_first=True, reloaded=True))
         self._assigning = True
         # Shared with the journal, which updates both as writes land: changed in place only.
         self._claimed: set[str] = set()  # runs assigned whose dispatch is not yet durable
-        self._in_flight: dict[AttemptKey, WorkerSession] = {}  # attempts sent, not yet reported
+        self._in_flight = InFlight()  # attempts sent, not yet reported
         self._journal = Journal(store, node_id=node_id, metrics=metrics, reschedule=reschedule,
                                 claimed=self._claimed, in_flight=self._in_flight)
         self._background: set[asyncio.Task[None]] = set()
         self._ahead = SendAhead(send_ahead, clock=clock, metrics=metrics)
+        self._gate = KeyGate(offer=lambda runs: self._hand_out(runs, confirm_first=True, reloaded=True, offered=True),
+                             written=self._journal.written)
+        self._confirmed = ConfirmedSender(store, claimed=self._claimed, in_flight=self._in_flight, gate=self._gate,
+                                          record=self._dispatch_record, rejected=self._journal.dispatch_set_aside,
+                                          credits_back=self._assign_ready)
         metrics.ready_queue.set_function(lambda: self.ready_depth)  # read when scraped
         metrics.ready_by_tenant.read = self.ready_depths
+        metrics.oldest_ready.read = self.oldest_ready_ages
+        metrics.in_flight_by_tenant.read = self._in_flight.counts
+        metrics.held_by_cap.read = self.held_depths
         metrics.parked.set_function(lambda: self.parked_count)
 
     # -- sessions -------------------------------------------------------------------------------
@@ -113,6 +106,25 @@ class Dispatcher:
         """Runs waiting in the ready queues, by (job type, tenant); read by the metrics thread."""
         return {(kind, tenant): n for kind, queue in list(self._ready.items()) for tenant, n in queue.tenant_depths().items()}
 
+    def oldest_ready_ages(self) -> dict[tuple[str, str], float]:
+        """Seconds since the oldest waiting run of each (job type, tenant) was due; metrics thread."""
+        now = self._clock.now().timestamp()
+        return {(kind, tenant): max(now - due, 0.0) for kind, queue in list(self._ready.items())
+                for tenant, due in queue.oldest_dues().items()}
+
+    def held_depths(self) -> dict[tuple[str, str, str], int]:
+        """Runs held back by a cap, by (job type, tenant, cap); read by the metrics thread."""
+        held = {(kind, tenant, "concurrency_key"): n for (kind, tenant), n in self._gate.depths().items()}
+        for kind, queue in list(self._ready.items()):
+            for tenant, n in queue.tenant_depths().items():
+                if self._tenant_full(tenant):
+                    held[(kind, tenant, "tenant_in_flight")] = n
+        return held
+
+    def _tenant_full(self, tenant: str) -> bool:
+        cap = self._tenant_caps.get(tenant)
+        return cap is not None and self._in_flight.tenant_count(tenant) >= cap
+
     @property
     def ready_depth(self) -> int:
         # Also read by the metrics thread: list() takes the queues in one step under the GIL,
@@ -122,7 +134,7 @@ class Dispatcher:
     @property
     def parked_count(self) -> int:
         """Released runs waiting in the database (not in memory) because their queue was full."""
-        return len(self._parked_ids)
+        return len(self._parked)
 
     def connect(self, worker_id: str, job_types: Iterable[str], credits: int, tenant: str | None) -> WorkerSession:
         session = WorkerSession(worker_id=worker_id, job_types=frozenset(job_types), tenant=tenant or None,
@@ -168,18 +180,21 @@ class Dispatcher:
     def holds(self, run_id: str) -> bool:
         """Whether this run is queued here, parked or being dispatched (so must not be released
         again: a parked run is read back from the database by this dispatcher itself)."""
-        return run_id in self._queued or run_id in self._claimed or run_id in self._parked_ids
+        return (run_id in self._queued or run_id in self._claimed or run_id in self._parked
+                or run_id in self._gate)
 
     def stop_assigning(self) -> None:
         """Shutting down: keep everything that is not yet sent for the successor."""
         self._assigning = False
+        self._gate.stop()
 
     def cancel(self, runs: Iterable[Run]) -> None:
         """Stop these runs: drop them from the ready queues, tell the workers holding them."""
         by_session: dict[int, tuple[WorkerSession, list[AttemptRef]]] = {}
         cancelled = {run.run_id for run in runs}
         self._drop_queued(lambda queued: queued.run_id in cancelled)
-        self._unpark(lambda run_id, _: run_id in cancelled)
+        self._parked.unpark(lambda run_id, _: run_id in cancelled)
+        self._gate.remove_if(lambda held: held.run_id in cancelled)
         # By (run, token) rather than the run's stored token: an attempt sent a moment ago may
         # not be recorded yet.
         for (run_id, token), session in self._in_flight.items():
@@ -193,6 +208,7 @@ class Dispatcher:
         ahead and not yet started are withdrawn (started ones run on, as any sent before)."""
         # Parked runs of the job are not known by job; reading them back skips them (cancelled).
         self._drop_queued(lambda queued: queued.job_id == job_id)
+        self._gate.remove_if(lambda held: held.job_id == job_id)
         for session, refs in self._ahead.withdrawals(job_id, self._clock.now(), self._in_flight):
             session.outbox.put_nowait(Cancel(refs, "the job was deleted before the run's instant", unstarted_only=True))
 
@@ -200,7 +216,8 @@ class Dispatcher:
         """Forget queued runs of shards this node lost; their new owner delivers them."""
         lost = set(shard_ids)
         self._drop_queued(lambda queued: queued.shard_id in lost)
-        self._unpark(lambda _, parked: parked.shard_id in lost)
+        self._parked.unpark(lambda _, parked: parked.shard_id in lost)
+        self._gate.remove_if(lambda held: held.shard_id in lost)
 
     def forget_attempts(self, runs: Iterable[Run]) -> None:
         """These runs' earlier attempts expired: no result for them will be waited for."""
@@ -227,14 +244,16 @@ class Dispatcher:
     def offer_ahead(self, runs: Iterable[Run]) -> list[Run]:
         """Send runs due within the lead, with ``start_at`` = their instant, to sessions with a free
         credit whose clock is known within the lead; return the runs not sent (the lane releases
-        them on their instant). Never a run confirmed first (at-most-once): it goes on its instant."""
+        them on their instant). Never a run confirmed first (at-most-once, keyed) nor one of a
+        tenant at its cap: those go on their instant."""
         now = self._clock.now()
         left: list[Run] = []
         batches: dict[int, tuple[WorkerSession, list[Assigned]]] = {}
         for run in runs:
-            if run.run_id in self._claimed or run.run_id in self._parked_ids:
+            if run.run_id in self._claimed or run.run_id in self._parked:
                 continue  # as in _hand_out: never sent twice
-            sendable = self._assigning and run.delivery is not Delivery.AT_MOST_ONCE
+            sendable = (self._assigning and run.delivery is not Delivery.AT_MOST_ONCE and run.concurrency_key is None
+                        and not self._tenant_full(run.tenant))
             if (session := self._pick(run, ahead=True) if sendable else None) is None:
                 left.append(run)
                 continue
@@ -246,13 +265,17 @@ class Dispatcher:
             self._metrics.sent_ahead.inc(len(assigned))
         return left
 
-    def _hand_out(self, runs: Iterable[Run], *, confirm_first: bool, reloaded: bool) -> None:
+    def _hand_out(self, runs: Iterable[Run], *, confirm_first: bool, reloaded: bool, offered: bool = False) -> None:
+        """``offered``: the runs come from the key gate, so may go ahead of those it still holds."""
         now = self._clock.now()
         batches: dict[int, tuple[WorkerSession, list[Assigned]]] = {}
         for run in runs:
-            if run.run_id in self._claimed or run.run_id in self._parked_ids:
-                continue  # a parked run comes back through _reload_parked, confirmed
-            session = self._pick(run) if self._assigning else None
+            if run.run_id in self._claimed or run.run_id in self._parked or run.run_id in self._gate:
+                continue  # a parked run comes back through _reload_parked, confirmed; a held one through the gate
+            if not offered and self._gate.has_held(run):
+                self._gate.hold([run])  # behind the runs of its key held before it
+                continue
+            session = self._pick(run) if self._assigning and not self._tenant_full(run.tenant) else None
             if session is None:
                 self._wait(run, confirm_first, reloaded=reloaded)
                 continue
@@ -270,18 +293,12 @@ class Dispatcher:
         queue = self._ready.get(run.job_type)
         if queue is None:
             queue = self._ready[run.job_type] = ReadyQueue(lambda tenant: self._tenant_weights.get(tenant, 1))
-        parked = self._parked.get(run.job_type)
-        if self._has_room(run.job_type, len(run.payload)) and (reloaded or not parked):
+        if self._has_room(run.job_type, len(run.payload)) and (reloaded or not self._parked.any_of(run.job_type)):
             self._queued.add(run.run_id)
             queue.append(_Waiting(run, confirm_first))
             self._ready_bytes[run.job_type] += len(run.payload)
             return
-        if not parked:
-            log.warning("ready queue of job type %r is full (%d runs): further runs wait in the database "
-                        "until workers take these", run.job_type, len(queue))
-            parked = self._parked[run.job_type] = {}
-        parked[run.run_id] = _Parked(run.shard_id, run.available_at)
-        self._parked_ids.add(run.run_id)
+        self._parked.park(run, len(queue))
 
     def _has_room(self, job_type: str, payload_bytes: int) -> bool:
         """Whether the ready queue of ``job_type`` can take one more run of that size (an empty
@@ -296,14 +313,6 @@ class Dispatcher:
             for waiting in queue.remove_if(lambda waiting: matches(waiting.run)):
                 self._ready_bytes[job_type] -= len(waiting.run.payload)
                 self._queued.discard(waiting.run.run_id)
-
-    def _unpark(self, matches: Callable[[str, _Parked], bool]) -> None:
-        for job_type, parked in list(self._parked.items()):
-            for run_id in [run_id for run_id, entry in parked.items() if matches(run_id, entry)]:
-                del parked[run_id]
-                self._parked_ids.discard(run_id)
-            if not parked:
-                del self._parked[job_type]
 
     def _pick(self, run: Run, *, ahead: bool = False) -> WorkerSession | None:
         sessions = self._sessions.get(run.job_type)
@@ -323,9 +332,10 @@ class Dispatcher:
         session.credits -= 1
         token = new_lease_token()
         self._claimed.add(run.run_id)
-        self._in_flight[(run.run_id, token)] = session
+        self._in_flight.assign((run.run_id, token), session, run)
         self._metrics.dispatch_lag.observe(max((now - run.available_at).total_seconds(), 0.0))
-        confirm = confirm_first or run.delivery is Delivery.AT_MOST_ONCE
+        # A keyed run claims its place under the cap in the database before it is sent (.capped).
+        confirm = confirm_first or run.delivery is Delivery.AT_MOST_ONCE or run.concurrency_key is not None
         return Assigned(run=run, attempt=run.attempts + 1, lease_token=token, released_at=now, confirm_first=confirm,
                         start_at=start_at)
 
@@ -337,64 +347,31 @@ class Dispatcher:
         for job_type in session.job_types:
             queue = self._ready.get(job_type)
             # A worker of one tenant takes only that tenant's runs; the others' wait their turn.
-            while queue and session.credits > 0 and (waiting := queue.pop(session.tenant)) is not None:
+            while (queue and session.credits > 0
+                   and (waiting := queue.pop(session.tenant, self._tenant_full)) is not None):
                 self._queued.discard(waiting.run.run_id)
                 self._ready_bytes[job_type] -= len(waiting.run.payload)
                 if waiting.run.run_id in self._claimed:
                     continue
+                if self._gate.has_held(waiting.run):
+                    self._gate.hold([waiting.run])
+                    continue
                 assigned.append(self._assign(session, waiting.run, now, waiting.confirm_first))
-            self._refill(job_type)
+            self._parked.refill(job_type)
         if assigned:
             self._send(session, assigned)
 
-    # -- parked runs ----------------------------------------------------------------------------
+    # -- room in the ready queues (for parked runs) ------------------------------------------------
 
-    def _refill(self, job_type: str) -> None:
-        """Read parked runs of this type back once its queue is down to half (one task per type)."""
-        if (job_type in self._reloading or not self._parked.get(job_type)
-                or len(self._ready.get(job_type, ())) > self._max_ready // 2
-                or self._ready_bytes[job_type] > self._max_ready_bytes // 2):
-            return
-        self._reloading.add(job_type)
-        task = asyncio.create_task(self._reload_parked(job_type), name=f"dispatch-reload:{job_type}")
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+    def _room(self, job_type: str) -> int:
+        """Runs the ready queue of ``job_type`` can take now (0 when full by count or bytes)."""
+        if self._ready_bytes[job_type] >= self._max_ready_bytes:
+            return 0
+        return max(self._max_ready - len(self._ready.get(job_type, ())), 0)
 
-    async def _reload_parked(self, job_type: str) -> None:
-        """Fill the queue of ``job_type`` from its parked runs, oldest first, while it has room.
-
-        The runs are released as read from the database (``confirm_first``): one that another
-        attempt took meanwhile is not sent twice, and one no longer ``scheduled`` (cancelled) is
-        not read at all."""
-        try:
-            while (self._assigning and self._ready_bytes[job_type] < self._max_ready_bytes
-                   and (room := self._max_ready - len(self._ready.get(job_type, ()))) > 0):
-                parked = self._parked.get(job_type)
-                if not parked:
-                    return
-                wanted = dict(itertools.islice(parked.items(), min(room, RELOAD_BATCH)))
-                try:
-                    runs = await self._store.pending_runs(
-                        {entry.shard_id for entry in wanted.values()},
-                        max(entry.available_at for entry in wanted.values()) + timedelta(microseconds=1),
-                        skip=_AllBut(wanted),
-                    )
-                except StorageError as error:
-                    # Still parked: the next credit granted for this type tries again.
-                    log.warning("could not read back %d parked runs of job type %r: %s", len(wanted), job_type, error)
-                    return
-                # Dropped meanwhile (a lost shard, a cancel) are not released; runs not found are
-                # no longer scheduled, or changed: the lane's full scan finds those still pending.
-                still_parked = [run for run in runs if run.run_id in self._parked_ids]
-                def was_wanted(run_id: str, _: _Parked, wanted: dict[str, _Parked] = wanted) -> bool:
-                    return run_id in wanted
-
-                self._unpark(was_wanted)
-                self._hand_out(still_parked, confirm_first=True, reloaded=True)
-                if any(run.run_id in self._parked_ids for run in still_parked):
-                    return  # the queue is full by bytes: parked again, read back when it drains
-        finally:
-            self._reloading.discard(job_type)
+    def _half_empty(self, job_type: str) -> bool:
+        return (len(self._ready.get(job_type, ())) <= self._max_ready // 2
+                and self._ready_bytes[job_type] <= self._max_ready_bytes // 2)
 
     # -- sending --------------------------------------------------------------------------------
 
@@ -406,36 +383,14 @@ class Dispatcher:
             self._journal.wake()
             session.outbox.put_nowait(Assign(fast))
         if confirmed:
-            task = asyncio.create_task(self._send_confirmed(session, confirmed), name="dispatch-confirmed")
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
-
-    async def _send_confirmed(self, session: WorkerSession, assigned: list[Assigned]) -> None:
-        started: set[str] = set()
-
-        def landed(_: list[Dispatch], attempts: list[Attempt]) -> None:
-            started.update(attempt.run_id for attempt in attempts)
-
-        try:
-            await write_isolating([self._dispatch_record(session, item) for item in assigned],
-                                  self._store.record_dispatches, landed=landed, rejected=self._journal.dispatch_set_aside)
-        except StorageError as error:
-            # Still scheduled in the database: the next rebuild or sweep brings them back.
-            log.warning("could not record %d dispatches before sending; not sent: %s", len(assigned), error)
-        for item in assigned:
-            self._claimed.discard(item.run.run_id)
-            if item.run.run_id not in started:
-                # Already taken by another attempt (or the write failed): never sent twice.
-                self._in_flight.pop((item.run.run_id, item.lease_token), None)
-                session.credits += 1
-        sendable = [item for item in assigned if item.run.run_id in started]
-        if sendable and session.connected:
-            session.outbox.put_nowait(Assign(sendable))
+            self._confirmed.send(session, confirmed)
 
     def _dispatch_record(self, session: WorkerSession, item: Assigned) -> Dispatch:
         return Dispatch(
             run_id=item.run.run_id, lease_token=item.lease_token, worker_id=session.worker_id, node_id=self._node_id,
             lease_ttl=item.run.lease_ttl, dispatched_at=item.released_at,
+            cap=None if (key := item.run.concurrency_key) is None else KeyCap(item.run.tenant, key,
+                                                                                item.run.concurrency_limit or 1),
         )
 
     # -- what workers report --------------------------------------------------------------------
@@ -457,9 +412,14 @@ class Dispatcher:
             key = (result.run_id, result.lease_token)
             if self._vouch(session, key, refused, pending.unvouched):
                 self._in_flight.pop(key, None)
+                self._gate.ended(key)
                 pending.results.append((session, result))
         self._log_refused(session, "results", refused)
         self._journal.wake()
+        self._gate.prune(self._in_flight)
+        if self._tenant_caps:  # a tenant at its cap may have room again: hand its waiting runs out
+            for session in {id(s): s for sessions in self._sessions.values() for s in sessions if s.credits}.values():
+                self._assign_ready(session)
 
     def _vouch(self, session: WorkerSession, key: AttemptKey, refused: list[AttemptKey],
                unvouched: set[tuple[str, str, int]]) -> bool:

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TypeVar
@@ -106,7 +106,7 @@ class Journal:
         metrics: Metrics,
         reschedule: Callable[[Run], None],
         claimed: set[str],
-        in_flight: dict[AttemptKey, WorkerSession],
+        in_flight: MutableMapping[AttemptKey, WorkerSession],
     ) -> None:
         self._store = store
         self._node_id = node_id

@@ -14,6 +14,11 @@ next run as follows.
   effective priority the one due first goes first. Because every run ages at the same rate, the
   order never changes while runs wait: the key ``due * AGING_PER_SECOND - priority`` is fixed
   when a run is queued, and one heap per tenant keeps it.
+- **Tenants at their cap are passed over** (``blocked``): their runs keep their place and their
+  turn comes again once the tenant has room (``--tenant-max-in-flight``).
+
+For the metrics, each tenant also has a heap of its runs' due times, cleaned of runs taken out
+after every change, so its top is the oldest waiting run's due time (``oldest_dues``).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ class HoldsRun(Protocol):
 
 W = TypeVar("W", bound=HoldsRun)
 TenantWeight = Callable[[str], int]
+Blocked = Callable[[str], bool]  # whether a tenant may take no run now
 
 
 def _equal_weights(_tenant: str) -> int:
@@ -57,6 +63,8 @@ class ReadyQueue(Generic[W]):
         self._turn_left = 0  # runs the first tenant may still take in its current turn
         self._order = itertools.count()  # ties: first queued, first out
         self._size = 0
+        self._due: dict[str, list[tuple[float, int]]] = {}  # per tenant: (due, order) of its runs
+        self._taken: set[int] = set()  # orders taken out but still in a _due heap below its top
 
     def __len__(self) -> int:
         return self._size
@@ -73,24 +81,39 @@ class ReadyQueue(Generic[W]):
         # Also read by the metrics thread: list() takes the items in one step under the GIL.
         return {tenant: len(heap) for tenant, heap in list(self._heaps.items())}
 
+    def oldest_dues(self) -> dict[str, float]:
+        """The due time (epoch seconds) of each tenant's oldest waiting run; read by the metrics
+        thread, which only reads: the loop thread keeps each heap's top a waiting run."""
+        return {tenant: heap[0][0] for tenant, heap in list(self._due.items()) if heap}
+
     def append(self, waiting: W) -> None:
         run = waiting.run
-        key = run.available_at.timestamp() * AGING_PER_SECOND - run.priority
+        due = run.available_at.timestamp()
+        key = due * AGING_PER_SECOND - run.priority
         heap = self._heaps.get(run.tenant)
         if heap is None:
             heap = self._heaps[run.tenant] = []
+            self._due[run.tenant] = []
             self._turns.append(run.tenant)
-        heapq.heappush(heap, (key, next(self._order), waiting))
+        order = next(self._order)
+        heapq.heappush(heap, (key, order, waiting))
+        heapq.heappush(self._due[run.tenant], (due, order))
         self._size += 1
 
-    def pop(self, tenant: str | None = None) -> W | None:
+    def pop(self, tenant: str | None = None, blocked: Blocked | None = None) -> W | None:
         """The next run by turn and priority; ``tenant``: the next of that tenant only (for a
-        worker that serves one tenant), which leaves the turns as they are. None when empty."""
+        worker that serves one tenant), which leaves the turns as they are. Tenants ``blocked``
+        are passed over (keeping their place in the turns). None when no run may go."""
         if tenant is not None:
-            return self._take(tenant) if tenant in self._heaps else None
-        if not self._turns:
+            return self._take(tenant) if tenant in self._heaps and not (blocked and blocked(tenant)) else None
+        for _ in range(len(self._turns)):
+            current = self._turns[0]
+            if blocked is None or not blocked(current):
+                break
+            self._turns.rotate(-1)
+            self._turn_left = 0
+        else:
             return None
-        current = self._turns[0]
         if self._turn_left <= 0:
             self._turn_left = max(self._weight(current), 1)
         waiting = self._take(current)
@@ -107,23 +130,33 @@ class ReadyQueue(Generic[W]):
             if len(kept) == len(heap):
                 continue
             removed += [entry[2] for entry in heap if matches(entry[2])]
-            heapq.heapify(kept)
-            self._heaps[tenant] = kept
             if not kept:
                 self._forget(tenant)
+                continue
+            heapq.heapify(kept)
+            self._heaps[tenant] = kept
+            self._taken.difference_update(order for _, order in self._due[tenant])
+            self._due[tenant] = [(entry[2].run.available_at.timestamp(), entry[1]) for entry in kept]
+            heapq.heapify(self._due[tenant])
         self._size -= len(removed)
         return removed
 
     def _take(self, tenant: str) -> W:
         heap = self._heaps[tenant]
-        waiting = heapq.heappop(heap)[2]
+        _, order, waiting = heapq.heappop(heap)
         self._size -= 1
         if not heap:
             self._forget(tenant)
+            return waiting
+        due, taken = self._due[tenant], self._taken
+        taken.add(order)
+        while due and due[0][1] in taken:  # keep the top a waiting run (see oldest_dues)
+            taken.discard(heapq.heappop(due)[1])
         return waiting
 
     def _forget(self, tenant: str) -> None:
         del self._heaps[tenant]
+        self._taken.difference_update(order for _, order in self._due.pop(tenant))
         if self._turns and self._turns[0] == tenant:
             self._turn_left = 0  # the next tenant starts a fresh turn
         self._turns.remove(tenant)

@@ -1,0 +1,83 @@
+"""The attempts a node has sent and not yet heard the end of, with counts by job type and tenant.
+
+A mapping of ``(run_id, lease_token)`` to the worker session holding the attempt, shared by the
+dispatcher and the journal. Attempts the dispatcher assigned (:meth:`InFlight.assign`) are also
+counted under their job type and tenant: for a tenant's cap on attempts in flight
+(``--tenant-max-in-flight``) and for ``fastlane_in_flight_runs``. An attempt put in without its run
+(the journal vouching for one sent before a reconnect) is held but not counted.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator, MutableMapping
+
+from fastlane.domain.models import Run
+from fastlane.engine.dispatch.messages import AttemptKey, WorkerSession
+
+Label = tuple[str, str]  # (job type, tenant)
+
+
+class InFlight(MutableMapping[AttemptKey, WorkerSession]):
+    def __init__(self) -> None:
+        self._sessions: dict[AttemptKey, WorkerSession] = {}
+        self._labels: dict[AttemptKey, Label] = {}
+        self._by_label: Counter[Label] = Counter()
+        self._by_tenant: Counter[str] = Counter()
+
+    def assign(self, key: AttemptKey, session: WorkerSession, run: Run) -> None:
+        """An attempt of ``run`` sent to ``session``: held and counted."""
+        self.pop(key, None)
+        self._sessions[key] = session
+        label = self._labels[key] = (run.job_type, run.tenant)
+        self._by_label[label] += 1
+        self._by_tenant[run.tenant] += 1
+
+    def tenant_count(self, tenant: str) -> int:
+        """Attempts of ``tenant``'s runs in flight from this node."""
+        return self._by_tenant[tenant]
+
+    def counts(self) -> dict[Label, int]:
+        """Attempts in flight by (job type, tenant); read by the metrics thread (one step under the GIL)."""
+        return {label: count for label, count in list(self._by_label.items()) if count}
+
+    # -- the mapping: dict speed on the fire path, counts kept on every removal ------------------
+
+    def __getitem__(self, key: AttemptKey) -> WorkerSession:
+        return self._sessions[key]
+
+    def get(self, key: AttemptKey, default: WorkerSession | None = None) -> WorkerSession | None:  # type: ignore[override]
+        return self._sessions.get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._sessions
+
+    def __setitem__(self, key: AttemptKey, session: WorkerSession) -> None:
+        self._sessions[key] = session  # not counted: see the module's docstring
+
+    def __delitem__(self, key: AttemptKey) -> None:
+        del self._sessions[key]
+        label = self._labels.pop(key, None)
+        if label is not None:
+            self._uncount(label)
+
+    def pop(self, key: AttemptKey, default: WorkerSession | None = None) -> WorkerSession | None:  # type: ignore[override]
+        session = self._sessions.pop(key, default)
+        label = self._labels.pop(key, None)
+        if label is not None:
+            self._uncount(label)
+        return session
+
+    def __iter__(self) -> Iterator[AttemptKey]:
+        return iter(self._sessions)
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def _uncount(self, label: Label) -> None:
+        self._by_label[label] -= 1
+        self._by_tenant[label[1]] -= 1
+        if not self._by_label[label]:
+            del self._by_label[label]
+        if not self._by_tenant[label[1]]:
+            del self._by_tenant[label[1]]
