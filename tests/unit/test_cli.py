@@ -435,8 +435,10 @@ def test_serve_takes_tenant_weights(monkeypatch: pytest.MonkeyPatch) -> None:
         return 0
 
     monkeypatch.setitem(sys.modules, "fastlane.server.node", SimpleNamespace(serve=serve))
-    assert main(["serve", "--db", "sqlite:///x.db", "--tenant-weight", "billing=3", "--tenant-weight", "ops=1"]) == 0
+    assert main(["serve", "--db", "sqlite:///x.db", "--tenant-weight", "billing=3", "--tenant-weight", "ops=1",
+                 "--tenant-max-in-flight", "billing=40"]) == 0
     assert received[0].tenant_weights == {"billing": 3, "ops": 1}
+    assert received[0].tenant_max_in_flight == {"billing": 40}
 
 
 @pytest.mark.parametrize("value", ["billing", "billing=0", "billing=101", "billing=x", "=3", "bad tenant=2"])
@@ -451,3 +453,17 @@ def test_settings_refuse_a_tenant_weight_out_of_bounds(weight: int) -> None:
 
     with pytest.raises(ConfigurationError, match="--tenant-weight"):
         Settings(tenant_weights={"billing": weight})
+
+
+@pytest.mark.parametrize("value", ["billing", "billing=0", "billing=1000001", "billing=x", "bad tenant=2"])
+def test_serve_refuses_a_tenant_cap_out_of_bounds(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--tenant-max-in-flight", value]) == 2
+    assert "--tenant-max-in-flight" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cap", [0, 1_000_001])
+def test_settings_refuse_a_tenant_cap_out_of_bounds(cap: int) -> None:
+    from fastlane.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="--tenant-max-in-flight"):
+        Settings(tenant_max_in_flight={"billing": cap})

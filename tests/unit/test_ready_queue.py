@@ -89,3 +89,32 @@ def test_runs_removed_leave_the_rest_in_order_and_counted():
     assert drain(queue) == [f"a-{i}" for i in (0, 3, 4, 5, 6, 7, 8, 9)]
     queue.append(replace(run("b-late", "b")))
     assert drain(queue) == ["b-late"]
+
+
+def test_a_blocked_tenant_is_passed_over_and_keeps_its_runs_for_when_it_has_room():
+    queue: ReadyQueue[Waiting] = ReadyQueue()
+    for i in range(3):
+        queue.append(run(f"capped-{i}", "capped", due=i))
+        queue.append(run(f"free-{i}", "free", due=i))
+    blocked = {"capped"}
+    taken = [w.run.run_id for w in iter(lambda: queue.pop(blocked=blocked.__contains__), None)]
+    assert taken == ["free-0", "free-1", "free-2"] and len(queue) == 3
+    assert queue.pop("capped", blocked.__contains__) is None  # a tenant's own worker waits too
+    blocked.clear()
+    assert drain(queue) == ["capped-0", "capped-1", "capped-2"]
+
+
+def test_the_oldest_due_of_each_tenant_follows_runs_taken_out_in_priority_order():
+    queue: ReadyQueue[Waiting] = ReadyQueue()
+    queue.append(run("old-low", "a", priority=-100, due=0))
+    queue.append(run("new-high", "a", priority=100, due=5))
+    queue.append(run("b-0", "b", due=2))
+    base = T0.timestamp()
+    assert queue.oldest_dues() == {"a": base, "b": base + 2}
+    assert queue.pop("a").run.run_id == "new-high"  # taken first; the oldest is still waiting
+    assert queue.oldest_dues() == {"a": base, "b": base + 2}
+    queue.append(run("a-later", "a", due=9))
+    assert queue.pop("a").run.run_id == "old-low"
+    assert queue.oldest_dues() == {"a": base + 9, "b": base + 2}
+    queue.remove_if(lambda waiting: waiting.run.run_id == "b-0")
+    assert queue.oldest_dues() == {"a": base + 9}

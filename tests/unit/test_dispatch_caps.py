@@ -1,0 +1,158 @@
+"""The dispatcher's caps: a tenant's attempts in flight per node (--tenant-max-in-flight), and
+concurrency keys, whose runs are held back while the store says their key is full."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from test_journal_split import ScriptedStore, drained, run_named, sent
+
+from fastlane.clock import SystemClock
+from fastlane.domain.models import AttemptOutcome, Run
+from fastlane.domain.records import CappedDispatches
+from fastlane.engine.dispatch import Assign, Dispatcher
+from fastlane.metrics import Metrics
+from fastlane.storage import AttemptResult, Dispatch
+
+WAIT = 5.0
+
+
+class KeyedStore(ScriptedStore):
+    """Starts a capped run while fewer than its limit of its key are started and not yet reported."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.active: dict[str, set[str]] = {}  # key -> run ids started and not reported
+        self.capped_calls = 0
+
+    async def record_capped_dispatches(self, dispatches: Sequence[Dispatch]) -> CappedDispatches:
+        self.capped_calls += 1
+        started, held = [], []
+        for dispatch in dispatches:
+            assert dispatch.cap is not None
+            active = self.active.setdefault(dispatch.cap.key, set())
+            if len(active) < dispatch.cap.limit:
+                active.add(dispatch.run_id)
+                started.append(dispatch)
+            else:
+                held.append(dispatch.run_id)
+        self.dispatched += started
+        return CappedDispatches([_attempt(d) for d in started], held)
+
+    async def record_results(self, results: Sequence[AttemptResult], *, reporter_of: Any = None) -> list[Any]:
+        for result in results:
+            for active in self.active.values():
+                active.discard(result.run_id)
+        return await super().record_results(results, reporter_of=reporter_of)
+
+
+def _attempt(dispatch: Dispatch) -> Any:
+    class Started:
+        run_id = dispatch.run_id
+    return Started()
+
+
+def keyed(name: str, key: str = "ledger", limit: int = 2) -> Run:
+    return replace(run_named(name), concurrency_key=key, concurrency_limit=limit)
+
+
+def of_tenant(name: str, tenant: str) -> Run:
+    due = datetime.now(UTC) - timedelta(seconds=3)  # waiting for 3 s already
+    return replace(run_named(name), tenant=tenant, scheduled_for=due, available_at=due)
+
+
+def dispatcher(store: ScriptedStore, metrics: Metrics, **options: Any) -> Dispatcher:
+    return Dispatcher(store, node_id="n", clock=SystemClock(), metrics=metrics,  # type: ignore[arg-type]
+                      reschedule=lambda run: None, **options)
+
+
+class Received:
+    """What one worker session has been sent so far, read as it arrives."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+        self.items: list[Any] = []
+
+    def read(self) -> list[str]:
+        self.items += [item for message in sent(self.session, Assign) for item in message.runs]
+        return [item.run.run_id for item in self.items]
+
+    def token_of(self, run_id: str) -> int:
+        return next(item.lease_token for item in self.items if item.run.run_id == run_id)
+
+
+async def until(condition: Callable[[], bool], what: str) -> None:
+    deadline = asyncio.get_running_loop().time() + WAIT
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting until {what}"
+        await asyncio.sleep(0.01)
+
+
+def sample(metrics: Metrics, name: str, **labels: str) -> float | None:
+    return metrics.registry.get_sample_value(name, labels)
+
+
+async def test_a_tenant_at_its_cap_waits_while_others_take_the_free_credits():
+    metrics = Metrics()
+    node = dispatcher(ScriptedStore(), metrics, tenant_max_in_flight={"noisy": 2})
+    journal = asyncio.create_task(node.run())
+    try:
+        worker = Received(node.connect("w", ["t"], 10, None))
+        node.release([of_tenant(f"noisy-{i}", "noisy") for i in range(5)] + [of_tenant(f"quiet-{i}", "quiet") for i in range(2)])
+        assert sorted(worker.read()) == ["noisy-0", "noisy-1", "quiet-0", "quiet-1"]
+        assert sample(metrics, "fastlane_held_runs", job_type="t", tenant="noisy", cap="tenant_in_flight") == 3
+        assert sample(metrics, "fastlane_in_flight_runs", job_type="t", tenant="noisy") == 2
+        assert 3 <= sample(metrics, "fastlane_oldest_ready_age_seconds", job_type="t", tenant="noisy") < 3 + WAIT
+        # Nor is a run of a tenant at its cap sent ahead of its instant.
+        node._ahead._capable.add(worker.session)  # its clock is known (as after a probe)
+        later = [of_tenant("noisy-later", "noisy"), of_tenant("quiet-later", "quiet")]
+        assert [run.run_id for run in node.offer_ahead(later)] == ["noisy-later"]
+        # One of its attempts ends: the next of its runs goes out on the credit still free.
+        node.results(worker.session, [AttemptResult(run_id="noisy-0", lease_token=worker.token_of("noisy-0"),
+                                                    outcome=AttemptOutcome.SUCCEEDED)])
+        assert worker.read()[5:] == ["noisy-2"]
+        assert sample(metrics, "fastlane_in_flight_runs", job_type="t", tenant="noisy") == 2
+    finally:
+        await drained(node, journal)
+
+
+async def test_runs_of_a_full_key_are_held_and_go_out_in_order_as_places_free():
+    metrics, store = Metrics(), KeyedStore()
+    node = dispatcher(store, metrics)
+    journal = asyncio.create_task(node.run())
+    try:
+        worker = Received(node.connect("w", ["t"], 10, None))
+        node.release([keyed(f"k-{i}") for i in range(5)])
+        await until(lambda: len(worker.read()) == 2 and len(node._gate) == 3, "two start and three are held")
+        assert worker.read() == ["k-0", "k-1"]
+        assert sample(metrics, "fastlane_held_runs", job_type="t", tenant="default", cap="concurrency_key") == 3
+        assert all(node.holds(f"k-{i}") for i in range(2, 5))  # never released twice meanwhile
+        assert worker.session.credits == 8  # the held runs' credits came back
+        # A new run of the key queues behind the held ones, without a try of its own.
+        calls = store.capped_calls
+        node.release([keyed("k-5")])
+        assert store.capped_calls == calls and node.holds("k-5")
+        node.results(worker.session, [AttemptResult(run_id="k-0", lease_token=worker.token_of("k-0"),
+                                                    outcome=AttemptOutcome.SUCCEEDED)])
+        await until(lambda: len(worker.read()) == 3, "a freed place takes the oldest held run")
+        assert worker.read()[2] == "k-2" and len(store.active["ledger"]) == 2
+        # Cancelled while held: dropped.
+        node.cancel([keyed("k-3")])
+        assert not node.holds("k-3")
+    finally:
+        await drained(node, journal)
+
+
+async def test_keyed_runs_are_never_sent_ahead_of_their_instant():
+    node = dispatcher(KeyedStore(), Metrics(), send_ahead=timedelta(milliseconds=20))
+    journal = asyncio.create_task(node.run())
+    try:
+        session = node.connect("w", ["t"], 10, None)
+        node._ahead._capable.add(session)  # its clock is known (as after a probe)
+        assert [run.run_id for run in node.offer_ahead([keyed("k-0"), run_named("plain")])] == ["k-0"]
+    finally:
+        await drained(node, journal)
