@@ -4,6 +4,7 @@ and a capped dispatch starts a run only while its key has room, also when two no
 from __future__ import annotations
 
 import asyncio
+import sys
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from fastlane.domain.models import AttemptOutcome, JobSpec, RetryPolicy, RunState, Schedule
 from fastlane.domain.records import KeyCap
 from fastlane.storage import AttemptResult, Dispatch, open_store
+from fastlane.storage.migrations import migrations_for
 from fastlane.storage.base import Store
 
 SHARDS = 4
@@ -43,6 +45,23 @@ def dispatch(run, token: int, cap_limit: int | None = None) -> Dispatch:
     return Dispatch(run_id=run.run_id, lease_token=token, worker_id="w", node_id="n", lease_ttl=TTL,
                     dispatched_at=datetime.now(UTC),
                     cap=KeyCap(run.tenant, run.concurrency_key, cap_limit or run.concurrency_limit))
+
+
+async def test_a_database_with_jobs_migrates_and_their_runs_have_no_key(db_url, monkeypatch):
+    store = open_store(db_url, shard_count=SHARDS)
+    store_module = sys.modules[type(store).__module__]
+    monkeypatch.setattr(store_module, "migrations_for", lambda dialect: migrations_for(dialect)[:7])
+    try:
+        assert await store.migrate() == 7
+        job, _ = await store.create_job(JobSpec(name="old", job_type="t", schedule=Schedule.cron_expr("* * * * *")))
+        monkeypatch.undo()
+        assert await store.migrate() == 8
+        old = await store.create_manual_run("default", job.job_id)
+        assert (old.concurrency_key, old.concurrency_limit) == (None, None)
+        [new] = await keyed_runs(store, 1, limit=4)
+        assert (new.concurrency_key, new.concurrency_limit) == ("ledger", 4)
+    finally:
+        await store.close()
 
 
 async def test_runs_carry_their_jobs_key_and_limit(store):

@@ -228,8 +228,9 @@ async def test_a_database_at_version_3_with_jobs_migrates_to_version_5(db_url, m
             await store.find_token("tok000000001")  # no table yet: this really is version 3
 
         monkeypatch.undo()
-        assert await store.migrate() == 7
-        assert await store.migrate() == 7  # and again: nothing left to apply
+        latest = len(migrations_for("postgres" if db_url.startswith("postgres") else "sqlite"))
+        assert await store.migrate() == latest >= 7
+        assert await store.migrate() == latest  # and again: nothing left to apply
 
         assert await store.get_job("default", job.job_id) == job
         created = await store.create_token(token(), HASH)
