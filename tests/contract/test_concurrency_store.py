@@ -12,8 +12,8 @@ import pytest
 from fastlane.domain.models import AttemptOutcome, JobSpec, RetryPolicy, RunState, Schedule
 from fastlane.domain.records import KeyCap
 from fastlane.storage import AttemptResult, Dispatch, open_store
-from fastlane.storage.migrations import migrations_for
 from fastlane.storage.base import Store
+from fastlane.storage.migrations import migrations_for
 
 SHARDS = 4
 TTL = timedelta(seconds=30)
