@@ -10,7 +10,6 @@ serialises its writes anyway.
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 import resource
 import sys
@@ -380,31 +379,13 @@ async def create_phased_interval_jobs(bench: Bench, url: str, jobs: int, every: 
 
 @dataclass(frozen=True, slots=True)
 class Offer:
-    """A job a scenario offers: its label (the class the report splits runs by), when it first
-    falls due (seconds after the first due instant), its tenant, its priority, and its interval
-    (None: a one-shot job)."""
+    """A one-shot job a scenario offers: its label (the class the report splits runs by), when it
+    falls due (seconds after the first due instant), its tenant and its priority."""
 
     label: str
     offset_s: float
     tenant: str = DEFAULT_TENANT
     priority: int = 0
-    every_s: float | None = None
-
-    def schedule(self, first: datetime) -> Schedule:
-        due = first + timedelta(seconds=self.offset_s)
-        if self.every_s is None:
-            return Schedule.at_instant(due)
-        return Schedule.interval(timedelta(seconds=self.every_s), anchor=due)
-
-    def due_in(self, start_s: float, end_s: float) -> int:
-        """How many of its runs fall due in ``[start_s, end_s)`` (offsets, as ``offset_s``)."""
-        if self.every_s is None:
-            return 1 if start_s <= self.offset_s < end_s else 0
-        # Occurrence k is due at offset_s + k x every_s; rounded so that float noise never counts
-        # an occurrence due exactly on a bound twice or not at all.
-        first = max(0, math.ceil(round((start_s - self.offset_s) / self.every_s, 9)))
-        end = max(0, math.ceil(round((end_s - self.offset_s) / self.every_s, 9)))
-        return max(0, end - first)
 
 
 def even_offsets(rate: float, start_s: float, duration_s: float) -> list[float]:
@@ -424,8 +405,8 @@ def label_of(name: str) -> str:
 
 async def create_offers(bench: Bench, url: str, offers: Sequence[Offer],
                         job_type: str) -> tuple[datetime, Created, dict[str, str]]:
-    """Create a job per offer (``offers`` in due order), then wait until it is time to start the
-    processes. Returns the first due instant, what creating took, and the label of each job
+    """Create a one-shot job per offer (``offers`` in due order), then wait until it is time to
+    start the processes. Returns the first due instant, what creating took, and the label of each job
     id: the workers record job ids, so that the runs can be split by label afterwards."""
     labels: dict[str, str] = {}
 
@@ -435,9 +416,10 @@ async def create_offers(bench: Bench, url: str, offers: Sequence[Offer],
     async with JobWriter(url, bench.progress) as writer:
         first = now_utc() + await writer.plan_lead_in(len(offers), bench.launch_lead)
         specs = (JobSpec(name=job_name(offer.label, index), job_type=job_type, tenant=offer.tenant,
-                         priority=offer.priority, schedule=offer.schedule(first))
+                         priority=offer.priority, schedule=Schedule.at_instant(first + timedelta(seconds=offer.offset_s)))
                  for index, offer in enumerate(offers))
-        created = await writer.create(specs, len(offers), f"creating {len(offers):,} jobs", on_created=remember)
+        created = await writer.create(specs, len(offers), f"creating {len(offers):,} one-shot jobs",
+                                      on_created=remember)
     await sleep_until(first - bench.launch_lead, bench.progress, "waiting to start the processes")
     return first, created, labels
 

@@ -2,14 +2,16 @@
 quiet tenant's runs start?
 
 Two tenants, one job type, the same workers: busy workers (a handler that takes 50 ms, 10 at once
-per worker process: 200 runs/s with one process). One run, two phases of 30 s each:
+per worker process: 200 runs/s with one process). One run, two phases of 20 s each:
 
 - **alone**: the quiet tenant's one-shot jobs fall due evenly at a tenth of capacity (20/s);
-- **with noisy**: the quiet tenant's go on the same, and the noisy tenant's runs fall due at 10x
-  capacity (2,000/s): its backlog grows by about 1,800 runs a second and keeps every slot it may
-  have. The noisy tenant has 2,000 interval jobs every second, their phases spread over the
-  second, first due when the phase begins: the same runs as 60,000 one-shot jobs, created in a
-  thirtieth of the time.
+- **with noisy**: the quiet tenant's go on the same, and the noisy tenant's one-shot jobs fall due
+  evenly at 10x capacity (2,000/s): its backlog grows by about 1,800 runs a second and keeps
+  every slot it may have.
+
+The noisy tenant's runs are one-shot jobs (40,000 of them) rather than 2,000 interval jobs every
+second: with the interval jobs' runs piling up unstarted, a node on PostgreSQL fell seconds
+behind releasing runs (of both tenants), which is not what this scenario is about.
 
 The target is the quiet tenant's p99 start lag in the second phase over its p99 in the first
 (≤ 2): both from the same run, node and machine.
@@ -23,7 +25,7 @@ offer (8 of 10): the quiet tenant, which needs about one slot (20/s x 50 ms), al
 free. A ``fastlane serve`` without that flag (a build from before it) runs the noisy tenant
 uncapped, and the result and a note say so; ``NOISY_CAP_SHARE = None`` does the same on purpose.
 
-Scaled: phases ``max(5, 30 x scale)`` s each; the rates stay (they are multiples of capacity).
+Scaled: phases ``max(4, 20 x scale)`` s each; the rates stay (they are multiples of capacity).
 """
 
 from __future__ import annotations
@@ -60,11 +62,10 @@ QUIET_TENANT = "quiet"
 NOISY_TENANT = "noisy"
 QUIET_SHARE = 0.1  # of capacity: about one slot busy with quiet runs at a time
 NOISY_TIMES = 10.0  # of capacity
-NOISY_EVERY_S = 1.0  # the noisy tenant's interval jobs: capacity x NOISY_TIMES x this many of them
 NOISY_CAP_SHARE: float | None = 0.8  # of each node's slots the noisy tenant may hold; None: no cap
 CAP_FLAG = "--tenant-max-in-flight"
-PHASE_S = 30.0
-MIN_PHASE_S = 5.0
+PHASE_S = 20.0
+MIN_PHASE_S = 4.0
 GRACE_S = 60.0  # after the last quiet run is due, for it to start
 LOOP_LAG = "fastlane_event_loop_lag_seconds"
 LOOP_STALLS = "fastlane_event_loop_stalls_total"
@@ -87,22 +88,19 @@ def rates(capacity: float) -> tuple[float, float]:
 
 
 def offers(capacity: float, phase: float) -> list[Offer]:
-    """The quiet tenant's one-shot jobs over both phases, the noisy tenant's interval jobs from the
-    second phase on (they go on firing until the processes stop), in due order."""
+    """The quiet tenant's runs over both phases, the noisy tenant's over the second, in due order."""
     quiet, noisy = rates(capacity)
     planned = [Offer(ALONE, offset, QUIET_TENANT) for offset in even_offsets(quiet, 0.0, phase)]
     planned += [Offer(WITH_NOISY, offset, QUIET_TENANT) for offset in even_offsets(quiet, phase, phase)]
-    planned += [Offer(FLOOD, offset, NOISY_TENANT, every_s=NOISY_EVERY_S)
-                for offset in even_offsets(noisy, phase, NOISY_EVERY_S)]
+    planned += [Offer(FLOOD, offset, NOISY_TENANT) for offset in even_offsets(noisy, phase, phase)]
     return sorted(planned, key=lambda offer: offer.offset_s)
 
 
-def offered(planned: list[Offer], phase: float) -> dict[str, int]:
-    """Runs of each label due in its phase: the quiet ones alone in the first, the others in the second."""
+def offered(planned: list[Offer]) -> dict[str, int]:
+    """Runs offered of each label."""
     counts = dict.fromkeys(SYSTEMS, 0)
     for offer in planned:
-        start = 0.0 if offer.label == ALONE else phase
-        counts[offer.label] += offer.due_in(start, start + phase)
+        counts[offer.label] += 1
     return counts
 
 
@@ -128,7 +126,7 @@ async def fairness(bench: Bench) -> list[dict[str, object]]:
     url = await bench.fresh_database("fastlane")
     first, created, labels = await create_offers(bench, url, planned, BUSY_JOB_TYPE)
     node_args = [CAP_FLAG, f"{NOISY_TENANT}={cap}"] if cap else []
-    counts = offered(planned, phase)
+    counts = offered(planned)
     second = first + timedelta(seconds=phase)
     async with FastlaneCluster(bench, url, nodes=bench.nodes, busy=busy, node_args=node_args) as cluster:
         ready_at = await cluster.start()
