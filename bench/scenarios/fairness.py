@@ -25,7 +25,7 @@ offer (8 of 10): the quiet tenant, which needs about one slot (20/s x 50 ms), al
 free. A ``fastlane serve`` without that flag (a build from before it) runs the noisy tenant
 uncapped, and the result and a note say so; ``NOISY_CAP_SHARE = None`` does the same on purpose.
 
-Scaled: phases ``max(4, 20 x scale)`` s each; the rates stay (they are multiples of capacity).
+Scaled: phases ``max(3, 20 x scale)`` s each; the rates stay (they are multiples of capacity).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ NOISY_TIMES = 10.0  # of capacity
 NOISY_CAP_SHARE: float | None = 0.8  # of each node's slots the noisy tenant may hold; None: no cap
 CAP_FLAG = "--tenant-max-in-flight"
 PHASE_S = 20.0
-MIN_PHASE_S = 4.0
+MIN_PHASE_S = 3.0
 GRACE_S = 60.0  # after the last quiet run is due, for it to start
 LOOP_LAG = "fastlane_event_loop_lag_seconds"
 LOOP_STALLS = "fastlane_event_loop_stalls_total"
