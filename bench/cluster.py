@@ -1,4 +1,5 @@
-"""fastlane under test: daemon nodes on one database, and no-op worker processes connected to all.
+"""fastlane under test: daemon nodes on one database, and worker processes connected to all (a no-op
+handler, or a handler that takes a fixed time: :class:`BusyWorkers`).
 
 :class:`FastlaneCluster` is used as an async context manager: leaving it (normally, on an
 error, on Ctrl-C) notes every process's peak RSS and stops them all.
@@ -7,11 +8,15 @@ error, on Ctrl-C) notes every process's peak RSS and stops them all.
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
 from fastlane.bench.harness import SHARDS, Bench, Deadline, ProcessMemory, now_utc, peak_rss
-from fastlane.bench.processes import Daemon, WorkerProcess, child_environment
+from fastlane.bench.processes import ROOT, Daemon, WorkerProcess, child_environment
 from fastlane.bench.secure import Secured
 
 from fastlane.client import Client
@@ -19,18 +24,66 @@ from fastlane.client import Client
 WORKER_TARGET = "fastlane.bench.lag_worker:worker"
 WORKER_CONCURRENCY = 1000
 START_TIMEOUT = 120.0
+BUSY_WORKER_TARGET = "fastlane.bench.busy_worker:worker"
+BUSY_JOB_TYPE = "bench.busy"  # the job type busy_worker's handler serves
+HANDLER_MS_VARIABLE = "FASTLANE_BENCH_HANDLER_MS"  # how long busy_worker's handler takes
+HANDLER_JITTER_VARIABLE = "FASTLANE_BENCH_HANDLER_JITTER"  # and by how much each run's time varies
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BusyWorkers:
+    """Workers whose handler takes a set time, a few runs at once: a capacity small and known in
+    advance, so that a scenario can offer a chosen multiple of it and the node has to choose which
+    runs wait (the no-op worker takes whatever comes at once: nothing ever waits for it)."""
+
+    handler_ms: int
+    concurrency: int  # attempts in flight at once on each worker process's stream to a node
+    processes: int
+    jitter: float = 0.0  # each run's handler time is drawn from handler_ms x [1 - jitter, 1 + jitter]
+
+    @property
+    def slots(self) -> int:
+        """Attempts in flight at once on one node's streams."""
+        return self.concurrency * self.processes
+
+    def capacity_runs_per_s(self, nodes: int = 1) -> float:
+        """Runs a second the workers can take: each slot finishes 1000 / handler_ms a second. A
+        nominal figure: a slot's way back to the node (its result and credit) adds to each run."""
+        return nodes * self.slots * 1000 / self.handler_ms
+
+    def environment(self) -> dict[str, str]:
+        """What busy_worker reads its handler time from."""
+        return {HANDLER_MS_VARIABLE: str(self.handler_ms), HANDLER_JITTER_VARIABLE: f"{self.jitter:g}"}
+
+    def as_json(self, nodes: int = 1) -> dict[str, object]:
+        return {"worker_processes": self.processes, "worker_concurrency": self.concurrency,
+                "handler_ms": self.handler_ms, "handler_jitter": self.jitter,
+                "capacity_runs_per_s": self.capacity_runs_per_s(nodes)}
+
+
+async def serve_accepts(flag: str) -> bool:
+    """Whether ``fastlane serve``, as the nodes will be started, lists ``flag`` in its help: a
+    scenario can then use a flag newer than some builds it may run against, and say when it could not."""
+    completed = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "fastlane", "serve", "--help"], cwd=ROOT, env=child_environment(),
+        capture_output=True, timeout=60, check=False)
+    return flag in completed.stdout.decode(errors="replace").split()
 
 
 class FastlaneCluster:
     """``nodes`` daemons sharing ``db_url`` and ``workers`` worker processes connected to every node."""
 
     def __init__(self, bench: Bench, db_url: str, *, nodes: int = 1, workers: int = 1,
-                 lease_ttl: timedelta | None = None, label: str = "fastlane", secured: Secured | None = None) -> None:
-        """``secured``: run the nodes with TLS and tokens, and connect to them so (``--secure``)."""
+                 lease_ttl: timedelta | None = None, label: str = "fastlane", secured: Secured | None = None,
+                 busy: BusyWorkers | None = None, node_args: Sequence[str] = ()) -> None:
+        """``secured``: run the nodes with TLS and tokens, and connect to them so (``--secure``).
+        ``busy``: the workers run busy_worker's slow handler instead of the no-op one (``workers``
+        is then ``busy.processes``). ``node_args``: more ``fastlane serve`` flags for every node."""
         self._bench = bench
         self._label = label
         extra = ["--shard-lease-ttl", f"{lease_ttl.total_seconds():g}"] if lease_ttl else []
         extra += secured.node_args() if secured else []
+        extra += node_args
         self._client_options = secured.client_options() if secured else {}
         workdir = bench.workdir
         self.daemons = [
@@ -39,10 +92,15 @@ class FastlaneCluster:
             for index in range(1, nodes + 1)
         ]
         addresses = [daemon.address for daemon in self.daemons]
+        if busy is not None:
+            workers = busy.processes
+        target = BUSY_WORKER_TARGET if busy else WORKER_TARGET
+        concurrency = busy.concurrency if busy else WORKER_CONCURRENCY
+        handler = busy.environment() if busy else {}
         self.record_paths: list[Path] = [workdir / f"{label}-received-{index}.txt" for index in range(1, workers + 1)]
         self.workers = [
-            WorkerProcess(WORKER_TARGET, addresses, workdir / f"{label}-worker-{index}.log",
-                          concurrency=WORKER_CONCURRENCY, env=child_environment(FASTLANE_BENCH_RECORD=str(path)),
+            WorkerProcess(target, addresses, workdir / f"{label}-worker-{index}.log",
+                          concurrency=concurrency, env=child_environment(FASTLANE_BENCH_RECORD=str(path), **handler),
                           extra_args=secured.worker_args() if secured else ())
             for index, path in enumerate(self.record_paths, start=1)
         ]

@@ -14,7 +14,7 @@ import os
 import resource
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -32,7 +32,7 @@ from fastlane.bench.stats import (
 )
 
 from fastlane.clock import to_micros
-from fastlane.domain.models import JobSpec, Schedule
+from fastlane.domain.models import DEFAULT_TENANT, Job, JobSpec, Schedule
 from fastlane.storage import open_store
 
 SHARDS = 64  # the product's default shard count
@@ -323,8 +323,10 @@ class JobWriter:
     async def __aexit__(self, *exc: object) -> None:
         await self._store.close()
 
-    async def create(self, specs: Iterator[JobSpec], count: int, label: str) -> Created:
-        """Create ``count`` jobs from ``specs``; returns how long it took."""
+    async def create(self, specs: Iterator[JobSpec], count: int, label: str, *,
+                     on_created: Callable[[Job], None] | None = None) -> Created:
+        """Create ``count`` jobs from ``specs``; returns how long it took. ``on_created`` sees each
+        job as stored (its id is known only then)."""
         self._progress.phase(label)
         started = time.monotonic()
         done = 0
@@ -332,7 +334,9 @@ class JobWriter:
         async def feed() -> None:
             nonlocal done
             for spec in specs:
-                await self._store.create_job(spec)
+                job, _ = await self._store.create_job(spec)
+                if on_created is not None:
+                    on_created(job)
                 done += 1
                 self._progress.update(done, count, f"{done / max(time.monotonic() - started, 1e-6):6,.0f} jobs/s")
 
@@ -371,6 +375,68 @@ async def create_phased_interval_jobs(bench: Bench, url: str, jobs: int, every: 
         created = await writer.create(specs, jobs, f"creating {jobs:,} interval jobs (every {every.total_seconds():g} s)")
     await sleep_until(first - bench.launch_lead, bench.progress, "waiting to start the processes")
     return first, created
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """A one-shot job a scenario offers: its label (the class the report splits runs by), when it
+    falls due (seconds after the first due instant), its tenant and its priority."""
+
+    label: str
+    offset_s: float
+    tenant: str = DEFAULT_TENANT
+    priority: int = 0
+
+
+def even_offsets(rate: float, start_s: float, duration_s: float) -> list[float]:
+    """Offsets of runs falling due evenly at ``rate`` a second from ``start_s`` for ``duration_s``."""
+    return [start_s + index / rate for index in range(round(rate * duration_s))]
+
+
+def job_name(label: str, index: int) -> str:
+    """A job's name: its label and a number that makes it unique (see :func:`label_of`)."""
+    return f"{label}-{index}"
+
+
+def label_of(name: str) -> str:
+    """The label a job was named after by :func:`job_name`."""
+    return name.rpartition("-")[0]
+
+
+async def create_offers(bench: Bench, url: str, offers: Sequence[Offer],
+                        job_type: str) -> tuple[datetime, Created, dict[str, str]]:
+    """Create a one-shot job per offer (``offers`` in due order), then wait until it is time to
+    start the processes. Returns the first due instant, what creating took, and the label of each job
+    id: the workers record job ids, so that the runs can be split by label afterwards."""
+    labels: dict[str, str] = {}
+
+    def remember(job: Job) -> None:
+        labels[job.job_id] = label_of(job.name)
+
+    async with JobWriter(url, bench.progress) as writer:
+        first = now_utc() + await writer.plan_lead_in(len(offers), bench.launch_lead)
+        specs = (JobSpec(name=job_name(offer.label, index), job_type=job_type, tenant=offer.tenant,
+                         priority=offer.priority, schedule=Schedule.at_instant(first + timedelta(seconds=offer.offset_s)))
+                 for index, offer in enumerate(offers))
+        created = await writer.create(specs, len(offers), f"creating {len(offers):,} one-shot jobs",
+                                      on_created=remember)
+    await sleep_until(first - bench.launch_lead, bench.progress, "waiting to start the processes")
+    return first, created, labels
+
+
+def split_by_label(records: Iterable[RunRecord], labels: Mapping[str, str]) -> dict[str, Deliveries]:
+    """The deliveries of each label, a run's label being its job's; runs of other jobs are left out."""
+    grouped: dict[str, list[RunRecord]] = {}
+    for record in records:
+        label = labels.get(record.job_id)
+        if label is not None:
+            grouped.setdefault(label, []).append(record)
+    return {label: deliveries(group) for label, group in grouped.items()}
+
+
+def started_between(records: Iterable[RunRecord], start_us: int, end_us: int) -> int:
+    """Distinct runs whose handler was entered in ``[start_us, end_us)``: the workers' throughput."""
+    return len({record.run_id for record in records if start_us <= record.started_us < end_us})
 
 
 def note_overrun(bench: Bench, first_due: datetime, ready_at: datetime) -> float:

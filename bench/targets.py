@@ -10,6 +10,8 @@ from typing import Any
 
 from fastlane.bench.stats import Target, lag_of, ratio, scale_note
 
+from fastlane.engine.dispatch.ready import AGING_BOUND_SECONDS
+
 PEER_MEMORY = "apscheduler-memory"
 PEER_SQLALCHEMY = "apscheduler-sqlalchemy"
 
@@ -26,6 +28,14 @@ BYTES_PER_WINDOW_JOB = 500.0
 REBUILD_JOBS = 100_000
 REBUILD_S = 2.0
 FAILOVER_SLACK_S = 1.0
+# The systems of fairness and priority: one result per class of runs, named so.
+QUIET_ALONE = "fastlane quiet alone"
+QUIET_WITH_NOISY = "fastlane quiet with noisy"
+NOISY = "fastlane noisy"
+HIGH_PRIORITY = "fastlane high priority"
+LOW_PRIORITY = "fastlane low priority"
+QUIET_WITH_NOISY_AT_MOST = 2.0  # the noisy tenant's flood at most doubles the quiet tenant's p99 start lag
+HIGH_PRIORITY_P99_MS = 10.0
 
 
 def result_of(document: Mapping[str, Any], system: str) -> Mapping[str, Any] | None:
@@ -51,6 +61,10 @@ def evaluate(document: Mapping[str, Any]) -> list[Target]:
         return _scale(fastlane)
     if scenario == "failover":
         return _failover(fastlane)
+    if scenario == "fairness":
+        return _fairness(document)
+    if scenario == "priority":
+        return _priority(document)
     return []
 
 
@@ -139,6 +153,50 @@ def _failover(fastlane: Mapping[str, Any] | None) -> list[Target]:
     gap = fastlane.get("failover_gap_s") if fastlane else None
     return [Target(name="failover gap (worst lateness of the killed node's shards)", limit=ttl + FAILOVER_SLACK_S,
                    op="<=", unit="s", measured=gap, note=f"lease TTL {ttl:g} s + {FAILOVER_SLACK_S:g} s")]
+
+
+def _fairness(document: Mapping[str, Any]) -> list[Target]:
+    """The quiet tenant's p99 start lag while the noisy one floods, over its p99 alone, same run."""
+    alone, flooded = result_of(document, QUIET_ALONE), result_of(document, QUIET_WITH_NOISY)
+    before, during = lag_of(alone, "start_lag_ms", "p99"), lag_of(flooded, "start_lag_ms", "p99")
+    notes = [_unstarted(result) for result in (alone, flooded)]
+    noisy = result_of(document, NOISY)
+    if noisy is not None:
+        cap = noisy.get("noisy_in_flight_cap")
+        notes.append(f"noisy tenant capped at {cap} in flight per node" if cap else "noisy tenant not capped")
+    measured = ratio(during, before) if before is None or before > 0 else None
+    if before is not None and before <= 0:
+        notes.append("quiet alone p99 ≤ 0 (started before its instant): no ratio")
+    if flooded is not None and int(flooded.get("started", 0)) < int(flooded.get("jobs", 0)):
+        measured = float("inf")  # a quiet run that never started while the noisy one flooded: infinitely late
+    return [Target(name=f"fairness: quiet tenant p99 start lag with noisy flooding vs alone (≤{QUIET_WITH_NOISY_AT_MOST:g}x)",
+                   limit=QUIET_WITH_NOISY_AT_MOST, op="<=", unit="ratio", measured=measured,
+                   note="; ".join(filter(None, notes)))]
+
+
+def _priority(document: Mapping[str, Any]) -> list[Target]:
+    """High-priority runs start on time through the overload; no low-priority run waits past the
+    aging bound. A run never started counts as infinitely late, as in burst."""
+    high, low = result_of(document, HIGH_PRIORITY), result_of(document, LOW_PRIORITY)
+    high_p99 = lag_of(high, "start_lag_ms", "p99")
+    low_max = lag_of(low, "start_lag_ms", "max")
+    low_wait = None if low_max is None else round(low_max / 1000, 3)
+    if low is not None and int(low.get("started", 0)) < int(low.get("jobs", 0)):
+        low_wait = float("inf")
+    return [
+        Target(name=f"priority: high-priority p99 start lag under 2x overload (≤{HIGH_PRIORITY_P99_MS:g} ms)",
+               limit=HIGH_PRIORITY_P99_MS, op="<=", unit="ms", measured=high_p99, note=_unstarted(high)),
+        Target(name=f"priority: longest low-priority wait within the aging bound (≤{AGING_BOUND_SECONDS:g} s)",
+               limit=AGING_BOUND_SECONDS, op="<=", unit="s", measured=low_wait, note=_unstarted(low)),
+    ]
+
+
+def _unstarted(result: Mapping[str, Any] | None) -> str:
+    """A note when some of a class's runs never started (or the class was not measured)."""
+    if result is None:
+        return "not measured"
+    offered, started = int(result.get("jobs", 0)), int(result.get("started", 0))
+    return f"{result.get('system')}: only {started:,} of {offered:,} runs started" if started < offered else ""
 
 
 def as_json(targets: Sequence[Target]) -> list[dict[str, object]]:

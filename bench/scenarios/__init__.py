@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from fastlane.bench.harness import Bench
-from fastlane.bench.scenarios import cron, failover, oneshot, scale, sustained
+from fastlane.bench.scenarios import cron, failover, fairness, oneshot, priority, scale, sustained
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -26,4 +26,6 @@ SCENARIOS: dict[str, Scenario] = {
     "cron": Scenario(measure=cron.cron, budget=cron.budget),
     "scale": Scenario(measure=scale.scale, budget=scale.budget),
     "failover": Scenario(measure=failover.failover, budget=failover.budget),
+    "fairness": Scenario(measure=fairness.fairness, budget=fairness.budget),
+    "priority": Scenario(measure=priority.priority, budget=priority.budget),
 }

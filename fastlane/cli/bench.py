@@ -22,6 +22,8 @@ SCENARIOS: dict[str, str] = {
     "cron": "100,000 cron jobs '* * * * *': lag over two firings",
     "scale": "1,000,000 stored jobs: memory per in-window job, time to rebuild a 100,000-job window",
     "failover": "3+ nodes on PostgreSQL, one SIGKILLed under load: the gap until its shards fire again",
+    "fairness": "a noisy tenant offers 10x what 50 ms handlers can take: the quiet tenant's start lag, alone and with it",
+    "priority": "2x what 50 ms handlers can take, 1 run in 10 of high priority: its start lag, and the low backlog's wait",
 }
 
 EPILOG = "scenarios:\n" + "\n".join(f"  {name:<10} {summary}" for name, summary in SCENARIOS.items()) + """
@@ -54,7 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="fastlane nodes sharing the database; more than 1 needs --backend postgres "
                              "(default: 1, and 3 for failover, which needs at least 3)")
     parser.add_argument("--workers", metavar="N", type=positive_int, default=1,
-                        help="no-op worker processes, each connected to every node (default: 1)")
+                        help="no-op worker processes, each connected to every node; for fairness and priority, "
+                             "workers whose handler takes 50 ms, 10 at a time (default: 1)")
     parser.add_argument("--scale", metavar="FRACTION", type=_scale, default=1.0,
                         help="shrink (or grow) job counts and durations for a quick run, e.g. 0.01 (default: 1.0)")
     parser.add_argument("--no-peer", action="store_true",
