@@ -27,6 +27,7 @@ _handler_s = int(os.environ.get("FASTLANE_BENCH_HANDLER_MS", "50")) / 1000
 _jitter = float(os.environ.get("FASTLANE_BENCH_HANDLER_JITTER", "0"))
 # Line-buffered: the harness reads the file while the worker runs, and a killed worker loses nothing.
 _record = open(os.environ["FASTLANE_BENCH_RECORD"], "a", buffering=1)  # noqa: SIM115 - process lifetime
+_ends = open(os.environ["FASTLANE_BENCH_RECORD"] + ".ends", "a", buffering=1)  # noqa: SIM115 - same
 
 
 @worker.handler("bench.busy")
@@ -37,3 +38,4 @@ async def busy(ctx: RunContext) -> None:
                   f"{ctx.job_id} {entered} {ctx.tenant}\n")
     # The slot stays taken meanwhile, as with real work.
     await asyncio.sleep(_handler_s * random.uniform(1 - _jitter, 1 + _jitter) if _jitter else _handler_s)
+    _ends.write(f"{ctx.run_id} {time.time_ns() // 1000}\n")  # when the handler ended (the concurrency scenario)

@@ -386,6 +386,8 @@ class Offer:
     offset_s: float
     tenant: str = DEFAULT_TENANT
     priority: int = 0
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
 
 
 def even_offsets(rate: float, start_s: float, duration_s: float) -> list[float]:
@@ -416,7 +418,8 @@ async def create_offers(bench: Bench, url: str, offers: Sequence[Offer],
     async with JobWriter(url, bench.progress) as writer:
         first = now_utc() + await writer.plan_lead_in(len(offers), bench.launch_lead)
         specs = (JobSpec(name=job_name(offer.label, index), job_type=job_type, tenant=offer.tenant,
-                         priority=offer.priority, schedule=Schedule.at_instant(first + timedelta(seconds=offer.offset_s)))
+                         priority=offer.priority, schedule=Schedule.at_instant(first + timedelta(seconds=offer.offset_s)),
+                         concurrency_key=offer.concurrency_key, concurrency_limit=offer.concurrency_limit)
                  for index, offer in enumerate(offers))
         created = await writer.create(specs, len(offers), f"creating {len(offers):,} one-shot jobs",
                                       on_created=remember)

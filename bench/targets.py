@@ -63,6 +63,8 @@ def evaluate(document: Mapping[str, Any]) -> list[Target]:
         return _failover(fastlane)
     if scenario == "fairness":
         return _fairness(document)
+    if scenario == "concurrency":
+        return _concurrency(fastlane)
     if scenario == "priority":
         return _priority(document)
     return []
@@ -189,6 +191,17 @@ def _priority(document: Mapping[str, Any]) -> list[Target]:
         Target(name=f"priority: longest low-priority wait within the aging bound (≤{AGING_BOUND_SECONDS:g} s)",
                limit=AGING_BOUND_SECONDS, op="<=", unit="s", measured=low_wait, note=_unstarted(low)),
     ]
+
+
+def _concurrency(fastlane: Mapping[str, Any] | None) -> list[Target]:
+    """The most handlers of the key running at once, from the workers' records: never above the
+    limit; and every run ended (a run lost would make a low peak look good)."""
+    limit = int(fastlane.get("concurrency_limit", 0)) if fastlane else 0
+    peak = fastlane.get("most_running_at_once") if fastlane else None
+    ended, jobs = (int(fastlane.get("runs_ended", 0)), int(fastlane.get("jobs", 0))) if fastlane else (0, 0)
+    note = f"{ended:,} of {jobs:,} runs ended" + ("" if ended == jobs else ": some never ran")
+    return [Target(name=f"concurrency key: most runs of the key running at once (≤ its limit, {limit})", limit=limit,
+                   op="<=", unit="runs", measured=float("inf") if ended < jobs else peak, note=note)]
 
 
 def _unstarted(result: Mapping[str, Any] | None) -> str:

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from fastlane.bench.harness import Bench
-from fastlane.bench.scenarios import cron, failover, fairness, oneshot, priority, scale, sustained
+from fastlane.bench.scenarios import concurrency, cron, failover, fairness, oneshot, priority, scale, sustained
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -28,4 +28,5 @@ SCENARIOS: dict[str, Scenario] = {
     "failover": Scenario(measure=failover.failover, budget=failover.budget),
     "fairness": Scenario(measure=fairness.fairness, budget=fairness.budget),
     "priority": Scenario(measure=priority.priority, budget=priority.budget),
+    "concurrency": Scenario(measure=concurrency.concurrency, budget=concurrency.budget),
 }

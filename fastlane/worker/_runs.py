@@ -317,6 +317,11 @@ class RunBook:
         self.settled.set()
 
     @property
+    def pending_credits(self) -> int:
+        """Credits freed by finished runs and not yet granted to the node."""
+        return self._pending_credits
+
+    @property
     def pending_count(self) -> int:
         """Results finished and not yet taken for sending."""
         return len(self._pending)

@@ -40,3 +40,11 @@ def test_a_merged_assignment_stops_growing_at_the_cap():
     batch = [f"run-{i}" for i in range(MAX_RUNS_PER_MESSAGE)]
     sent = coalesced(Assign(cast(Any, batch)), session_with(assign("next")))
     assert [len(m.runs) for m in sent] == [MAX_RUNS_PER_MESSAGE, 1]
+
+
+def test_a_worker_holds_results_to_share_a_message_only_while_the_node_has_credits_for_it():
+    from fastlane.worker._stream import RESULT_COALESCE, RESULT_COALESCE_ENOUGH, coalesce_wait
+
+    assert coalesce_wait(pending=1, node_credits_left=5) == RESULT_COALESCE
+    assert coalesce_wait(pending=1, node_credits_left=0) == 0.0  # every slot busy: free one at once
+    assert coalesce_wait(pending=RESULT_COALESCE_ENOUGH, node_credits_left=5) == 0.0
