@@ -10,6 +10,7 @@ from pathlib import Path
 import orjson
 import pytest
 from e2e_support import HERE, Daemon, WorkerProcess, child_environment, instant, wait_for
+from fastlane.bench.scenarios.concurrency import most_at_once
 
 from fastlane.client import Client
 from fastlane.domain.models import JobSpec, RunState, Schedule
@@ -19,16 +20,6 @@ pytestmark = [pytest.mark.e2e]
 RUNS = 60
 LIMIT = 3
 HANDLER_SECONDS = 0.1
-
-
-def most_at_once(intervals: list[tuple[datetime, datetime]]) -> int:
-    """The most intervals open at one instant (an end at the same instant as a start closes first)."""
-    edges = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
-    active = peak = 0
-    for _, step in edges:
-        active += step
-        peak = max(peak, active)
-    return peak
 
 
 def handler_intervals(records: list[Path]) -> dict[str, tuple[datetime, datetime]]:
@@ -82,7 +73,8 @@ async def test_a_concurrency_key_never_has_more_runs_active_than_its_limit(db_ur
     intervals = handler_intervals(records)
     assert len(intervals) == RUNS  # each ran once: none lost, none twice
     # The cap held, and was used: runs of the key ran side by side, never more than the limit.
-    assert most_at_once(list(intervals.values())) == LIMIT
+    as_micros = [(round(start.timestamp() * 1e6), round(end.timestamp() * 1e6)) for start, end in intervals.values()]
+    assert most_at_once(as_micros) == LIMIT
 
 
 async def _workers_on_every_node(client: Client, nodes: int, workers: int) -> bool:

@@ -271,7 +271,7 @@ class Dispatcher:
         batches: dict[int, tuple[WorkerSession, list[Assigned]]] = {}
         for run in runs:
             if run.run_id in self._claimed or run.run_id in self._parked or run.run_id in self._gate:
-                continue  # a parked run comes back through _reload_parked, confirmed; a held one through the gate
+                continue  # a parked run comes back read from the database (.parked), a held one through the gate
             if not offered and self._gate.has_held(run):
                 self._gate.hold([run])  # behind the runs of its key held before it
                 continue
