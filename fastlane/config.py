@@ -11,9 +11,12 @@ from pathlib import Path
 
 from fastlane.domain.limits import (
     DEFAULT_MAX_PAYLOAD_BYTES,
+    MAX_PRIORITY,
+    MAX_PRIORITY_RESERVE,
     MAX_SEND_AHEAD,
     MAX_TENANT_IN_FLIGHT,
     MAX_TENANT_WEIGHT,
+    MIN_PRIORITY,
     PAYLOAD_CEILING_BYTES,
 )
 from fastlane.domain.quotas import TenantQuota
@@ -28,6 +31,28 @@ def default_node_id() -> str:
     """The pod name in Kubernetes (HOSTNAME), else host name and process id."""
     return os.environ.get("FASTLANE_NODE_ID") or f"{socket.gethostname()}-{os.getpid()}"
 
+
+
+@dataclass(frozen=True, slots=True)
+class PriorityReserve:
+    """Credits of every worker stream kept for urgent runs (``--priority-reserve PRIORITY=N``).
+
+    Runs of priority below ``priority`` hold at most a stream's credits less ``credits`` (at least
+    one, so a small worker still takes them); runs of ``priority`` or more take any free credit.
+    So urgent runs find a free credit (and are sent ahead, to start on their instant) however
+    large the backlog of the others, as long as no more than ``credits`` of them run at once.
+    """
+
+    priority: int
+    credits: int
+
+    def validate(self) -> None:
+        if not MIN_PRIORITY <= self.priority <= MAX_PRIORITY:
+            raise ConfigurationError(
+                f"--priority-reserve priority {self.priority} is out of range ({MIN_PRIORITY}..{MAX_PRIORITY})")
+        if not 1 <= self.credits <= MAX_PRIORITY_RESERVE:
+            raise ConfigurationError(
+                f"--priority-reserve credits {self.credits} are out of range (1..{MAX_PRIORITY_RESERVE})")
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
@@ -74,6 +99,8 @@ class Settings:
     tenant_weights: dict[str, int] = field(default_factory=dict)
     # Attempts of a tenant's runs this node has at workers at once; no cap for a tenant not named.
     tenant_max_in_flight: dict[str, int] = field(default_factory=dict)
+    # Credits of every worker stream kept for urgent runs; None: any run takes any credit.
+    priority_reserve: PriorityReserve | None = None
 
     def __post_init__(self) -> None:
         self._check_listeners()
@@ -100,6 +127,8 @@ class Settings:
             if not 1 <= cap <= MAX_TENANT_IN_FLIGHT:
                 raise ConfigurationError(
                     f"--tenant-max-in-flight {tenant}={cap} is out of range (1..{MAX_TENANT_IN_FLIGHT})")
+        if self.priority_reserve is not None:
+            self.priority_reserve.validate()
         if self.lead + self.send_ahead >= self.window:
             raise ConfigurationError("the materialisation lead (plus --send-ahead) must be shorter than the window")
 

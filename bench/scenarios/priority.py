@@ -18,12 +18,24 @@ waiting has waited about 0.55 x the time since the overload began: with 100 agai
 high runs would fall behind the backlog after about 9 s and wait as long as it; with 100 against
 -1000 (55 s) they stay ahead for all 40 s.
 
+Why a reserve: with every slot busy, a high run that falls due waits for a handler to end, and
+handlers that all take 50 ms end together (see bench/README.md), so it waits up to a whole
+handler's time however high its priority. So the nodes run with ``--priority-reserve
+100=N``: low runs hold at most the slots less N of each stream, and a high run finds a free one
+at its instant (it is sent ahead and starts on it). N is the high runs a stream has at once, plus
+one: each holds its slot for the send-ahead lead, the handler and the way back of its result
+(``reserved_credits``). The low runs pay for it with N slots. A ``fastlane serve`` without the
+flag (a build from before it) runs without a reserve, and the result and a note say so;
+``RESERVE = False`` does the same on purpose.
+
 Scaled: overload ``max(5, 40 x scale)`` s; the rates stay (they are multiples of capacity).
 """
 
 from __future__ import annotations
 
-from fastlane.bench.cluster import BUSY_JOB_TYPE, BusyWorkers, FastlaneCluster
+import math
+
+from fastlane.bench.cluster import BUSY_JOB_TYPE, BusyWorkers, FastlaneCluster, serve_accepts
 from fastlane.bench.harness import (
     CREATE_WORST_S,
     START_ALLOWANCE_S,
@@ -54,6 +66,10 @@ HIGH_EVERY = 10  # one run in ten is of high priority
 HIGH, LOW = 100, -1000  # priorities
 OVERLOAD_S = 40.0
 MIN_OVERLOAD_S = 5.0
+RESERVE = True  # run the nodes with --priority-reserve HIGH=reserved_credits(...)
+RESERVE_FLAG = "--priority-reserve"
+SEND_AHEAD_MS = 20  # the nodes' --send-ahead (default)
+RESULT_BACK_MS = 5  # a slot's way back: the worker holds results up to 4 ms, then the hop
 DRAIN_ALLOWANCE = 3.0  # x the expected drain time, for the backlog to drain (a hard bound only)
 GRACE_S = 60.0
 # Labels of the jobs (and classes of runs), and the result each class gives.
@@ -73,6 +89,14 @@ def offers(capacity: float, overload: float) -> list[Offer]:
     """Runs due evenly at ``TIMES_CAPACITY x capacity`` for ``overload`` s, every ``HIGH_EVERY``-th high."""
     return [Offer("high", offset, priority=HIGH) if index % HIGH_EVERY == 0 else Offer("low", offset, priority=LOW)
             for index, offset in enumerate(even_offsets(capacity * TIMES_CAPACITY, 0.0, overload))]
+
+
+def reserved_credits(busy: BusyWorkers) -> int:
+    """Credits of each stream to keep for high runs: how many a stream has at once (its share of
+    the high runs' rate x how long each holds a slot), plus one."""
+    high_per_stream = busy.concurrency * 1000 / busy.handler_ms * TIMES_CAPACITY / HIGH_EVERY
+    holds_s = (SEND_AHEAD_MS + busy.handler_ms * (1 + busy.jitter) + RESULT_BACK_MS) / 1000
+    return min(math.ceil(high_per_stream * holds_s) + 1, busy.concurrency - 1)
 
 
 def drain_s(overload: float) -> float:
@@ -105,9 +129,11 @@ async def priority(bench: Bench) -> list[dict[str, object]]:
     overload = overload_s(bench)
     capacity = busy.capacity_runs_per_s(bench.nodes)
     planned = offers(capacity, overload)
+    reserve = await _reserve(bench, busy)
+    node_args = [RESERVE_FLAG, f"{HIGH}={reserve}"] if reserve else []
     url = await bench.fresh_database("fastlane")
     first, created, labels = await create_offers(bench, url, planned, BUSY_JOB_TYPE)
-    async with FastlaneCluster(bench, url, nodes=bench.nodes, busy=busy) as cluster:
+    async with FastlaneCluster(bench, url, nodes=bench.nodes, busy=busy, node_args=node_args) as cluster:
         ready_at = await cluster.start()
         overrun = note_overrun(bench, first, ready_at)
         tail = RecordTail(cluster.record_paths)
@@ -121,7 +147,7 @@ async def priority(bench: Bench) -> list[dict[str, object]]:
     common: dict[str, object] = {
         **busy.as_json(bench.nodes), "overload_s": round(overload, 2), "times_capacity": TIMES_CAPACITY,
         "total_offered_runs_per_s": round(capacity * TIMES_CAPACITY, 1), "high_ahead_for_s": high_ahead_for_s(),
-        "aging_bound_s": AGING_BOUND_SECONDS,
+        "aging_bound_s": AGING_BOUND_SECONDS, "reserved_credits": reserve,
         "drained_after_s": round((last_start_us - end_us) / 1e6, 2) if last_start_us else None,
         "insert_s": round(created.seconds, 2), "lead_in_overrun_s": round(overrun, 2),
     }
@@ -138,3 +164,18 @@ async def priority(bench: Bench) -> list[dict[str, object]]:
             bench.note(f"{system}: {result['started']:,} of {offered:,} runs started before the deadline")
         results.append(result)
     return results
+
+
+async def _reserve(bench: Bench, busy: BusyWorkers) -> int | None:
+    """The credits each stream keeps for high runs, if this ``fastlane serve`` has the flag (a note if not)."""
+    if not RESERVE:
+        bench.note("no priority reserve (RESERVE is False): a high run that falls due with every slot busy waits "
+                   "for a handler to end")
+        return None
+    if not await serve_accepts(RESERVE_FLAG):
+        bench.note(f"no priority reserve: this fastlane serve has no {RESERVE_FLAG}; a high run that falls due with "
+                   "every slot busy waits for a handler to end")
+        return None
+    reserve = reserved_credits(busy)
+    bench.note(f"{reserve} of each stream's {busy.concurrency} credits kept for high runs ({RESERVE_FLAG} {HIGH}={reserve})")
+    return reserve

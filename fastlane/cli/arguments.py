@@ -16,12 +16,12 @@ from pathlib import Path
 import orjson
 
 from fastlane.auth.tls import ClientTls
-from fastlane.config import DEFAULT_SERVER
+from fastlane.config import DEFAULT_SERVER, PriorityReserve
 from fastlane.domain import validation
 from fastlane.domain.limits import MAX_TENANT_IN_FLIGHT, MAX_TENANT_WEIGHT
 from fastlane.domain.models import DEFAULT_TENANT, Schedule
 from fastlane.domain.schedules import parse_at, validate_schedule, zone
-from fastlane.errors import InvalidArgument, ScheduleError
+from fastlane.errors import ConfigurationError, InvalidArgument, ScheduleError
 
 SERVER_ENV = "FASTLANE_SERVER"
 TOKEN_ENV = "FASTLANE_TOKEN"  # read by fastlane.rpc.channel.load_token
@@ -68,6 +68,22 @@ def tenant_number(what: str, highest: int) -> Callable[[str], tuple[str, int]]:
 
 tenant_weight = tenant_number("weight", MAX_TENANT_WEIGHT)
 tenant_max_in_flight = tenant_number("cap", MAX_TENANT_IN_FLIGHT)
+
+
+def priority_reserve(text: str) -> PriorityReserve:
+    """``PRIORITY=N``: keep N credits of every worker stream for runs of priority PRIORITY or more."""
+    priority, equals, number = text.partition("=")
+    if not equals:
+        raise argparse.ArgumentTypeError(f"{text!r} is not PRIORITY=N, e.g. 100=3")
+    try:
+        reserve = PriorityReserve(int(priority), positive_int(number))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"priority {priority!r} is not a whole number") from None
+    try:
+        reserve.validate()
+    except ConfigurationError as error:
+        raise argparse.ArgumentTypeError(str(error).removeprefix("--priority-reserve ")) from None
+    return reserve
 
 
 def positive_seconds(text: str) -> float:

@@ -22,6 +22,7 @@ from fastlane.cli.arguments import (
     milliseconds_up_to,
     positive_int,
     positive_seconds,
+    priority_reserve,
     rate_or_unlimited,
     security_flags,
     tenant_max_in_flight,
@@ -180,6 +181,16 @@ def register(commands: Any) -> None:
         "shares keep room for them. Per node: with K nodes the tenant may have K x N in flight (a "
         "cluster-wide cap is a job's concurrency key). Repeat for each tenant; tenants not named have no cap",
     )
+    serve.add_argument(
+        "--priority-reserve",
+        metavar="PRIORITY=N",
+        type=priority_reserve,
+        default=None,
+        help="keep N credits of every worker stream for runs of priority PRIORITY or more: other runs hold at "
+        "most the stream's credits less N (at least one), so urgent runs start on time (sent ahead) however large "
+        "the backlog of the others, as long as no more than N of them run at once; urgent runs may also take "
+        "any other free credit. Default: none kept",
+    )
     serve.set_defaults(handler=serve_node, command_parser=serve)
 
     worker = commands.add_parser(
@@ -253,6 +264,7 @@ def serve_node(args: argparse.Namespace) -> int:
         send_ahead=timedelta(milliseconds=args.send_ahead),
         tenant_weights=dict(args.tenant_weights),
         tenant_max_in_flight=dict(args.tenant_caps),
+        priority_reserve=args.priority_reserve,
     )
     from fastlane.server.node import serve
 

@@ -61,3 +61,4 @@ MAX_ERROR_TEXT = 4_000  # error codes and messages reported by workers are cut t
 MAX_JOB_TYPES = 1_000  # job types one worker stream may declare
 
 MAX_CREDITS = 100_000  # credits a worker stream may declare in its Hello, or grant in one message
+MAX_PRIORITY_RESERVE = MAX_CREDITS  # credits of a worker stream kept for urgent runs (--priority-reserve)

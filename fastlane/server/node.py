@@ -189,6 +189,7 @@ class Node:
                                 max_ready_bytes_per_type=settings.max_ready_bytes_per_type,
                                 send_ahead=settings.send_ahead, tenant_weights=settings.tenant_weights,
                                 tenant_max_in_flight=settings.tenant_max_in_flight,
+                                priority_reserve=settings.priority_reserve,
                                 reschedule=reschedule)
 
         def shards_lost(shard_ids: Sequence[int]) -> None:

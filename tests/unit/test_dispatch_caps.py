@@ -12,6 +12,7 @@ from typing import Any
 from test_journal_split import ScriptedStore, drained, run_named, sent
 
 from fastlane.clock import SystemClock
+from fastlane.config import PriorityReserve
 from fastlane.domain.models import AttemptOutcome, Run
 from fastlane.domain.records import CappedDispatches
 from fastlane.engine.dispatch import Assign, Dispatcher
@@ -154,5 +155,53 @@ async def test_keyed_runs_are_never_sent_ahead_of_their_instant():
         session = node.connect("w", ["t"], 10, None)
         node._ahead._capable.add(session)  # its clock is known (as after a probe)
         assert [run.run_id for run in node.offer_ahead([keyed("k-0"), run_named("plain")])] == ["k-0"]
+    finally:
+        await drained(node, journal)
+
+
+def prioritised(name: str, priority: int) -> Run:
+    return replace(run_named(name), priority=priority)
+
+
+async def test_credits_kept_for_urgent_runs_go_to_nothing_else():
+    node = dispatcher(ScriptedStore(), Metrics(), priority_reserve=PriorityReserve(100, 3),
+                      send_ahead=timedelta(milliseconds=20))
+    journal = asyncio.create_task(node.run())
+    try:
+        worker = Received(node.connect("w", ["t"], 5, None))
+        node.release([prioritised(f"low-{i}", 0) for i in range(4)])
+        assert worker.read() == ["low-0", "low-1"]  # 3 of 5 credits kept
+        # An urgent run is sent ahead on a kept credit; an ordinary one is not.
+        node._ahead._capable.add(worker.session)  # its clock is known (as after a probe)
+        assert [run.run_id for run in node.offer_ahead([prioritised("low-later", 0), prioritised("urgent-later", 100)])] \
+            == ["low-later"]
+        node.release([prioritised("urgent-now", 100), prioritised("urgent-more", 1000)])
+        assert worker.read()[2:] == ["urgent-later", "urgent-now", "urgent-more"]
+        assert worker.session.credits == 0
+        # A credit that frees while ordinary runs hold their share goes to the next urgent run.
+        node.results(worker.session, [AttemptResult(run_id="urgent-now", lease_token=worker.token_of("urgent-now"),
+                                                    outcome=AttemptOutcome.SUCCEEDED)])
+        node.grant(worker.session, 1)
+        assert worker.read()[5:] == []
+        node.release([prioritised("urgent-2", 200)])
+        assert worker.read()[5:] == ["urgent-2"]
+        # An ordinary attempt that ends leaves room for the next ordinary run, on a credit freed
+        # before (the grant may come first).
+        node.grant(worker.session, 1)
+        assert worker.read()[6:] == []
+        node.results(worker.session, [AttemptResult(run_id="low-0", lease_token=worker.token_of("low-0"),
+                                                    outcome=AttemptOutcome.SUCCEEDED)])
+        assert worker.read()[6:] == ["low-2"]
+    finally:
+        await drained(node, journal)
+
+
+async def test_a_small_worker_keeps_one_credit_for_ordinary_runs():
+    node = dispatcher(ScriptedStore(), Metrics(), priority_reserve=PriorityReserve(100, 10))
+    journal = asyncio.create_task(node.run())
+    try:
+        worker = Received(node.connect("w", ["t"], 2, None))
+        node.release([prioritised(f"low-{i}", 0) for i in range(3)] + [prioritised("urgent", 100)])
+        assert worker.read() == ["low-0", "urgent"]
     finally:
         await drained(node, journal)

@@ -118,3 +118,40 @@ def test_the_oldest_due_of_each_tenant_follows_runs_taken_out_in_priority_order(
     assert queue.oldest_dues() == {"a": base + 9, "b": base + 2}
     queue.remove_if(lambda waiting: waiting.run.run_id == "b-0")
     assert queue.oldest_dues() == {"a": base + 9}
+
+
+def test_urgent_runs_can_be_taken_alone_and_keep_their_order_among_the_others():
+    queue: ReadyQueue[Waiting] = ReadyQueue(urgent_priority=100)
+    queue.append(run("low-0", "a", priority=-10, due=0))
+    queue.append(run("urgent-a", "a", priority=100, due=2))
+    queue.append(run("low-1", "b", priority=0, due=1))
+    queue.append(run("urgent-b", "b", priority=500, due=3))
+    assert queue.has_urgent()
+    # Only urgent runs, tenants taking turns; the others stay where they are.
+    assert queue.pop(urgent_only=True).run.run_id == "urgent-a"  # type: ignore[union-attr]
+    assert queue.pop(urgent_only=True).run.run_id == "urgent-b"  # type: ignore[union-attr]
+    assert queue.pop(urgent_only=True) is None and not queue.has_urgent()
+    assert len(queue) == 2 and queue.tenant_depths() == {"a": 1, "b": 1}
+    assert drain(queue) == ["low-0", "low-1"]
+
+
+def test_an_ordinary_pop_takes_the_better_of_the_two_heaps_as_one_heap_would():
+    plain: ReadyQueue[Waiting] = ReadyQueue()
+    split: ReadyQueue[Waiting] = ReadyQueue(urgent_priority=100)
+    runs = [run(f"r{i}", priority=priority, due=due)
+            for i, (priority, due) in enumerate([(-1000, 0), (100, 10), (0, 1), (1000, 60), (100, 2), (-5, 80)])]
+    for waiting in runs:
+        plain.append(waiting)
+        split.append(waiting)
+    assert drain(split) == drain(plain)
+
+
+def test_urgent_only_for_one_tenant_and_removal_keep_the_counts():
+    queue: ReadyQueue[Waiting] = ReadyQueue(urgent_priority=1)
+    queue.append(run("a-low", "a", priority=0))
+    queue.append(run("a-urgent", "a", priority=1))
+    queue.append(run("b-urgent", "b", priority=1))
+    assert queue.pop("a", urgent_only=True).run.run_id == "a-urgent"  # type: ignore[union-attr]
+    assert queue.pop("a", urgent_only=True) is None
+    assert [waiting.run.run_id for waiting in queue.remove_if(lambda waiting: waiting.run.tenant == "b")] == ["b-urgent"]
+    assert not queue.has_urgent() and len(queue) == 1 and queue.oldest_dues() == {"a": T0.timestamp()}

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from fastlane.clock import Clock
+from fastlane.config import PriorityReserve
 from fastlane.domain.models import Delivery, Run
 from fastlane.domain.records import KeyCap
 from fastlane.engine.dispatch.ahead import ClockProbe, SendAhead
@@ -61,8 +62,10 @@ class Dispatcher:
         send_ahead: timedelta = timedelta(0),
         tenant_weights: Mapping[str, int] | None = None,
         tenant_max_in_flight: Mapping[str, int] | None = None,
+        priority_reserve: PriorityReserve | None = None,
     ) -> None:
         self._store = store
+        self._reserve = priority_reserve
         self._tenant_weights = dict(tenant_weights or {})  # runs per turn of a ready queue (1 if not named)
         self._tenant_caps = dict(tenant_max_in_flight or {})  # attempts in flight per tenant (no cap if not named)
         self._node_id = node_id
@@ -292,7 +295,8 @@ class Dispatcher:
             return
         queue = self._ready.get(run.job_type)
         if queue is None:
-            queue = self._ready[run.job_type] = ReadyQueue(lambda tenant: self._tenant_weights.get(tenant, 1))
+            urgent = self._reserve.priority if self._reserve else None
+            queue = self._ready[run.job_type] = ReadyQueue(lambda tenant: self._tenant_weights.get(tenant, 1), urgent)
         if self._has_room(run.job_type, len(run.payload)) and (reloaded or not self._parked.any_of(run.job_type)):
             self._queued.add(run.run_id)
             queue.append(_Waiting(run, confirm_first))
@@ -323,16 +327,29 @@ class Dispatcher:
             if len(sessions) > 1:
                 sessions.append(sessions.pop(0))
             if (session.credits > 0 and (session.tenant is None or session.tenant == run.tenant)
-                    and (not ahead or self._ahead.can_hold(session))):
+                    and (not ahead or self._ahead.can_hold(session))
+                    and (not self._ordinary(run) or self._ordinary_room(session))):
                 return session
         return None
+
+    def _ordinary(self, run: Run) -> bool:
+        """Whether ``run`` is below the urgent priority of ``--priority-reserve`` (if one is set)."""
+        return self._reserve is not None and run.priority < self._reserve.priority
+
+    def _ordinary_room(self, session: WorkerSession) -> bool:
+        """Whether ``session`` may take one more ordinary run: ordinary runs hold at most the
+        stream's credits beyond the reserve (and never fewer than one, so a small worker still
+        takes them)."""
+        assert self._reserve is not None
+        limit = max(session.capacity - self._reserve.credits, 1)
+        return self._in_flight.ordinary_count(session) < limit
 
     def _assign(self, session: WorkerSession, run: Run, now: datetime, confirm_first: bool,
                 start_at: datetime | None = None) -> Assigned:
         session.credits -= 1
         token = new_lease_token()
         self._claimed.add(run.run_id)
-        self._in_flight.assign((run.run_id, token), session, run)
+        self._in_flight.assign((run.run_id, token), session, run, ordinary=self._ordinary(run))
         self._metrics.dispatch_lag.observe(max((now - run.available_at).total_seconds(), 0.0))
         # A keyed run claims its place under the cap in the database before it is sent (.capped).
         confirm = confirm_first or run.delivery is Delivery.AT_MOST_ONCE or run.concurrency_key is not None
@@ -347,8 +364,13 @@ class Dispatcher:
         for job_type in session.job_types:
             queue = self._ready.get(job_type)
             # A worker of one tenant takes only that tenant's runs; the others' wait their turn.
-            while (queue and session.credits > 0
-                   and (waiting := queue.pop(session.tenant, self._tenant_full)) is not None):
+            # Its last credits (the reserve) go to urgent runs only.
+            while queue and session.credits > 0:
+                urgent_only = self._reserve is not None and not self._ordinary_room(session)
+                if urgent_only and not queue.has_urgent():
+                    break
+                if (waiting := queue.pop(session.tenant, self._tenant_full, urgent_only=urgent_only)) is None:
+                    break
                 self._queued.discard(waiting.run.run_id)
                 self._ready_bytes[job_type] -= len(waiting.run.payload)
                 if waiting.run.run_id in self._claimed:
@@ -417,7 +439,9 @@ class Dispatcher:
         self._log_refused(session, "results", refused)
         self._journal.wake()
         self._gate.prune(self._in_flight)
-        if self._tenant_caps:  # a tenant at its cap may have room again: hand its waiting runs out
+        # A tenant at its cap, or a stream full of ordinary runs, may have room again: hand their
+        # waiting runs out on the credits already free.
+        if self._tenant_caps or self._reserve:
             for session in {id(s): s for sessions in self._sessions.values() for s in sessions if s.credits}.values():
                 self._assign_ready(session)
 

@@ -3,8 +3,10 @@
 A mapping of ``(run_id, lease_token)`` to the worker session holding the attempt, shared by the
 dispatcher and the journal. Attempts the dispatcher assigned (:meth:`InFlight.assign`) are also
 counted under their job type and tenant: for a tenant's cap on attempts in flight
-(``--tenant-max-in-flight``) and for ``fastlane_in_flight_runs``. An attempt put in without its run
-(the journal vouching for one sent before a reconnect) is held but not counted.
+(``--tenant-max-in-flight``) and for ``fastlane_in_flight_runs``. Attempts assigned as *ordinary* (below the
+urgent priority of ``--priority-reserve``) are also counted per worker session, whose credits
+beyond the reserve are all they may hold. An attempt put in without its run (the journal
+vouching for one sent before a reconnect) is held but not counted.
 """
 
 from __future__ import annotations
@@ -24,14 +26,23 @@ class InFlight(MutableMapping[AttemptKey, WorkerSession]):
         self._labels: dict[AttemptKey, Label] = {}
         self._by_label: Counter[Label] = Counter()
         self._by_tenant: Counter[str] = Counter()
+        self._ordinary: dict[AttemptKey, WorkerSession] = {}
+        self._ordinary_by_session: Counter[WorkerSession] = Counter()
 
-    def assign(self, key: AttemptKey, session: WorkerSession, run: Run) -> None:
-        """An attempt of ``run`` sent to ``session``: held and counted."""
+    def assign(self, key: AttemptKey, session: WorkerSession, run: Run, *, ordinary: bool = False) -> None:
+        """An attempt of ``run`` sent to ``session``: held and counted (``ordinary``: also per session)."""
         self.pop(key, None)
         self._sessions[key] = session
         label = self._labels[key] = (run.job_type, run.tenant)
         self._by_label[label] += 1
         self._by_tenant[run.tenant] += 1
+        if ordinary:
+            self._ordinary[key] = session
+            self._ordinary_by_session[session] += 1
+
+    def ordinary_count(self, session: WorkerSession) -> int:
+        """Ordinary attempts (see the module's docstring) ``session`` holds."""
+        return self._ordinary_by_session[session]
 
     def tenant_count(self, tenant: str) -> int:
         """Attempts of ``tenant``'s runs in flight from this node."""
@@ -57,15 +68,11 @@ class InFlight(MutableMapping[AttemptKey, WorkerSession]):
 
     def __delitem__(self, key: AttemptKey) -> None:
         del self._sessions[key]
-        label = self._labels.pop(key, None)
-        if label is not None:
-            self._uncount(label)
+        self._uncount(key)
 
     def pop(self, key: AttemptKey, default: WorkerSession | None = None) -> WorkerSession | None:  # type: ignore[override]
         session = self._sessions.pop(key, default)
-        label = self._labels.pop(key, None)
-        if label is not None:
-            self._uncount(label)
+        self._uncount(key)
         return session
 
     def __iter__(self) -> Iterator[AttemptKey]:
@@ -74,7 +81,14 @@ class InFlight(MutableMapping[AttemptKey, WorkerSession]):
     def __len__(self) -> int:
         return len(self._sessions)
 
-    def _uncount(self, label: Label) -> None:
+    def _uncount(self, key: AttemptKey) -> None:
+        if (session := self._ordinary.pop(key, None)) is not None:
+            self._ordinary_by_session[session] -= 1
+            if not self._ordinary_by_session[session]:
+                del self._ordinary_by_session[session]
+        label = self._labels.pop(key, None)
+        if label is None:
+            return
         self._by_label[label] -= 1
         self._by_tenant[label[1]] -= 1
         if not self._by_label[label]:
