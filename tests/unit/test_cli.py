@@ -17,7 +17,7 @@ import fastlane.cli.remote
 from fastlane.auth.tls import ClientTls
 from fastlane.cli.main import main
 from fastlane.cli.output import format_fields, format_table
-from fastlane.config import Settings
+from fastlane.config import PriorityReserve, Settings
 from fastlane.storage import redacted_url
 
 
@@ -436,9 +436,10 @@ def test_serve_takes_tenant_weights(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setitem(sys.modules, "fastlane.server.node", SimpleNamespace(serve=serve))
     assert main(["serve", "--db", "sqlite:///x.db", "--tenant-weight", "billing=3", "--tenant-weight", "ops=1",
-                 "--tenant-max-in-flight", "billing=40"]) == 0
+                 "--tenant-max-in-flight", "billing=40", "--priority-reserve", "-5=3"]) == 0
     assert received[0].tenant_weights == {"billing": 3, "ops": 1}
     assert received[0].tenant_max_in_flight == {"billing": 40}
+    assert received[0].priority_reserve == PriorityReserve(priority=-5, credits=3)
 
 
 @pytest.mark.parametrize("value", ["billing", "billing=0", "billing=101", "billing=x", "=3", "bad tenant=2"])
@@ -467,3 +468,18 @@ def test_settings_refuse_a_tenant_cap_out_of_bounds(cap: int) -> None:
 
     with pytest.raises(ConfigurationError, match="--tenant-max-in-flight"):
         Settings(tenant_max_in_flight={"billing": cap})
+
+
+@pytest.mark.parametrize("value", ["100", "100=0", "100=100001", "x=3", "1001=3", "-1001=3", "100=x", "=3"])
+def test_serve_refuses_a_priority_reserve_out_of_bounds(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--priority-reserve", value]) == 2
+    assert "--priority-reserve" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("priority", "credits"), [(1001, 1), (-1001, 1), (0, 0), (0, 100_001)])
+def test_settings_refuse_a_priority_reserve_out_of_bounds(priority: int, credits: int) -> None:
+    from fastlane.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="--priority-reserve"):
+        Settings(priority_reserve=PriorityReserve(priority, credits))
+
