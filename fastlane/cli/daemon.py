@@ -189,7 +189,7 @@ def register(commands: Any) -> None:
         help="keep N credits of every worker stream for runs of priority PRIORITY or more: other runs hold at "
         "most the stream's credits less N (at least one), so urgent runs start on time (sent ahead) however large "
         "the backlog of the others, as long as no more than N of them run at once; urgent runs may also take "
-        "any other free credit. Default: none kept",
+        "any other free credit; a negative PRIORITY is written --priority-reserve=-5=2. Default: none kept",
     )
     serve.set_defaults(handler=serve_node, command_parser=serve)
 

@@ -436,7 +436,7 @@ def test_serve_takes_tenant_weights(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setitem(sys.modules, "fastlane.server.node", SimpleNamespace(serve=serve))
     assert main(["serve", "--db", "sqlite:///x.db", "--tenant-weight", "billing=3", "--tenant-weight", "ops=1",
-                 "--tenant-max-in-flight", "billing=40", "--priority-reserve", "-5=3"]) == 0
+                 "--tenant-max-in-flight", "billing=40", "--priority-reserve=-5=3"]) == 0
     assert received[0].tenant_weights == {"billing": 3, "ops": 1}
     assert received[0].tenant_max_in_flight == {"billing": 40}
     assert received[0].priority_reserve == PriorityReserve(priority=-5, credits=3)
