@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from fastlane.bench.harness import SHARDS, Bench, Deadline, ProcessMemory, now_utc, peak_rss
+from fastlane.bench.harness import SHARDS, Bench, Deadline, ProcessMemory, cpu_seconds, now_utc, peak_rss
 from fastlane.bench.processes import ROOT, Daemon, WorkerProcess, child_environment
 from fastlane.bench.secure import Secured
 
@@ -210,4 +210,4 @@ class FastlaneCluster:
             process.stop()
 
     def _note_memory(self, name: str, pid: int | None) -> None:
-        self._bench.memory.append(ProcessMemory(name, pid, peak_rss(pid)))
+        self._bench.memory.append(ProcessMemory(name, pid, peak_rss(pid), cpu_seconds(pid)))

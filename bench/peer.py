@@ -80,7 +80,7 @@ async def run_peer(bench: Bench, system: str, offsets_s: list[float], *, grace_s
         process.stop()
         bench.progress.end()
     summary = orjson.loads(summary_path.read_bytes()) if summary_path.exists() else {}
-    bench.memory.append(ProcessMemory(f"{system}", process.pid, summary.get("peak_rss_bytes")))
+    bench.memory.append(ProcessMemory(f"{system}", process.pid, summary.get("peak_rss_bytes"), summary.get("cpu_s")))
     if process.popen is not None and process.popen.returncode not in (0, None) and not summary:
         bench.note(f"{system} failed (exit {process.popen.returncode}): {process.log_tail(5)}")
     overrun = summary.get("lead_in_overrun_s") or 0.0

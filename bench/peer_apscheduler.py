@@ -18,6 +18,7 @@ function is starting it, so its start lag is its delivery lag.
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import time
 from datetime import UTC, datetime, timedelta
@@ -126,7 +127,8 @@ async def run(config: dict[str, Any]) -> dict[str, Any]:
         except TimeoutError:
             pass
         return {"base_us": round(base.timestamp() * 1_000_000), "insert_s": insert_s,
-                "lead_in_overrun_s": max(overrun, 0.0), "called": _calls, "peak_rss_bytes": _vm_hwm()}
+                "lead_in_overrun_s": max(overrun, 0.0), "called": _calls, "peak_rss_bytes": _vm_hwm(),
+                "cpu_s": round(sum(os.times()[:2]), 2)}
     finally:
         scheduler.shutdown(wait=False)
         _record.close()

@@ -104,8 +104,10 @@ def render_markdown(document: Mapping[str, Any]) -> str:
         lines += ["", "## Targets", ""] + _targets_table(targets)
     processes = document.get("processes") or []
     if processes:
-        lines += ["", "## Peak RSS (VmHWM)", "", "| process | pid | peak RSS |", "|---|---:|---:|"]
-        lines += [f"| {p['name']} | {p.get('pid') or ''} | {_bytes(p.get('peak_rss_bytes'))} |" for p in processes]
+        lines += ["", "## Processes: peak RSS (VmHWM) and CPU time", "", "| process | pid | peak RSS | CPU s |",
+                  "|---|---:|---:|---:|"]
+        lines += [f"| {p['name']} | {p.get('pid') or ''} | {_bytes(p.get('peak_rss_bytes'))} | "
+                  f"{'' if p.get('cpu_s') is None else p['cpu_s']} |" for p in processes]
     notes = document.get("notes") or []
     if notes:
         lines += ["", "## Notes", ""] + [f"- {note}" for note in notes]

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 import sys
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 import orjson
 import pytest
-from fastlane.bench.harness import Bench, ProcessMemory, Progress, RecordTail, system_result
+from fastlane.bench.harness import Bench, ProcessMemory, Progress, RecordTail, cpu_seconds, system_result
 from fastlane.bench.processes import ROOT, child_environment
 from fastlane.bench.report import render_markdown, to_json, write_outputs
 from fastlane.bench.runner import build_document
@@ -288,7 +290,7 @@ def test_markdown_report_has_results_ratios_and_targets() -> None:
     document["ratios"] = {"apscheduler-memory": lag_ratios(fastlane, memory),
                           "apscheduler-sqlalchemy": lag_ratios(fastlane, sql)}
     document["targets"] = [target.as_json() for target in evaluate(document)]
-    document["processes"] = [{"name": "fastlane node-1", "pid": 42, "peak_rss_bytes": 3 * (1 << 20)}]
+    document["processes"] = [{"name": "fastlane node-1", "pid": 42, "peak_rss_bytes": 3 * (1 << 20), "cpu_s": 12.5}]
     document["notes"] = ["a note"]
     text = render_markdown(document)
     lines = text.splitlines()
@@ -303,7 +305,7 @@ def test_markdown_report_has_results_ratios_and_targets() -> None:
     assert "| spread p99 start lag vs APScheduler in-memory store (≤1x) | 0.8 ratio | <= 1 ratio | MET |  |" in lines
     assert "| spread p99 delivery lag | 3 ms | <= 5 ms | MET |  |" in lines
     assert "| spread p99 vs APScheduler in-memory store (≤2x) | 3 ratio | <= 2 ratio | MISSED |  |" in lines
-    assert "| fastlane node-1 | 42 | 3.0 MiB |" in lines
+    assert "| fastlane node-1 | 42 | 3.0 MiB | 12.5 |" in lines
     assert lines[-1] == "- a note"
 
 
@@ -469,3 +471,13 @@ def test_stall_causes_are_the_labels_that_grew_most() -> None:
     before = {'stalls{cause="gc"}': 5.0, 'stalls{cause="other"}': 1.0}
     after = {'stalls{cause="gc"}': 6.0, 'stalls{cause="other"}': 4.0, 'stalls{cause="mod:f"}': 2.0}
     assert stall_causes(before, after, "stalls") == {"other": 3.0, "mod:f": 2.0, "gc": 1.0}
+
+
+def test_cpu_seconds_of_a_process_grow_as_it_works_and_are_none_once_it_is_gone() -> None:
+    before = cpu_seconds(os.getpid())
+    deadline = time.process_time() + 0.05
+    while time.process_time() < deadline:  # burn 50 ms of CPU
+        pass
+    after = cpu_seconds(os.getpid())
+    assert before is not None and after is not None and after >= before + 0.03
+    assert cpu_seconds(None) is None and cpu_seconds(2**22 + 12345) is None  # above pid_max: no such process
