@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-fast typecheck lint chaos proto proto-check bench-spread bench-burst clean
+.PHONY: install demo test test-fast typecheck lint chaos proto proto-check bench-spread bench-burst clean tools
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,8 +21,12 @@ demo: $(STAMP)
 	$(BIN)/fastlane demo
 
 ## test: lint and type check, then the whole suite, SQLite and PostgreSQL (a throwaway cluster unless FASTLANE_TEST_PG_DSN is set)
-test: $(STAMP) proto-check lint typecheck
+test: $(STAMP) proto-check lint typecheck tools
 	$(BIN)/python -m pytest
+
+## tools: what the suite needs beyond Python packages (promtool, for the alert rules), installed if missing
+tools:
+	bash scripts/ensure_tools.sh
 
 ## typecheck: mypy over the package, as configured in pyproject.toml
 typecheck: $(STAMP)
@@ -33,7 +37,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check fastlane bench tests scripts
 
 ## test-fast: everything but the end-to-end process tests
-test-fast: $(STAMP)
+test-fast: $(STAMP) tools
 	$(BIN)/python -m pytest -m "not e2e and not chaos"
 
 ## chaos: only the long failure-injection tests

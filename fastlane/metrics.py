@@ -102,6 +102,10 @@ class Metrics:
         )
         self.database_writable.set(1)
         self.shards_owned = Gauge("fastlane_shards_owned", "Shards this node holds a lease on", registry=registry)
+        self.shard_count = Gauge("fastlane_shard_count",
+                                 "Shards the jobs are split into (--shards: the same on every node of a cluster); "
+                                 "the cluster's shards owned add up to it when every shard has a node",
+                                 registry=registry)
         self.shards_lost = Counter("fastlane_shards_lost_total",
                                    "Shards this node stopped owning, by cause (rebalance, not_renewed, local_expiry, "
                                    "fence_rejected, rebuild_failed, server_changed)", ["cause"], registry=registry)

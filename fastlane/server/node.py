@@ -71,6 +71,7 @@ class Node:
         self.settings = settings
         self.clock = clock or SystemClock()
         self.metrics = Metrics()
+        self.metrics.shard_count.set(settings.shard_count)
         self.ready = asyncio.Event()
         self._stop = asyncio.Event()
         self._failure: FastlaneError | None = None  # why the node could not go on, if it could not
