@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from fastlane.bench.harness import SHARDS, Bench, Deadline, ProcessMemory, cpu_seconds, now_utc, peak_rss
+from fastlane.bench.harness import SHARDS, Bench, Deadline, now_utc
 from fastlane.bench.processes import ROOT, Daemon, WorkerProcess, child_environment
 from fastlane.bench.secure import Secured
+from fastlane.bench.usage import ProcessMemory, cpu_seconds, peak_rss
 
 from fastlane.client import Client
 

@@ -10,8 +10,6 @@ serialises its writes anyway.
 from __future__ import annotations
 
 import asyncio
-import os
-import resource
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -30,6 +28,7 @@ from fastlane.bench.stats import (
     percentiles,
     runs_per_second,
 )
+from fastlane.bench.usage import ProcessMemory
 
 from fastlane.clock import to_micros
 from fastlane.domain.models import DEFAULT_TENANT, Job, JobSpec, Schedule
@@ -117,20 +116,6 @@ class Progress:
         self._drawn = line
         self._stream.write(f"\r{line}\x1b[K" if self._live else f"{line}\n")
         self._stream.flush()
-
-
-@dataclass(frozen=True, slots=True)
-class ProcessMemory:
-    """What a process took: its peak RSS, and the CPU time it used (user + system, all threads)
-    over its life: with two cores shared by every process of a run, CPU is what the others miss."""
-
-    name: str
-    pid: int | None
-    peak_rss_bytes: int | None
-    cpu_s: float | None = None
-
-    def as_json(self) -> dict[str, object]:
-        return {"name": self.name, "pid": self.pid, "peak_rss_bytes": self.peak_rss_bytes, "cpu_s": self.cpu_s}
 
 
 @dataclass(kw_only=True)
@@ -266,50 +251,6 @@ async def wait_for_runs(tail: RecordTail, expected: int, deadline: Deadline, pro
             progress.update(len(seen), expected, force=True)
             return len(seen)
         await asyncio.sleep(0.1)
-
-
-# -- memory ------------------------------------------------------------------------------------------
-
-
-def proc_status(pid: int) -> dict[str, int]:
-    """VmRSS, VmHWM and friends of a live process, in bytes; empty if it is gone."""
-    figures: dict[str, int] = {}
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                name, _, value = line.partition(":")
-                parts = value.split()
-                if name.startswith("Vm") and len(parts) == 2 and parts[1] == "kB":
-                    figures[name] = int(parts[0]) * 1024
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        pass
-    return figures
-
-
-def peak_rss(pid: int | None) -> int | None:
-    return proc_status(pid).get("VmHWM") if pid else None
-
-
-def cpu_seconds(pid: int | None) -> float | None:
-    """User + system CPU time of a live process so far (``/proc/PID/stat``), None if it is gone."""
-    if not pid:
-        return None
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    utime, stime = int(fields[11]), int(fields[12])  # fields 14 and 15 of proc(5)
-    return round((utime + stime) / os.sysconf("SC_CLK_TCK"), 2)
-
-
-def current_rss(pid: int | None) -> int | None:
-    return proc_status(pid).get("VmRSS") if pid else None
-
-
-def harness_memory() -> ProcessMemory:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return ProcessMemory("harness", os.getpid(), usage.ru_maxrss * 1024, round(usage.ru_utime + usage.ru_stime, 2))
 
 
 # -- creating jobs ----------------------------------------------------------------------------------

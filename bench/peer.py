@@ -12,9 +12,10 @@ import sys
 import urllib.parse
 
 import orjson
-from fastlane.bench.harness import Bench, Deadline, ProcessMemory, RecordTail, system_result
+from fastlane.bench.harness import Bench, Deadline, RecordTail, system_result
 from fastlane.bench.processes import Process, child_environment
 from fastlane.bench.stats import Deliveries
+from fastlane.bench.usage import ProcessMemory
 
 # The peer's systems, by the name results carry, and the APScheduler job store each uses.
 PEERS: dict[str, str] = {"apscheduler-memory": "memory", "apscheduler-sqlalchemy": "sqlalchemy"}

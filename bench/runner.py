@@ -23,12 +23,13 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from fastlane.bench.harness import JOB_CREATION, Bench, BenchTimeout, Progress, harness_memory
+from fastlane.bench.harness import JOB_CREATION, Bench, BenchTimeout, Progress
 from fastlane.bench.pgcluster import ThrowawayPostgres
 from fastlane.bench.report import render_markdown, to_json, write_outputs
 from fastlane.bench.scenarios import SCENARIOS, Scenario
 from fastlane.bench.stats import lag_ratios
 from fastlane.bench.targets import as_json, evaluate, result_of
+from fastlane.bench.usage import harness_memory
 
 from fastlane.errors import FastlaneError
 

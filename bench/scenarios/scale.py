@@ -32,11 +32,11 @@ from fastlane.bench.harness import (
     Bench,
     Deadline,
     JobWriter,
-    current_rss,
     now_utc,
     sleep_until,
 )
 from fastlane.bench.stats import percentiles
+from fastlane.bench.usage import current_rss
 
 from fastlane.domain.models import JobSpec, Schedule
 

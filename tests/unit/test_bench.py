@@ -12,7 +12,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from fastlane.bench.harness import Bench, ProcessMemory, Progress, RecordTail, cpu_seconds, system_result
+from fastlane.bench.harness import Bench, Progress, RecordTail, system_result
 from fastlane.bench.processes import ROOT, child_environment
 from fastlane.bench.report import render_markdown, to_json, write_outputs
 from fastlane.bench.runner import build_document
@@ -32,6 +32,7 @@ from fastlane.bench.stats import (
     stall_causes,
 )
 from fastlane.bench.targets import evaluate
+from fastlane.bench.usage import ProcessMemory, cpu_seconds
 
 from fastlane.cli.main import main
 
