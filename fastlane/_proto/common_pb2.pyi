@@ -158,7 +158,7 @@ class Run(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., job_id: _Optional[str] = ..., tenant: _Optional[str] = ..., job_type: _Optional[str] = ..., scheduled_for: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., available_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., state: _Optional[str] = ..., attempts: _Optional[int] = ..., manual: _Optional[bool] = ..., worker_id: _Optional[str] = ..., progress: _Optional[float] = ..., last_error: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., shard_id: _Optional[int] = ..., checkpoint_bytes: _Optional[int] = ..., cancel_requested: _Optional[bool] = ...) -> None: ...
 
 class Attempt(_message.Message):
-    __slots__ = ("attempt", "worker_id", "node_id", "outcome", "dispatched_at", "started_at", "finished_at", "error_code", "error_message", "reported_late", "redelivery")
+    __slots__ = ("attempt", "worker_id", "node_id", "outcome", "dispatched_at", "started_at", "finished_at", "error_code", "error_message", "reported_late", "redelivery", "error_traceback")
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -170,6 +170,7 @@ class Attempt(_message.Message):
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     REPORTED_LATE_FIELD_NUMBER: _ClassVar[int]
     REDELIVERY_FIELD_NUMBER: _ClassVar[int]
+    ERROR_TRACEBACK_FIELD_NUMBER: _ClassVar[int]
     attempt: int
     worker_id: str
     node_id: str
@@ -181,4 +182,5 @@ class Attempt(_message.Message):
     error_message: str
     reported_late: bool
     redelivery: bool
-    def __init__(self, attempt: _Optional[int] = ..., worker_id: _Optional[str] = ..., node_id: _Optional[str] = ..., outcome: _Optional[str] = ..., dispatched_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error_code: _Optional[str] = ..., error_message: _Optional[str] = ..., reported_late: _Optional[bool] = ..., redelivery: _Optional[bool] = ...) -> None: ...
+    error_traceback: str
+    def __init__(self, attempt: _Optional[int] = ..., worker_id: _Optional[str] = ..., node_id: _Optional[str] = ..., outcome: _Optional[str] = ..., dispatched_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error_code: _Optional[str] = ..., error_message: _Optional[str] = ..., reported_late: _Optional[bool] = ..., redelivery: _Optional[bool] = ..., error_traceback: _Optional[str] = ...) -> None: ...

@@ -69,7 +69,7 @@ class Results(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[RunResult, _Mapping]]] = ...) -> None: ...
 
 class RunResult(_message.Message):
-    __slots__ = ("run_id", "lease_token", "outcome", "error_code", "error_message", "started_at", "finished_at")
+    __slots__ = ("run_id", "lease_token", "outcome", "error_code", "error_message", "started_at", "finished_at", "error_traceback")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
@@ -77,6 +77,7 @@ class RunResult(_message.Message):
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     STARTED_AT_FIELD_NUMBER: _ClassVar[int]
     FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_TRACEBACK_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     lease_token: int
     outcome: str
@@ -84,7 +85,8 @@ class RunResult(_message.Message):
     error_message: str
     started_at: _timestamp_pb2.Timestamp
     finished_at: _timestamp_pb2.Timestamp
-    def __init__(self, run_id: _Optional[str] = ..., lease_token: _Optional[int] = ..., outcome: _Optional[str] = ..., error_code: _Optional[str] = ..., error_message: _Optional[str] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    error_traceback: str
+    def __init__(self, run_id: _Optional[str] = ..., lease_token: _Optional[int] = ..., outcome: _Optional[str] = ..., error_code: _Optional[str] = ..., error_message: _Optional[str] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error_traceback: _Optional[str] = ...) -> None: ...
 
 class NodeMessage(_message.Message):
     __slots__ = ("welcome", "assignments", "acks", "cancel", "clock_echo")

@@ -8,7 +8,15 @@ from typing import Any
 from fastlane.cli.arguments import client_flags, json_flag, positive_int
 from fastlane.cli.output import note, print_fields, print_json, print_table
 from fastlane.cli.remote import collect_pages, run_remote
-from fastlane.cli.views import attempt_note, attempt_view, audit_view, fetch_history, print_history, run_view
+from fastlane.cli.views import (
+    attempt_note,
+    attempt_view,
+    audit_view,
+    fetch_history,
+    print_history,
+    print_tracebacks,
+    run_view,
+)
 from fastlane.client import Client
 from fastlane.domain.audit import AuditTarget
 from fastlane.domain.models import Run, RunState
@@ -46,6 +54,8 @@ def register(commands: Any) -> None:
         description="Show one run, its attempts and its history (who triggered, cancelled or retried it, and when)."
     )
     get.add_argument("run_id", metavar="RUN_ID", help="id of the run")
+    get.add_argument("--all-tracebacks", action="store_true",
+                     help="print the traceback of every attempt that raised (default: the last one only)")
     json_flag(get)
     get.set_defaults(handler=get_run, command_parser=get)
 
@@ -147,6 +157,7 @@ def get_run(args: argparse.Namespace) -> int:
                     for attempt in attempts
                 ],
             )
+            print_tracebacks(attempts, every=args.all_tracebacks)
         print_history(history, targets=False)
         return 0
 

@@ -7,6 +7,7 @@ Instants are RFC 3339 strings with ``Z`` for UTC, durations are seconds, enumera
 from __future__ import annotations
 
 import base64
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -169,6 +170,18 @@ def attempt_note(attempt: Attempt) -> str:
     return ", ".join(note for note in notes if note)
 
 
+def print_tracebacks(attempts: Sequence[Attempt], *, every: bool = False) -> None:
+    """The tracebacks of the attempts whose handler raised: the last one (``every``: all), each
+    under a line naming its attempt; nothing when none raised."""
+    traced = [attempt for attempt in attempts if attempt.error_traceback]
+    for attempt in traced if every else traced[-1:]:
+        print()
+        print(f"attempt {attempt.attempt} ({attempt.outcome.value}) traceback:")
+        print(attempt.error_traceback)
+    if len(traced) > 1 and not every:
+        print(f"({len(traced) - 1} earlier attempts raised too: --all-tracebacks shows them)")
+
+
 def attempt_view(attempt: Attempt) -> dict[str, Any]:
     return {
         "attempt": attempt.attempt,
@@ -180,6 +193,7 @@ def attempt_view(attempt: Attempt) -> dict[str, Any]:
         "finished_at": rfc3339(attempt.finished_at),
         "error_code": attempt.error_code,
         "error_message": attempt.error_message,
+        "error_traceback": attempt.error_traceback,
         "reported_late": attempt.reported_late,
         "redelivery": attempt.redelivery,
     }

@@ -348,6 +348,7 @@ class Attempt:
     reported_late: bool = False
     # Sent while an earlier, unrecorded delivery of the run was under way: the run went out twice.
     redelivery: bool = False
+    error_traceback: str | None = None  # the handler's, if it raised (its last MAX_ERROR_TRACEBACK characters)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

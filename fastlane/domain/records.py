@@ -86,6 +86,7 @@ class AttemptResult:
     error_message: str | None = None
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    error_traceback: str | None = None
 
 
 class ChangeKind(StrEnum):

@@ -36,6 +36,7 @@ from fastlane.domain.limits import (
     MAX_CONCURRENCY_LIMIT,
     MAX_CRON_LENGTH,
     MAX_ERROR_TEXT,
+    MAX_ERROR_TRACEBACK,
     MAX_FIRE_ALL_CAP,
     MAX_ID_LENGTH,
     MAX_INTERVAL,
@@ -57,6 +58,7 @@ from fastlane.errors import InvalidArgument
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@-]*")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_CONTROL_BUT_LINES = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # keeps tabs and line feeds
 
 
 # -- scalars -----------------------------------------------------------------------------------
@@ -138,6 +140,14 @@ def progress(value: float) -> float:
 def error_text(value: str) -> str:
     """An error code or message from a worker: kept, but cut to a bounded length and cleaned."""
     return _CONTROL.sub(" ", value[:MAX_ERROR_TEXT]) if _CONTROL.search(value) or len(value) > MAX_ERROR_TEXT else value
+
+
+def traceback_text(value: str) -> str:
+    """A handler's traceback from a worker: its last :data:`MAX_ERROR_TRACEBACK` characters (where
+    the exception and the innermost frames are), its lines kept, other control characters cleaned."""
+    if len(value) > MAX_ERROR_TRACEBACK:
+        value = "…" + value[-(MAX_ERROR_TRACEBACK - 1):]
+    return _CONTROL_BUT_LINES.sub(" ", value) if _CONTROL_BUT_LINES.search(value) else value
 
 
 def note_text(value: str, max_length: int) -> str:

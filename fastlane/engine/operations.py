@@ -85,6 +85,8 @@ class Operations:
     async def cancel_run(self, tenant: str, run_id: str) -> Run:
         """Cancel a run; runs it held back (its job's concurrency) are released."""
         cancellation = await self._store.cancel_run(tenant, run_id)
+        if cancellation.already:
+            return cancellation.run  # cancelled before: nothing to stop, nothing new for the history
         self.run_cancelled(cancellation.run)
         for run in cancellation.released:
             self.run_scheduled(run)

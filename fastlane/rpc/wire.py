@@ -264,6 +264,7 @@ def attempt_to_pb(attempt: Attempt) -> pb.Attempt:
         finished_at=timestamp(attempt.finished_at),
         error_code=attempt.error_code or "",
         error_message=attempt.error_message or "",
+        error_traceback=attempt.error_traceback or "",
         reported_late=attempt.reported_late,
         redelivery=attempt.redelivery,
     )
@@ -311,7 +312,7 @@ def run_from_pb(message: pb.Run) -> Run:
         updated_at=message.created_at.ToDatetime(tzinfo=UTC),
         worker_id=message.worker_id or None,
         finished_at=instant(message.finished_at, message.HasField("finished_at")),
-        progress=message.progress,
+        progress=round(message.progress, 6),  # a float32 on the wire: 0.4 arrives as 0.4000000059604645
         last_error=message.last_error or None,
         cancel_requested=message.cancel_requested,
     )
@@ -330,6 +331,7 @@ def attempt_from_pb(run_id: str, message: pb.Attempt) -> Attempt:
         finished_at=instant(message.finished_at, message.HasField("finished_at")),
         error_code=message.error_code or None,
         error_message=message.error_message or None,
+        error_traceback=message.error_traceback or None,
         reported_late=message.reported_late,
         redelivery=message.redelivery,
     )

@@ -273,6 +273,7 @@ def build_attempt(row: Row) -> Attempt:
         finished_at=row["finished_at"],
         error_code=row["error_code"],
         error_message=row["error_message"],
+        error_traceback=row["error_traceback"],
         reported_late=bool(row["reported_late"]),
         redelivery=bool(row["redelivery"]),
     )

@@ -96,7 +96,7 @@ def plan_late_reports(
             dispatched_at=began, started_at=result.started_at,
             finished_at=None if adopt else (result.finished_at or now),
             error_code=None if adopt else result.error_code, error_message=None if adopt else result.error_message,
-            reported_late=True,
+            error_traceback=None if adopt else result.error_traceback, reported_late=True,
         ))
         if adopt:
             plan.adopted[run.run_id] = replace(run, state=RunState.DISPATCHED, lease_token=result.lease_token,

@@ -68,7 +68,9 @@ class Materialised:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Cancellation:
-    """What cancelling a run did: ``run`` as it is now, ``released`` runs to schedule at once."""
+    """What cancelling a run did: ``run`` as it is now, ``released`` runs to schedule at once;
+    ``already``: it was cancelled before, and nothing changed (a cancel is idempotent, as a pause is)."""
 
     run: Run
     released: list[Run] = field(default_factory=list)
+    already: bool = False

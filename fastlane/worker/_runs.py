@@ -21,6 +21,7 @@ from fastlane._proto import workers_pb2 as pb
 from fastlane.domain.models import AttemptOutcome
 from fastlane.errors import PermanentError
 from fastlane.rpc.wire import timestamp
+from fastlane.worker._failures import FailureLog, format_traceback
 from fastlane.worker._hold import StartTimer
 
 log = logging.getLogger("fastlane.worker")
@@ -45,6 +46,7 @@ class Verdict:
     outcome: AttemptOutcome
     error_code: str = ""
     error_message: str = ""
+    traceback: str = ""  # the handler's, if it raised (format_traceback: already cut)
 
     def result(self, slot: RunSlot, started_at: datetime, finished_at: datetime) -> pb.RunResult:
         return pb.RunResult(
@@ -55,10 +57,14 @@ class Verdict:
             error_message=self.error_message[:MAX_ERROR_MESSAGE],
             started_at=timestamp(started_at),
             finished_at=timestamp(finished_at),
+            error_traceback=self.traceback,
         )
 
 
 _SUCCEEDED = Verdict(AttemptOutcome.SUCCEEDED)
+# Outcomes of a handler that went wrong: logged (FailureLog), with the traceback where it raised.
+_LOGGED = frozenset({AttemptOutcome.FAILED, AttemptOutcome.PERMANENT_FAILURE, AttemptOutcome.TIMED_OUT})
+FAILURES = FailureLog()  # one per worker process: its budget is per job type
 
 
 async def run_attempt(
@@ -81,6 +87,10 @@ async def run_attempt(
     started_at = slot.begin()
     verdict = await judge_attempt(call, slot, timeout or None)
     slot.stream.finish(slot, verdict.result(slot, started_at, datetime.now(UTC)))
+    if verdict.outcome in _LOGGED:
+        FAILURES.failed(job_type=assignment.job_type, run_id=slot.run_id, attempt=assignment.attempt,
+                        outcome=verdict.outcome.value,
+                        traceback_text=verdict.traceback or f"{verdict.error_code}: {verdict.error_message}")
 
 
 def held_until(start_at_ns: int, now_ns: int) -> int | None:
@@ -137,13 +147,17 @@ async def judge_attempt(call: Callable[[], Awaitable[None]], slot: RunSlot, time
 
 
 def _failure(outcome: AttemptOutcome, exc: Exception) -> Verdict:
-    # DEBUG, not higher: under load a failing job type would flood the log with one line per run.
-    log.debug("handler failed (%s)", outcome.value, exc_info=exc)
+    """The verdict on a handler that raised ``exc``: its type, message and traceback (logged by
+    :func:`run_attempt`, through :data:`FAILURES`, which keeps a failing job type from flooding the log)."""
     try:
         message = str(exc)
     except Exception:  # a broken __str__ must not lose the result
         message = f"<unprintable {type(exc).__name__}>"
-    return Verdict(outcome, type(exc).__name__, message)
+    try:
+        traced = format_traceback(exc)
+    except Exception:  # nor a broken exception's frames
+        traced = ""
+    return Verdict(outcome, type(exc).__name__, message, traced)
 
 
 class RunReporter(Protocol):

@@ -6,6 +6,7 @@ still waiting for its first delivery, and otherwise marks the run's redelivery.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 import pytest
@@ -53,8 +54,9 @@ async def test_a_late_success_of_a_waiting_run_is_its_first_attempt_and_ends_it(
 
 async def test_a_late_failure_of_a_waiting_run_is_retried_as_its_policy_says(store):
     _, run = await scheduled_run(store, retry=RetryPolicy(max_attempts=3, backoff_base=timedelta(seconds=1)))
-    [outcome] = await store.record_results([result(run.run_id, 5, AttemptOutcome.FAILED, error_message="boom")],
-                                           reporter_of=reported_by("w1"))
+    late = replace(result(run.run_id, 5, AttemptOutcome.FAILED, error_message="boom"),
+                   error_traceback="Traceback:\nRuntimeError: boom")
+    [outcome] = await store.record_results([late], reporter_of=reported_by("w1"))
     assert outcome.accepted and outcome.run.state is RunState.SCHEDULED and outcome.run.last_error == "boom"
     [dispatched] = await store.record_dispatches([Dispatch(run_id=run.run_id, lease_token=6, worker_id="w2",
                                                            node_id="n", lease_ttl=TTL, dispatched_at=NOW)])
@@ -62,6 +64,7 @@ async def test_a_late_failure_of_a_waiting_run_is_retried_as_its_policy_says(sto
     attempts = await store.list_attempts(run.run_id)
     assert [(a.attempt, a.outcome, a.reported_late) for a in attempts] == [
         (1, AttemptOutcome.FAILED, True), (2, AttemptOutcome.PENDING, False)]
+    assert attempts[0].error_traceback == "Traceback:\nRuntimeError: boom"
 
 
 async def test_a_late_result_after_the_run_went_out_again_marks_the_redelivery(store):

@@ -99,7 +99,7 @@ async def materialise_job(store, leases, job_id: str):
 
 
 async def test_migrate_is_idempotent_and_creates_the_shards(store):
-    assert await store.migrate() == 8  # 0008 gives runs their concurrency key
+    assert await store.migrate() == 9  # 0009 gives attempts their traceback
     shards = await store.list_shards()
     assert [shard.shard_id for shard in shards] == list(range(SHARDS))
     assert all(shard.owner == "" and shard.token == 0 for shard in shards)
@@ -409,6 +409,23 @@ async def test_retryable_failure_reschedules_and_permanent_failure_kills(store):
         (1, AttemptOutcome.FAILED, "boom"), (2, AttemptOutcome.FAILED, None)]
 
 
+async def test_a_failed_attempt_keeps_its_traceback_and_a_success_has_none(store):
+    _, run = await scheduled_run(store, retry=RetryPolicy(max_attempts=2, backoff_base=timedelta(seconds=1)))
+    traced = 'Traceback (most recent call last):\n  File "handler.py", line 3, in charge\nValueError: card declined'
+    await store.record_dispatches([Dispatch(run_id=run.run_id, lease_token=1, worker_id="w", node_id="n",
+                                            lease_ttl=TTL, dispatched_at=NOW)])
+    await store.record_results([AttemptResult(run_id=run.run_id, lease_token=1, outcome=AttemptOutcome.FAILED,
+                                              error_code="ValueError", error_message="card declined",
+                                              error_traceback=traced)])
+    await store.record_dispatches([Dispatch(run_id=run.run_id, lease_token=2, worker_id="w", node_id="n",
+                                            lease_ttl=TTL, dispatched_at=NOW)])
+    await store.record_results([AttemptResult(run_id=run.run_id, lease_token=2, outcome=AttemptOutcome.SUCCEEDED,
+                                              error_traceback="ignored: the attempt succeeded")])
+    attempts = await store.list_attempts(run.run_id)
+    assert [(a.outcome, a.error_traceback) for a in attempts] == [
+        (AttemptOutcome.FAILED, traced), (AttemptOutcome.SUCCEEDED, None)]
+
+
 async def test_permanent_failure_goes_straight_to_dead(store):
     _, run = await scheduled_run(store)
     await store.record_dispatches([Dispatch(run_id=run.run_id, lease_token=1, worker_id="w", node_id="n", lease_ttl=TTL, dispatched_at=NOW)])
@@ -576,8 +593,8 @@ async def test_cancel_ends_a_queued_run_and_flags_a_delivered_one(store):
     _, queued = await scheduled_run(store)
     cancelled = await store.cancel_run("default", queued.run_id)
     assert cancelled.run.state is RunState.CANCELLED and cancelled.run.finished_at is not None
-    with pytest.raises(InvalidState, match="cancelled"):
-        await store.cancel_run("default", queued.run_id)
+    again = await store.cancel_run("default", queued.run_id)  # idempotent, as a pause is
+    assert again.already and again.run == cancelled.run and not again.released
     job, _ = await store.create_job(spec("other"))
     delivered = await store.create_manual_run("default", job.job_id)
     await store.record_dispatches([dispatch(delivered.run_id, 5)])
@@ -586,6 +603,12 @@ async def test_cancel_ends_a_queued_run_and_flags_a_delivered_one(store):
     [outcome] = await store.record_results(
         [AttemptResult(run_id=delivered.run_id, lease_token=5, outcome=AttemptOutcome.CANCELLED)])
     assert outcome.run.state is RunState.CANCELLED
+    # A run that finished otherwise cannot be cancelled.
+    finished = await store.create_manual_run("default", job.job_id)
+    await store.record_dispatches([dispatch(finished.run_id, 6)])
+    await store.record_results([AttemptResult(run_id=finished.run_id, lease_token=6, outcome=AttemptOutcome.SUCCEEDED)])
+    with pytest.raises(InvalidState, match="succeeded"):
+        await store.cancel_run("default", finished.run_id)
 
 
 async def test_a_dead_run_is_replayed_with_the_same_idempotency_key(store):

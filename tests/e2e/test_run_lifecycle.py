@@ -146,6 +146,14 @@ async def test_permanent_error_goes_dead_at_once_and_replays_with_the_same_idemp
     assert attempt.outcome is AttemptOutcome.PERMANENT_FAILURE
     assert attempt.error_code == "PermanentError" and attempt.error_message == "asked to fail"
     assert run.last_error == "asked to fail" and run.finished_at is not None
+    # The traceback is on the attempt (the SDK, the CLI) and in the worker's log.
+    assert attempt.error_traceback is not None and attempt.error_traceback.startswith("Traceback (most recent")
+    assert "in _follow" in attempt.error_traceback and attempt.error_traceback.endswith("PermanentError: asked to fail")
+    shown = await asyncio.to_thread(run_cli, daemon, "runs", "get", run_id)
+    assert shown["attempts"][0]["error_traceback"] == attempt.error_traceback  # type: ignore[index]
+    await wait_for(lambda: f"run {run_id} (e2e, attempt 1) permanent_failure" in recorder.log_path.read_text(),
+                   10, "the failure in the worker's log")
+    assert "PermanentError: asked to fail" in recorder.log_path.read_text()
 
     dead = await client.list_runs(states=[RunState.DEAD])
     assert run_id in {r.run_id for r in dead.items}

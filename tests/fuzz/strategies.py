@@ -782,14 +782,16 @@ def results(draw: st.DrawFn) -> Step:
             field("results.results.error_message", st.sampled_from(("", "boom")), strings()),
             field("results.results.started_at", st.one_of(st.none(), st.just(_now_plus(0))), timestamps()),
             field("results.results.finished_at", st.one_of(st.none(), st.just(_now_plus(0))), timestamps()),
+            field("results.results.error_traceback", st.sampled_from(("", 'Traceback:\n  File "h.py"\nValueError')),
+                  st.one_of(strings(), st.just("\x00\r" + "x" * 70_000))),
         ))
 
     def build(memory: Memory, assigned: list[workers_pb2.Assignment]) -> workers_pb2.WorkerMessage:
         message = workers_pb2.WorkerMessage(results=workers_pb2.Results())
-        for target, outcome, code, text, started_at, finished_at in reports:
+        for target, outcome, code, text, started_at, finished_at, traced in reports:
             run_id, token = target(memory, assigned)
             result = message.results.results.add(run_id=run_id, lease_token=token, outcome=outcome,
-                                                 error_code=code, error_message=text)
+                                                 error_code=code, error_message=text, error_traceback=traced)
             if started_at is not None:
                 result.started_at.CopyFrom(started_at)
             if finished_at is not None:

@@ -626,6 +626,7 @@ async def test_cli_create_then_list_runs_as_json(daemon: FakeDaemon, capsys: pyt
         "finished_at": "2027-03-13T12:05:02Z",
         "error_code": "E_BOOM",
         "error_message": "boom",
+        "error_traceback": None,
         "reported_late": False,
         "redelivery": True,
     }

@@ -254,6 +254,7 @@ def _result(result: workers_pb2.RunResult) -> AttemptResult:
         outcome=outcome,
         error_code=validation.error_text(result.error_code) or None,
         error_message=validation.error_text(result.error_message) or None,
+        error_traceback=validation.traceback_text(result.error_traceback) or None,
         started_at=wire.instant_in("started_at", result.started_at) if result.HasField("started_at") else None,
         finished_at=wire.instant_in("finished_at", result.finished_at) if result.HasField("finished_at") else None,
     )

@@ -261,10 +261,11 @@ APPLY_RUN_RESULTS = """
 """
 APPLY_ATTEMPT_RESULTS = """
     UPDATE attempts a SET outcome = u.outcome, error_code = u.error_code, error_message = u.error_message,
+                          error_traceback = u.error_traceback,
                           started_at = coalesce(u.started_at, a.started_at), finished_at = u.finished_at
     FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::timestamptz[],
-                $7::timestamptz[])
-         AS u(run_id, lease_token, outcome, error_code, error_message, started_at, finished_at)
+                $7::timestamptz[], $8::text[])
+         AS u(run_id, lease_token, outcome, error_code, error_message, started_at, finished_at, error_traceback)
     WHERE a.run_id = u.run_id AND a.lease_token = u.lease_token
       AND (a.outcome IN ('pending', 'lease_expired') OR u.outcome <> 'superseded')
 """
@@ -291,8 +292,8 @@ LIST_ATTEMPTS = "SELECT * FROM attempts WHERE run_id = $1 ORDER BY attempt"
 ATTEMPT_KEYS = "SELECT run_id, lease_token FROM attempts WHERE run_id = ANY($1::text[])"
 INSERT_LATE_ATTEMPT = """
     INSERT INTO attempts (run_id, attempt, lease_token, worker_id, node_id, outcome, dispatched_at, started_at,
-                          finished_at, error_code, error_message, reported_late)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, true)
+                          finished_at, error_code, error_message, error_traceback, reported_late)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, true)
 """
 COUNT_LATE_ATTEMPT = """
     UPDATE runs SET attempts = greatest(attempts, $1), first_attempt_at = coalesce(first_attempt_at, $2),

@@ -50,6 +50,8 @@ class PostgresRuns(PostgresConnections):
                 assert row is not None, "LOCK_RUN holds the run's row lock in this transaction"
                 await notify(db, Change(ChangeKind.RUN, run.shard_id, tenant, run_id))
                 return Cancellation(run=codec.build_run(row))
+            if run.state is RunState.CANCELLED:
+                return Cancellation(run=run, already=True)
             if run.state not in (RunState.SCHEDULED, RunState.BUFFERED):
                 raise InvalidState("run", run_id, run.state.value, "cancel")
             row = await db.fetchrow(queries.CANCEL_RUN, run_id, CANCELLED_BY_REQUEST)
@@ -197,7 +199,7 @@ async def record_late_reports(
     for row in plan.rows:
         await db.execute(queries.INSERT_LATE_ATTEMPT, row.run_id, row.attempt, row.lease_token, row.worker_id,
                          row.node_id, row.outcome.value, row.dispatched_at, row.started_at, row.finished_at,
-                         row.error_code, row.error_message)
+                         row.error_code, row.error_message, row.error_traceback)
         await db.execute(queries.COUNT_LATE_ATTEMPT, row.attempt, row.dispatched_at, row.run_id)
     for run_id, attempt, since in plan.redeliveries:
         await db.execute(queries.MARK_REDELIVERIES, run_id, attempt, since)
@@ -229,7 +231,7 @@ async def apply_results(
             [u.result.run_id for u in updates], [u.result.lease_token for u in updates],
             [u.outcome.value for u in updates], [u.result.error_code for u in updates],
             [u.result.error_message for u in updates], [u.result.started_at for u in updates],
-            [u.finished_at for u in updates],
+            [u.finished_at for u in updates], [u.result.error_traceback for u in updates],
         )
     released = await release_buffered(db, decided.finished_jobs)
     # A worker may report to any node: the owner of each run's shard must hear of a retry or

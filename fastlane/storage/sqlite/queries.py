@@ -233,7 +233,7 @@ APPLY_RUN_RESULTS = (
 )
 # ``?1`` is the outcome again: a stale result (superseded) never overwrites a decided attempt.
 APPLY_ATTEMPT_RESULTS = (
-    "UPDATE attempts SET outcome = ?, error_code = ?, error_message = ?, "
+    "UPDATE attempts SET outcome = ?, error_code = ?, error_message = ?, error_traceback = ?, "
     "started_at = coalesce(?, started_at), finished_at = ? WHERE run_id = ? AND lease_token = ? "
     "AND (outcome IN ('pending', 'lease_expired') OR ?1 <> 'superseded')"
 )
@@ -260,8 +260,8 @@ LIST_ATTEMPTS = "SELECT * FROM attempts WHERE run_id = ? ORDER BY attempt"
 ATTEMPT_KEYS = "SELECT run_id, lease_token FROM attempts WHERE run_id IN (SELECT value FROM json_each(?))"
 INSERT_LATE_ATTEMPT = """
     INSERT INTO attempts (run_id, attempt, lease_token, worker_id, node_id, outcome, dispatched_at, started_at,
-                          finished_at, error_code, error_message, reported_late)
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1)
+                          finished_at, error_code, error_message, error_traceback, reported_late)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1)
 """
 COUNT_LATE_ATTEMPT = (
     f"UPDATE runs SET attempts = max(attempts, ?), first_attempt_at = coalesce(first_attempt_at, ?), "

@@ -50,6 +50,8 @@ class SQLiteRuns(SQLiteConnections):
                 row = await fetch_one(db, queries.REQUEST_CANCEL, (run_id,))
                 assert row is not None, "LOCK_RUN found the run, and BEGIN IMMEDIATE keeps other writers out"
                 return Cancellation(run=codec.build_run(row))
+            if run.state is RunState.CANCELLED:
+                return Cancellation(run=run, already=True)
             if run.state not in (RunState.SCHEDULED, RunState.BUFFERED):
                 raise InvalidState("run", run_id, run.state.value, "cancel")
             row = await fetch_one(db, queries.CANCEL_RUN, (CANCELLED_BY_REQUEST, run_id))
@@ -196,7 +198,7 @@ async def record_late_reports(
         await db.execute(queries.INSERT_LATE_ATTEMPT, (
             row.run_id, row.attempt, row.lease_token, row.worker_id, row.node_id, row.outcome.value,
             to_micros(row.dispatched_at), instant(row.started_at), instant(row.finished_at), row.error_code,
-            row.error_message))
+            row.error_message, row.error_traceback))
         await db.execute(queries.COUNT_LATE_ATTEMPT, (row.attempt, to_micros(row.dispatched_at), row.run_id))
     for run_id, attempt, since in plan.redeliveries:
         await db.execute(queries.MARK_REDELIVERIES, (run_id, attempt, to_micros(since)))
@@ -219,7 +221,8 @@ async def apply_results(
     )
     await db.executemany(
         queries.APPLY_ATTEMPT_RESULTS,
-        [(u.outcome.value, u.result.error_code, u.result.error_message, instant(u.result.started_at),
+        [(u.outcome.value, u.result.error_code, u.result.error_message, u.result.error_traceback,
+          instant(u.result.started_at),
           to_micros(u.finished_at), u.result.run_id, u.result.lease_token) for u in decided.attempts],
     )
     released = await release_buffered(db, decided.finished_jobs)
