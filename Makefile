@@ -5,19 +5,27 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+BASE   := $(VENV)/.installed-base
 
 .PHONY: install demo test test-fast typecheck lint chaos proto proto-check bench-spread bench-burst clean tools
 
-$(STAMP): pyproject.toml
+# The package alone (what the demo needs), then the test and benchmark extras on top.
+$(BASE): pyproject.toml
+	@echo "setting up $(VENV): fastlane and its dependencies (first run only)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e .
+	touch $(BASE)
+
+$(STAMP): $(BASE)
+	@echo "adding the test and benchmark tools to $(VENV) (first run only)"
 	$(BIN)/pip install --quiet -e '.[dev,bench]'
 	touch $(STAMP)
 
 install: $(STAMP)
 
 ## demo: a daemon on SQLite, a demo worker and demo jobs; prints each run with its trigger lag
-demo: $(STAMP)
+demo: $(BASE)
 	$(BIN)/fastlane demo
 
 ## test: lint and type check, then the whole suite, SQLite and PostgreSQL (a throwaway cluster unless FASTLANE_TEST_PG_DSN is set)

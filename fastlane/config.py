@@ -22,7 +22,8 @@ from fastlane.domain.limits import (
 from fastlane.domain.quotas import TenantQuota
 from fastlane.errors import ConfigurationError
 
-DEFAULT_SERVER = "127.0.0.1:7070"
+DEFAULT_PORT = 7070
+DEFAULT_SERVER = f"127.0.0.1:{DEFAULT_PORT}"
 DEFAULT_QUOTAS = TenantQuota(max_jobs=1_000_000, job_creations_per_second=1_000.0, max_waiting_runs=1_000_000)
 DEFAULT_DB_URL = "sqlite:///fastlane.db"
 

@@ -56,13 +56,16 @@ async def _demo(workdir: Path, duration: float) -> int:
         children.append(subprocess.Popen(
             [sys.executable, "-m", "fastlane", "serve", "--db", db_url, "--listen", address, "--metrics", metrics],
             stdout=daemon_log, stderr=subprocess.STDOUT,
+            # Sessions of their own: a Ctrl-C at the terminal reaches the demo only, which still
+            # reads the history from the daemon before it stops the daemon and the worker.
+            start_new_session=True,
         ))
         async with Client(address) as client:
             await client.wait_ready(30)
             print("daemon ready; starting the demo worker (its lines show each run and its start lag)")
             children.append(subprocess.Popen(
                 [sys.executable, "-m", "fastlane", "worker", "fastlane.demo_worker:worker", "--server", address],
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
             ))
             jobs = [
                 await client.create("demo-report", "demo.report",

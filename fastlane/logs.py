@@ -1,8 +1,9 @@
-"""Structured logs: one JSON object per line, with the ids a record carries as extra fields."""
+"""Logs: one JSON object per line, with the ids a record carries as extra fields (plain text at a terminal)."""
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from datetime import UTC, datetime
 
@@ -27,7 +28,15 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(entry).decode()
 
 
-def configure(level: str = "INFO", *, json: bool = True) -> None:
+LOG_FORMAT_ENV = "FASTLANE_LOG_FORMAT"  # json or text; unset: text at a terminal, JSON otherwise
+
+
+def configure(level: str = "INFO", *, json: bool | None = None) -> None:
+    """Log to stderr at ``level``: JSON lines (``json``), or plain text for people. ``json=None``
+    decides by ``$FASTLANE_LOG_FORMAT``, else by stderr: text at a terminal, JSON for a collector."""
+    if json is None:
+        chosen = os.environ.get(LOG_FORMAT_ENV, "").strip().lower()
+        json = chosen == "json" if chosen in ("json", "text") else not sys.stderr.isatty()
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if json else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()

@@ -16,7 +16,7 @@ from pathlib import Path
 import orjson
 
 from fastlane.auth.tls import ClientTls
-from fastlane.config import DEFAULT_SERVER, PriorityReserve
+from fastlane.config import DEFAULT_PORT, DEFAULT_SERVER, PriorityReserve
 from fastlane.domain import validation
 from fastlane.domain.limits import MAX_TENANT_IN_FLIGHT, MAX_TENANT_WEIGHT
 from fastlane.domain.models import DEFAULT_TENANT, Schedule
@@ -33,7 +33,28 @@ class UsageError(Exception):
 
 def default_server() -> str:
     """The daemon address used when ``--server`` is not given: $FASTLANE_SERVER, else the default."""
-    return os.environ.get(SERVER_ENV) or DEFAULT_SERVER
+    return os.environ.get(SERVER_ENV) or DEFAULT_SERVER  # argparse passes it through server_address too
+
+
+def server_address(text: str) -> str:
+    """A daemon's ``HOST:PORT``; a bare host (``localhost``, ``10.0.0.7``, ``::1``) gets the default
+    port, 7070, not gRPC's own default of 443. Other gRPC targets (``dns:///…``, ``unix:…``) pass as given."""
+    text = text.strip()
+    if "://" in text or text.startswith("unix:"):
+        return text
+    if text.startswith("["):  # [IPv6] or [IPv6]:PORT
+        host, _, rest = text.partition("]")
+        host += "]"
+    elif text.count(":") > 1:  # a bare IPv6 address
+        host, rest = f"[{text}]", ""
+    else:
+        host, colon, port = text.partition(":")
+        rest = colon + port
+    if not rest:
+        return f"{host}:{DEFAULT_PORT}"
+    if not rest.startswith(":") or not rest[1:].isdigit() or not 0 < int(rest[1:]) < 65536:
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT (a port is 1..65535)")
+    return text
 
 
 # -- argparse value types --------------------------------------------------------------------
@@ -122,8 +143,10 @@ def client_flags(*, tenant: bool = True) -> argparse.ArgumentParser:
     group.add_argument(
         "--server",
         metavar="HOST:PORT",
+        type=server_address,
         default=default_server(),
-        help=f"address of a fastlane daemon (default: ${SERVER_ENV}, else {DEFAULT_SERVER})",
+        help=f"address of a fastlane daemon; a host alone means port {DEFAULT_PORT} (default: ${SERVER_ENV}, "
+        f"else {DEFAULT_SERVER})",
     )
     if tenant:
         group.add_argument(

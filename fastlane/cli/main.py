@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import os
 import re
 import sys
@@ -36,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="fastlane: a precise, durable, sharded job scheduler.",
         epilog="Run `fastlane COMMAND --help` for the flags of a command.",
     )
+    parser.add_argument("--version", action="version", version=f"fastlane {installed_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     daemon.register(commands)
     jobs.register(commands)
@@ -46,6 +48,14 @@ def build_parser() -> argparse.ArgumentParser:
     _register_demo(commands)
     _register_bench(commands)
     return parser
+
+
+def installed_version() -> str:
+    """This fastlane's version, as installed (pyproject.toml's), or ``unknown`` from a bare source tree."""
+    try:
+        return importlib.metadata.version("fastlane")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def _register_demo(commands: Any) -> None:

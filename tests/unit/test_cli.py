@@ -483,3 +483,26 @@ def test_settings_refuse_a_priority_reserve_out_of_bounds(priority: int, credits
     with pytest.raises(ConfigurationError, match="--priority-reserve"):
         Settings(priority_reserve=PriorityReserve(priority, credits))
 
+
+
+def test_version_prints_the_installed_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"fastlane {version('fastlane')}"
+
+
+@pytest.mark.parametrize(("given", "dialled"), [
+    ("localhost", "localhost:7070"), ("10.0.0.7", "10.0.0.7:7070"), ("node-2:7171", "node-2:7171"),
+    ("::1", "[::1]:7070"), ("[::1]", "[::1]:7070"), ("[::1]:9000", "[::1]:9000"), ("dns:///fastlane:7070", "dns:///fastlane:7070"),
+])
+def test_a_server_given_without_a_port_is_dialled_on_7070(given: str, dialled: str) -> None:
+    from fastlane.cli.arguments import server_address
+
+    assert server_address(given) == dialled
+
+
+@pytest.mark.parametrize("given", ["node:https", "node:0", "node:70000", "[::1]x"])
+def test_a_server_with_a_bad_port_is_refused(given: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["jobs", "list", "--server", given]) == 2
+    assert "is not HOST:PORT" in capsys.readouterr().err
