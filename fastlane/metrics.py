@@ -54,7 +54,11 @@ class Metrics:
         self.held_by_cap = ReadWhenScraped(
             "fastlane_held_runs", "Released runs held back by a cap: cap=tenant_in_flight (--tenant-max-in-flight) "
             "or concurrency_key (the job's concurrency_limit)", ["job_type", "tenant", "cap"])
-        for family in (self.ready_by_tenant, self.oldest_ready, self.in_flight_by_tenant, self.held_by_cap):
+        self.unserved = ReadWhenScraped(
+            "fastlane_unserved_runs", "Released runs (waiting or parked) of a job type no worker connected to this "
+            "node serves, by job type: stuck until a worker for it connects", ["job_type"])
+        for family in (self.ready_by_tenant, self.oldest_ready, self.in_flight_by_tenant, self.held_by_cap,
+                       self.unserved):
             registry.register(family)
         self.trigger_lag = Histogram(
             "fastlane_trigger_lag_seconds", "Release time minus scheduled time of each run the node held before "
@@ -123,6 +127,10 @@ class Metrics:
                                   "Database clock minus this node's clock, measured each lease cycle", registry=registry)
         self.materialised = Counter("fastlane_runs_materialised_total", "Runs written ahead of their time",
                                     registry=registry)
+        self.skipped = Counter("fastlane_occurrences_skipped_total",
+                               "Occurrences recorded as skipped instead of run, by the policy that skipped them: "
+                               "misfire (found later than the job's misfire grace) or overlap (the previous run "
+                               "was still active)", ["policy"], registry=registry)
         self.loop_failures = Counter("fastlane_loop_failures_total",
                                      "Unexpected exceptions that stopped a background loop (restarted with backoff)",
                                      ["loop"], registry=registry)

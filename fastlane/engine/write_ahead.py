@@ -256,6 +256,8 @@ class WriteAhead:
             await self._write(planned[middle:], fences)
             return
         self._metrics.materialised.inc(len(written.runs))
+        for policy, count in written.skipped.items():
+            self._metrics.skipped.labels(policy=policy).inc(count)
         schedule_run, forget_run = self._schedule_run, self._forget_run
         for run in written.runs:
             schedule_run(run)

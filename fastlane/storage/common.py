@@ -182,6 +182,17 @@ def plan_materialisation(
     return MaterialisationPlan(rows=rows, cancel_now=cancel_now, cancel_requested=cancel_requested)
 
 
+def skipped_by_policy(plan: MaterialisationPlan) -> dict[str, int]:
+    """How many occurrences the plan records as skipped, by the policy that skipped them (for
+    ``fastlane_occurrences_skipped_total``): ``misfire`` or ``overlap``."""
+    counts: dict[str, int] = {}
+    for row in plan.rows:
+        if row.state == "skipped":
+            policy = "misfire" if row.last_error == MISFIRE_SKIPPED else "overlap"
+            counts[policy] = counts.get(policy, 0) + 1
+    return counts
+
+
 def scheduled_in_order(runs: Sequence[Run]) -> list[Run]:
     """The runs a materialisation inserted as ``scheduled``, by scheduled time (to dispatch)."""
     return sorted((run for run in runs if run.state is RunState.SCHEDULED), key=lambda run: run.scheduled_for)

@@ -64,6 +64,8 @@ class Materialised:
     # Jobs of the batch that were not advanced because they changed meanwhile (elsewhere), as
     # they are now: the caller replaces its stale copy with these.
     changed: list[Job] = field(default_factory=list)
+    # Occurrences recorded as skipped, by the policy that skipped them: misfire or overlap.
+    skipped: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

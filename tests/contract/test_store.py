@@ -340,8 +340,10 @@ async def test_skipped_occurrences_are_recorded_but_not_returned(store):
         job_id=job.job_id, expected_next_fire_at=start, fire_times=(start + timedelta(seconds=2),),
         skipped_times=(start, start + timedelta(seconds=1)), next_fire_at=start + timedelta(seconds=3),
     )
-    [fired] = (await store.materialise_runs([leases[job.shard_id]], [occurrence])).runs
+    written = await store.materialise_runs([leases[job.shard_id]], [occurrence])
+    [fired] = written.runs
     assert fired.scheduled_for == start + timedelta(seconds=2)
+    assert written.skipped == {"misfire": 2}  # counted for fastlane_occurrences_skipped_total
     skipped = await store.list_runs("default", job_id=job.job_id, states=[RunState.SKIPPED])
     assert sorted(run.scheduled_for for run in skipped.items) == [start, start + timedelta(seconds=1)]
     assert all(run.finished_at is not None for run in skipped.items)
@@ -554,9 +556,11 @@ async def test_overlap_policy_decides_the_runs_of_a_busy_job(store, overlap, exp
     job, _ = await store.create_job(spec(schedule=Schedule.interval(timedelta(seconds=1)), overlap=overlap))
     [first] = (await occurrence_now(store, leases, job.job_id)).runs
     await store.record_dispatches([dispatch(first.run_id, 1)])
-    await occurrence_now(store, leases, job.job_id)
-    await occurrence_now(store, leases, job.job_id)
+    written = [await occurrence_now(store, leases, job.job_id) for _ in range(2)]
     assert await states_of(store, job.job_id) == expected
+    skipped = expected.count("skipped")
+    assert sum(w.skipped.get("overlap", 0) for w in written) == skipped and not any("misfire" in w.skipped
+                                                                                    for w in written)
 
 
 async def test_a_finished_run_releases_the_oldest_buffered_one(store):

@@ -205,3 +205,18 @@ async def test_a_small_worker_keeps_one_credit_for_ordinary_runs():
         assert worker.read() == ["low-0", "urgent"]
     finally:
         await drained(node, journal)
+
+
+async def test_runs_of_a_job_type_no_worker_serves_are_counted_as_unserved():
+    metrics = Metrics()
+    node = dispatcher(ScriptedStore(), metrics)
+    journal = asyncio.create_task(node.run())
+    try:
+        node.connect("other", ["u"], 10, None)  # serves another type only
+        node.release([run_named(f"r{i}") for i in range(3)])  # job type "t"
+        assert sample(metrics, "fastlane_unserved_runs", job_type="t") == 3
+        worker = Received(node.connect("w", ["t"], 10, None))
+        assert len(worker.read()) == 3
+        assert sample(metrics, "fastlane_unserved_runs", job_type="t") is None
+    finally:
+        await drained(node, journal)

@@ -97,6 +97,7 @@ class Dispatcher:
         metrics.oldest_ready.read = self.oldest_ready_ages
         metrics.in_flight_by_tenant.read = self._in_flight.counts
         metrics.held_by_cap.read = self.held_depths
+        metrics.unserved.read = self.unserved_depths
         metrics.parked.set_function(lambda: self.parked_count)
 
     # -- sessions -------------------------------------------------------------------------------
@@ -123,6 +124,12 @@ class Dispatcher:
                 if self._tenant_full(tenant):
                     held[(kind, tenant, "tenant_in_flight")] = n
         return held
+
+    def unserved_depths(self) -> dict[tuple[str], int]:
+        """Runs waiting (or parked) of job types no connected worker serves; read by the metrics thread."""
+        waiting = Counter({kind: len(queue) for kind, queue in list(self._ready.items())})
+        waiting.update(self._parked.depths())
+        return {(kind,): n for kind, n in waiting.items() if n and not self._sessions.get(kind)}
 
     def _tenant_full(self, tenant: str) -> bool:
         cap = self._tenant_caps.get(tenant)
