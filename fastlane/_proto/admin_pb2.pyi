@@ -15,14 +15,32 @@ class GetClusterRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ClusterStatus(_message.Message):
-    __slots__ = ("database_time", "nodes", "shards")
+    __slots__ = ("database_time", "nodes", "shards", "workers")
     DATABASE_TIME_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     SHARDS_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
     database_time: _timestamp_pb2.Timestamp
     nodes: _containers.RepeatedCompositeFieldContainer[NodeStatus]
     shards: _containers.RepeatedCompositeFieldContainer[ShardStatus]
-    def __init__(self, database_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., shards: _Optional[_Iterable[_Union[ShardStatus, _Mapping]]] = ...) -> None: ...
+    workers: _containers.RepeatedCompositeFieldContainer[WorkerStatus]
+    def __init__(self, database_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., shards: _Optional[_Iterable[_Union[ShardStatus, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ...) -> None: ...
+
+class WorkerStatus(_message.Message):
+    __slots__ = ("worker_id", "tenant", "job_types", "credits", "in_flight", "node_id")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    JOB_TYPES_FIELD_NUMBER: _ClassVar[int]
+    CREDITS_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    tenant: str
+    job_types: _containers.RepeatedScalarFieldContainer[str]
+    credits: int
+    in_flight: int
+    node_id: str
+    def __init__(self, worker_id: _Optional[str] = ..., tenant: _Optional[str] = ..., job_types: _Optional[_Iterable[str]] = ..., credits: _Optional[int] = ..., in_flight: _Optional[int] = ..., node_id: _Optional[str] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
     __slots__ = ("node_id", "address", "shards_owned", "workers_connected", "clock_offset_ms", "heap_size", "ready_runs", "ready", "eligible", "note", "heartbeat_at", "live")

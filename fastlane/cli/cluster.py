@@ -1,13 +1,14 @@
-"""``fastlane cluster``: the nodes of a cluster and which node owns each shard.
+"""``fastlane cluster``: the nodes of a cluster, its workers, and which node owns each shard.
 
-The table shows what an operator checks first (is every node live and eligible, are the shards
-spread, are leases being renewed); ``--json`` has every field, including heap size, ready runs and
-instants.
+The tables show what an operator checks first (is every node live and eligible, which workers
+serve which job types, are the shards spread); ``--shards`` lists every shard with its lease,
+``--json`` has every field, including heap size, ready runs and instants.
 """
 
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 from typing import Any
 
 from fastlane.cli.arguments import client_flags, json_flag
@@ -23,9 +24,12 @@ def register(commands: Any) -> None:
     cluster = commands.add_parser(
         "cluster",
         parents=[remote],
-        help="show the nodes and shard owners of the cluster",
-        description="Show the nodes of the cluster and which node owns each shard.",
+        help="show the nodes, workers and shard owners of the cluster",
+        description="Show the nodes of the cluster, the workers connected to the node that answers (their job "
+        "types, free credits and attempts in flight), and how many shards each node owns.",
     )
+    cluster.add_argument("--shards", action="store_true",
+                         help="list every shard with its owner, fencing token and lease (default: a count per node)")
     json_flag(cluster)
     cluster.set_defaults(handler=show_cluster, command_parser=cluster)
 
@@ -58,13 +62,29 @@ def show_cluster(args: argparse.Namespace) -> int:
             ],
         )
         print()
-        print_table(
-            ("SHARD", "OWNER", "TOKEN", "LEASE_EXPIRES_IN_S"),
-            [
-                (shard["shard_id"], shard["owner"], shard["token"], _one_decimal(shard["lease_expires_in_seconds"]))
-                for shard in view["shards"]
-            ],
-        )
+        if view["workers"]:
+            print_table(
+                ("WORKER", "TENANT", "JOB_TYPES", "FREE_CREDITS", "IN_FLIGHT", "NODE"),
+                [(worker["worker_id"], worker["tenant"] or "(all)", ",".join(worker["job_types"]), worker["credits"],
+                  worker["in_flight"], worker["node_id"]) for worker in view["workers"]],
+            )
+        else:
+            print("no worker connected to the node that answered")
+        print()
+        if args.shards:
+            print_table(
+                ("SHARD", "OWNER", "TOKEN", "LEASE_EXPIRES_IN_S"),
+                [
+                    (shard["shard_id"], shard["owner"], shard["token"], _one_decimal(shard["lease_expires_in_seconds"]))
+                    for shard in view["shards"]
+                ],
+            )
+            return 0
+        owners = Counter(shard["owner"] for shard in view["shards"])
+        unowned = owners.pop(None, 0)
+        summary = ", ".join(f"{owner}: {count}" for owner, count in sorted(owners.items()))
+        print(f"shards: {len(view['shards'])} ({summary or 'none owned'}{f'; unowned: {unowned}' if unowned else ''})"
+              " — --shards lists each")
         return 0
 
     return run_remote(args, show)

@@ -45,6 +45,7 @@ from fastlane.domain.models import (
 from fastlane.domain.schedules import fire_notes, local_time, preview
 from fastlane.domain.validation import validate_spec
 from fastlane.errors import InvalidArgument
+from fastlane.rpc.status import RemoteError
 from fastlane.rpc.wire import rfc3339
 
 
@@ -274,9 +275,21 @@ def create_job(args: argparse.Namespace) -> int:
             print(f"created job {job.job_id} ({job.name}), next fire at {rfc3339(job.next_fire_at) or '-'}")
         else:
             print(f"job {job.job_id} ({job.name}) already exists with this spec; nothing changed")
+        await _warn_if_unserved(client, job.job_type)
         return 0
 
     return run_remote(args, create)
+
+
+async def _warn_if_unserved(client: Client, job_type: str) -> None:
+    """Say so when no worker connected to the node serves ``job_type``: its runs would wait, silently."""
+    try:
+        workers = (await client.cluster()).workers
+    except RemoteError:
+        return  # the job is created; a status the caller cannot read changes nothing
+    if not any(job_type in worker.job_types for worker in workers):
+        note(f"warning: no connected worker serves job type {job_type!r}: its runs will wait until one does "
+             "(`fastlane cluster` lists the workers and their job types)")
 
 
 # -- list and single-job actions ---------------------------------------------------------------

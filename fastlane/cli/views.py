@@ -307,4 +307,15 @@ def cluster_view(status: admin_pb2.ClusterStatus) -> dict[str, Any]:
             }
             for shard in status.shards
         ],
+        "workers": [
+            {
+                "worker_id": worker.worker_id,
+                "tenant": worker.tenant or None,
+                "job_types": list(worker.job_types),
+                "credits": worker.credits,
+                "in_flight": worker.in_flight,
+                "node_id": worker.node_id,
+            }
+            for worker in status.workers
+        ],
     }

@@ -227,6 +227,14 @@ class Node:
                 note=ownership.note,
             )
 
+        def worker_statuses() -> list[admin_pb2.WorkerStatus]:
+            return [
+                admin_pb2.WorkerStatus(worker_id=session.worker_id, tenant=session.tenant or "",
+                                       job_types=sorted(session.job_types), credits=session.credits,
+                                       in_flight=held, node_id=settings.node_id)
+                for session, held in dispatcher.worker_sessions()
+            ]
+
         authenticator = self.authenticator = Authenticator(store) if settings.auth else None
         quotas = QuotaGuard(store, settings.quotas)
         server = ApiServer(
@@ -238,7 +246,7 @@ class Node:
             runs=RunServicer(store, operations, quotas=quotas),
             workers=WorkerServicer(dispatcher, node_id=settings.node_id, heartbeat_interval=HEARTBEAT_INTERVAL),
             admin=AdminServicer(store, node_status, settings.node_id, live_within=settings.shard_lease_ttl,
-                                quotas=quotas),
+                                quotas=quotas, workers=worker_statuses),
         )
         self.port = server.port
         if settings.metrics_listen:

@@ -239,3 +239,31 @@ async def test_a_worker_with_a_refused_token_says_so_once_and_waits(secured, cap
     refusals = [r.getMessage() for r in caplog.records if "refused this worker" in r.getMessage()]
     assert len(refusals) == 1
     assert "UNAUTHENTICATED" in refusals[0] and "--token-file" in refusals[0]
+
+
+async def test_the_cluster_lists_a_tenant_only_its_own_workers_and_an_admin_all(secured):
+    node = secured
+    workers = {tenant: Worker(node.address, worker_id=f"w-{tenant}", concurrency=3, follow_cluster=False,
+                              token=node.secrets[f"worker-{tenant}"]) for tenant in ("a", "b")}
+    for tenant, worker in workers.items():
+        worker.handler(f"type-of-{tenant}")(_noop)
+    tasks = [asyncio.create_task(worker.run()) for worker in workers.values()]
+    try:
+        async with node.client("admin") as admin, node.client("client-a") as a, node.client("viewer-a") as viewer:
+            async with asyncio.timeout(WAIT):
+                while len((await admin.cluster()).workers) < 2:
+                    await asyncio.sleep(0.05)
+            every = {(w.worker_id, w.tenant, tuple(w.job_types), w.credits, w.node_id)
+                     for w in (await admin.cluster()).workers}
+            assert every == {("a#w-a", "a", ("type-of-a",), 3, "secured-node"),
+                             ("b#w-b", "b", ("type-of-b",), 3, "secured-node")}
+            for caller in (a, viewer):
+                assert [(w.worker_id, w.tenant) for w in (await caller.cluster()).workers] == [("a#w-a", "a")]
+    finally:
+        for worker in workers.values():
+            await asyncio.wait_for(worker.stop(), WAIT)
+        await asyncio.wait_for(asyncio.gather(*tasks), WAIT)
+
+
+async def _noop(ctx: RunContext) -> None:
+    return None

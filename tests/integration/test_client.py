@@ -238,6 +238,8 @@ class FakeAdminService(admin_pb2_grpc.AdminServiceServicer):
                 admin_pb2.ShardStatus(shard_id=0, owner="node-a", token=4, lease_expires_at=wire.timestamp(T0)),
                 admin_pb2.ShardStatus(shard_id=1, owner="", token=0),
             ],
+            workers=[admin_pb2.WorkerStatus(worker_id="w1", job_types=["report.build", "t"], credits=4, in_flight=1,
+                                            node_id="node-a")],
         )
 
 
@@ -668,6 +670,24 @@ async def test_cli_cluster_lists_nodes_and_shards(daemon: FakeDaemon, capsys: py
     assert view["shards"][1] == {
         "shard_id": 1, "owner": None, "token": 0, "lease_expires_at": None, "lease_expires_in_seconds": None,
     }
+    assert view["workers"] == [{"worker_id": "w1", "tenant": None, "job_types": ["report.build", "t"], "credits": 4,
+                                "in_flight": 1, "node_id": "node-a"}]
+    code, out, _ = await run_cli(capsys, "cluster", "--server", daemon.address)
+    lines = out.splitlines()
+    assert lines[lines.index(next(line for line in lines if line.startswith("WORKER"))) + 1].split() == [
+        "w1", "(all)", "report.build,t", "4", "1", "node-a"]
+    assert lines[-1] == "shards: 2 (node-a: 1; unowned: 1) — --shards lists each"
+
+
+async def test_cli_create_warns_when_no_connected_worker_serves_the_type(
+    daemon: FakeDaemon, capsys: pytest.CaptureFixture[str],
+) -> None:
+    remote = ("--server", daemon.address, "--tenant", TENANT)
+    code, _, served = await run_cli(capsys, "jobs", "create", "--name", "a", "--type", "report.build", "--now", *remote)
+    assert code == 0 and served == ""
+    code, _, unserved = await run_cli(capsys, "jobs", "create", "--name", "b", "--type", "billing.chrage", "--now",
+                                      *remote)
+    assert code == 0 and "no connected worker serves job type 'billing.chrage'" in unserved
 
 
 async def test_cli_list_stops_at_the_limit_and_says_so(daemon: FakeDaemon, capsys: pytest.CaptureFixture[str]) -> None:

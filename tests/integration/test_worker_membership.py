@@ -483,8 +483,10 @@ async def test_cluster_command_shows_liveness_heartbeat_age_and_lease_time(clust
 
     code = await asyncio.to_thread(main, ["cluster", "--json", "--server", a.address])
     view = orjson.loads(capsys.readouterr().out)
-    table_code = await asyncio.to_thread(main, ["cluster", "--server", a.address])
+    table_code = await asyncio.to_thread(main, ["cluster", "--shards", "--server", a.address])
     table = capsys.readouterr().out.splitlines()
+    summary_code = await asyncio.to_thread(main, ["cluster", "--server", a.address])
+    summary = capsys.readouterr().out.splitlines()
 
     assert (code, table_code) == (0, 0)
     nodes = [(n["node_id"], n["address"], n["live"], n["eligible"], n["heartbeat_age_seconds"]) for n in view["nodes"]]
@@ -499,3 +501,4 @@ async def test_cluster_command_shows_liveness_heartbeat_age_and_lease_time(clust
     ]
     assert table[4].split()[:3] == ["b", silent.address, "no"] and table[4].split()[-2:] == ["12.0", "-"]
     assert table[-1].split() == ["1", "b", "2", "-2.0"]
+    assert summary_code == 0 and summary[-1] == "shards: 2 (a: 1, b: 1) — --shards lists each"

@@ -106,6 +106,12 @@ class Dispatcher:
     def workers_connected(self) -> int:
         return len({id(s) for sessions in self._sessions.values() for s in sessions})
 
+    def worker_sessions(self) -> list[tuple[WorkerSession, int]]:
+        """Each connected worker stream with the attempts it holds from this node."""
+        sessions = {id(s): s for kinds in self._sessions.values() for s in kinds}
+        holding = self._in_flight.per_session()
+        return [(session, holding.get(session, 0)) for session in sessions.values()]
+
     def ready_depths(self) -> dict[tuple[str, str], int]:
         """Runs waiting in the ready queues, by (job type, tenant); read by the metrics thread."""
         return {(kind, tenant): n for kind, queue in list(self._ready.items()) for tenant, n in queue.tenant_depths().items()}

@@ -40,6 +40,10 @@ class InFlight(MutableMapping[AttemptKey, WorkerSession]):
             self._ordinary[key] = session
             self._ordinary_by_session[session] += 1
 
+    def per_session(self) -> Counter[WorkerSession]:
+        """Attempts held by each session (counted now: for a status call, not the fire path)."""
+        return Counter(self._sessions.values())
+
     def ordinary_count(self, session: WorkerSession) -> int:
         """Ordinary attempts (see the module's docstring) ``session`` holds."""
         return self._ordinary_by_session[session]

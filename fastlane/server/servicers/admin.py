@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 import grpc
 
 from fastlane._proto import admin_pb2, admin_pb2_grpc
+from fastlane.auth.caller import current_caller
 from fastlane.auth.issuing import issue_token
 from fastlane.domain import validation
 from fastlane.domain.access import Role
@@ -21,10 +22,12 @@ from fastlane.storage import Store
 
 class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     def __init__(self, store: Store, node_status: Callable[[], admin_pb2.NodeStatus], node_id: str,
-                 live_within: timedelta = timedelta(seconds=10), *, quotas: QuotaGuard | None = None) -> None:
+                 live_within: timedelta = timedelta(seconds=10), *, quotas: QuotaGuard | None = None,
+                 workers: Callable[[], Sequence[admin_pb2.WorkerStatus]] = tuple) -> None:
         self._store = store
         self._quotas = quotas
         self._node_status = node_status
+        self._workers = workers
         self._node_id = node_id
         self._live_within = live_within
 
@@ -55,6 +58,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         return admin_pb2.ClusterStatus(
             database_time=wire.timestamp(now),
             nodes=nodes,
+            workers=[worker for worker in self._workers() if _may_see(worker)],
             shards=[
                 admin_pb2.ShardStatus(shard_id=s.shard_id, owner=s.owner, token=s.token,
                                       lease_expires_at=wire.timestamp(s.lease_expires_at))
@@ -123,3 +127,12 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         in_force = await self._quotas.quota_of(tenant) if self._quotas is not None else override
         return admin_pb2.QuotaStatus(tenant=tenant, in_force=wire.quota_to_pb(in_force),
                                      override=wire.quota_to_pb(override))
+
+
+def _may_see(worker: admin_pb2.WorkerStatus) -> bool:
+    """Whether the caller may see ``worker``: an admin (or anyone, authentication off) sees every
+    worker; a tenant's token its own tenant's workers and those that serve every tenant."""
+    caller = current_caller.get()
+    if caller.tenant is None or caller.role is Role.ADMIN:
+        return True
+    return worker.tenant in ("", caller.tenant)
