@@ -94,7 +94,7 @@ class JobAlreadyExists(Conflict):
         self.name = name
         super().__init__(
             f"a job named {name!r} already exists in tenant {tenant!r} with a different "
-            f"{differing_field}; choose another name or update the existing job"
+            f"{differing_field}; choose another name or update the existing job (fastlane jobs update)"
         )
 
 

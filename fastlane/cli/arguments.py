@@ -221,9 +221,11 @@ def json_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON (for scripts) instead of text")
 
 
-def add_schedule_flags(parser: argparse.ArgumentParser, *, allow_now: bool, tz_help: str, anchor_default: str) -> None:
-    """``--now | --at | --cron [--tz] | --every [--anchor]``: exactly one kind is required."""
-    kinds = parser.add_argument_group("schedule (exactly one)").add_mutually_exclusive_group(required=True)
+def add_schedule_flags(parser: argparse.ArgumentParser, *, allow_now: bool, tz_help: str, anchor_default: str,
+                       required: bool = True) -> None:
+    """``--now | --at | --cron [--tz] | --every [--anchor]``: exactly one kind (at most one if not ``required``)."""
+    title = "schedule (exactly one)" if required else "schedule (at most one: replaces the job's)"
+    kinds = parser.add_argument_group(title).add_mutually_exclusive_group(required=required)
     if allow_now:
         kinds.add_argument("--now", action="store_true", help="fire once, as soon as possible")
     kinds.add_argument("--at", metavar="RFC3339", help="fire once at this instant, e.g. 2027-03-14T07:00:00Z")

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fastlane.cli.arguments import (
+    UsageError,
     add_schedule_flags,
     client_flags,
     instant_flag,
@@ -74,6 +75,23 @@ def register(commands: Any) -> None:
     _add_policy_flags(create)
     json_flag(create)
     create.set_defaults(handler=create_job, command_parser=create)
+
+    update = actions.add_parser(
+        "update",
+        parents=[remote],
+        help="change a job: the flags given replace those parts of its spec, the rest stays",
+        description="Change a job: each flag given replaces that part of its spec (a schedule flag replaces its "
+        "schedule, --max-attempts its retry budget, and so on); what is not given stays as it is. The name and "
+        "tenant cannot change. Runs already written keep what they were made with.",
+    )
+    update.add_argument("job_id", metavar="JOB_ID", help="id of the job")
+    update.add_argument("--type", dest="job_type", metavar="TYPE", help="job type; routes runs to workers handling it")
+    add_schedule_flags(update, allow_now=True, tz_help="with --cron: IANA time zone (default: UTC)",
+                       anchor_default="when the job is updated", required=False)
+    _add_policy_flags(update)
+    update.set_defaults(priority=None)  # unset: keep the job's (create's default is 0)
+    json_flag(update)
+    update.set_defaults(handler=update_job, command_parser=update)
 
     listing = actions.add_parser("list", parents=[remote], help="list jobs", description="List the tenant's jobs.")
     listing.add_argument(
@@ -290,6 +308,71 @@ async def _warn_if_unserved(client: Client, job_type: str) -> None:
     if not any(job_type in worker.job_types for worker in workers):
         note(f"warning: no connected worker serves job type {job_type!r}: its runs will wait until one does "
              "(`fastlane cluster` lists the workers and their job types)")
+
+
+def updated_spec(spec: JobSpec, args: argparse.Namespace) -> JobSpec:
+    """``spec`` with the parts the update flags give replaced, validated."""
+    changes: dict[str, Any] = {}
+    if any(getattr(args, kind, None) not in (None, False) for kind in ("now", "at", "cron", "every")):
+        changes["schedule"] = schedule_from_flags(args)
+    elif args.tz is not None or args.anchor is not None:
+        raise UsageError("--tz and --anchor go with a new schedule (--cron or --every)")
+    plain = {"job_type": args.job_type, "priority": args.priority, "concurrency_key": args.concurrency_key,
+             "concurrency_limit": args.concurrency_limit, "overlap": args.overlap and OverlapPolicy(args.overlap),
+             "delivery": args.delivery and Delivery(args.delivery),
+             "timeout": None if args.timeout is None else timedelta(seconds=args.timeout),
+             "lease_ttl": None if args.lease_ttl is None else timedelta(seconds=args.lease_ttl)}
+    changes.update({name: value for name, value in plain.items() if value is not None})
+    if args.payload is not None:
+        changes["payload"] = json_payload(args.payload)
+    retry = _replaced(spec.retry, max_attempts=args.max_attempts,
+                      max_retry_time=_seconds(args.max_retry_time), backoff_base=_seconds(args.backoff_base),
+                      backoff_cap=_seconds(args.backoff_cap))
+    misfire = _replaced(spec.misfire, kind=args.misfire and MisfireKind(args.misfire),
+                        grace=_seconds(args.misfire_grace), fire_all_cap=args.fire_all_cap)
+    if retry != spec.retry:
+        changes["retry"] = retry
+    if misfire != spec.misfire:
+        changes["misfire"] = misfire
+    return validate_spec(replace(spec, **changes))
+
+
+def _replaced(policy: Any, **fields: Any) -> Any:
+    given = {name: value for name, value in fields.items() if value is not None}
+    return replace(policy, **given) if given else policy
+
+
+def _seconds(value: float | None) -> timedelta | None:
+    return None if value is None else timedelta(seconds=value)
+
+
+_UPDATE_FLAGS = ("now", "at", "cron", "every", "tz", "anchor", "job_type", "payload", "priority", "concurrency_key",
+                 "concurrency_limit", "max_attempts", "max_retry_time", "backoff_base", "backoff_cap", "misfire",
+                 "misfire_grace", "fire_all_cap", "overlap", "delivery", "timeout", "lease_ttl")
+
+
+def update_job(args: argparse.Namespace) -> int:
+    # Before connecting: a bad flag never costs a round trip.
+    if not any(getattr(args, flag, None) not in (None, False) for flag in _UPDATE_FLAGS):
+        raise UsageError("nothing to change: give at least one flag (see fastlane jobs update --help)")
+    if any(getattr(args, kind, None) not in (None, False) for kind in ("now", "at", "cron", "every")):
+        schedule_from_flags(args)
+
+    async def update(client: Client) -> int:
+        job = await client.get_job(args.job_id)
+        spec = updated_spec(job.spec, args)
+        if spec == job.spec:
+            note(f"job {job.job_id} ({job.name}) already has this spec; nothing changed")
+        else:
+            job = await client.update_job(job.job_id, spec)
+        if args.json:
+            print_json(job_view(job))
+        else:
+            print(f"updated job {job.job_id} ({job.name}), next fire at {rfc3339(job.next_fire_at) or '-'}")
+        await _warn_if_unserved(client, job.job_type)
+        return 0
+
+    return run_remote(args, update)
 
 
 # -- list and single-job actions ---------------------------------------------------------------

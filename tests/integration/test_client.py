@@ -704,3 +704,28 @@ async def test_cli_list_stops_at_the_limit_and_says_so(daemon: FakeDaemon, capsy
     assert [request.page_size for request in daemon.state.list_jobs_requests] == [3, 3, 5]
     assert "raise --limit" in table_note
     assert no_note == ""
+
+
+async def test_cli_update_replaces_the_parts_given_and_keeps_the_rest(
+    daemon: FakeDaemon, capsys: pytest.CaptureFixture[str],
+) -> None:
+    remote = ("--server", daemon.address, "--tenant", TENANT)
+    code, out, _ = await run_cli(capsys, "jobs", "create", "--name", "nightly", "--type", "report.build", "--cron",
+                                 "30 2 * * *", "--tz", "Europe/Paris", "--max-attempts", "7", "--priority", "5",
+                                 "--json", *remote)
+    job_id = orjson.loads(out)["job_id"]
+
+    code, out, err = await run_cli(capsys, "jobs", "update", job_id, "--every", "60", "--backoff-base", "2",
+                                   "--json", *remote)
+    assert code == 0, err
+    updated = daemon.state.jobs[job_id].spec
+    assert updated.schedule == Schedule.interval(timedelta(seconds=60))
+    assert (updated.retry.max_attempts, updated.retry.backoff_base) == (7, timedelta(seconds=2))  # kept, changed
+    assert (updated.priority, updated.job_type, updated.name) == (5, "report.build", "nightly")
+    assert orjson.loads(out)["job_id"] == job_id
+
+    code, _, err = await run_cli(capsys, "jobs", "update", job_id, *remote)
+    assert code == 2 and "nothing to change" in err
+    code, _, err = await run_cli(capsys, "jobs", "update", job_id, "--concurrency-limit", "3", *remote)
+    assert code != 0 and "concurrency" in err  # a limit without a key, checked against the job as it is
+    assert daemon.state.jobs[job_id].spec == updated
