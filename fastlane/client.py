@@ -208,10 +208,12 @@ class Client:
         page_size: int = 100,
         page_token: str = "",
         include_payload: bool = False,
+        name: str | None = None,
     ) -> Page[Job]:
         """One page of the tenant's jobs; pass ``next_page_token`` back for the next one.
 
         Jobs come without their payload unless ``include_payload`` (``get_job`` always has it).
+        ``name`` finds the job of that name (a page of one, or empty).
         """
         request = jobs_pb2.ListJobsRequest(
             tenant=self.tenant,
@@ -220,6 +222,7 @@ class Client:
             page_size=page_size,
             page_token=page_token,
             include_payload=include_payload,
+            name=name or "",
         )
         response = await self._call(self._connect().jobs.ListJobs, request)
         return Page(items=[wire.job_from_pb(job) for job in response.jobs], next_page_token=response.next_page_token)

@@ -21,6 +21,6 @@ async def show(ctx: RunContext) -> None:
     now = datetime.now(UTC).strftime("%H:%M:%S.%f")[:-3]
     print(
         f"{now}  ran {ctx.job_type:<15} scheduled {ctx.scheduled_for.strftime('%H:%M:%S.%f')[:-3]}  "
-        f"lag {lag_ms:6.2f} ms  attempt {ctx.attempt}  run {ctx.run_id[:8]}",
+        f"lag {lag_ms:6.2f} ms  attempt {ctx.attempt}  run {ctx.run_id}",  # whole: `fastlane runs get` takes it
         flush=True,
     )

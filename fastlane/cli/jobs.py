@@ -30,6 +30,7 @@ from fastlane.cli.views import (
     run_view,
 )
 from fastlane.client import Client
+from fastlane.domain import validation
 from fastlane.domain.audit import AuditTarget
 from fastlane.domain.limits import MAX_CONCURRENCY_LIMIT, MAX_PREVIEW
 from fastlane.domain.models import (
@@ -45,8 +46,8 @@ from fastlane.domain.models import (
 )
 from fastlane.domain.schedules import fire_notes, local_time, preview
 from fastlane.domain.validation import validate_spec
-from fastlane.errors import InvalidArgument
-from fastlane.rpc.status import RemoteError
+from fastlane.errors import FastlaneError, InvalidArgument
+from fastlane.rpc.status import RemoteError, RemoteNotFound
 from fastlane.rpc.wire import rfc3339
 
 
@@ -84,7 +85,7 @@ def register(commands: Any) -> None:
         "schedule, --max-attempts its retry budget, and so on); what is not given stays as it is. The name and "
         "tenant cannot change. Runs already written keep what they were made with.",
     )
-    update.add_argument("job_id", metavar="JOB_ID", help="id of the job")
+    update.add_argument("job_id", metavar="JOB", help="id or name of the job")
     update.add_argument("--type", dest="job_type", metavar="TYPE", help="job type; routes runs to workers handling it")
     add_schedule_flags(update, allow_now=True, tz_help="with --cron: IANA time zone (default: UTC)",
                        anchor_default="when the job is updated", required=False)
@@ -117,7 +118,7 @@ def register(commands: Any) -> None:
         action = actions.add_parser(
             name, parents=[remote], help=summary, description=summary[0].upper() + summary[1:] + "."
         )
-        action.add_argument("job_id", metavar="JOB_ID", help="id of the job")
+        action.add_argument("job_id", metavar="JOB", help="id or name of the job")
         json_flag(action)
         action.set_defaults(handler=act_on_job, command_parser=action)
 
@@ -359,7 +360,7 @@ def update_job(args: argparse.Namespace) -> int:
         schedule_from_flags(args)
 
     async def update(client: Client) -> int:
-        job = await client.get_job(args.job_id)
+        job = await client.get_job(await resolve_job(client, args.job_id))
         spec = updated_spec(job.spec, args)
         if spec == job.spec:
             note(f"job {job.job_id} ({job.name}) already has this spec; nothing changed")
@@ -403,10 +404,28 @@ def list_jobs(args: argparse.Namespace) -> int:
     return run_remote(args, collect)
 
 
+async def resolve_job(client: Client, reference: str) -> str:
+    """The id of the job ``reference`` names: its id, or else its name (unique in a tenant)."""
+    try:
+        return (await client.get_job(reference)).job_id
+    except RemoteNotFound:
+        pass
+    try:
+        validation.name("name", reference)
+    except InvalidArgument:
+        pass  # not a name either
+    else:
+        page = await client.list_jobs(name=reference, page_size=1)
+        if page.items:
+            return page.items[0].job_id
+    raise FastlaneError(f"no job with the id or name {reference!r} in this tenant (`fastlane jobs list` shows them)")
+
+
 def act_on_job(args: argparse.Namespace) -> int:
-    """``get``, ``pause``, ``resume``, ``delete`` and ``trigger``: one job by id."""
+    """``get``, ``pause``, ``resume``, ``delete`` and ``trigger``: one job by id or name."""
 
     async def act(client: Client) -> int:
+        args.job_id = await resolve_job(client, args.job_id)
         if args.action == "trigger":
             run = await client.trigger_job(args.job_id)
             if args.json:

@@ -74,6 +74,7 @@ class Store(Protocol):
         job_type: str | None = None,
         limit: int = 100,
         page_token: str = "",
+        name: str | None = None,
     ) -> Page[Job]: ...
 
     async def update_job(self, tenant: str, job_id: str, spec: JobSpec) -> Job:

@@ -149,6 +149,9 @@ async def test_list_jobs_pages_and_filters(store):
     assert third.next_page_token == ""
     only_a = await store.list_jobs("default", job_type="a")
     assert sorted(job.name for job in only_a.items) == ["job-1", "job-3"]
+    assert [job.name for job in (await store.list_jobs("default", name="job-3")).items] == ["job-3"]
+    assert (await store.list_jobs("default", name="job-3", job_type="b")).items == []
+    assert (await store.list_jobs("other-tenant", name="job-3")).items == []
     with pytest.raises(InvalidArgument, match="page_token"):
         await store.list_jobs("default", page_token="not-a-token")
 

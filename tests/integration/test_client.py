@@ -130,6 +130,7 @@ class FakeJobService(jobs_pb2_grpc.JobServiceServicer):
             if job.tenant == request.tenant
             and (not request.state or job.state == request.state)
             and (not request.job_type or job.job_type == request.job_type)
+            and (not request.name or job.name == request.name)
         ]
         jobs, next_token = page_of(matching, request.page_size, request.page_token)
         return jobs_pb2.ListJobsResponse(jobs=[wire.job_to_pb(job) for job in jobs], next_page_token=next_token)
@@ -729,3 +730,17 @@ async def test_cli_update_replaces_the_parts_given_and_keeps_the_rest(
     code, _, err = await run_cli(capsys, "jobs", "update", job_id, "--concurrency-limit", "3", *remote)
     assert code != 0 and "concurrency" in err  # a limit without a key, checked against the job as it is
     assert daemon.state.jobs[job_id].spec == updated
+
+
+async def test_cli_finds_a_job_by_its_name_as_well_as_its_id(daemon: FakeDaemon, capsys: pytest.CaptureFixture[str]) -> None:
+    remote = ("--server", daemon.address, "--tenant", TENANT)
+    _, out, _ = await run_cli(capsys, "jobs", "create", "--name", "nightly-billing", "--type", "t", "--every", "60",
+                              "--json", *remote)
+    job_id = orjson.loads(out)["job_id"]
+    code, out, _ = await run_cli(capsys, "jobs", "get", "nightly-billing", "--json", *remote)
+    assert code == 0 and orjson.loads(out)["job_id"] == job_id
+    code, out, _ = await run_cli(capsys, "jobs", "pause", "nightly-billing", *remote)
+    assert code == 0 and f"paused job {job_id}" in out
+    code, out, err = await run_cli(capsys, "jobs", "get", "nightly-bill", *remote)
+    assert code == 1 and out == ""
+    assert "no job with the id or name 'nightly-bill' in this tenant (`fastlane jobs list` shows them)" in err

@@ -61,9 +61,10 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
     ) -> jobs_pb2.ListJobsResponse:
         state = wire.enum_value(JobState, request.state, "state", JobState.ACTIVE) if request.state else None
         job_type = validation.name("job_type", request.job_type) if request.job_type else None
+        name = validation.name("name", request.name) if request.name else None
         page = await self._store.list_jobs(
             tenant_of(request.tenant), state=state, job_type=job_type,
-            limit=validation.page_size(request.page_size), page_token=request.page_token,
+            limit=validation.page_size(request.page_size), page_token=request.page_token, name=name,
         )
         jobs = [wire.job_to_pb(job) for job in page.items]
         if not request.include_payload:

@@ -136,12 +136,13 @@ class PostgresStore(
         job_type: str | None = None,
         limit: int = 100,
         page_token: str = "",
+        name: str | None = None,
     ) -> Page[Job]:
         after = codec.decode_page_token(page_token, str)[0] if page_token else ""
         async with self._connection() as db:
             rows = await db.fetch(
                 queries.LIST_JOBS,
-                tenant, after, state.value if state else None, job_type, common.page_limit(limit) + 1,
+                tenant, after, state.value if state else None, job_type, common.page_limit(limit) + 1, name,
             )
         return common.page_of([codec.build_job(row) for row in rows], limit, common.job_page_key)
 

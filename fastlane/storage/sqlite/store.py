@@ -121,6 +121,7 @@ class SQLiteStore(SQLiteLane, SQLiteRuns, SQLiteShards, SQLiteTokens, SQLiteAudi
         job_type: str | None = None,
         limit: int = 100,
         page_token: str = "",
+        name: str | None = None,
     ) -> Page[Job]:
         after = codec.decode_page_token(page_token, str)[0] if page_token else ""
         state_value = state.value if state else None
@@ -128,7 +129,7 @@ class SQLiteStore(SQLiteLane, SQLiteRuns, SQLiteShards, SQLiteTokens, SQLiteAudi
             rows = await fetch_all(
                 db,
                 queries.LIST_JOBS,
-                (tenant, after, state_value, state_value, job_type, job_type, common.page_limit(limit) + 1),
+                (tenant, after, state_value, state_value, job_type, job_type, name, name, common.page_limit(limit) + 1),
             )
         return common.page_of([codec.build_job(row) for row in rows], limit, common.job_page_key)
 
