@@ -182,6 +182,13 @@ def plan_materialisation(
     return MaterialisationPlan(rows=rows, cancel_now=cancel_now, cancel_requested=cancel_requested)
 
 
+def named_job_page(job: Job | None, state: JobState | None, job_type: str | None, after: str) -> Page[Job]:
+    """The page ``list_jobs(name=...)`` answers: the job of that name if it passes the other filters."""
+    if job is None or (state is not None and job.state is not state) or job.job_id <= after:
+        return Page(items=[])
+    return Page(items=[] if job_type is not None and job.job_type != job_type else [job])
+
+
 def skipped_by_policy(plan: MaterialisationPlan) -> dict[str, int]:
     """How many occurrences the plan records as skipped, by the policy that skipped them (for
     ``fastlane_occurrences_skipped_total``): ``misfire`` or ``overlap``."""

@@ -45,7 +45,6 @@ LIST_JOBS = """
     SELECT * FROM jobs
     WHERE tenant = $1 AND job_id > $2
       AND ($3::text IS NULL OR state = $3) AND ($4::text IS NULL OR job_type = $4)
-      AND ($6::text IS NULL OR name = $6)
     ORDER BY job_id LIMIT $5
 """
 UPDATE_JOB = """

@@ -140,9 +140,12 @@ class PostgresStore(
     ) -> Page[Job]:
         after = codec.decode_page_token(page_token, str)[0] if page_token else ""
         async with self._connection() as db:
+            if name is not None:  # one row at most, found by the (tenant, name) index
+                found = await db.fetchrow(queries.JOB_BY_NAME, tenant, name)
+                return common.named_job_page(None if found is None else codec.build_job(found), state, job_type, after)
             rows = await db.fetch(
                 queries.LIST_JOBS,
-                tenant, after, state.value if state else None, job_type, common.page_limit(limit) + 1, name,
+                tenant, after, state.value if state else None, job_type, common.page_limit(limit) + 1,
             )
         return common.page_of([codec.build_job(row) for row in rows], limit, common.job_page_key)
 

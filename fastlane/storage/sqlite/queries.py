@@ -44,7 +44,6 @@ LOCK_JOB = GET_JOB
 LIST_JOBS = """
     SELECT * FROM jobs
     WHERE tenant = ? AND job_id > ? AND (? IS NULL OR state = ?) AND (? IS NULL OR job_type = ?)
-      AND (? IS NULL OR name = ?)
     ORDER BY job_id LIMIT ?
 """
 UPDATE_JOB = """

@@ -126,10 +126,13 @@ class SQLiteStore(SQLiteLane, SQLiteRuns, SQLiteShards, SQLiteTokens, SQLiteAudi
         after = codec.decode_page_token(page_token, str)[0] if page_token else ""
         state_value = state.value if state else None
         async with self._read() as db:
+            if name is not None:  # one row at most, found by the (tenant, name) index
+                found = await fetch_one(db, queries.JOB_BY_NAME, (tenant, name))
+                return common.named_job_page(None if found is None else codec.build_job(found), state, job_type, after)
             rows = await fetch_all(
                 db,
                 queries.LIST_JOBS,
-                (tenant, after, state_value, state_value, job_type, job_type, name, name, common.page_limit(limit) + 1),
+                (tenant, after, state_value, state_value, job_type, job_type, common.page_limit(limit) + 1),
             )
         return common.page_of([codec.build_job(row) for row in rows], limit, common.job_page_key)
 
