@@ -69,3 +69,30 @@ async def test_sigterm_hands_every_shard_back(db_url: str, daemon: Daemon):
     finally:
         await store.close()
     assert shards and all(shard.owner == "" for shard in shards), daemon.log_tail()
+
+
+async def test_the_dashboard_and_the_alert_rules_read_only_metrics_a_live_node_exports(daemon: Daemon):
+    """Scrapes the real node: a metric renamed in the code fails here, not on an operator's dashboard."""
+    import json
+    import re
+    import urllib.request
+    from pathlib import Path
+
+    import yaml
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://{daemon.metrics_address}/metrics", timeout=5) as response:
+        exposition = response.read().decode()
+    exported: set[str] = set()
+    for family in text_string_to_metric_families(exposition):
+        exported.add(family.name)
+        suffixes = {"histogram": ("_bucket", "_count", "_sum"), "counter": ("_total",)}.get(family.type, ())
+        exported.update(family.name + suffix for suffix in suffixes)
+    deploy = Path(ROOT) / "deploy"
+    rules = yaml.safe_load((deploy / "prometheus" / "fastlane-alerts.yaml").read_text())
+    expressions = [rule["expr"] for group in rules["groups"] for rule in group["rules"]]
+    dashboard = json.loads((deploy / "grafana" / "fastlane-dashboard.json").read_text())
+    expressions += [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])]
+    used = {name for expression in expressions for name in re.findall(r"\bfastlane_[a-z_]+\b", expression)}
+    assert len(used) > 20
+    assert used <= exported, f"named but not exported by the node: {sorted(used - exported)}"
