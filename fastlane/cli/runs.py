@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+from datetime import timedelta
 from typing import Any
 
 from fastlane.cli.arguments import client_flags, json_flag, positive_int
@@ -15,11 +17,15 @@ from fastlane.cli.views import (
     fetch_history,
     print_history,
     print_tracebacks,
+    run_duration,
+    run_fields,
+    run_lag,
     run_view,
 )
 from fastlane.client import Client
 from fastlane.domain.audit import AuditTarget
 from fastlane.domain.models import Run, RunState
+from fastlane.rpc.status import RemoteNotFound
 
 # Long error texts would stretch every row of the table; `runs get` shows them whole.
 TABLE_ERROR_WIDTH = 60
@@ -82,17 +88,45 @@ def _shorten(text: str | None, width: int) -> str | None:
     return text[: width - 1] + "…"
 
 
-def _run_row(run: Run) -> tuple[Any, ...]:
+RUN_COLUMNS = ("RUN_ID", "JOB", "STATE", "SCHEDULED_FOR", "LAG", "DURATION", "ATTEMPTS", "PROGRESS", "LAST_ERROR")
+
+
+def _run_row(run: Run, job_names: dict[str, str]) -> tuple[Any, ...]:
     return (
         run.run_id,
-        run.job_id,
-        run.scheduled_for,
+        job_names.get(run.job_id, run.job_id),
         run.state.value,
+        run.scheduled_for,
+        _short_duration(run_lag(run)),
+        _short_duration(run_duration(run)),
         run.attempts,
-        run.worker_id,
-        run.finished_at,
+        f"{run.progress * 100:.0f}%" if run.progress else None,
         _shorten(run.last_error, TABLE_ERROR_WIDTH),
     )
+
+
+def _short_duration(value: timedelta | None) -> str | None:
+    """``12.3 ms``, ``4.56 s``, ``2.0 min``, ``3.5 h``: a person's reading of a lag or a duration."""
+    if value is None:
+        return None
+    seconds = value.total_seconds()
+    if abs(seconds) < 1:
+        return f"{seconds * 1000:.1f} ms"
+    if abs(seconds) < 60:
+        return f"{seconds:.2f} s"
+    if abs(seconds) < 3600:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+async def job_names(client: Client, runs: list[Run]) -> dict[str, str]:
+    """The names of the runs' jobs (a deleted job keeps its id), asked for once per job."""
+    async def name_of(job_id: str) -> tuple[str, str]:
+        try:
+            return job_id, (await client.get_job(job_id)).name
+        except RemoteNotFound:
+            return job_id, job_id
+    return dict(await asyncio.gather(*(name_of(job_id) for job_id in {run.job_id for run in runs})))
 
 
 def list_runs(args: argparse.Namespace) -> int:
@@ -106,10 +140,8 @@ def list_runs(args: argparse.Namespace) -> int:
         if args.json:
             print_json([run_view(run) for run in runs])
             return 0
-        print_table(
-            ("RUN_ID", "JOB_ID", "SCHEDULED_FOR", "STATE", "ATTEMPTS", "WORKER", "FINISHED_AT", "LAST_ERROR"),
-            [_run_row(run) for run in runs],
-        )
+        names = await job_names(client, runs)
+        print_table(RUN_COLUMNS, [_run_row(run, names) for run in runs])
         if more:
             note(f"(showing the newest {args.limit} runs; raise --limit to see more)")
         return 0
@@ -125,7 +157,7 @@ def get_run(args: argparse.Namespace) -> int:
             print_json({**run_view(run), "attempts": [attempt_view(attempt) for attempt in attempts],
                         "history": None if history is None else [audit_view(event) for event in history]})
             return 0
-        print_fields(run_view(run).items())
+        print_fields(run_fields(run))
         if attempts:
             print()
             print_table(

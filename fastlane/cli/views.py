@@ -155,6 +155,7 @@ def run_view(run: Run) -> dict[str, Any]:
         "progress": run.progress,
         "last_error": run.last_error,
         "created_at": rfc3339(run.created_at),
+        "first_attempt_at": rfc3339(run.first_attempt_at),
         "finished_at": rfc3339(run.finished_at),
         "idempotency_key": run.idempotency_key,
         "shard_id": run.shard_id,
@@ -162,6 +163,27 @@ def run_view(run: Run) -> dict[str, Any]:
         "checkpoint_bytes": len(run.checkpoint) if run.checkpoint else 0,
         "checkpoint": base64.b64encode(run.checkpoint).decode() if run.checkpoint else None,
     }
+
+
+def run_fields(run: Run) -> list[tuple[str, Any]]:
+    """``run_view`` for a person: progress in percent, the checkpoint's size instead of its bytes."""
+    view = run_view(run)
+    view["progress"] = f"{run.progress * 100:.0f} %"
+    if run.checkpoint:
+        view["checkpoint"] = f"{len(run.checkpoint):,} bytes (--json has them, base64)"
+    return list(view.items())
+
+
+def run_lag(run: Run) -> timedelta | None:
+    """How late the run's first attempt went out (None before it did)."""
+    return None if run.first_attempt_at is None else run.first_attempt_at - run.scheduled_for
+
+
+def run_duration(run: Run) -> timedelta | None:
+    """First attempt to the end (None while it runs, or if it never started)."""
+    if run.first_attempt_at is None or run.finished_at is None:
+        return None
+    return run.finished_at - run.first_attempt_at
 
 
 def attempt_note(attempt: Attempt) -> str:

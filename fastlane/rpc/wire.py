@@ -250,6 +250,7 @@ def run_to_pb(run: Run) -> pb.Run:
         shard_id=run.shard_id,
         checkpoint_bytes=len(run.checkpoint or b""),
         cancel_requested=run.cancel_requested,
+        first_attempt_at=timestamp(run.first_attempt_at),
     )
 
 
@@ -315,6 +316,7 @@ def run_from_pb(message: pb.Run) -> Run:
         progress=round(message.progress, 6),  # a float32 on the wire: 0.4 arrives as 0.4000000059604645
         last_error=message.last_error or None,
         cancel_requested=message.cancel_requested,
+        first_attempt_at=instant(message.first_attempt_at, message.HasField("first_attempt_at")),
     )
 
 

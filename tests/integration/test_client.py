@@ -28,6 +28,7 @@ from fastlane._proto import (
     runs_pb2_grpc,
 )
 from fastlane.cli.main import main
+from fastlane.cli.runs import RUN_COLUMNS
 from fastlane.client import Client
 from fastlane.domain.models import (
     Attempt,
@@ -457,6 +458,7 @@ def finished_run(job_id: str, minutes: int, state: RunState) -> tuple[Run, list[
         created_at=scheduled,
         updated_at=scheduled,
         worker_id="worker-1",
+        first_attempt_at=scheduled + timedelta(milliseconds=1500),
         finished_at=scheduled + timedelta(seconds=4),
         last_error="boom" if state is RunState.DEAD else None,
     )
@@ -608,6 +610,7 @@ async def test_cli_create_then_list_runs_as_json(daemon: FakeDaemon, capsys: pyt
         "progress": 0.0,
         "last_error": "boom",
         "created_at": "2027-03-13T12:05:00Z",
+        "first_attempt_at": "2027-03-13T12:05:01.500000Z",
         "finished_at": "2027-03-13T12:05:04Z",
         "idempotency_key": f"{created['job_id']}:2027-03-13T12:05:00Z",
         "shard_id": 3,
@@ -744,3 +747,20 @@ async def test_cli_finds_a_job_by_its_name_as_well_as_its_id(daemon: FakeDaemon,
     code, out, err = await run_cli(capsys, "jobs", "get", "nightly-bill", *remote)
     assert code == 1 and out == ""
     assert "no job with the id or name 'nightly-bill' in this tenant (`fastlane jobs list` shows them)" in err
+
+
+async def test_cli_runs_list_shows_job_name_lag_duration_and_progress(
+    daemon: FakeDaemon, capsys: pytest.CaptureFixture[str],
+) -> None:
+    remote = ("--server", daemon.address, "--tenant", TENANT)
+    _, out, _ = await run_cli(capsys, "jobs", "create", "--name", "nightly", "--type", "report.build", "--every", "60",
+                              "--json", *remote)
+    run, attempts = finished_run(orjson.loads(out)["job_id"], 5, RunState.SUCCEEDED)
+    daemon.state.add_run(replace(run, progress=0.4), attempts)
+    code, out, _ = await run_cli(capsys, "runs", "list", *remote)
+    header, row = out.splitlines()[:2]
+    assert code == 0 and header.split() == list(RUN_COLUMNS[:-1]) + ["LAST_ERROR"]
+    assert row.split() == [run.run_id, "nightly", "succeeded", "2027-03-13T12:05:00Z", "1.50", "s", "2.50", "s",
+                           "2", "40%", "-"]
+    code, out, _ = await run_cli(capsys, "runs", "get", run.run_id, *remote)
+    assert ["progress", "40", "%"] in [line.split() for line in out.splitlines()]
