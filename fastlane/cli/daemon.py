@@ -44,6 +44,7 @@ def register(commands: Any) -> None:
         ),
     )
     _add_db_flag(serve)
+    _add_log_format_flag(serve)
     serve.add_argument(
         "--listen",
         metavar="HOST:PORT",
@@ -199,6 +200,7 @@ def register(commands: Any) -> None:
         description="Run a worker: connect to the daemons and execute runs with the handlers of MODULE:ATTR.",
     )
     worker.add_argument("target", metavar="MODULE:ATTR", help="the Worker object to run, e.g. myapp.tasks:worker")
+    _add_log_format_flag(worker)
     worker.add_argument(
         "--server",
         dest="servers",
@@ -268,7 +270,15 @@ def serve_node(args: argparse.Namespace) -> int:
     )
     from fastlane.server.node import serve
 
-    return _finish(serve(settings))
+    return _finish(serve(settings, log_format=args.log_format))
+
+
+def _add_log_format_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--log-format", choices=("text", "json"), default=None,
+        help="logs on stderr as lines of text or one JSON object per line (default: $FASTLANE_LOG_FORMAT, else "
+        "text at a terminal and JSON otherwise); the level is $FASTLANE_LOG_LEVEL (default INFO)",
+    )
 
 
 def run_worker(args: argparse.Namespace) -> int:
@@ -280,7 +290,8 @@ def run_worker(args: argparse.Namespace) -> int:
     from fastlane.worker import run_worker_cli
 
     # Connections to nodes coming and going are worth seeing; runs are never logged at INFO.
-    logs.configure(os.environ.get("FASTLANE_LOG_LEVEL", "INFO"), json=False)
+    logs.configure(os.environ.get("FASTLANE_LOG_LEVEL", "INFO"),
+                   json=None if args.log_format is None else args.log_format == "json")
     # Flags, then $FASTLANE_SERVER, override what the Worker object was built with.
     servers = args.servers or ([os.environ[SERVER_ENV]] if os.environ.get(SERVER_ENV) else [])
     return _finish(run_worker_cli(args.target, servers, args.concurrency,

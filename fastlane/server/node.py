@@ -313,11 +313,12 @@ class Node:
         log.info("node %s stopped", settings.node_id)
 
 
-def serve(settings: Settings) -> int:
-    """Run a node in this process until SIGTERM/SIGINT; the exit code of the daemon."""
+def serve(settings: Settings, *, log_format: str | None = None) -> int:
+    """Run a node in this process until SIGTERM/SIGINT; the exit code of the daemon. ``log_format``:
+    ``json`` or ``text`` (None: as :func:`fastlane.logs.configure` decides)."""
     from fastlane import logs
 
-    logs.configure(os.environ.get("FASTLANE_LOG_LEVEL", "INFO"))
+    logs.configure(os.environ.get("FASTLANE_LOG_LEVEL", "INFO"), json=None if log_format is None else log_format == "json")
     with contextlib.suppress(ImportError):
         import uvloop
 

@@ -362,7 +362,7 @@ def test_fields_align_values() -> None:
 def test_serve_hands_the_settings_to_the_node(monkeypatch: pytest.MonkeyPatch) -> None:
     received: list[Settings] = []
 
-    async def serve(settings: Settings) -> int:  # the node may be a coroutine or a plain function
+    async def serve(settings: Settings, **_: object) -> int:  # the node may be a coroutine or a plain function
         received.append(settings)
         return 3
 
@@ -383,7 +383,7 @@ def test_serve_hands_the_settings_to_the_node(monkeypatch: pytest.MonkeyPatch) -
 
 def test_serve_defaults_to_sqlite_in_the_working_directory(monkeypatch: pytest.MonkeyPatch) -> None:
     received: list[Settings] = []
-    monkeypatch.setitem(sys.modules, "fastlane.server.node", SimpleNamespace(serve=lambda s: received.append(s) or 0))
+    monkeypatch.setitem(sys.modules, "fastlane.server.node", SimpleNamespace(serve=lambda s, **_: received.append(s) or 0))
 
     assert main(["serve"]) == 0
     assert (received[0].db_url, received[0].listen) == ("sqlite:///fastlane.db", "127.0.0.1:7070")
@@ -430,7 +430,7 @@ def test_database_urls_are_logged_without_their_password(url, shown):
 def test_serve_takes_tenant_weights(monkeypatch: pytest.MonkeyPatch) -> None:
     received: list[Settings] = []
 
-    async def serve(settings: Settings) -> int:
+    async def serve(settings: Settings, **_: object) -> int:
         received.append(settings)
         return 0
 
@@ -506,3 +506,17 @@ def test_a_server_given_without_a_port_is_dialled_on_7070(given: str, dialled: s
 def test_a_server_with_a_bad_port_is_refused(given: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["jobs", "list", "--server", given]) == 2
     assert "is not HOST:PORT" in capsys.readouterr().err
+
+
+def test_serve_and_worker_take_a_log_format(monkeypatch: pytest.MonkeyPatch) -> None:
+    formats: list[object] = []
+
+    async def serve(settings: Settings, *, log_format: str | None = None) -> int:
+        formats.append(log_format)
+        return 0
+
+    monkeypatch.setitem(sys.modules, "fastlane.server.node", SimpleNamespace(serve=serve))
+    assert main(["serve", "--db", "sqlite:///x.db", "--log-format", "json"]) == 0
+    assert main(["serve", "--db", "sqlite:///x.db"]) == 0
+    assert formats == ["json", None]
+    assert main(["worker", "x:y", "--log-format", "yaml"]) == 2

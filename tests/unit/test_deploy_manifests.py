@@ -279,7 +279,7 @@ def test_fastlane_serve_accepts_the_arguments(monkeypatch: pytest.MonkeyPatch) -
     argv = [re.sub(r"\$\((\w+)\)", lambda m: environment[m.group(1)], arg) for arg in container()["args"]]
     captured: list[Settings] = []
 
-    def fake_serve(settings: Settings) -> int:
+    def fake_serve(settings: Settings, **_: object) -> int:
         captured.append(settings)
         return 0
 
