@@ -7,8 +7,8 @@ import asyncio
 from datetime import timedelta
 from typing import Any
 
-from fastlane.cli.arguments import client_flags, json_flag, positive_int
-from fastlane.cli.output import note, print_fields, print_json, print_table
+from fastlane.cli.arguments import client_flags, json_flag, positive_int, positive_seconds
+from fastlane.cli.output import cell, note, print_fields, print_json, print_table
 from fastlane.cli.remote import collect_pages, run_remote
 from fastlane.cli.views import (
     attempt_note,
@@ -54,6 +54,18 @@ def register(commands: Any) -> None:
     )
     json_flag(listing)
     listing.set_defaults(handler=list_runs, command_parser=listing)
+
+    tail = actions.add_parser(
+        "tail", parents=[remote], help="follow runs live as they are made and change state",
+        description="Print the latest runs, then each run again as it is made or changes state (or progress), "
+        "until Ctrl-C or --for SECONDS. Rows as in `runs list`.",
+    )
+    tail.add_argument("--job", dest="job_id", metavar="JOB_ID", help="only runs of this job")
+    tail.add_argument("--interval", metavar="SECONDS", type=positive_seconds, default=1.0,
+                      help="how often to ask the node (default: 1)")
+    tail.add_argument("--for", dest="duration", metavar="SECONDS", type=positive_seconds,
+                      help="stop after this long (default: until Ctrl-C)")
+    tail.set_defaults(handler=tail_runs, command_parser=tail)
 
     get = actions.add_parser(
         "get", parents=[remote], help="show one run, its attempts and its history",
@@ -147,6 +159,44 @@ def list_runs(args: argparse.Namespace) -> int:
         return 0
 
     return run_remote(args, collect)
+
+
+TAIL_FIRST = 10  # runs shown when tail starts; after that, every run that is new or changed
+TAIL_PAGE = 200  # the newest runs looked at on each poll
+
+
+def tail_runs(args: argparse.Namespace) -> int:
+    async def follow(client: Client) -> int:
+        loop = asyncio.get_running_loop()
+        stop_at = None if args.duration is None else loop.time() + args.duration
+        shown: dict[str, tuple[str, int, float]] = {}  # run id -> what was printed of it
+        names: dict[str, str] = {}
+        print("  ".join(RUN_COLUMNS), flush=True)
+        while True:
+            page = await client.list_runs(job_id=args.job_id, page_size=TAIL_PAGE)
+            changed = [run for run in reversed(page.items) if shown.get(run.run_id) != _shown_as(run)]
+            if not shown:
+                for run in changed[:-TAIL_FIRST]:  # older ones count as seen
+                    shown[run.run_id] = _shown_as(run)
+                changed = changed[-TAIL_FIRST:]
+            if unknown := [run for run in changed if run.job_id not in names]:
+                names.update(await job_names(client, unknown))
+            for run in changed:
+                shown[run.run_id] = _shown_as(run)
+                print("  ".join(cell(value) for value in _run_row(run, names)), flush=True)
+            left = None if stop_at is None else stop_at - loop.time()
+            if left is not None and left <= 0:
+                return 0
+            await asyncio.sleep(args.interval if left is None else min(args.interval, left))
+
+    try:
+        return run_remote(args, follow)
+    except KeyboardInterrupt:  # Ctrl-C is how one stops following
+        return 0
+
+
+def _shown_as(run: Run) -> tuple[str, int, float]:
+    return run.state.value, run.attempts, run.progress
 
 
 def get_run(args: argparse.Namespace) -> int:

@@ -764,3 +764,28 @@ async def test_cli_runs_list_shows_job_name_lag_duration_and_progress(
                            "2", "40%", "-"]
     code, out, _ = await run_cli(capsys, "runs", "get", run.run_id, *remote)
     assert ["progress", "40", "%"] in [line.split() for line in out.splitlines()]
+
+
+async def test_cli_runs_tail_prints_the_latest_then_each_new_or_changed_run(
+    daemon: FakeDaemon, capsys: pytest.CaptureFixture[str],
+) -> None:
+    remote = ("--server", daemon.address, "--tenant", TENANT)
+    _, out, _ = await run_cli(capsys, "jobs", "create", "--name", "nightly", "--type", "report.build", "--every", "60",
+                              "--json", *remote)
+    job_id = orjson.loads(out)["job_id"]
+    old = [finished_run(job_id, minutes, RunState.SUCCEEDED) for minutes in range(12)]
+    for run, attempts in old:
+        daemon.state.add_run(run, attempts)
+    tail = asyncio.create_task(run_cli(capsys, "runs", "tail", "--interval", "0.1", "--for", "3", *remote))
+    await asyncio.sleep(0.8)
+    new, attempts = finished_run(job_id, 30, RunState.SUCCEEDED)
+    daemon.state.add_run(replace(new, state=RunState.RUNNING, finished_at=None), attempts)
+    await asyncio.sleep(0.8)
+    daemon.state.add_run(new, attempts)  # it ends
+    code, out, _ = await tail
+    lines = out.splitlines()
+    assert code == 0 and lines[0].split()[:3] == ["RUN_ID", "JOB", "STATE"]
+    shown = [(line.split()[0], line.split()[2]) for line in lines[1:]]
+    assert shown[:10] == [(run.run_id, "succeeded") for run, _ in old[2:]]  # the latest ten, oldest first
+    assert shown[10:] == [(new.run_id, "running"), (new.run_id, "succeeded")]
+    assert all(line.split()[1] == "nightly" for line in lines[1:])
