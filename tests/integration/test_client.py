@@ -749,13 +749,19 @@ async def test_cli_finds_a_job_by_its_name_as_well_as_its_id(daemon: FakeDaemon,
     assert "no job with the id or name 'nightly-bill' in this tenant (`fastlane jobs list` shows them)" in err
 
 
+async def nightly_job(daemon: FakeDaemon, capsys: pytest.CaptureFixture[str]) -> str:
+    """Create the job ``nightly`` through the CLI; its id."""
+    _, out, _ = await run_cli(capsys, "jobs", "create", "--name", "nightly", "--type", "report.build", "--every", "60",
+                              "--json", "--server", daemon.address, "--tenant", TENANT)
+    job_id: str = orjson.loads(out)["job_id"]
+    return job_id
+
+
 async def test_cli_runs_list_shows_job_name_lag_duration_and_progress(
     daemon: FakeDaemon, capsys: pytest.CaptureFixture[str],
 ) -> None:
     remote = ("--server", daemon.address, "--tenant", TENANT)
-    _, out, _ = await run_cli(capsys, "jobs", "create", "--name", "nightly", "--type", "report.build", "--every", "60",
-                              "--json", *remote)
-    run, attempts = finished_run(orjson.loads(out)["job_id"], 5, RunState.SUCCEEDED)
+    run, attempts = finished_run(await nightly_job(daemon, capsys), 5, RunState.SUCCEEDED)
     daemon.state.add_run(replace(run, progress=0.4), attempts)
     code, out, _ = await run_cli(capsys, "runs", "list", *remote)
     header, row = out.splitlines()[:2]
@@ -770,9 +776,7 @@ async def test_cli_runs_tail_prints_the_latest_then_each_new_or_changed_run(
     daemon: FakeDaemon, capsys: pytest.CaptureFixture[str],
 ) -> None:
     remote = ("--server", daemon.address, "--tenant", TENANT)
-    _, out, _ = await run_cli(capsys, "jobs", "create", "--name", "nightly", "--type", "report.build", "--every", "60",
-                              "--json", *remote)
-    job_id = orjson.loads(out)["job_id"]
+    job_id = await nightly_job(daemon, capsys)
     old = [finished_run(job_id, minutes, RunState.SUCCEEDED) for minutes in range(12)]
     for run, attempts in old:
         daemon.state.add_run(run, attempts)
