@@ -55,8 +55,8 @@ class Metrics:
             "fastlane_held_runs", "Released runs held back by a cap: cap=tenant_in_flight (--tenant-max-in-flight) "
             "or concurrency_key (the job's concurrency_limit)", ["job_type", "tenant", "cap"])
         self.unserved = ReadWhenScraped(
-            "fastlane_unserved_runs", "Released runs (waiting or parked) of a job type no worker connected to this "
-            "node serves, by job type: stuck until a worker for it connects", ["job_type"])
+            "fastlane_unserved_runs", "Released runs waiting for a worker while no worker connected to this node "
+            "serves their job type and tenant: stuck until one connects", ["job_type", "tenant"])
         for family in (self.ready_by_tenant, self.oldest_ready, self.in_flight_by_tenant, self.held_by_cap,
                        self.unserved):
             registry.register(family)
@@ -131,6 +131,8 @@ class Metrics:
                                "Occurrences recorded as skipped instead of run, by the policy that skipped them: "
                                "misfire (found later than the job's misfire grace) or overlap (the previous run "
                                "was still active)", ["policy"], registry=registry)
+        for policy in ("misfire", "overlap"):  # at 0 from the start: increase() sees the first skips
+            self.skipped.labels(policy=policy)
         self.loop_failures = Counter("fastlane_loop_failures_total",
                                      "Unexpected exceptions that stopped a background loop (restarted with backoff)",
                                      ["loop"], registry=registry)

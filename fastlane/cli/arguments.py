@@ -36,11 +36,15 @@ def default_server() -> str:
     return os.environ.get(SERVER_ENV) or DEFAULT_SERVER  # argparse passes it through server_address too
 
 
+_GRPC_SCHEMES = ("dns:", "ipv4:", "ipv6:", "unix:", "unix-abstract:", "vsock:")
+
+
 def server_address(text: str) -> str:
     """A daemon's ``HOST:PORT``; a bare host (``localhost``, ``10.0.0.7``, ``::1``) gets the default
-    port, 7070, not gRPC's own default of 443. Other gRPC targets (``dns:///…``, ``unix:…``) pass as given."""
+    port, 7070, not gRPC's own default of 443. gRPC's other targets (``dns:///…``, ``ipv4:…``,
+    ``unix:…``) pass as given."""
     text = text.strip()
-    if "://" in text or text.startswith("unix:"):
+    if "://" in text or text.startswith(_GRPC_SCHEMES):
         return text
     if text.startswith("["):  # [IPv6] or [IPv6]:PORT
         host, _, rest = text.partition("]")

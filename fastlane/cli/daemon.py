@@ -25,6 +25,7 @@ from fastlane.cli.arguments import (
     priority_reserve,
     rate_or_unlimited,
     security_flags,
+    server_address,
     tenant_max_in_flight,
     tenant_weight,
 )
@@ -206,7 +207,9 @@ def register(commands: Any) -> None:
         dest="servers",
         metavar="HOST:PORT",
         action="append",
-        help=f"a node to connect to; repeat for every node (default: ${SERVER_ENV}, else the worker's own list)",
+        type=server_address,
+        help=f"a node to connect to (a host alone means port 7070); repeat for every node (default: ${SERVER_ENV}, "
+        "else the worker's own list)",
     )
     worker.add_argument(
         "--concurrency",
@@ -293,7 +296,7 @@ def run_worker(args: argparse.Namespace) -> int:
     logs.configure(os.environ.get("FASTLANE_LOG_LEVEL", "INFO"),
                    json=None if args.log_format is None else args.log_format == "json")
     # Flags, then $FASTLANE_SERVER, override what the Worker object was built with.
-    servers = args.servers or ([os.environ[SERVER_ENV]] if os.environ.get(SERVER_ENV) else [])
+    servers = args.servers or ([server_address(os.environ[SERVER_ENV])] if os.environ.get(SERVER_ENV) else [])
     return _finish(run_worker_cli(args.target, servers, args.concurrency,
                                   token=load_token(args.token_file), tls=client_tls(args)))
 

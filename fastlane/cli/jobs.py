@@ -294,21 +294,22 @@ def create_job(args: argparse.Namespace) -> int:
             print(f"created job {job.job_id} ({job.name}), next fire at {rfc3339(job.next_fire_at) or '-'}")
         else:
             print(f"job {job.job_id} ({job.name}) already exists with this spec; nothing changed")
-        await _warn_if_unserved(client, job.job_type)
+        await _warn_if_unserved(client, job)
         return 0
 
     return run_remote(args, create)
 
 
-async def _warn_if_unserved(client: Client, job_type: str) -> None:
-    """Say so when no worker connected to the node serves ``job_type``: its runs would wait, silently."""
+async def _warn_if_unserved(client: Client, job: Job) -> None:
+    """Say so when no worker connected to the node serves the job's type for its tenant: its runs
+    would wait, silently."""
     try:
         workers = (await client.cluster()).workers
     except RemoteError:
         return  # the job is created; a status the caller cannot read changes nothing
-    if not any(job_type in worker.job_types for worker in workers):
-        note(f"warning: no connected worker serves job type {job_type!r}: its runs will wait until one does "
-             "(`fastlane cluster` lists the workers and their job types)")
+    if not any(job.job_type in worker.job_types and worker.tenant in ("", job.tenant) for worker in workers):
+        note(f"warning: no connected worker serves job type {job.job_type!r} for tenant {job.tenant!r}: its runs "
+             "will wait until one does (`fastlane cluster` lists the workers and their job types)")
 
 
 def updated_spec(spec: JobSpec, args: argparse.Namespace) -> JobSpec:
@@ -370,7 +371,7 @@ def update_job(args: argparse.Namespace) -> int:
             print_json(job_view(job))
         else:
             print(f"updated job {job.job_id} ({job.name}), next fire at {rfc3339(job.next_fire_at) or '-'}")
-        await _warn_if_unserved(client, job.job_type)
+        await _warn_if_unserved(client, job)
         return 0
 
     return run_remote(args, update)

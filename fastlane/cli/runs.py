@@ -19,7 +19,7 @@ from fastlane.cli.views import (
     print_tracebacks,
     run_duration,
     run_fields,
-    run_lag,
+    run_sent,
     run_view,
 )
 from fastlane.client import Client
@@ -100,7 +100,8 @@ def _shorten(text: str | None, width: int) -> str | None:
     return text[: width - 1] + "…"
 
 
-RUN_COLUMNS = ("RUN_ID", "JOB", "STATE", "SCHEDULED_FOR", "LAG", "DURATION", "ATTEMPTS", "PROGRESS", "LAST_ERROR")
+# SENT: the first attempt's dispatch from the scheduled time (negative: sent ahead, started on the instant).
+RUN_COLUMNS = ("RUN_ID", "JOB", "STATE", "SCHEDULED_FOR", "SENT", "DURATION", "ATTEMPTS", "PROGRESS", "LAST_ERROR")
 
 
 def _run_row(run: Run, job_names: dict[str, str]) -> tuple[Any, ...]:
@@ -109,7 +110,7 @@ def _run_row(run: Run, job_names: dict[str, str]) -> tuple[Any, ...]:
         job_names.get(run.job_id, run.job_id),
         run.state.value,
         run.scheduled_for,
-        _short_duration(run_lag(run)),
+        _short_duration(run_sent(run)),
         _short_duration(run_duration(run)),
         run.attempts,
         f"{run.progress * 100:.0f}%" if run.progress else None,

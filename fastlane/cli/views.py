@@ -174,8 +174,9 @@ def run_fields(run: Run) -> list[tuple[str, Any]]:
     return list(view.items())
 
 
-def run_lag(run: Run) -> timedelta | None:
-    """How late the run's first attempt went out (None before it did)."""
+def run_sent(run: Run) -> timedelta | None:
+    """When the run's first attempt went out, from its scheduled time: negative when it was sent
+    ahead, to be started on the instant by its worker (None before it went out)."""
     return None if run.first_attempt_at is None else run.first_attempt_at - run.scheduled_for
 
 

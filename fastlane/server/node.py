@@ -71,7 +71,6 @@ class Node:
         self.settings = settings
         self.clock = clock or SystemClock()
         self.metrics = Metrics()
-        self.metrics.shard_count.set(settings.shard_count)
         self.ready = asyncio.Event()
         self._stop = asyncio.Event()
         self._failure: FastlaneError | None = None  # why the node could not go on, if it could not
@@ -94,6 +93,7 @@ class Node:
             version = await self._migrate(store)
             log.info("database %s at schema version %d", redacted_url(settings.db_url), version)
             shards = await store.shard_count()
+            self.metrics.shard_count.set(shards)
             if shards != settings.shard_count:
                 # Fixed when the database was made (by the first node, migrate or tokens create):
                 # every node must agree, so the database's count wins over the flag.

@@ -161,7 +161,8 @@ class Store(Protocol):
     async def cancel_run(self, tenant: str, run_id: str) -> Cancellation:
         """Cancel a run: one not yet delivered ends ``cancelled`` at once; one with a worker is
         marked ``cancel_requested`` (its worker is told to stop, and it will not be retried).
-        A run already cancelled is returned as it is (``already``): cancelling is idempotent.
+        A run already cancelled, or whose cancel is requested, is returned as it is (``already``):
+        cancelling is idempotent.
         Raises :class:`~fastlane.errors.InvalidState` for a run that finished otherwise."""
         ...
 

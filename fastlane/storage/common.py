@@ -130,6 +130,8 @@ def rescheduled(current: Job, spec: JobSpec, now: datetime) -> tuple[datetime | 
 
 MISFIRE_SKIPPED = "skipped: missed while no node owned the job or it was paused (misfire policy)"
 
+# States of a run a worker has (a cancel of one is a request the worker carries out).
+WITH_A_WORKER = (RunState.DISPATCHED, RunState.RUNNING)
 # States of a job's runs that count for its overlap policy.
 ACTIVE_STATES = ("buffered", "scheduled", "dispatched", "running")
 
@@ -189,13 +191,14 @@ def named_job_page(job: Job | None, state: JobState | None, job_type: str | None
     return Page(items=[] if job_type is not None and job.job_type != job_type else [job])
 
 
-def skipped_by_policy(plan: MaterialisationPlan) -> dict[str, int]:
-    """How many occurrences the plan records as skipped, by the policy that skipped them (for
-    ``fastlane_occurrences_skipped_total``): ``misfire`` or ``overlap``."""
+def skipped_by_policy(runs: Sequence[Run]) -> dict[str, int]:
+    """How many of the runs a materialisation inserted record a skipped occurrence, by the policy
+    that skipped it (for ``fastlane_occurrences_skipped_total``): ``misfire`` or ``overlap``.
+    Counted from the rows inserted, so an occurrence recorded before is not counted again."""
     counts: dict[str, int] = {}
-    for row in plan.rows:
-        if row.state == "skipped":
-            policy = "misfire" if row.last_error == MISFIRE_SKIPPED else "overlap"
+    for run in runs:
+        if run.state is RunState.SKIPPED:
+            policy = "misfire" if run.last_error == MISFIRE_SKIPPED else "overlap"
             counts[policy] = counts.get(policy, 0) + 1
     return counts
 

@@ -71,7 +71,8 @@ class Materialised:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Cancellation:
     """What cancelling a run did: ``run`` as it is now, ``released`` runs to schedule at once;
-    ``already``: it was cancelled before, and nothing changed (a cancel is idempotent, as a pause is)."""
+    ``already``: it was cancelled before, or its cancel requested, and nothing changed (a cancel
+    is idempotent, as a pause is)."""
 
     run: Run
     released: list[Run] = field(default_factory=list)

@@ -606,7 +606,9 @@ async def test_cancel_ends_a_queued_run_and_flags_a_delivered_one(store):
     delivered = await store.create_manual_run("default", job.job_id)
     await store.record_dispatches([dispatch(delivered.run_id, 5)])
     flagged = await store.cancel_run("default", delivered.run_id)
-    assert flagged.run.state is RunState.DISPATCHED and flagged.run.cancel_requested
+    assert flagged.run.state is RunState.DISPATCHED and flagged.run.cancel_requested and not flagged.already
+    asked_again = await store.cancel_run("default", delivered.run_id)
+    assert asked_again.already and asked_again.run == flagged.run
     [outcome] = await store.record_results(
         [AttemptResult(run_id=delivered.run_id, lease_token=5, outcome=AttemptOutcome.CANCELLED)])
     assert outcome.run.state is RunState.CANCELLED

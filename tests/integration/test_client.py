@@ -691,7 +691,7 @@ async def test_cli_create_warns_when_no_connected_worker_serves_the_type(
     assert code == 0 and served == ""
     code, _, unserved = await run_cli(capsys, "jobs", "create", "--name", "b", "--type", "billing.chrage", "--now",
                                       *remote)
-    assert code == 0 and "no connected worker serves job type 'billing.chrage'" in unserved
+    assert code == 0 and f"no connected worker serves job type 'billing.chrage' for tenant '{TENANT}'" in unserved
 
 
 async def test_cli_list_stops_at_the_limit_and_says_so(daemon: FakeDaemon, capsys: pytest.CaptureFixture[str]) -> None:

@@ -495,6 +495,7 @@ def test_version_prints_the_installed_version(capsys: pytest.CaptureFixture[str]
 @pytest.mark.parametrize(("given", "dialled"), [
     ("localhost", "localhost:7070"), ("10.0.0.7", "10.0.0.7:7070"), ("node-2:7171", "node-2:7171"),
     ("::1", "[::1]:7070"), ("[::1]", "[::1]:7070"), ("[::1]:9000", "[::1]:9000"), ("dns:///fastlane:7070", "dns:///fastlane:7070"),
+    ("ipv4:10.0.0.1:7070", "ipv4:10.0.0.1:7070"), ("unix-abstract:fastlane", "unix-abstract:fastlane"),
 ])
 def test_a_server_given_without_a_port_is_dialled_on_7070(given: str, dialled: str) -> None:
     from fastlane.cli.arguments import server_address

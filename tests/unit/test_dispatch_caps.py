@@ -185,13 +185,32 @@ async def test_credits_kept_for_urgent_runs_go_to_nothing_else():
         assert worker.read()[5:] == []
         node.release([prioritised("urgent-2", 200)])
         assert worker.read()[5:] == ["urgent-2"]
-        # An ordinary attempt that ends leaves room for the next ordinary run, on a credit freed
-        # before (the grant may come first).
+        # An urgent attempt that ends frees a kept credit (the worker grants it after the result).
+        node.results(worker.session, [AttemptResult(run_id="urgent-2", lease_token=worker.token_of("urgent-2"),
+                                                    outcome=AttemptOutcome.SUCCEEDED)])
         node.grant(worker.session, 1)
         assert worker.read()[6:] == []
+        # An ordinary one that ends leaves room for the next ordinary run.
         node.results(worker.session, [AttemptResult(run_id="low-0", lease_token=worker.token_of("low-0"),
                                                     outcome=AttemptOutcome.SUCCEEDED)])
+        node.grant(worker.session, 1)
         assert worker.read()[6:] == ["low-2"]
+    finally:
+        await drained(node, journal)
+
+
+async def test_a_worker_that_reconnects_busy_gets_its_ordinary_share_back_as_it_frees_credits():
+    node = dispatcher(ScriptedStore(), Metrics(), priority_reserve=PriorityReserve(100, 2))
+    journal = asyncio.create_task(node.run())
+    try:
+        # Concurrency 6, reconnecting with 5 runs still going: it declares 1 credit.
+        worker = Received(node.connect("w", ["t"], 1, None))
+        node.release([prioritised(f"low-{i}", 0) for i in range(6)])
+        assert worker.read() == ["low-0"]  # one at least
+        node.results(worker.session, [AttemptResult(run_id="low-0", lease_token=worker.token_of("low-0"),
+                                                    outcome=AttemptOutcome.SUCCEEDED)])
+        node.grant(worker.session, 6)  # its earlier runs ended: all 6 credits are free again
+        assert worker.read()[1:] == ["low-1", "low-2", "low-3", "low-4"]  # 6 less the 2 kept
     finally:
         await drained(node, journal)
 
@@ -213,10 +232,11 @@ async def test_runs_of_a_job_type_no_worker_serves_are_counted_as_unserved():
     journal = asyncio.create_task(node.run())
     try:
         node.connect("other", ["u"], 10, None)  # serves another type only
-        node.release([run_named(f"r{i}") for i in range(3)])  # job type "t"
-        assert sample(metrics, "fastlane_unserved_runs", job_type="t") == 3
+        node.connect("elsewhere", ["t"], 10, "another-tenant")  # serves another tenant only
+        node.release([run_named(f"r{i}") for i in range(3)])  # job type "t", tenant "default"
+        assert sample(metrics, "fastlane_unserved_runs", job_type="t", tenant="default") == 3
         worker = Received(node.connect("w", ["t"], 10, None))
         assert len(worker.read()) == 3
-        assert sample(metrics, "fastlane_unserved_runs", job_type="t") is None
+        assert sample(metrics, "fastlane_unserved_runs", job_type="t", tenant="default") is None
     finally:
         await drained(node, journal)

@@ -131,11 +131,16 @@ class Dispatcher:
                     held[(kind, tenant, "tenant_in_flight")] = n
         return held
 
-    def unserved_depths(self) -> dict[tuple[str], int]:
-        """Runs waiting (or parked) of job types no connected worker serves; read by the metrics thread."""
-        waiting = Counter({kind: len(queue) for kind, queue in list(self._ready.items())})
-        waiting.update(self._parked.depths())
-        return {(kind,): n for kind, n in waiting.items() if n and not self._sessions.get(kind)}
+    def unserved_depths(self) -> dict[tuple[str, str], int]:
+        """Runs waiting of a (job type, tenant) no connected worker serves (none for the type, or
+        only workers bound to other tenants); read by the metrics thread."""
+        unserved = {}
+        for kind, queue in list(self._ready.items()):
+            sessions = list(self._sessions.get(kind, ()))
+            for tenant, n in queue.tenant_depths().items():
+                if not any(session.tenant in (None, tenant) for session in sessions):
+                    unserved[(kind, tenant)] = n
+        return unserved
 
     def _tenant_full(self, tenant: str) -> bool:
         cap = self._tenant_caps.get(tenant)
@@ -352,10 +357,12 @@ class Dispatcher:
     def _ordinary_room(self, session: WorkerSession) -> bool:
         """Whether ``session`` may take one more ordinary run: ordinary runs hold at most the
         stream's credits beyond the reserve (and never fewer than one, so a small worker still
-        takes them)."""
+        takes them). The stream's credits are counted now, free and held: a worker that
+        reconnects with runs still going declares only its free ones, and grants the others as
+        those runs end."""
         assert self._reserve is not None
-        limit = max(session.capacity - self._reserve.credits, 1)
-        return self._in_flight.ordinary_count(session) < limit
+        credits = session.credits + self._in_flight.held_count(session)
+        return self._in_flight.ordinary_count(session) < max(credits - self._reserve.credits, 1)
 
     def _assign(self, session: WorkerSession, run: Run, now: datetime, confirm_first: bool,
                 start_at: datetime | None = None) -> Assigned:

@@ -26,6 +26,8 @@ class InFlight(MutableMapping[AttemptKey, WorkerSession]):
         self._labels: dict[AttemptKey, Label] = {}
         self._by_label: Counter[Label] = Counter()
         self._by_tenant: Counter[str] = Counter()
+        self._sessions_counted: dict[AttemptKey, WorkerSession] = {}  # the session of each counted attempt
+        self._held_by_session: Counter[WorkerSession] = Counter()
         self._ordinary: dict[AttemptKey, WorkerSession] = {}
         self._ordinary_by_session: Counter[WorkerSession] = Counter()
 
@@ -36,6 +38,8 @@ class InFlight(MutableMapping[AttemptKey, WorkerSession]):
         label = self._labels[key] = (run.job_type, run.tenant)
         self._by_label[label] += 1
         self._by_tenant[run.tenant] += 1
+        self._sessions_counted[key] = session
+        self._held_by_session[session] += 1
         if ordinary:
             self._ordinary[key] = session
             self._ordinary_by_session[session] += 1
@@ -43,6 +47,10 @@ class InFlight(MutableMapping[AttemptKey, WorkerSession]):
     def per_session(self) -> Counter[WorkerSession]:
         """Attempts held by each session (counted now: for a status call, not the fire path)."""
         return Counter(self._sessions.values())
+
+    def held_count(self, session: WorkerSession) -> int:
+        """Attempts this node assigned to ``session`` and has not heard the end of."""
+        return self._held_by_session[session]
 
     def ordinary_count(self, session: WorkerSession) -> int:
         """Ordinary attempts (see the module's docstring) ``session`` holds."""
@@ -93,6 +101,10 @@ class InFlight(MutableMapping[AttemptKey, WorkerSession]):
         label = self._labels.pop(key, None)
         if label is None:
             return
+        session = self._sessions_counted.pop(key)
+        self._held_by_session[session] -= 1
+        if not self._held_by_session[session]:
+            del self._held_by_session[session]
         self._by_label[label] -= 1
         self._by_tenant[label[1]] -= 1
         if not self._by_label[label]:

@@ -72,7 +72,3 @@ class WorkerSession:
     # The worker's last reported clock estimate against this node's (None: none reported yet).
     clock_uncertainty: timedelta | None = None
     clock_offset: timedelta | None = None
-    capacity: int = field(init=False)  # the credits the worker opened the stream with
-
-    def __post_init__(self) -> None:
-        self.capacity = self.credits

@@ -67,10 +67,6 @@ class ParkedRuns:
     def __len__(self) -> int:
         return len(self._ids)
 
-    def depths(self) -> dict[str, int]:
-        """Parked runs by job type; read by the metrics thread (one step under the GIL)."""
-        return {job_type: len(parked) for job_type, parked in list(self._by_type.items())}
-
     def any_of(self, job_type: str) -> bool:
         return bool(self._by_type.get(job_type))
 

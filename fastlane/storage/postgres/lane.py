@@ -73,7 +73,7 @@ class PostgresLane(PostgresConnections):
             )
         runs = [codec.build_run(row) for row in rows]
         return Materialised(runs=common.scheduled_in_order(runs), advanced=frozenset(overlap_of),
-                            cancelling=cancelling, changed=changed, skipped=common.skipped_by_policy(plan))
+                            cancelling=cancelling, changed=changed, skipped=common.skipped_by_policy(runs))
 
     async def pending_runs(
         self, shard_ids: Collection[int], before: datetime, *, skip: Container[str] = frozenset()

@@ -45,13 +45,13 @@ class PostgresRuns(PostgresConnections):
             if row is None:
                 raise RunNotFound(run_id)
             run = codec.build_run(row)
-            if run.state in (RunState.DISPATCHED, RunState.RUNNING):
+            if run.state is RunState.CANCELLED or (run.cancel_requested and run.state in common.WITH_A_WORKER):
+                return Cancellation(run=run, already=True)
+            if run.state in common.WITH_A_WORKER:
                 row = await db.fetchrow(queries.REQUEST_CANCEL, run_id)
                 assert row is not None, "LOCK_RUN holds the run's row lock in this transaction"
                 await notify(db, Change(ChangeKind.RUN, run.shard_id, tenant, run_id))
                 return Cancellation(run=codec.build_run(row))
-            if run.state is RunState.CANCELLED:
-                return Cancellation(run=run, already=True)
             if run.state not in (RunState.SCHEDULED, RunState.BUFFERED):
                 raise InvalidState("run", run_id, run.state.value, "cancel")
             row = await db.fetchrow(queries.CANCEL_RUN, run_id, CANCELLED_BY_REQUEST)

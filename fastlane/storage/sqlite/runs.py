@@ -46,12 +46,12 @@ class SQLiteRuns(SQLiteConnections):
             if row is None:
                 raise RunNotFound(run_id)
             run = codec.build_run(row)
-            if run.state in (RunState.DISPATCHED, RunState.RUNNING):
+            if run.state is RunState.CANCELLED or (run.cancel_requested and run.state in common.WITH_A_WORKER):
+                return Cancellation(run=run, already=True)
+            if run.state in common.WITH_A_WORKER:
                 row = await fetch_one(db, queries.REQUEST_CANCEL, (run_id,))
                 assert row is not None, "LOCK_RUN found the run, and BEGIN IMMEDIATE keeps other writers out"
                 return Cancellation(run=codec.build_run(row))
-            if run.state is RunState.CANCELLED:
-                return Cancellation(run=run, already=True)
             if run.state not in (RunState.SCHEDULED, RunState.BUFFERED):
                 raise InvalidState("run", run_id, run.state.value, "cancel")
             row = await fetch_one(db, queries.CANCEL_RUN, (CANCELLED_BY_REQUEST, run_id))
