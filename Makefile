@@ -32,9 +32,9 @@ demo: $(BASE)
 test: $(STAMP) proto-check lint typecheck tools
 	$(BIN)/python -m pytest
 
-## tools: what the suite needs beyond Python packages (promtool, for the alert rules), installed if missing
-tools:
-	bash scripts/ensure_tools.sh
+## tools: what the suite needs beyond Python packages (promtool, for the alert rules), fetched into .venv if missing
+tools: $(BASE)
+	bash scripts/ensure_tools.sh $(BIN)
 
 ## typecheck: mypy over the package, as configured in pyproject.toml
 typecheck: $(STAMP)

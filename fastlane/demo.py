@@ -51,6 +51,13 @@ async def _demo(workdir: Path, duration: float) -> int:
     db_url = f"sqlite:///{workdir / 'demo.db'}"
     daemon_log = open(workdir / "daemon.log", "ab")  # noqa: SIM115 - closed in finally
     children: list[subprocess.Popen[bytes]] = []
+    # The children have sessions of their own (below), so a closed terminal (SIGHUP) or a kill
+    # (SIGTERM) would leave them running: either ends the demo as Ctrl-C does, and it stops them.
+    main = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        if main is not None:
+            loop.add_signal_handler(signum, main.cancel)
     try:
         print(f"starting a daemon on {address} (database {db_url}, metrics http://{metrics}/metrics)")
         children.append(subprocess.Popen(

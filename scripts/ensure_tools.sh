@@ -1,31 +1,32 @@
 #!/usr/bin/env bash
 # Tools the test suite needs besides Python packages: promtool, to check and unit-test the alert
-# rules in deploy/prometheus. Installed from the distribution's packages where missing (Debian and
-# Ubuntu: the prometheus package, which ships promtool), as root or through sudo; otherwise this
-# says what to install and fails, so the suite never silently skips those checks.
+# rules in deploy/prometheus. Where none is on PATH or in DIR (the first argument, default
+# .venv/bin), the distribution's prometheus package is downloaded and only its promtool binary
+# extracted into DIR: nothing is installed system-wide and no Prometheus server is set up. Needs
+# apt-get (Debian, Ubuntu); elsewhere this says what to install and fails, so the suite never
+# silently skips those checks.
 set -euo pipefail
 
-if command -v promtool >/dev/null 2>&1; then
+into="${1:-.venv/bin}"
+if command -v promtool >/dev/null 2>&1 || [ -x "$into/promtool" ]; then
     exit 0
 fi
-if ! command -v apt-get >/dev/null 2>&1; then
-    echo "promtool is missing and there is no apt-get here: install Prometheus's promtool and put it on PATH" >&2
+if ! command -v apt-get >/dev/null 2>&1 || ! command -v dpkg-deb >/dev/null 2>&1; then
+    echo "promtool is missing: install Prometheus's promtool (e.g. the prometheus package) and put it on PATH" >&2
     exit 1
 fi
-as_root=()
-if [ "$(id -u)" -ne 0 ]; then
-    if ! command -v sudo >/dev/null 2>&1; then
-        echo "promtool is missing: install the prometheus package (it ships promtool) as root" >&2
-        exit 1
-    fi
-    as_root=(sudo -n)
-fi
-echo "installing promtool (the distribution's prometheus package) for the alert-rule tests" >&2
-export DEBIAN_FRONTEND=noninteractive
-install=("${as_root[@]}" apt-get install -y -q --no-install-recommends prometheus)
-# A machine whose package lists were never fetched finds no package: fetch them, then try again.
-if ! "${install[@]}" >/dev/null; then
+echo "fetching promtool (from the distribution's prometheus package) into $into, for the alert-rule tests" >&2
+scratch="$(mktemp -d)"
+trap 'rm -rf "$scratch"' EXIT
+# A machine whose package lists were never fetched finds no package: fetch them (as root, or
+# through sudo without a password), then try again.
+if ! (cd "$scratch" && apt-get download -q prometheus >/dev/null 2>&1); then
+    as_root=()
+    [ "$(id -u)" -eq 0 ] || as_root=(sudo -n)
     "${as_root[@]}" apt-get update -q >/dev/null
-    "${install[@]}" >/dev/null
+    (cd "$scratch" && apt-get download -q prometheus >/dev/null 2>&1)
 fi
-command -v promtool >/dev/null
+dpkg-deb -x "$scratch"/prometheus_*.deb "$scratch/extracted"
+mkdir -p "$into"
+cp "$scratch/extracted/usr/bin/promtool" "$into/promtool"
+"$into/promtool" --version >/dev/null

@@ -80,7 +80,9 @@ def show_cluster(args: argparse.Namespace) -> int:
                 ],
             )
             return 0
-        owners = Counter(shard["owner"] for shard in view["shards"])
+        # A lease that ran out is no one's until a node takes the shard: counted as lapsed.
+        owners = Counter(shard["owner"] if (shard["lease_expires_in_seconds"] or 0) >= 0 else "(lapsed)"
+                         for shard in view["shards"])
         unowned = owners.pop(None, 0)
         summary = ", ".join(f"{owner}: {count}" for owner, count in sorted(owners.items()))
         print(f"shards: {len(view['shards'])} ({summary or 'none owned'}{f'; unowned: {unowned}' if unowned else ''})"

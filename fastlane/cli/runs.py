@@ -132,14 +132,23 @@ def _short_duration(value: timedelta | None) -> str | None:
     return f"{seconds / 3600:.1f} h"
 
 
+NAMES_ASKED = 50  # jobs whose names a listing asks for, at most; the others show their ids
+NAMES_AT_ONCE = 8
+
+
 async def job_names(client: Client, runs: list[Run]) -> dict[str, str]:
-    """The names of the runs' jobs (a deleted job keeps its id), asked for once per job."""
+    """The names of the runs' jobs, asked for once per job, a few at a time and for at most
+    :data:`NAMES_ASKED` jobs (a job deleted meanwhile, or beyond that, shows its id)."""
+    asking = asyncio.Semaphore(NAMES_AT_ONCE)
+
     async def name_of(job_id: str) -> tuple[str, str]:
-        try:
-            return job_id, (await client.get_job(job_id)).name
-        except RemoteNotFound:
-            return job_id, job_id
-    return dict(await asyncio.gather(*(name_of(job_id) for job_id in {run.job_id for run in runs})))
+        async with asking:
+            try:
+                return job_id, (await client.get_job(job_id)).name
+            except RemoteNotFound:
+                return job_id, job_id
+    job_ids = list(dict.fromkeys(run.job_id for run in runs))[:NAMES_ASKED]
+    return dict(await asyncio.gather(*(name_of(job_id) for job_id in job_ids)))
 
 
 def list_runs(args: argparse.Namespace) -> int:
@@ -185,6 +194,9 @@ def tail_runs(args: argparse.Namespace) -> int:
             for run in changed:
                 shown[run.run_id] = _shown_as(run)
                 print("  ".join(cell(value) for value in _run_row(run, names)), flush=True)
+            # Forget runs older than the page: runs are listed newest first, so they never return.
+            on_page = {run.run_id for run in page.items}
+            shown = {run_id: mark for run_id, mark in shown.items() if run_id in on_page} or shown
             left = None if stop_at is None else stop_at - loop.time()
             if left is not None and left <= 0:
                 return 0

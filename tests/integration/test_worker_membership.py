@@ -501,4 +501,4 @@ async def test_cluster_command_shows_liveness_heartbeat_age_and_lease_time(clust
     ]
     assert table[4].split()[:3] == ["b", silent.address, "no"] and table[4].split()[-2:] == ["12.0", "-"]
     assert table[-1].split() == ["1", "b", "2", "-2.0"]
-    assert summary_code == 0 and summary[-1] == "shards: 2 (a: 1, b: 1) — --shards lists each"
+    assert summary_code == 0 and summary[-1] == "shards: 2 ((lapsed): 1, a: 1) — --shards lists each"  # b's ran out
