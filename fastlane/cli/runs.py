@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 from fastlane.cli.arguments import client_flags, json_flag, positive_int, positive_seconds
+from fastlane.cli.jobs import resolve_job
 from fastlane.cli.output import cell, note, print_fields, print_json, print_table
 from fastlane.cli.remote import collect_pages, run_remote
 from fastlane.cli.views import (
@@ -40,7 +41,7 @@ def register(commands: Any) -> None:
     listing = actions.add_parser(
         "list", parents=[remote], help="list runs, newest first", description="List runs, newest scheduled time first."
     )
-    listing.add_argument("--job", dest="job_id", metavar="JOB_ID", help="only runs of this job")
+    listing.add_argument("--job", dest="job_id", metavar="JOB", help="only runs of this job (its id or name)")
     listing.add_argument(
         "--state",
         dest="states",
@@ -60,7 +61,7 @@ def register(commands: Any) -> None:
         description="Print the latest runs, then each run again as it is made or changes state (or progress), "
         "until Ctrl-C or --for SECONDS. Rows as in `runs list`.",
     )
-    tail.add_argument("--job", dest="job_id", metavar="JOB_ID", help="only runs of this job")
+    tail.add_argument("--job", dest="job_id", metavar="JOB", help="only runs of this job (its id or name)")
     tail.add_argument("--interval", metavar="SECONDS", type=positive_seconds, default=1.0,
                       help="how often to ask the node (default: 1)")
     tail.add_argument("--for", dest="duration", metavar="SECONDS", type=positive_seconds,
@@ -153,6 +154,8 @@ async def job_names(client: Client, runs: list[Run]) -> dict[str, str]:
 
 def list_runs(args: argparse.Namespace) -> int:
     async def collect(client: Client) -> int:
+        if args.job_id:
+            args.job_id = await resolve_job(client, args.job_id)
         runs, more = await collect_pages(
             lambda size, token: client.list_runs(
                 job_id=args.job_id, states=args.states or (), page_size=size, page_token=token
@@ -177,6 +180,8 @@ TAIL_PAGE = 200  # the newest runs looked at on each poll
 
 def tail_runs(args: argparse.Namespace) -> int:
     async def follow(client: Client) -> int:
+        if args.job_id:
+            args.job_id = await resolve_job(client, args.job_id)
         loop = asyncio.get_running_loop()
         stop_at = None if args.duration is None else loop.time() + args.duration
         shown: dict[str, tuple[str, int, float]] = {}  # run id -> what was printed of it

@@ -202,7 +202,9 @@ def print_tracebacks(attempts: Sequence[Attempt], *, every: bool = False) -> Non
         print(f"attempt {attempt.attempt} ({attempt.outcome.value}) traceback:")
         print(attempt.error_traceback)
     if len(traced) > 1 and not every:
-        print(f"({len(traced) - 1} earlier attempts raised too: --all-tracebacks shows them)")
+        earlier = len(traced) - 1
+        print(f"({earlier} earlier attempt{'s' if earlier > 1 else ''} raised too: --all-tracebacks shows "
+              f"{'them' if earlier > 1 else 'it'})")
 
 
 def attempt_view(attempt: Attempt) -> dict[str, Any]:

@@ -744,6 +744,10 @@ async def test_cli_finds_a_job_by_its_name_as_well_as_its_id(daemon: FakeDaemon,
     assert code == 0 and orjson.loads(out)["job_id"] == job_id
     code, out, _ = await run_cli(capsys, "jobs", "pause", "nightly-billing", *remote)
     assert code == 0 and f"paused job {job_id}" in out
+    run, attempts = finished_run(job_id, 1, RunState.SUCCEEDED)
+    daemon.state.add_run(run, attempts)
+    code, out, _ = await run_cli(capsys, "runs", "list", "--job", "nightly-billing", "--json", *remote)
+    assert code == 0 and [listed["run_id"] for listed in orjson.loads(out)] == [run.run_id]
     code, out, err = await run_cli(capsys, "jobs", "get", "nightly-bill", *remote)
     assert code == 1 and out == ""
     assert "no job with the id or name 'nightly-bill' in this tenant (`fastlane jobs list` shows them)" in err

@@ -82,7 +82,7 @@ def test_runs_get_prints_the_last_traceback_and_says_how_many_more(capsys: pytes
     print_tracebacks(attempts)
     shown = capsys.readouterr().out
     assert "attempt 3 (failed) traceback:\nTraceback:\nValueError: three" in shown
-    assert "ValueError: one" not in shown and "(1 earlier attempts raised too: --all-tracebacks shows them)" in shown
+    assert "ValueError: one" not in shown and "(1 earlier attempt raised too: --all-tracebacks shows it)" in shown
     print_tracebacks(attempts, every=True)
     shown = capsys.readouterr().out
     assert "ValueError: one" in shown and "ValueError: three" in shown and "earlier" not in shown
