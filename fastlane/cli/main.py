@@ -19,7 +19,7 @@ from typing import Any
 
 import grpc
 
-from fastlane.cli import cluster, daemon, jobs, quotas, runs, tokens
+from fastlane.cli import cluster, completion, daemon, jobs, quotas, runs, tokens
 from fastlane.cli.arguments import TOKEN_ENV, UsageError, default_server
 from fastlane.errors import FastlaneError
 from fastlane.rpc.status import RemoteError
@@ -47,6 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     quotas.register(commands)
     _register_demo(commands)
     _register_bench(commands)
+    shell = commands.add_parser("completion", help="print a shell completion script (bash or zsh)",
+                                description=completion.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    completion.add_arguments(shell)
+    shell.set_defaults(handler=completion.run, command_parser=shell)
     return parser
 
 
