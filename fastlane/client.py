@@ -209,11 +209,13 @@ class Client:
         page_token: str = "",
         include_payload: bool = False,
         name: str | None = None,
+        id_prefix: str | None = None,
     ) -> Page[Job]:
         """One page of the tenant's jobs; pass ``next_page_token`` back for the next one.
 
         Jobs come without their payload unless ``include_payload`` (``get_job`` always has it).
-        ``name`` finds the job of that name (a page of one, or empty).
+        ``name`` finds the job of that name (a page of one, or empty); ``id_prefix`` the jobs
+        whose id starts with it, in id order (one page only).
         """
         request = jobs_pb2.ListJobsRequest(
             tenant=self.tenant,
@@ -223,6 +225,7 @@ class Client:
             page_token=page_token,
             include_payload=include_payload,
             name=name or "",
+            id_prefix=id_prefix or "",
         )
         response = await self._call(self._connect().jobs.ListJobs, request)
         return Page(items=[wire.job_from_pb(job) for job in response.jobs], next_page_token=response.next_page_token)
@@ -287,14 +290,17 @@ class Client:
         states: Iterable[RunState | str] = (),
         page_size: int = 100,
         page_token: str = "",
+        id_prefix: str | None = None,
     ) -> Page[Run]:
-        """One page of runs, newest scheduled time first."""
+        """One page of runs, newest scheduled time first; with ``id_prefix``, the runs whose id
+        starts with it, in id order (one page only)."""
         request = runs_pb2.ListRunsRequest(
             tenant=self.tenant,
             job_id=job_id or "",
             states=[str(state) for state in states],
             page_size=page_size,
             page_token=page_token,
+            id_prefix=id_prefix or "",
         )
         response = await self._call(self._connect().runs.ListRuns, request)
         return Page(items=[wire.run_from_pb(run) for run in response.runs], next_page_token=response.next_page_token)

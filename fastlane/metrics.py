@@ -57,8 +57,11 @@ class Metrics:
         self.unserved = ReadWhenScraped(
             "fastlane_unserved_runs", "Released runs waiting for a worker while no worker connected to this node "
             "serves their job type and tenant: stuck until one connects", ["job_type", "tenant"])
+        self.worker_streams = ReadWhenScraped(
+            "fastlane_worker_streams", "Worker streams connected to this node that serve a job type, by job type",
+            ["job_type"])
         for family in (self.ready_by_tenant, self.oldest_ready, self.in_flight_by_tenant, self.held_by_cap,
-                       self.unserved):
+                       self.unserved, self.worker_streams):
             registry.register(family)
         self.trigger_lag = Histogram(
             "fastlane_trigger_lag_seconds", "Release time minus scheduled time of each run the node held before "

@@ -19,7 +19,7 @@ from fastlane.cli.arguments import (
     schedule_from_flags,
 )
 from fastlane.cli.output import note, print_fields, print_json, print_table
-from fastlane.cli.remote import collect_pages, run_remote
+from fastlane.cli.remote import by_id_prefix, collect_pages, run_remote
 from fastlane.cli.views import (
     audit_view,
     describe_schedule,
@@ -46,7 +46,7 @@ from fastlane.domain.models import (
 )
 from fastlane.domain.schedules import fire_notes, local_time, preview
 from fastlane.domain.validation import validate_spec
-from fastlane.errors import FastlaneError, InvalidArgument
+from fastlane.errors import InvalidArgument
 from fastlane.rpc.status import RemoteError, RemoteNotFound
 from fastlane.rpc.wire import rfc3339
 
@@ -85,7 +85,7 @@ def register(commands: Any) -> None:
         "schedule, --max-attempts its retry budget, and so on); what is not given stays as it is. The name and "
         "tenant cannot change. Runs already written keep what they were made with.",
     )
-    update.add_argument("job_id", metavar="JOB", help="id or name of the job")
+    update.add_argument("job_id", metavar="JOB", help="id or name of the job, or a unique start of its id")
     update.add_argument("--type", dest="job_type", metavar="TYPE", help="job type; routes runs to workers handling it")
     add_schedule_flags(update, allow_now=True, tz_help="with --cron: IANA time zone (default: UTC)",
                        anchor_default="when the job is updated", required=False)
@@ -118,7 +118,7 @@ def register(commands: Any) -> None:
         action = actions.add_parser(
             name, parents=[remote], help=summary, description=summary[0].upper() + summary[1:] + "."
         )
-        action.add_argument("job_id", metavar="JOB", help="id or name of the job")
+        action.add_argument("job_id", metavar="JOB", help="id or name of the job, or a unique start of its id")
         json_flag(action)
         action.set_defaults(handler=act_on_job, command_parser=action)
 
@@ -361,7 +361,7 @@ def update_job(args: argparse.Namespace) -> int:
         schedule_from_flags(args)
 
     async def update(client: Client) -> int:
-        job = await client.get_job(await resolve_job(client, args.job_id))
+        job = await resolve_job(client, args.job_id)
         spec = updated_spec(job.spec, args)
         if spec == job.spec:
             note(f"job {job.job_id} ({job.name}) already has this spec; nothing changed")
@@ -405,10 +405,11 @@ def list_jobs(args: argparse.Namespace) -> int:
     return run_remote(args, collect)
 
 
-async def resolve_job(client: Client, reference: str) -> str:
-    """The id of the job ``reference`` names: its id, or else its name (unique in a tenant)."""
+async def resolve_job(client: Client, reference: str) -> Job:
+    """The job ``reference`` names: by its id, else its name (unique in a tenant), else a unique
+    prefix of its id (see :func:`fastlane.cli.remote.by_id_prefix`)."""
     try:
-        return (await client.get_job(reference)).job_id
+        return await client.get_job(reference)
     except RemoteNotFound:
         pass
     try:
@@ -418,15 +419,18 @@ async def resolve_job(client: Client, reference: str) -> str:
     else:
         page = await client.list_jobs(name=reference, page_size=1)
         if page.items:
-            return page.items[0].job_id
-    raise FastlaneError(f"no job with the id or name {reference!r} in this tenant (`fastlane jobs list` shows them)")
+            return await client.get_job(page.items[0].job_id)  # with its payload, as by id
+    job_id = await by_id_prefix(reference, "job", lambda prefix: client.list_jobs(id_prefix=prefix, page_size=2),
+                                lambda job: job.job_id, "`fastlane jobs list` shows them")
+    return await client.get_job(job_id)
 
 
 def act_on_job(args: argparse.Namespace) -> int:
     """``get``, ``pause``, ``resume``, ``delete`` and ``trigger``: one job by id or name."""
 
     async def act(client: Client) -> int:
-        args.job_id = await resolve_job(client, args.job_id)
+        found = await resolve_job(client, args.job_id)
+        args.job_id = found.job_id
         if args.action == "trigger":
             run = await client.trigger_job(args.job_id)
             if args.json:
@@ -443,13 +447,19 @@ def act_on_job(args: argparse.Namespace) -> int:
             return 0
         if args.action == "get":
             return await show_job(client, args)
-        fetch = {"pause": client.pause_job, "resume": client.resume_job}[args.action]
-        job = await fetch(args.job_id)
+        wanted = JobState.PAUSED if args.action == "pause" else JobState.ACTIVE
+        if found.state is wanted:  # a repeated verb succeeds, and says so
+            job = found
+            message = f"job {job.job_id} ({job.name}) is already {job.state.value}; nothing changed"
+        else:
+            fetch = {"pause": client.pause_job, "resume": client.resume_job}[args.action]
+            job = await fetch(args.job_id)
+            next_fire = rfc3339(job.next_fire_at) or "-"
+            message = f"{args.action}d job {job.job_id} ({job.name}): now {job.state.value}, next fire at {next_fire}"
         if args.json:
             print_json(job_view(job))
         else:
-            next_fire = rfc3339(job.next_fire_at) or "-"
-            print(f"{args.action}d job {job.job_id} ({job.name}): now {job.state.value}, next fire at {next_fire}")
+            print(message)
         return 0
 
     return run_remote(args, act)

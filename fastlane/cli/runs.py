@@ -10,7 +10,7 @@ from typing import Any
 from fastlane.cli.arguments import client_flags, json_flag, positive_int, positive_seconds
 from fastlane.cli.jobs import resolve_job
 from fastlane.cli.output import cell, note, print_fields, print_json, print_table
-from fastlane.cli.remote import collect_pages, run_remote
+from fastlane.cli.remote import by_id_prefix, collect_pages, run_remote
 from fastlane.cli.views import (
     attempt_note,
     attempt_view,
@@ -72,7 +72,7 @@ def register(commands: Any) -> None:
         "get", parents=[remote], help="show one run, its attempts and its history",
         description="Show one run, its attempts and its history (who triggered, cancelled or retried it, and when)."
     )
-    get.add_argument("run_id", metavar="RUN_ID", help="id of the run")
+    get.add_argument("run_id", metavar="RUN_ID", help="id of the run, or a unique start of it (4 characters or more)")
     get.add_argument("--all-tracebacks", action="store_true",
                      help="print the traceback of every attempt that raised (default: the last one only)")
     json_flag(get)
@@ -82,7 +82,7 @@ def register(commands: Any) -> None:
         "cancel", parents=[remote], help="cancel a run",
         description="Cancel a run: a queued run never starts; a running handler is cancelled and the run ends cancelled.",
     )
-    cancel.add_argument("run_id", metavar="RUN_ID", help="id of the run")
+    cancel.add_argument("run_id", metavar="RUN_ID", help="id of the run, or a unique start of it (4 characters or more)")
     json_flag(cancel)
     cancel.set_defaults(handler=cancel_run, command_parser=cancel)
 
@@ -90,7 +90,7 @@ def register(commands: Any) -> None:
         "retry", parents=[remote], help="replay a dead or lost run",
         description="Replay a dead or lost run now, as a new attempt with the same idempotency key.",
     )
-    retry.add_argument("run_id", metavar="RUN_ID", help="id of the run")
+    retry.add_argument("run_id", metavar="RUN_ID", help="id of the run, or a unique start of it (4 characters or more)")
     json_flag(retry)
     retry.set_defaults(handler=retry_run, command_parser=retry)
 
@@ -155,7 +155,7 @@ async def job_names(client: Client, runs: list[Run]) -> dict[str, str]:
 def list_runs(args: argparse.Namespace) -> int:
     async def collect(client: Client) -> int:
         if args.job_id:
-            args.job_id = await resolve_job(client, args.job_id)
+            args.job_id = (await resolve_job(client, args.job_id)).job_id
         runs, more = await collect_pages(
             lambda size, token: client.list_runs(
                 job_id=args.job_id, states=args.states or (), page_size=size, page_token=token
@@ -181,7 +181,7 @@ TAIL_PAGE = 200  # the newest runs looked at on each poll
 def tail_runs(args: argparse.Namespace) -> int:
     async def follow(client: Client) -> int:
         if args.job_id:
-            args.job_id = await resolve_job(client, args.job_id)
+            args.job_id = (await resolve_job(client, args.job_id)).job_id
         loop = asyncio.get_running_loop()
         stop_at = None if args.duration is None else loop.time() + args.duration
         shown: dict[str, tuple[str, int, float]] = {}  # run id -> what was printed of it
@@ -217,9 +217,22 @@ def _shown_as(run: Run) -> tuple[str, int, float]:
     return run.state.value, run.attempts, run.progress
 
 
+_WITH_A_WORKER = (RunState.DISPATCHED, RunState.RUNNING)
+
+
+async def resolve_run(client: Client, reference: str) -> str:
+    """The id of the run ``reference`` names: its id, or a unique prefix of it (as the demo and
+    a narrow terminal show them)."""
+    try:
+        return (await client.get_run(reference))[0].run_id
+    except RemoteNotFound:
+        return await by_id_prefix(reference, "run", lambda prefix: client.list_runs(id_prefix=prefix, page_size=2),
+                                  lambda run: run.run_id, "`fastlane runs list` shows them")
+
+
 def get_run(args: argparse.Namespace) -> int:
     async def show(client: Client) -> int:
-        run, attempts = await client.get_run(args.run_id)
+        run, attempts = await client.get_run(await resolve_run(client, args.run_id))
         history = await fetch_history(client, AuditTarget.RUN, run.run_id)
         if args.json:
             print_json({**run_view(run), "attempts": [attempt_view(attempt) for attempt in attempts],
@@ -266,7 +279,15 @@ def get_run(args: argparse.Namespace) -> int:
 
 def cancel_run(args: argparse.Namespace) -> int:
     async def cancel(client: Client) -> int:
-        run = await client.cancel_run(args.run_id)
+        run, _ = await client.get_run(await resolve_run(client, args.run_id))
+        if run.state is RunState.CANCELLED or (run.cancel_requested and run.state in _WITH_A_WORKER):
+            if args.json:
+                print_json(run_view(run))
+            else:  # a repeated verb succeeds, and says so
+                print(f"run {run.run_id} is already {'cancelled' if run.state is RunState.CANCELLED else 'being cancelled'}"
+                      "; nothing changed")
+            return 0
+        run = await client.cancel_run(run.run_id)
         if args.json:
             print_json(run_view(run))
         elif run.state is RunState.CANCELLED:
@@ -280,7 +301,7 @@ def cancel_run(args: argparse.Namespace) -> int:
 
 def retry_run(args: argparse.Namespace) -> int:
     async def retry(client: Client) -> int:
-        run = await client.retry_run(args.run_id)
+        run = await client.retry_run(await resolve_run(client, args.run_id))
         if args.json:
             print_json(run_view(run))
         else:

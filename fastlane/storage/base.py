@@ -209,6 +209,14 @@ class Store(Protocol):
 
     async def list_attempts(self, run_id: str) -> list[Attempt]: ...
 
+    async def runs_by_id_prefix(self, tenant: str, prefix: str, limit: int) -> list[Run]:
+        """Up to ``limit`` of the tenant's runs whose id starts with ``prefix``, in id order."""
+        ...
+
+    async def jobs_by_id_prefix(self, tenant: str, prefix: str, limit: int) -> list[Job]:
+        """Up to ``limit`` of the tenant's jobs whose id starts with ``prefix``, in id order."""
+        ...
+
     # -- shards ---------------------------------------------------------------------------------
 
     async def acquire_shards(

@@ -184,6 +184,18 @@ def plan_materialisation(
     return MaterialisationPlan(rows=rows, cancel_now=cancel_now, cancel_requested=cancel_requested)
 
 
+def id_prefix_range(prefix: str) -> tuple[str, str]:
+    """``[low, high)`` holding every id that starts with ``prefix`` in the ids' order (ids are
+    UUIDs: hex digits and hyphens, ordered alike by byte and by any locale's collation); callers
+    still keep only the ids that start with it."""
+    last = ord(prefix[-1])
+    return prefix, prefix[:-1] + (chr(last + 1) if last < 0x10FFFF else prefix[-1] * 2)
+
+
+def with_id_prefix(items: list[T], prefix: str, id_of: Callable[[T], str]) -> Page[T]:
+    return Page(items=[item for item in items if id_of(item).startswith(prefix)])
+
+
 def named_job_page(job: Job | None, state: JobState | None, job_type: str | None, after: str) -> Page[Job]:
     """The page ``list_jobs(name=...)`` answers: the job of that name if it passes the other filters."""
     if job is None or (state is not None and job.state is not state) or job.job_id <= after:

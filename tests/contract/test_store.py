@@ -156,6 +156,18 @@ async def test_list_jobs_pages_and_filters(store):
         await store.list_jobs("default", page_token="not-a-token")
 
 
+async def test_jobs_and_runs_are_found_by_the_start_of_their_id_within_the_tenant(store):
+    jobs = [(await store.create_job(spec(f"job-{index}")))[0] for index in range(3)]
+    job = jobs[0]
+    assert [found.job_id for found in await store.jobs_by_id_prefix("default", job.job_id[:8], 10)] == [job.job_id]
+    assert [found.job_id for found in await store.jobs_by_id_prefix("default", job.job_id, 10)] == [job.job_id]
+    assert await store.jobs_by_id_prefix("other-tenant", job.job_id[:8], 10) == []
+    run = await store.create_manual_run("default", job.job_id)
+    assert [found.run_id for found in await store.runs_by_id_prefix("default", run.run_id[:6], 10)] == [run.run_id]
+    assert await store.runs_by_id_prefix("other-tenant", run.run_id[:6], 10) == []
+    assert await store.runs_by_id_prefix("default", "zzzz", 10) == []
+
+
 async def test_update_job_recomputes_next_fire_only_when_the_schedule_changes(store):
     job, _ = await store.create_job(spec())
     same_schedule = await store.update_job("default", job.job_id, spec(payload=b"{}"))

@@ -477,6 +477,9 @@ def list_jobs(draw: st.DrawFn) -> Probe:
     if draw(st.booleans()):
         request.name = draw(st.one_of(strings(), st.just("canary")))
         fields.append("name")
+    if draw(st.booleans()):
+        request.id_prefix = draw(st.one_of(strings(), st.sampled_from(("0", "0d43", "\U0010ffff", "-"))))
+        fields.append("id_prefix")
     token = _pick(draw, st.one_of(st.sampled_from(PAGE_TOKEN_EDGES), strings()), fuzz_one_in=2)
     index = draw(st.integers(0, 10**6))
     # A token handed out for another listing or other filters is a fuzzed value too.
@@ -523,6 +526,9 @@ def list_runs(draw: st.DrawFn) -> Probe:
     if draw(st.booleans()):
         request.page_size = draw(int32s())
         fields.append("page_size")
+    if draw(st.booleans()):
+        request.id_prefix = draw(st.one_of(strings(), st.sampled_from(("0", "0d43", "\U0010ffff", "-"))))
+        fields.append("id_prefix")
     job_id = _pick(draw, strings(), fuzz_one_in=2)
     token = _pick(draw, st.one_of(st.sampled_from(PAGE_TOKEN_EDGES), strings()), fuzz_one_in=2)
     index = draw(st.integers(0, 10**6))

@@ -132,6 +132,7 @@ class FakeJobService(jobs_pb2_grpc.JobServiceServicer):
             and (not request.state or job.state == request.state)
             and (not request.job_type or job.job_type == request.job_type)
             and (not request.name or job.name == request.name)
+            and (not request.id_prefix or job.job_id.startswith(request.id_prefix))
         ]
         jobs, next_token = page_of(matching, request.page_size, request.page_token)
         return jobs_pb2.ListJobsResponse(jobs=[wire.job_to_pb(job) for job in jobs], next_page_token=next_token)
@@ -218,6 +219,7 @@ class FakeRunService(runs_pb2_grpc.RunServiceServicer):
             if run.tenant == request.tenant
             and (not request.job_id or run.job_id == request.job_id)
             and (not request.states or run.state in request.states)
+            and (not request.id_prefix or run.run_id.startswith(request.id_prefix))
         ]
         matching.sort(key=lambda run: run.scheduled_for, reverse=True)
         runs, next_token = page_of(matching, request.page_size, request.page_token)
@@ -797,3 +799,31 @@ async def test_cli_runs_tail_prints_the_latest_then_each_new_or_changed_run(
     assert shown[:10] == [(run.run_id, "succeeded") for run, _ in old[2:]]  # the latest ten, oldest first
     assert shown[10:] == [(new.run_id, "running"), (new.run_id, "succeeded")]
     assert all(line.split()[1] == "nightly" for line in lines[1:])
+
+
+async def test_cli_takes_a_unique_start_of_an_id_and_says_when_a_verb_changed_nothing(
+    daemon: FakeDaemon, capsys: pytest.CaptureFixture[str],
+) -> None:
+    remote = ("--server", daemon.address, "--tenant", TENANT)
+    job_id = await nightly_job(daemon, capsys)
+    run, attempts = finished_run(job_id, 1, RunState.DEAD)
+    twin, _ = finished_run(job_id, 2, RunState.DEAD)
+    run, twin = replace(run, run_id="0d439040-aaaa-4fdc-a738-5ade11566215"), replace(twin, run_id="0d43ffff-bbbb")
+    daemon.state.add_run(run, attempts)
+    daemon.state.add_run(twin, [])
+    code, out, _ = await run_cli(capsys, "runs", "get", "0d439040", "--json", *remote)
+    assert code == 0 and orjson.loads(out)["run_id"] == run.run_id
+    code, _, err = await run_cli(capsys, "runs", "get", "0d43", *remote)
+    assert code == 1 and "more than one run id starts with '0d43': give more of it" in err
+    code, _, err = await run_cli(capsys, "runs", "get", "ffff", *remote)
+    assert code == 1 and "no run with the id 'ffff' in this tenant" in err
+    code, out, _ = await run_cli(capsys, "jobs", "get", job_id[:8], "--json", *remote)
+    assert code == 0 and orjson.loads(out)["job_id"] == job_id
+
+    code, first, _ = await run_cli(capsys, "jobs", "pause", "nightly", *remote)
+    code, again, _ = await run_cli(capsys, "jobs", "pause", "nightly", *remote)
+    assert code == 0 and first.startswith(f"paused job {job_id}")
+    assert again.strip() == f"job {job_id} (nightly) is already paused; nothing changed"
+    daemon.state.add_run(replace(run, state=RunState.CANCELLED), attempts)
+    code, out, _ = await run_cli(capsys, "runs", "cancel", run.run_id, *remote)
+    assert code == 0 and out.strip() == f"run {run.run_id} is already cancelled; nothing changed"

@@ -235,6 +235,8 @@ async def test_runs_of_a_job_type_no_worker_serves_are_counted_as_unserved():
         node.connect("elsewhere", ["t"], 10, "another-tenant")  # serves another tenant only
         node.release([run_named(f"r{i}") for i in range(3)])  # job type "t", tenant "default"
         assert sample(metrics, "fastlane_unserved_runs", job_type="t", tenant="default") == 3
+        assert (sample(metrics, "fastlane_worker_streams", job_type="t"),
+                sample(metrics, "fastlane_worker_streams", job_type="u")) == (1, 1)
         worker = Received(node.connect("w", ["t"], 10, None))
         assert len(worker.read()) == 3
         assert sample(metrics, "fastlane_unserved_runs", job_type="t", tenant="default") is None

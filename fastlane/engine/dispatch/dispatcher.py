@@ -98,6 +98,8 @@ class Dispatcher:
         metrics.in_flight_by_tenant.read = self._in_flight.counts
         metrics.held_by_cap.read = self.held_depths
         metrics.unserved.read = self.unserved_depths
+        metrics.worker_streams.read = lambda: {(kind,): len(sessions)
+                                               for kind, sessions in list(self._sessions.items()) if sessions}
         metrics.parked.set_function(lambda: self.parked_count)
 
     # -- sessions -------------------------------------------------------------------------------

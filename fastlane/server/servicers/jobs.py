@@ -14,6 +14,7 @@ from fastlane.domain import schedules, validation
 from fastlane.domain.audit import AuditEvent
 from fastlane.domain.limits import DEFAULT_MAX_PAYLOAD_BYTES, MAX_PREVIEW
 from fastlane.domain.models import JobSpec, JobState, ScheduleKind
+from fastlane.domain.records import Page
 from fastlane.engine.operations import Operations
 from fastlane.rpc import wire
 from fastlane.server.guard import rpc, tenant_of
@@ -62,10 +63,16 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
         state = wire.enum_value(JobState, request.state, "state", JobState.ACTIVE) if request.state else None
         job_type = validation.name("job_type", request.job_type) if request.job_type else None
         name = validation.name("name", request.name) if request.name else None
-        page = await self._store.list_jobs(
-            tenant_of(request.tenant), state=state, job_type=job_type,
-            limit=validation.page_size(request.page_size), page_token=request.page_token, name=name,
-        )
+        tenant, limit = tenant_of(request.tenant), validation.page_size(request.page_size)
+        if request.id_prefix:  # one page, in id order: for finding a job by the start of its id
+            prefix = validation.identifier("id_prefix", request.id_prefix)
+            found = [job for job in await self._store.jobs_by_id_prefix(tenant, prefix, limit)
+                     if (state is None or job.state is state) and (job_type is None or job.job_type == job_type)
+                     and (name is None or job.name == name)]
+            page = Page(items=found)
+        else:
+            page = await self._store.list_jobs(tenant, state=state, job_type=job_type, limit=limit,
+                                               page_token=request.page_token, name=name)
         jobs = [wire.job_to_pb(job) for job in page.items]
         if not request.include_payload:
             for job in jobs:  # a page of a thousand 1 MiB payloads would be a gigabyte: ask for it

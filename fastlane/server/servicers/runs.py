@@ -31,9 +31,14 @@ class RunServicer(runs_pb2_grpc.RunServiceServicer):
         if len(request.states) > len(RunState):
             raise InvalidArgument("states", f"at most {len(RunState)} states may be given")
         job_id = validation.identifier("job_id", request.job_id, required=False) or None
+        tenant, limit = tenant_of(request.tenant), validation.page_size(request.page_size)
+        if request.id_prefix:  # one page, in id order: for finding a run by the start of its id
+            prefix = validation.identifier("id_prefix", request.id_prefix)
+            found = [run for run in await self._store.runs_by_id_prefix(tenant, prefix, limit)
+                     if (job_id is None or run.job_id == job_id) and (not states or run.state in states)]
+            return runs_pb2.ListRunsResponse(runs=[wire.run_to_pb(run) for run in found])
         page = await self._store.list_runs(
-            tenant_of(request.tenant), job_id=job_id, states=states,
-            limit=validation.page_size(request.page_size), page_token=request.page_token,
+            tenant, job_id=job_id, states=states, limit=limit, page_token=request.page_token,
         )
         return runs_pb2.ListRunsResponse(runs=[wire.run_to_pb(run) for run in page.items],
                                          next_page_token=page.next_page_token)

@@ -39,6 +39,9 @@ INSERT_JOB = """
     RETURNING *
 """
 JOB_BY_NAME = "SELECT * FROM jobs WHERE tenant = $1 AND name = $2"
+# Ids in [low, high): those starting with a prefix (common.id_prefix_range), through the primary key.
+JOBS_BY_ID_RANGE = "SELECT * FROM jobs WHERE job_id >= $1 AND job_id < $2 AND tenant = $3 ORDER BY job_id LIMIT $4"
+RUNS_BY_ID_RANGE = "SELECT * FROM runs WHERE run_id >= $1 AND run_id < $2 AND tenant = $3 ORDER BY run_id LIMIT $4"
 GET_JOB = "SELECT * FROM jobs WHERE job_id = $1 AND tenant = $2"
 LOCK_JOB = "SELECT * FROM jobs WHERE job_id = $1 AND tenant = $2 FOR UPDATE"
 LIST_JOBS = """

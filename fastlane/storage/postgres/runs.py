@@ -8,7 +8,7 @@ from collections.abc import Collection, Sequence
 from datetime import datetime
 
 from fastlane.clock import from_micros
-from fastlane.domain.models import Attempt, Run, RunState, new_id
+from fastlane.domain.models import Attempt, Job, Run, RunState, new_id
 from fastlane.domain.records import AttemptResult, CappedDispatches, Change, ChangeKind, Dispatch, Heartbeat, Page
 from fastlane.domain.transitions import CANCELLED_BY_REQUEST
 from fastlane.errors import InvalidState, JobNotFound, RunNotFound
@@ -173,6 +173,18 @@ class PostgresRuns(PostgresConnections):
                 tenant, job_id, [s.value for s in states], before_time, before_id, common.page_limit(limit) + 1,
             )
         return common.page_of([codec.build_run(row) for row in rows], limit, common.run_page_key)
+
+    async def runs_by_id_prefix(self, tenant: str, prefix: str, limit: int) -> list[Run]:
+        low, high = common.id_prefix_range(prefix)
+        async with self._connection() as db:
+            rows = await db.fetch(queries.RUNS_BY_ID_RANGE, low, high, tenant, common.page_limit(limit))
+        return common.with_id_prefix([codec.build_run(row) for row in rows], prefix, lambda run: run.run_id).items
+
+    async def jobs_by_id_prefix(self, tenant: str, prefix: str, limit: int) -> list[Job]:
+        low, high = common.id_prefix_range(prefix)
+        async with self._connection() as db:
+            rows = await db.fetch(queries.JOBS_BY_ID_RANGE, low, high, tenant, common.page_limit(limit))
+        return common.with_id_prefix([codec.build_job(row) for row in rows], prefix, lambda job: job.job_id).items
 
     async def list_attempts(self, run_id: str) -> list[Attempt]:
         async with self._connection() as db:
