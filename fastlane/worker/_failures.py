@@ -1,11 +1,11 @@
-"""What a worker's log says about handlers that fail: each failure with its traceback, but never a flood.
+"""What a worker's log says about handlers that fail: every failure in a line, tracebacks without a flood.
 
-A handler that raises is the first thing an operator looks for in a worker's log, so each failed
-attempt is logged at WARNING with its run, attempt, job type, outcome and traceback. A job type
-whose every run fails at a thousand runs a second must not bury everything else, though: each job
-type may log :data:`BURST` failures in a row, then one a second, and the failures left out are
-counted and named in the next line logged for that type (and are in the node's history anyway:
-``fastlane runs get`` shows each attempt's traceback).
+A handler that raises is the first thing an operator looks for in a worker's log. So every failed
+attempt gets a summary line at INFO (run, job type, attempt, outcome, error), and its traceback
+is logged at WARNING. A job type whose every run fails at a thousand runs a second must not bury
+everything else in tracebacks, though: each job type logs :data:`BURST` of them in a row, then
+one a second, and the next one logged says how many were left out (each is in the node's history
+anyway: ``fastlane runs get`` shows every attempt's traceback).
 """
 
 from __future__ import annotations
@@ -43,14 +43,16 @@ class FailureLog:
         self._now = now
         self._budgets: dict[str, _Budget] = {}
 
-    def failed(self, *, job_type: str, run_id: str, attempt: int, outcome: str, traceback_text: str) -> None:
+    def failed(self, *, job_type: str, run_id: str, attempt: int, outcome: str, error: str,
+               traceback_text: str) -> None:
+        log.info("run %s (%s, attempt %d) %s: %s", run_id, job_type, attempt, outcome, error)
         budget = self._budget(job_type)
         if budget.tokens < 1:
             budget.left_out += 1
             return
         budget.tokens -= 1
         left_out, budget.left_out = budget.left_out, 0
-        more = f" ({left_out} more failures of {job_type} not logged since the last)" if left_out else ""
+        more = f" ({left_out} tracebacks of {job_type} left out since the last)" if left_out else ""
         log.warning("run %s (%s, attempt %d) %s%s\n%s", run_id, job_type, attempt, outcome, more, traceback_text)
 
     def _budget(self, job_type: str) -> _Budget:

@@ -88,9 +88,9 @@ async def run_attempt(
     verdict = await judge_attempt(call, slot, timeout or None)
     slot.stream.finish(slot, verdict.result(slot, started_at, datetime.now(UTC)))
     if verdict.outcome in _LOGGED:
+        error = f"{verdict.error_code}: {verdict.error_message}"
         FAILURES.failed(job_type=assignment.job_type, run_id=slot.run_id, attempt=assignment.attempt,
-                        outcome=verdict.outcome.value,
-                        traceback_text=verdict.traceback or f"{verdict.error_code}: {verdict.error_message}")
+                        outcome=verdict.outcome.value, error=error, traceback_text=verdict.traceback or error)
 
 
 def held_until(start_at_ns: int, now_ns: int) -> int | None:

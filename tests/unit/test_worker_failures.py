@@ -46,25 +46,30 @@ def test_the_node_keeps_a_tracebacks_lines_and_end_and_cleans_the_rest() -> None
     assert len(kept) == MAX_ERROR_TRACEBACK and kept.endswith("ValueError: end") and kept.startswith("…")
 
 
-def test_failures_are_logged_with_their_traceback_a_burst_then_one_a_second_per_job_type(
+def test_every_failure_has_a_line_and_tracebacks_come_a_burst_then_one_a_second_per_job_type(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     now = [100.0]
     failures = FailureLog(now=lambda: now[0])
-    with caplog.at_level(logging.WARNING, logger="fastlane.worker"):
-        for i in range(BURST + 5):
-            failures.failed(job_type="billing.charge", run_id=f"r{i}", attempt=1, outcome="failed",
-                            traceback_text="Traceback:\nValueError: declined")
-        failures.failed(job_type="mail.send", run_id="m0", attempt=2, outcome="timed_out",
-                        traceback_text="TimeoutError: past 30 s")
-        assert len(caplog.records) == BURST + 1  # the flood of one type left the other's line in
-        assert "r0 (billing.charge, attempt 1) failed" in caplog.records[0].getMessage()
-        assert caplog.records[0].getMessage().endswith("Traceback:\nValueError: declined")
-        assert "m0 (mail.send, attempt 2) timed_out" in caplog.records[-1].getMessage()
-        now[0] += 1.0  # a second later: one more, saying how many were left out
-        failures.failed(job_type="billing.charge", run_id="later", attempt=1, outcome="failed",
+
+    def fail(job_type: str, run_id: str, outcome: str = "failed") -> None:
+        failures.failed(job_type=job_type, run_id=run_id, attempt=1, outcome=outcome, error="ValueError: declined",
                         traceback_text="Traceback:\nValueError: declined")
-    assert "(5 more failures of billing.charge not logged since the last)" in caplog.records[-1].getMessage()
+
+    with caplog.at_level(logging.INFO, logger="fastlane.worker"):
+        for i in range(BURST + 5):
+            fail("billing.charge", f"r{i}")
+        fail("mail.send", "m0", "timed_out")
+        lines = [record for record in caplog.records if record.levelno == logging.INFO]
+        traced = [record for record in caplog.records if record.levelno == logging.WARNING]
+        assert len(lines) == BURST + 6  # every failure has its line
+        assert lines[0].getMessage() == "run r0 (billing.charge, attempt 1) failed: ValueError: declined"
+        assert len(traced) == BURST + 1  # the flood of one type left the other's traceback in
+        assert traced[0].getMessage().endswith("Traceback:\nValueError: declined")
+        assert "m0 (mail.send, attempt 1) timed_out" in traced[-1].getMessage()
+        now[0] += 1.0  # a second later: one more traceback, saying how many were left out
+        fail("billing.charge", "later")
+    assert "(5 tracebacks of billing.charge left out since the last)" in caplog.records[-1].getMessage()
 
 
 def test_runs_get_prints_the_last_traceback_and_says_how_many_more(capsys: pytest.CaptureFixture[str]) -> None:
