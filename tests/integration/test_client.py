@@ -752,7 +752,7 @@ async def test_cli_finds_a_job_by_its_name_as_well_as_its_id(daemon: FakeDaemon,
     assert code == 0 and [listed["run_id"] for listed in orjson.loads(out)] == [run.run_id]
     code, out, err = await run_cli(capsys, "jobs", "get", "nightly-bill", *remote)
     assert code == 1 and out == ""
-    assert "no job with the id or name 'nightly-bill' in this tenant (`fastlane jobs list` shows them)" in err
+    assert "no job with the id or name 'nightly-bill' in this tenant (nor one whose id starts so; `fastlane jobs list` shows them)" in err
 
 
 async def nightly_job(daemon: FakeDaemon, capsys: pytest.CaptureFixture[str]) -> str:
