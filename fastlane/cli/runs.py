@@ -20,7 +20,7 @@ from fastlane.cli.views import (
     print_tracebacks,
     run_duration,
     run_fields,
-    run_sent,
+    run_lag,
     run_view,
 )
 from fastlane.client import Client
@@ -101,8 +101,8 @@ def _shorten(text: str | None, width: int) -> str | None:
     return text[: width - 1] + "…"
 
 
-# SENT: the first attempt's dispatch from the scheduled time (negative: sent ahead, started on the instant).
-RUN_COLUMNS = ("RUN_ID", "JOB", "STATE", "SCHEDULED_FOR", "SENT", "DURATION", "ATTEMPTS", "PROGRESS", "LAST_ERROR")
+# LAG: the first attempt's start (its handler entered) after the scheduled time, as the job saw it.
+RUN_COLUMNS = ("RUN_ID", "JOB", "STATE", "SCHEDULED_FOR", "LAG", "DURATION", "ATTEMPTS", "PROGRESS", "LAST_ERROR")
 
 
 def _run_row(run: Run, job_names: dict[str, str]) -> tuple[Any, ...]:
@@ -111,7 +111,7 @@ def _run_row(run: Run, job_names: dict[str, str]) -> tuple[Any, ...]:
         job_names.get(run.job_id, run.job_id),
         run.state.value,
         run.scheduled_for,
-        _short_duration(run_sent(run)),
+        _short_duration(run_lag(run)),
         _short_duration(run_duration(run)),
         run.attempts,
         f"{run.progress * 100:.0f}%" if run.progress else None,

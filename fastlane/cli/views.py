@@ -156,6 +156,7 @@ def run_view(run: Run) -> dict[str, Any]:
         "last_error": run.last_error,
         "created_at": rfc3339(run.created_at),
         "first_attempt_at": rfc3339(run.first_attempt_at),
+        "first_started_at": rfc3339(run.first_started_at),
         "finished_at": rfc3339(run.finished_at),
         "idempotency_key": run.idempotency_key,
         "shard_id": run.shard_id,
@@ -174,17 +175,16 @@ def run_fields(run: Run) -> list[tuple[str, Any]]:
     return list(view.items())
 
 
-def run_sent(run: Run) -> timedelta | None:
-    """When the run's first attempt went out, from its scheduled time: negative when it was sent
-    ahead, to be started on the instant by its worker (None before it went out)."""
-    return None if run.first_attempt_at is None else run.first_attempt_at - run.scheduled_for
+def run_lag(run: Run) -> timedelta | None:
+    """How late the run's first attempt started (its handler entered) after the scheduled time:
+    the lag a job sees (None before it started, or from a node that does not say)."""
+    return None if run.first_started_at is None else run.first_started_at - run.scheduled_for
 
 
 def run_duration(run: Run) -> timedelta | None:
-    """First attempt to the end (None while it runs, or if it never started)."""
-    if run.first_attempt_at is None or run.finished_at is None:
-        return None
-    return run.finished_at - run.first_attempt_at
+    """From the first attempt's start to the run's end (None while it runs, or if it never started)."""
+    began = run.first_started_at or run.first_attempt_at
+    return None if began is None or run.finished_at is None else run.finished_at - began
 
 
 def attempt_note(attempt: Attempt) -> str:

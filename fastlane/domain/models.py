@@ -312,6 +312,7 @@ class Run:
     timeout: timedelta | None = None
     cancel_requested: bool = False
     first_attempt_at: datetime | None = None
+    first_started_at: datetime | None = None  # when its first attempt's handler was entered (listings only)
     lease_token: int | None = None
     lease_expires_at: datetime | None = None
     worker_id: str | None = None

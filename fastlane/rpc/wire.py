@@ -251,6 +251,7 @@ def run_to_pb(run: Run) -> pb.Run:
         checkpoint_bytes=len(run.checkpoint or b""),
         cancel_requested=run.cancel_requested,
         first_attempt_at=timestamp(run.first_attempt_at),
+        first_started_at=timestamp(run.first_started_at),
     )
 
 
@@ -317,6 +318,7 @@ def run_from_pb(message: pb.Run) -> Run:
         last_error=message.last_error or None,
         cancel_requested=message.cancel_requested,
         first_attempt_at=instant(message.first_attempt_at, message.HasField("first_attempt_at")),
+        first_started_at=instant(message.first_started_at, message.HasField("first_started_at")),
     )
 
 

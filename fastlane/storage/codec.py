@@ -8,6 +8,7 @@ Both backends use this module, so they store byte-identical documents.
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
@@ -258,6 +259,11 @@ def build_run(row: Row) -> Run:
         concurrency_key=row["concurrency_key"],
         concurrency_limit=row["concurrency_limit"],
     )
+
+
+def build_listed_run(row: Row) -> Run:
+    """A run of a listing, which also reads when its first attempt started (``first_started_at``)."""
+    return replace(build_run(row), first_started_at=row["first_started_at"])
 
 
 def build_attempt(row: Row) -> Attempt:

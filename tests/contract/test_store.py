@@ -433,7 +433,7 @@ async def test_a_failed_attempt_keeps_its_traceback_and_a_success_has_none(store
                                             lease_ttl=TTL, dispatched_at=NOW)])
     await store.record_results([AttemptResult(run_id=run.run_id, lease_token=1, outcome=AttemptOutcome.FAILED,
                                               error_code="ValueError", error_message="card declined",
-                                              error_traceback=traced)])
+                                              error_traceback=traced, started_at=NOW + timedelta(milliseconds=3))])
     await store.record_dispatches([Dispatch(run_id=run.run_id, lease_token=2, worker_id="w", node_id="n",
                                             lease_ttl=TTL, dispatched_at=NOW)])
     await store.record_results([AttemptResult(run_id=run.run_id, lease_token=2, outcome=AttemptOutcome.SUCCEEDED,
@@ -441,6 +441,9 @@ async def test_a_failed_attempt_keeps_its_traceback_and_a_success_has_none(store
     attempts = await store.list_attempts(run.run_id)
     assert [(a.outcome, a.error_traceback) for a in attempts] == [
         (AttemptOutcome.FAILED, traced), (AttemptOutcome.SUCCEEDED, None)]
+    # A listing says when the first attempt started (the start lag `runs list` shows).
+    [listed] = (await store.list_runs("default", job_id=run.job_id)).items
+    assert listed.first_started_at == attempts[0].started_at == NOW + timedelta(milliseconds=3)
 
 
 async def test_permanent_failure_goes_straight_to_dead(store):

@@ -461,6 +461,7 @@ def finished_run(job_id: str, minutes: int, state: RunState) -> tuple[Run, list[
         updated_at=scheduled,
         worker_id="worker-1",
         first_attempt_at=scheduled + timedelta(milliseconds=1500),
+        first_started_at=scheduled + timedelta(milliseconds=1520),
         finished_at=scheduled + timedelta(seconds=4),
         last_error="boom" if state is RunState.DEAD else None,
     )
@@ -613,6 +614,7 @@ async def test_cli_create_then_list_runs_as_json(daemon: FakeDaemon, capsys: pyt
         "last_error": "boom",
         "created_at": "2027-03-13T12:05:00Z",
         "first_attempt_at": "2027-03-13T12:05:01.500000Z",
+        "first_started_at": "2027-03-13T12:05:01.520000Z",
         "finished_at": "2027-03-13T12:05:04Z",
         "idempotency_key": f"{created['job_id']}:2027-03-13T12:05:00Z",
         "shard_id": 3,
@@ -772,7 +774,7 @@ async def test_cli_runs_list_shows_job_name_lag_duration_and_progress(
     code, out, _ = await run_cli(capsys, "runs", "list", *remote)
     header, row = out.splitlines()[:2]
     assert code == 0 and header.split() == list(RUN_COLUMNS[:-1]) + ["LAST_ERROR"]
-    assert row.split() == [run.run_id, "nightly", "succeeded", "2027-03-13T12:05:00Z", "1.50", "s", "2.50", "s",
+    assert row.split() == [run.run_id, "nightly", "succeeded", "2027-03-13T12:05:00Z", "1.52", "s", "2.48", "s",
                            "2", "40%", "-"]
     code, out, _ = await run_cli(capsys, "runs", "get", run.run_id, *remote)
     assert ["progress", "40", "%"] in [line.split() for line in out.splitlines()]

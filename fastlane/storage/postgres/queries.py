@@ -282,8 +282,11 @@ RELEASE_BUFFERED = """
                       AND a.state IN ('scheduled', 'dispatched', 'running'))
     RETURNING *
 """
+# With when its first attempt started (its handler was entered), for the start lag `runs list` shows.
 LIST_RUNS = """
-    SELECT * FROM runs
+    SELECT runs.*, (SELECT a.started_at FROM attempts a WHERE a.run_id = runs.run_id AND a.started_at IS NOT NULL
+                    ORDER BY a.attempt LIMIT 1) AS first_started_at
+    FROM runs
     WHERE tenant = $1 AND ($2::text IS NULL OR job_id = $2)
       AND (cardinality($3::text[]) = 0 OR state = ANY($3::text[]))
       AND ($4::timestamptz IS NULL OR (scheduled_for, run_id) < ($4, $5))

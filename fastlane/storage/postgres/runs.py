@@ -172,7 +172,7 @@ class PostgresRuns(PostgresConnections):
                 queries.LIST_RUNS,
                 tenant, job_id, [s.value for s in states], before_time, before_id, common.page_limit(limit) + 1,
             )
-        return common.page_of([codec.build_run(row) for row in rows], limit, common.run_page_key)
+        return common.page_of([codec.build_listed_run(row) for row in rows], limit, common.run_page_key)
 
     async def runs_by_id_prefix(self, tenant: str, prefix: str, limit: int) -> list[Run]:
         low, high = common.id_prefix_range(prefix)

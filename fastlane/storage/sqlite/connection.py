@@ -173,7 +173,7 @@ class SQLiteConnections:
 TIME_COLUMNS = frozenset({
     "heartbeat_at",
     "next_fire_at", "created_at", "updated_at", "scheduled_for", "available_at", "lease_expires_at",
-    "first_attempt_at", "finished_at", "dispatched_at", "started_at",
+    "first_attempt_at", "first_started_at", "finished_at", "dispatched_at", "started_at",
     "expires_at", "revoked_at", "last_used_at",
     "at",  # audit_events
 })

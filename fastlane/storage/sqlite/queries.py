@@ -250,8 +250,11 @@ RELEASE_BUFFERED = f"""
                       AND a.state IN ('scheduled', 'dispatched', 'running'))
     RETURNING *
 """
+# With when its first attempt started (its handler was entered), for the start lag `runs list` shows.
 LIST_RUNS = """
-    SELECT * FROM runs
+    SELECT runs.*, (SELECT a.started_at FROM attempts a WHERE a.run_id = runs.run_id AND a.started_at IS NOT NULL
+                    ORDER BY a.attempt LIMIT 1) AS first_started_at
+    FROM runs
     WHERE tenant = ? AND (? IS NULL OR job_id = ?)
       AND (json_array_length(?) = 0 OR state IN (SELECT value FROM json_each(?)))
       AND (? IS NULL OR (scheduled_for, run_id) < (?, ?))
