@@ -67,8 +67,8 @@ def zsh_script(parser: argparse.ArgumentParser) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fastlane.cli.main import build_parser
-
-    parser: Any = build_parser()
+    """Print the script for ``args.shell``; ``args.whole_parser`` builds the command line's parser
+    (set by the command's registration, which this module must not import)."""
+    parser: Any = args.whole_parser()
     print(bash_script(parser) if args.shell == "bash" else zsh_script(parser), end="")
     return 0

@@ -18,8 +18,9 @@ from fastlane.cli.arguments import (
     positive_seconds,
     schedule_from_flags,
 )
+from fastlane.cli.lookup import resolve_job
 from fastlane.cli.output import note, print_fields, print_json, print_table
-from fastlane.cli.remote import by_id_prefix, collect_pages, run_remote
+from fastlane.cli.remote import collect_pages, run_remote
 from fastlane.cli.views import (
     audit_view,
     describe_schedule,
@@ -30,7 +31,6 @@ from fastlane.cli.views import (
     run_view,
 )
 from fastlane.client import Client
-from fastlane.domain import validation
 from fastlane.domain.audit import AuditTarget
 from fastlane.domain.limits import MAX_CONCURRENCY_LIMIT, MAX_PREVIEW
 from fastlane.domain.models import (
@@ -47,7 +47,7 @@ from fastlane.domain.models import (
 from fastlane.domain.schedules import fire_notes, local_time, preview
 from fastlane.domain.validation import validate_spec
 from fastlane.errors import InvalidArgument
-from fastlane.rpc.status import RemoteError, RemoteNotFound
+from fastlane.rpc.status import RemoteError
 from fastlane.rpc.wire import rfc3339
 
 
@@ -403,26 +403,6 @@ def list_jobs(args: argparse.Namespace) -> int:
         return 0
 
     return run_remote(args, collect)
-
-
-async def resolve_job(client: Client, reference: str) -> Job:
-    """The job ``reference`` names: by its id, else its name (unique in a tenant), else a unique
-    prefix of its id (see :func:`fastlane.cli.remote.by_id_prefix`)."""
-    try:
-        return await client.get_job(reference)
-    except RemoteNotFound:
-        pass
-    try:
-        validation.name("name", reference)
-    except InvalidArgument:
-        pass  # not a name either
-    else:
-        page = await client.list_jobs(name=reference, page_size=1)
-        if page.items:
-            return await client.get_job(page.items[0].job_id)  # with its payload, as by id
-    job_id = await by_id_prefix(reference, "job", lambda prefix: client.list_jobs(id_prefix=prefix, page_size=2),
-                                lambda job: job.job_id, "`fastlane jobs list` shows them")
-    return await client.get_job(job_id)
 
 
 def act_on_job(args: argparse.Namespace) -> int:

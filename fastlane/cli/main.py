@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     shell = commands.add_parser("completion", help="print a shell completion script (bash or zsh)",
                                 description=completion.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     completion.add_arguments(shell)
-    shell.set_defaults(handler=completion.run, command_parser=shell)
+    shell.set_defaults(handler=completion.run, command_parser=shell, whole_parser=build_parser)
     return parser
 
 

@@ -10,7 +10,6 @@ from typing import TypeVar
 from fastlane.cli.arguments import client_tls
 from fastlane.client import Client
 from fastlane.domain.records import Page
-from fastlane.errors import FastlaneError
 from fastlane.rpc.channel import load_token
 
 T = TypeVar("T")
@@ -55,21 +54,3 @@ async def collect_pages(fetch: Callable[[int, str], Awaitable[Page[T]]], limit: 
         if not page_token:
             break
     return items[:limit], bool(page_token)
-
-
-MIN_ID_PREFIX = 4  # shorter prefixes would match too many ids to be worth a look-up
-
-
-async def by_id_prefix(
-    reference: str, kind: str, listed: Callable[[str], Awaitable[Page[T]]], id_of: Callable[[T], str], hint: str,
-) -> str:
-    """The one id that starts with ``reference`` (``listed(prefix)`` asks the node for up to two);
-    FastlaneError naming what was looked for when there is none, or more than one."""
-    if len(reference) >= MIN_ID_PREFIX:
-        found = [id_of(item) for item in (await listed(reference)).items]
-        if len(found) == 1:
-            return found[0]
-        if found:
-            raise FastlaneError(f"more than one {kind} id starts with {reference!r}: give more of it")
-    raise FastlaneError(f"no {kind} with the id{' or name' if kind == 'job' else ''} {reference!r} in this tenant "
-                        f"(nor one whose id starts so; {hint})")

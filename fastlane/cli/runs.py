@@ -8,9 +8,9 @@ from datetime import timedelta
 from typing import Any
 
 from fastlane.cli.arguments import client_flags, json_flag, positive_int, positive_seconds
-from fastlane.cli.jobs import resolve_job
+from fastlane.cli.lookup import resolve_job, resolve_run
 from fastlane.cli.output import cell, note, print_fields, print_json, print_table
-from fastlane.cli.remote import by_id_prefix, collect_pages, run_remote
+from fastlane.cli.remote import collect_pages, run_remote
 from fastlane.cli.views import (
     attempt_note,
     attempt_view,
@@ -218,16 +218,6 @@ def _shown_as(run: Run) -> tuple[str, int, float]:
 
 
 _WITH_A_WORKER = (RunState.DISPATCHED, RunState.RUNNING)
-
-
-async def resolve_run(client: Client, reference: str) -> str:
-    """The id of the run ``reference`` names: its id, or a unique prefix of it (as the demo and
-    a narrow terminal show them)."""
-    try:
-        return (await client.get_run(reference))[0].run_id
-    except RemoteNotFound:
-        return await by_id_prefix(reference, "run", lambda prefix: client.list_runs(id_prefix=prefix, page_size=2),
-                                  lambda run: run.run_id, "`fastlane runs list` shows them")
 
 
 def get_run(args: argparse.Namespace) -> int:

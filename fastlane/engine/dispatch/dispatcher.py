@@ -26,6 +26,7 @@ from fastlane.engine.dispatch.journal import Journal
 from fastlane.engine.dispatch.messages import Assign, Assigned, AttemptKey, AttemptRef, Cancel, WorkerSession
 from fastlane.engine.dispatch.parked import ParkedRuns
 from fastlane.engine.dispatch.ready import ReadyQueue
+from fastlane.engine.dispatch.reserve import Reserve
 from fastlane.engine.dispatch.tokens import new_lease_token
 from fastlane.metrics import Metrics
 from fastlane.storage import AttemptResult, Dispatch, Heartbeat, Store
@@ -65,7 +66,6 @@ class Dispatcher:
         priority_reserve: PriorityReserve | None = None,
     ) -> None:
         self._store = store
-        self._reserve = priority_reserve
         self._tenant_weights = dict(tenant_weights or {})  # runs per turn of a ready queue (1 if not named)
         self._tenant_caps = dict(tenant_max_in_flight or {})  # attempts in flight per tenant (no cap if not named)
         self._node_id = node_id
@@ -83,6 +83,7 @@ class Dispatcher:
         # Shared with the journal, which updates both as writes land: changed in place only.
         self._claimed: set[str] = set()  # runs assigned whose dispatch is not yet durable
         self._in_flight = InFlight()  # attempts sent, not yet reported
+        self._reserve = Reserve(priority_reserve, self._in_flight)  # credits kept for urgent runs
         self._journal = Journal(store, node_id=node_id, metrics=metrics, reschedule=reschedule,
                                 claimed=self._claimed, in_flight=self._in_flight)
         self._background: set[asyncio.Task[None]] = set()
@@ -315,8 +316,8 @@ class Dispatcher:
             return
         queue = self._ready.get(run.job_type)
         if queue is None:
-            urgent = self._reserve.priority if self._reserve else None
-            queue = self._ready[run.job_type] = ReadyQueue(lambda tenant: self._tenant_weights.get(tenant, 1), urgent)
+            queue = self._ready[run.job_type] = ReadyQueue(lambda tenant: self._tenant_weights.get(tenant, 1),
+                                                           self._reserve.urgent_priority)
         if self._has_room(run.job_type, len(run.payload)) and (reloaded or not self._parked.any_of(run.job_type)):
             self._queued.add(run.run_id)
             queue.append(_Waiting(run, confirm_first))
@@ -348,30 +349,16 @@ class Dispatcher:
                 sessions.append(sessions.pop(0))
             if (session.credits > 0 and (session.tenant is None or session.tenant == run.tenant)
                     and (not ahead or self._ahead.can_hold(session))
-                    and (not self._ordinary(run) or self._ordinary_room(session))):
+                    and (not self._reserve.ordinary(run) or self._reserve.ordinary_room(session))):
                 return session
         return None
-
-    def _ordinary(self, run: Run) -> bool:
-        """Whether ``run`` is below the urgent priority of ``--priority-reserve`` (if one is set)."""
-        return self._reserve is not None and run.priority < self._reserve.priority
-
-    def _ordinary_room(self, session: WorkerSession) -> bool:
-        """Whether ``session`` may take one more ordinary run: ordinary runs hold at most the
-        stream's credits beyond the reserve (and never fewer than one, so a small worker still
-        takes them). The stream's credits are counted now, free and held: a worker that
-        reconnects with runs still going declares only its free ones, and grants the others as
-        those runs end."""
-        assert self._reserve is not None
-        credits = session.credits + self._in_flight.held_count(session)
-        return self._in_flight.ordinary_count(session) < max(credits - self._reserve.credits, 1)
 
     def _assign(self, session: WorkerSession, run: Run, now: datetime, confirm_first: bool,
                 start_at: datetime | None = None) -> Assigned:
         session.credits -= 1
         token = new_lease_token()
         self._claimed.add(run.run_id)
-        self._in_flight.assign((run.run_id, token), session, run, ordinary=self._ordinary(run))
+        self._in_flight.assign((run.run_id, token), session, run, ordinary=self._reserve.ordinary(run))
         self._metrics.dispatch_lag.observe(max((now - run.available_at).total_seconds(), 0.0))
         # A keyed run claims its place under the cap in the database before it is sent (.capped).
         confirm = confirm_first or run.delivery is Delivery.AT_MOST_ONCE or run.concurrency_key is not None
@@ -388,7 +375,7 @@ class Dispatcher:
             # A worker of one tenant takes only that tenant's runs; the others' wait their turn.
             # Its last credits (the reserve) go to urgent runs only.
             while queue and session.credits > 0:
-                urgent_only = self._reserve is not None and not self._ordinary_room(session)
+                urgent_only = not self._reserve.ordinary_room(session)
                 if urgent_only and not queue.has_urgent():
                     break
                 if (waiting := queue.pop(session.tenant, self._tenant_full, urgent_only=urgent_only)) is None:
