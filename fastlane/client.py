@@ -309,8 +309,12 @@ class Client:
         """A run and its attempts, first attempt first."""
         request = runs_pb2.RunRef(tenant=self.tenant, run_id=run_id)
         detail = await self._call(self._connect().runs.GetRun, request)
-        run = replace(wire.run_from_pb(detail.run), checkpoint=detail.checkpoint or None)
-        return run, [wire.attempt_from_pb(run.run_id, attempt) for attempt in detail.attempts]
+        attempts = [wire.attempt_from_pb(detail.run.run_id, attempt) for attempt in detail.attempts]
+        # As listings say: when its first attempt's handler was entered, read from the attempts.
+        started = next((attempt.started_at for attempt in attempts if attempt.started_at is not None), None)
+        run = replace(wire.run_from_pb(detail.run), checkpoint=detail.checkpoint or None,
+                      first_started_at=started)
+        return run, attempts
 
     async def cancel_run(self, run_id: str) -> Run:
         """Cancel a run: a queued one never starts, a running one is told to stop."""

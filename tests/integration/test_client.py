@@ -626,6 +626,7 @@ async def test_cli_create_then_list_runs_as_json(daemon: FakeDaemon, capsys: pyt
     code, out, _ = await run_cli(capsys, "runs", "get", run.run_id, "--json", *remote)
     detail = orjson.loads(out)
     assert [attempt["outcome"] for attempt in detail["attempts"]] == ["failed", "succeeded"]
+    assert detail["first_started_at"] == detail["attempts"][0]["started_at"] == "2027-03-13T12:05:01.005000Z"
     assert detail["attempts"][0] == {
         "attempt": 1,
         "worker_id": "worker-1",
