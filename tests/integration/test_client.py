@@ -70,6 +70,7 @@ class FakeState:
     jobs: dict[str, Job] = field(default_factory=dict)
     runs: dict[str, tuple[Run, list[Attempt]]] = field(default_factory=dict)
     list_jobs_requests: list[jobs_pb2.ListJobsRequest] = field(default_factory=list)
+    list_runs_calls: int = 0
     tenants_seen: set[str] = field(default_factory=set)
 
     def job(self, tenant: str, job_id: str) -> Job:
@@ -213,6 +214,7 @@ class FakeRunService(runs_pb2_grpc.RunServiceServicer):
         self.state = state
 
     async def ListRuns(self, request, context):
+        self.state.list_runs_calls += 1
         matching = [
             run
             for run, _ in self.state.runs.values()
@@ -790,10 +792,18 @@ async def test_cli_runs_tail_prints_the_latest_then_each_new_or_changed_run(
     for run, attempts in old:
         daemon.state.add_run(run, attempts)
     tail = asyncio.create_task(run_cli(capsys, "runs", "tail", "--interval", "0.1", "--for", "3", *remote))
-    await asyncio.sleep(0.8)
+
+    async def tail_looked_again() -> None:
+        """Until tail has listed the runs twice more: once may have begun before the change."""
+        seen = daemon.state.list_runs_calls
+        async with asyncio.timeout(10):
+            while daemon.state.list_runs_calls < seen + 2:
+                await asyncio.sleep(0.02)
+
+    await tail_looked_again()
     new, attempts = finished_run(job_id, 30, RunState.SUCCEEDED)
     daemon.state.add_run(replace(new, state=RunState.RUNNING, finished_at=None), attempts)
-    await asyncio.sleep(0.8)
+    await tail_looked_again()
     daemon.state.add_run(new, attempts)  # it ends
     code, out, _ = await tail
     lines = out.splitlines()
