@@ -11,11 +11,13 @@ from pathlib import Path
 
 from fastlane.domain.limits import (
     DEFAULT_MAX_PAYLOAD_BYTES,
+    MAX_HISTORY_RETENTION,
     MAX_PRIORITY,
     MAX_PRIORITY_RESERVE,
     MAX_SEND_AHEAD,
     MAX_TENANT_IN_FLIGHT,
     MAX_TENANT_WEIGHT,
+    MIN_HISTORY_RETENTION,
     MIN_PRIORITY,
     PAYLOAD_CEILING_BYTES,
 )
@@ -102,6 +104,8 @@ class Settings:
     tenant_max_in_flight: dict[str, int] = field(default_factory=dict)
     # Credits of every worker stream kept for urgent runs; None: any run takes any credit.
     priority_reserve: PriorityReserve | None = None
+    # Finished runs (and their attempts) older than this are deleted; None keeps them for ever.
+    history_retention: timedelta | None = timedelta(days=30)
 
     def __post_init__(self) -> None:
         self._check_listeners()
@@ -130,6 +134,12 @@ class Settings:
                     f"--tenant-max-in-flight {tenant}={cap} is out of range (1..{MAX_TENANT_IN_FLIGHT})")
         if self.priority_reserve is not None:
             self.priority_reserve.validate()
+        retention = self.history_retention
+        if retention is not None and not MIN_HISTORY_RETENTION <= retention <= MAX_HISTORY_RETENTION:
+            raise ConfigurationError(
+                f"--history-retention {retention.total_seconds() / 86400:g} days is out of range "
+                f"({MIN_HISTORY_RETENTION.total_seconds() / 86400:g}..{MAX_HISTORY_RETENTION.days} days, or 0 to keep all)"
+            )
         if self.lead + self.send_ahead >= self.window:
             raise ConfigurationError("the materialisation lead (plus --send-ahead) must be shorter than the window")
 

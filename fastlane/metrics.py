@@ -136,6 +136,9 @@ class Metrics:
                                "was still active)", ["policy"], registry=registry)
         for policy in ("misfire", "overlap"):  # at 0 from the start: increase() sees the first skips
             self.skipped.labels(policy=policy)
+        self.history_trimmed = Counter("fastlane_history_trimmed_total",
+                                       "Finished runs deleted (with their attempts) for being older than "
+                                       "--history-retention", registry=registry)
         self.loop_failures = Counter("fastlane_loop_failures_total",
                                      "Unexpected exceptions that stopped a background loop (restarted with backoff)",
                                      ["loop"], registry=registry)

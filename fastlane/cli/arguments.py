@@ -18,7 +18,7 @@ import orjson
 from fastlane.auth.tls import ClientTls
 from fastlane.config import DEFAULT_PORT, DEFAULT_SERVER, PriorityReserve
 from fastlane.domain import validation
-from fastlane.domain.limits import MAX_TENANT_IN_FLIGHT, MAX_TENANT_WEIGHT
+from fastlane.domain.limits import MAX_HISTORY_RETENTION, MAX_TENANT_IN_FLIGHT, MAX_TENANT_WEIGHT, MIN_HISTORY_RETENTION
 from fastlane.domain.models import DEFAULT_TENANT, Schedule
 from fastlane.domain.schedules import parse_at, validate_schedule, zone
 from fastlane.errors import ConfigurationError, InvalidArgument, ScheduleError
@@ -119,6 +119,18 @@ def positive_seconds(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{text} must be a positive number of seconds")
     return value
+
+
+def history_retention_days(text: str) -> float:
+    """An argparse type: days of history to keep, 0 (for ever) or within the retention bounds."""
+    try:
+        days = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of days") from None
+    low, high = MIN_HISTORY_RETENTION / timedelta(days=1), MAX_HISTORY_RETENTION / timedelta(days=1)
+    if days != 0 and not low <= days <= high:  # NaN and infinities fail here too
+        raise argparse.ArgumentTypeError(f"{text} is out of range ({low:.4g}..{high:g} days, or 0 to keep all)")
+    return days
 
 
 def milliseconds_up_to(maximum: float) -> Callable[[str], float]:

@@ -19,6 +19,7 @@ from fastlane.cli.arguments import (
     UsageError,
     client_tls,
     count_or_unlimited,
+    history_retention_days,
     milliseconds_up_to,
     positive_int,
     positive_seconds,
@@ -30,7 +31,14 @@ from fastlane.cli.arguments import (
     tenant_weight,
 )
 from fastlane.config import DEFAULT_DB_URL, DEFAULT_QUOTAS, DEFAULT_SERVER, Settings, default_node_id
-from fastlane.domain.limits import MAX_SEND_AHEAD, MAX_TENANT_IN_FLIGHT, MAX_TENANT_WEIGHT, PAYLOAD_CEILING_BYTES
+from fastlane.domain.limits import (
+    MAX_HISTORY_RETENTION,
+    MAX_SEND_AHEAD,
+    MAX_TENANT_IN_FLIGHT,
+    MAX_TENANT_WEIGHT,
+    MIN_HISTORY_RETENTION,
+    PAYLOAD_CEILING_BYTES,
+)
 from fastlane.domain.quotas import TenantQuota
 from fastlane.storage import DEFAULT_SHARD_COUNT, open_store, redacted_url
 
@@ -193,6 +201,17 @@ def register(commands: Any) -> None:
         "the backlog of the others, as long as no more than N of them run at once; urgent runs may also take "
         "any other free credit; a negative PRIORITY is written --priority-reserve=-5=2. Default: none kept",
     )
+    retention_days = (defaults.history_retention or timedelta(0)).total_seconds() / 86400
+    serve.add_argument(
+        "--history-retention",
+        metavar="DAYS",
+        type=history_retention_days,
+        default=retention_days,
+        help="delete finished runs (succeeded, failed, dead, skipped, cancelled, lost) and their attempts once they "
+        "ended this many days ago, a small batch at a time in the background; runs not finished are never deleted. "
+        f"Fractions allowed (0.5 is 12 hours; at least an hour, {MIN_HISTORY_RETENTION / timedelta(days=1):.3g}; at most "
+        f"{MAX_HISTORY_RETENTION.days}); 0 keeps history for ever (default: {retention_days:g})",
+    )
     serve.set_defaults(handler=serve_node, command_parser=serve)
 
     worker = commands.add_parser(
@@ -270,6 +289,7 @@ def serve_node(args: argparse.Namespace) -> int:
         tenant_weights=dict(args.tenant_weights),
         tenant_max_in_flight=dict(args.tenant_caps),
         priority_reserve=args.priority_reserve,
+        history_retention=timedelta(days=args.history_retention) if args.history_retention else None,
     )
     from fastlane.server.node import serve
 

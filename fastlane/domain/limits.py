@@ -32,6 +32,10 @@ MAX_RETRY_TIME = timedelta(days=366)
 # How far before its instant a node may send a run to a worker that holds it (--send-ahead):
 # well under the shortest lease, so a held run never outlives its lease before it starts.
 MAX_SEND_AHEAD = timedelta(seconds=1)
+# How long finished runs are kept (--history-retention). At least an hour: a run a worker reports
+# late (after a network partition) should still be found, and its record read by whoever is paged.
+MIN_HISTORY_RETENTION = timedelta(hours=1)
+MAX_HISTORY_RETENTION = timedelta(days=100 * 366)
 MAX_TOKEN_LIFETIME = timedelta(days=10 * 366)  # an API token's --expires; a longer one: leave it unset
 # What a worker may report of its clock in a ClockProbe: beyond a day of offset the clock is
 # broken, beyond a minute of uncertainty the estimate is useless (and never allows a send ahead).

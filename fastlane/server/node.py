@@ -29,6 +29,8 @@ from fastlane.engine.changes import ChangeFollower
 from fastlane.engine.dispatch.dispatcher import Dispatcher
 from fastlane.engine.lane import FastLane
 from fastlane.engine.operations import Operations
+from fastlane.engine.retention import BATCH_SIZE, HistoryTrimmer
+from fastlane.engine.retention import LOOP_NAME as TRIM_LOOP
 from fastlane.engine.shards import ShardOwnership
 from fastlane.errors import FastlaneError, StorageUnavailable
 from fastlane.metrics import Metrics
@@ -276,6 +278,11 @@ class Node:
                 journal = supervise("dispatch-journal", dispatcher.run, until=journal_abandoned)
                 watcher = supervise("change-listener", lambda: store.watch_changes(follower.enqueue))
                 following = supervise("change-follower", follower.run)
+                if settings.history_retention is not None:
+                    trimmer = HistoryTrimmer(store, retention=settings.history_retention, owned_shards=ownership.owned,
+                                             metrics=metrics, stopping=self._stop,
+                                             batch_size=BATCH_SIZE[store.dialect])
+                    supervise(TRIM_LOOP, trimmer.run)
                 await first_of(shards_ready, self._stop)
                 if not self._stop.is_set():
                     await server.set_ready(True)

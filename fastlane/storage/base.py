@@ -28,6 +28,7 @@ class Store(Protocol):
     """Durable state of a fastlane cluster. All datetimes are aware UTC."""
 
     url: str
+    dialect: str  # "sqlite" or "postgres"
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -335,4 +336,14 @@ class Store(Protocol):
     async def set_quota_override(self, tenant: str, quota: TenantQuota | None) -> None:
         """Replace ``tenant``'s override; None (or one with nothing set) removes it. Raises
         :class:`~fastlane.errors.InvalidArgument` for a bad tenant or a limit out of range."""
+        ...
+
+    # -- history --------------------------------------------------------------------------------
+
+    async def trim_history(self, shard_ids: Collection[int], finished_before: datetime, limit: int) -> int:
+        """Delete at most ``limit`` (1..10,000) finished runs of ``shard_ids`` that ended before
+        ``finished_before``, oldest first, with their attempts, in one transaction; return how
+        many runs went. A run not in a final state is never deleted, however old. A run another
+        trimmer is deleting at the same moment is left to it (PostgreSQL: skipped, not waited
+        for). Raises :class:`~fastlane.errors.InvalidArgument` for a limit out of range."""
         ...

@@ -14,6 +14,7 @@ from fastlane.clock import to_micros
 from fastlane.domain import validation
 from fastlane.domain.audit import MAX_AUDIT_LIMIT, AuditTarget
 from fastlane.domain.models import (
+    FINAL_RUN_STATES,
     AttemptOutcome,
     Job,
     JobSpec,
@@ -53,6 +54,18 @@ PENDING_CHUNK = 5_000  # rows of pending runs read by one query
 def chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
     for start in range(0, len(items), size):
         yield items[start:start + size]
+
+
+MAX_TRIM_BATCH = 10_000  # runs deleted in one trim_history transaction, at most
+
+
+def trim_limit(limit: int) -> int:
+    if not 1 <= limit <= MAX_TRIM_BATCH:
+        raise InvalidArgument("limit", f"{limit} is out of range (1..{MAX_TRIM_BATCH})")
+    return limit
+
+
+FINAL_STATES_SQL = ", ".join(f"'{state.value}'" for state in sorted(FINAL_RUN_STATES))  # for an IN (...) list
 
 
 def page_limit(limit: int) -> int:

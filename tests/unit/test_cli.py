@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import socket
 import sys
+from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,6 +19,7 @@ from fastlane.auth.tls import ClientTls
 from fastlane.cli.main import main
 from fastlane.cli.output import format_fields, format_table
 from fastlane.config import PriorityReserve, Settings
+from fastlane.errors import ConfigurationError
 from fastlane.storage import redacted_url
 
 
@@ -450,8 +452,6 @@ def test_serve_refuses_a_tenant_weight_out_of_bounds(value: str, capsys: pytest.
 
 @pytest.mark.parametrize("weight", [0, 101])
 def test_settings_refuse_a_tenant_weight_out_of_bounds(weight: int) -> None:
-    from fastlane.errors import ConfigurationError
-
     with pytest.raises(ConfigurationError, match="--tenant-weight"):
         Settings(tenant_weights={"billing": weight})
 
@@ -464,8 +464,6 @@ def test_serve_refuses_a_tenant_cap_out_of_bounds(value: str, capsys: pytest.Cap
 
 @pytest.mark.parametrize("cap", [0, 1_000_001])
 def test_settings_refuse_a_tenant_cap_out_of_bounds(cap: int) -> None:
-    from fastlane.errors import ConfigurationError
-
     with pytest.raises(ConfigurationError, match="--tenant-max-in-flight"):
         Settings(tenant_max_in_flight={"billing": cap})
 
@@ -478,8 +476,6 @@ def test_serve_refuses_a_priority_reserve_out_of_bounds(value: str, capsys: pyte
 
 @pytest.mark.parametrize(("priority", "credits"), [(1001, 1), (-1001, 1), (0, 0), (0, 100_001)])
 def test_settings_refuse_a_priority_reserve_out_of_bounds(priority: int, credits: int) -> None:
-    from fastlane.errors import ConfigurationError
-
     with pytest.raises(ConfigurationError, match="--priority-reserve"):
         Settings(priority_reserve=PriorityReserve(priority, credits))
 
@@ -521,3 +517,34 @@ def test_serve_and_worker_take_a_log_format(monkeypatch: pytest.MonkeyPatch) -> 
     assert main(["serve", "--db", "sqlite:///x.db"]) == 0
     assert formats == ["json", None]
     assert main(["worker", "x:y", "--log-format", "yaml"]) == 2
+
+
+@pytest.mark.parametrize(("flag", "retention"), [
+    ([], timedelta(days=30)),
+    (["--history-retention", "0.5"], timedelta(hours=12)),
+    (["--history-retention", "0"], None),
+])
+def test_serve_takes_a_history_retention_in_days(
+    monkeypatch: pytest.MonkeyPatch, flag: list[str], retention: timedelta | None
+) -> None:
+    received: list[Settings] = []
+
+    async def serve(settings: Settings, **_: object) -> int:
+        received.append(settings)
+        return 0
+
+    monkeypatch.setitem(sys.modules, "fastlane.server.node", SimpleNamespace(serve=serve))
+    assert main(["serve", "--db", "sqlite:///x.db", *flag]) == 0
+    assert received[0].history_retention == retention
+
+
+@pytest.mark.parametrize("value", ["0.04", "-1", "36601", "nan", "inf", "month"])
+def test_serve_refuses_a_history_retention_out_of_bounds(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--history-retention", value]) == 2
+    assert "--history-retention" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("retention", [timedelta(minutes=59), timedelta(0), timedelta(days=36601)])
+def test_settings_refuse_a_history_retention_out_of_bounds(retention: timedelta) -> None:
+    with pytest.raises(ConfigurationError, match="--history-retention"):
+        Settings(history_retention=retention)

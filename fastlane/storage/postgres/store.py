@@ -6,8 +6,9 @@ not the start of the transaction). Every write another node must hear of is noti
 transaction (see ``changes``).
 
 This module holds the lifecycle and the jobs; the fast lane, runs, shards, the change watch, API
-tokens and the audit trail are in the mixins of ``lane``, ``runs``, ``shards``, ``changes``,
-``tokens`` and ``audit``, the pool in ``connection``, the SQL in ``queries``.
+tokens, the audit trail, quotas and history retention are in the mixins of ``lane``, ``runs``,
+``shards``, ``changes``, ``tokens``, ``audit``, ``quotas`` and ``history``, the pool in
+``connection``, the SQL in ``queries``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from fastlane.storage.postgres import queries
 from fastlane.storage.postgres.audit import PostgresAudit
 from fastlane.storage.postgres.changes import PostgresChanges, notify
 from fastlane.storage.postgres.connection import DEFAULT_LEASE_TTL
+from fastlane.storage.postgres.history import PostgresHistory
 from fastlane.storage.postgres.lane import PostgresLane
 from fastlane.storage.postgres.quotas import PostgresQuotas
 from fastlane.storage.postgres.runs import PostgresRuns
@@ -37,7 +39,8 @@ _MIGRATION_LOCK = 7_236_001  # pg_advisory_xact_lock key: one migrator at a time
 
 
 class PostgresStore(
-    PostgresLane, PostgresRuns, PostgresShards, PostgresChanges, PostgresTokens, PostgresAudit, PostgresQuotas, Store
+    PostgresLane, PostgresRuns, PostgresShards, PostgresChanges, PostgresTokens, PostgresAudit, PostgresQuotas,
+    PostgresHistory, Store,
 ):
     """Store on PostgreSQL through an asyncpg pool."""
 

@@ -6,9 +6,10 @@ expanded by ``json_each`` so that, as on PostgreSQL, a batch is one statement. W
 ``BEGIN IMMEDIATE``, so two stores on one file (two processes, or a test's two connections)
 serialise on SQLite's write lock; the fence is checked inside that lock.
 
-This module holds the lifecycle and the jobs; the fast lane, runs, shards, API tokens and the
-audit trail are in the mixins of ``lane``, ``runs``, ``shards``, ``tokens`` and ``audit``, the
-connections in ``connection``, the SQL in ``queries``.
+This module holds the lifecycle and the jobs; the fast lane, runs, shards, API tokens, the audit
+trail, quotas and history retention are in the mixins of ``lane``, ``runs``, ``shards``,
+``tokens``, ``audit``, ``quotas`` and ``history``, the connections in ``connection``, the SQL in
+``queries``.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from fastlane.storage.migrations import migrations_for
 from fastlane.storage.sqlite import queries
 from fastlane.storage.sqlite.audit import SQLiteAudit
 from fastlane.storage.sqlite.connection import fetch_all, fetch_one, fetch_value, instant
+from fastlane.storage.sqlite.history import SQLiteHistory
 from fastlane.storage.sqlite.lane import SQLiteLane
 from fastlane.storage.sqlite.quotas import SQLiteQuotas
 from fastlane.storage.sqlite.runs import SQLiteRuns
@@ -35,7 +37,9 @@ from fastlane.storage.sqlite.shards import SQLiteShards
 from fastlane.storage.sqlite.tokens import SQLiteTokens
 
 
-class SQLiteStore(SQLiteLane, SQLiteRuns, SQLiteShards, SQLiteTokens, SQLiteAudit, SQLiteQuotas, Store):
+class SQLiteStore(
+    SQLiteLane, SQLiteRuns, SQLiteShards, SQLiteTokens, SQLiteAudit, SQLiteQuotas, SQLiteHistory, Store
+):
     """Store on one SQLite file: a write connection (serialised) and a read connection."""
 
     dialect = "sqlite"

@@ -1,0 +1,102 @@
+"""History retention: each node deletes its shards' finished runs once they are older than
+``--history-retention``, a small batch at a time, off the fire path.
+
+A per-second job writes 86,400 runs a day; without this the tables only grow. Trimming follows
+shard ownership, so a cluster shares the work and a node taking shards over takes their trimming
+too (two nodes briefly trimming one shard during a hand-over delete different rows or the same
+ones once: nothing to fence).
+
+Pacing: each batch is followed by a pause :data:`PAUSE_PER_BATCH_TIME` times as long as the batch
+took, so trimming takes at most a quarter of the database's time however large the backlog (say
+1,000,000 old runs when retention is first turned on), and the fire path's writes never wait
+behind more than one small batch. With nothing old left it looks again every
+:data:`IDLE_INTERVAL` seconds.
+
+A trim that fails is never the node's failure: the database being out of reach is waited out with
+backoff; anything else is logged with its traceback, counted in
+``fastlane_loop_failures_total{loop="history-trim"}`` and tried again after the idle interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Collection
+from datetime import timedelta
+
+from fastlane.engine.waits import pause
+from fastlane.errors import StorageUnavailable
+from fastlane.metrics import Metrics
+from fastlane.storage import Store
+from fastlane.supervise import Backoff
+
+log = logging.getLogger("fastlane.retention")
+
+# Runs per transaction. SQLite has one writer, which a batch holds while it deletes (200 runs:
+# a few milliseconds); PostgreSQL's rows are locked one by one and writers of other rows go on.
+BATCH_SIZE = {"sqlite": 200, "postgres": 1_000}
+PAUSE_PER_BATCH_TIME = 3.0
+MIN_PAUSE = 0.005  # seconds between full batches, however fast they were
+IDLE_INTERVAL = 60.0  # seconds between looks once nothing is old enough
+UNAVAILABLE_BACKOFF = Backoff(first=1.0, cap=60.0)
+LOOP_NAME = "history-trim"
+
+
+class HistoryTrimmer:
+    """Deletes finished runs older than ``retention`` from the shards this node owns."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        retention: timedelta,
+        owned_shards: Callable[[], Collection[int]],
+        metrics: Metrics,
+        stopping: asyncio.Event,
+        batch_size: int,
+        idle_interval: float = IDLE_INTERVAL,
+    ) -> None:
+        self._store = store
+        self._retention = retention
+        self._owned_shards = owned_shards
+        self._metrics = metrics
+        self._stopping = stopping
+        self._batch_size = batch_size
+        self._idle_interval = idle_interval
+
+    async def run(self) -> None:
+        """Trim until the node stops; returns then."""
+        unavailable = 0  # failures in a row with the database out of reach: sets the backoff
+        while not self._stopping.is_set():
+            started = time.monotonic()
+            try:
+                trimmed = await self.trim_batch()
+            except StorageUnavailable as error:
+                unavailable += 1
+                delay = UNAVAILABLE_BACKOFF.delay(unavailable)
+                log.warning("history trim: the database is unavailable (%s); trying again in %.0f s", error, delay)
+                await pause(self._stopping, delay)
+                continue
+            except Exception:
+                self._metrics.loop_failures.labels(loop=LOOP_NAME).inc()
+                log.exception("history trim failed; trying again in %.0f s", self._idle_interval)
+                await pause(self._stopping, self._idle_interval)
+                continue
+            unavailable = 0
+            if trimmed < self._batch_size:
+                await pause(self._stopping, self._idle_interval)  # caught up: nothing old enough is left
+            else:
+                took = time.monotonic() - started
+                await pause(self._stopping, max(MIN_PAUSE, PAUSE_PER_BATCH_TIME * took))
+
+    async def trim_batch(self) -> int:
+        """Delete one batch of finished runs older than the retention; how many went."""
+        owned = self._owned_shards()
+        if not owned:
+            return 0
+        cutoff = await self._store.db_now() - self._retention
+        trimmed = await self._store.trim_history(owned, cutoff, self._batch_size)
+        if trimmed:
+            self._metrics.history_trimmed.inc(trimmed)
+        return trimmed
