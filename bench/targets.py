@@ -36,6 +36,10 @@ HIGH_PRIORITY = "fastlane high priority"
 LOW_PRIORITY = "fastlane low priority"
 QUIET_WITH_NOISY_AT_MOST = 2.0  # the noisy tenant's flood at most doubles the quiet tenant's p99 start lag
 HIGH_PRIORITY_P99_MS = 10.0
+# The systems of retention: the same spread over old history, kept and trimmed.
+KEEPING_HISTORY = "fastlane keeping history"
+TRIMMING_HISTORY = "fastlane trimming history"
+TRIMMING_VS_KEEPING_AT_MOST = 1.1  # trimming old history raises spread's p99 start lag by at most 10 %
 
 
 def result_of(document: Mapping[str, Any], system: str) -> Mapping[str, Any] | None:
@@ -67,6 +71,8 @@ def evaluate(document: Mapping[str, Any]) -> list[Target]:
         return _concurrency(fastlane)
     if scenario == "priority":
         return _priority(document)
+    if scenario == "retention":
+        return _retention(document)
     return []
 
 
@@ -214,3 +220,10 @@ def _unstarted(result: Mapping[str, Any] | None) -> str:
 
 def as_json(targets: Sequence[Target]) -> list[dict[str, object]]:
     return [target.as_json() for target in targets]
+
+
+def _retention(document: Mapping[str, Any]) -> list[Target]:
+    keeping = lag_of(result_of(document, KEEPING_HISTORY), "start_lag_ms", "p99")
+    trimming = lag_of(result_of(document, TRIMMING_HISTORY), "start_lag_ms", "p99")
+    return [Target(name="spread p99 start lag while trimming old history vs keeping it (≤1.1x)",
+                   limit=TRIMMING_VS_KEEPING_AT_MOST, op="<=", unit="x", measured=ratio(trimming, keeping))]

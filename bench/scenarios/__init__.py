@@ -10,7 +10,17 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from fastlane.bench.harness import Bench
-from fastlane.bench.scenarios import concurrency, cron, failover, fairness, oneshot, priority, scale, sustained
+from fastlane.bench.scenarios import (
+    concurrency,
+    cron,
+    failover,
+    fairness,
+    oneshot,
+    priority,
+    retention,
+    scale,
+    sustained,
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -29,4 +39,5 @@ SCENARIOS: dict[str, Scenario] = {
     "fairness": Scenario(measure=fairness.fairness, budget=fairness.budget),
     "priority": Scenario(measure=priority.priority, budget=priority.budget),
     "concurrency": Scenario(measure=concurrency.concurrency, budget=concurrency.budget),
+    "retention": Scenario(measure=retention.retention, budget=retention.budget),
 }

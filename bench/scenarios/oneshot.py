@@ -11,6 +11,7 @@ picks after creating its jobs); they run one after the other, never at once.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 
 from fastlane.bench.cluster import FastlaneCluster
@@ -95,9 +96,18 @@ async def _measure(bench: Bench, name: str, offsets: list[float]) -> list[dict[s
 
 
 async def _fastlane(bench: Bench, name: str, offsets: list[float], *, secured: bool = False) -> dict[str, object]:
-    jobs = len(offsets)
     system = SECURED_SYSTEM if secured else "fastlane"
     url = await bench.fresh_database("fastlane_secure" if secured else "fastlane")
+    return await measure_fastlane(bench, name, offsets, url, system=system, secured=secured)
+
+
+async def measure_fastlane(bench: Bench, name: str, offsets: list[float], url: str, *, system: str,
+                           secured: bool = False, node_args: Sequence[str] = (),
+                           after: Callable[[], Awaitable[dict[str, object]]] | None = None) -> dict[str, object]:
+    """One-shot jobs due at ``offsets`` from a base instant, on a cluster over ``url``: the result
+    of ``system``. ``node_args``: more ``fastlane serve`` flags; ``after``: more figures, read once
+    the cluster has stopped."""
+    jobs = len(offsets)
     security = await secure(url, bench.workdir / "tls") if secured else None
     launch_lead = max(bench.launch_lead, BURST_LAUNCH_LEAD) if name == "burst" else bench.launch_lead
     async with JobWriter(url, bench.progress) as writer:
@@ -109,7 +119,8 @@ async def _fastlane(bench: Bench, name: str, offsets: list[float], *, secured: b
     # Start so that the first runs fall inside the window the node loads at start-up.
     await sleep_until(first - launch_lead, bench.progress, "waiting to start the processes")
     async with FastlaneCluster(bench, url, nodes=bench.nodes, workers=bench.workers, secured=security,
-                               label="fastlane-secure" if secured else "fastlane") as cluster:
+                               label="fastlane-secure" if secured else system.replace(" ", "-"),
+                               node_args=node_args) as cluster:
         ready_at = await cluster.start()
         overrun = note_overrun(bench, first, ready_at)
         tail = RecordTail(cluster.record_paths)
@@ -130,6 +141,8 @@ async def _fastlane(bench: Bench, name: str, offsets: list[float], *, secured: b
         figures["last_delivery_after_instant_s"] = _last_after(got, micros(first))
     if got.delivered < jobs:
         bench.note(f"{system} delivered {got.delivered:,} of {jobs:,} runs before the deadline")
+    if after is not None:
+        figures.update(await after())
     return system_result(bench, system, jobs=jobs, got=got, **figures)
 
 

@@ -25,6 +25,7 @@ SCENARIOS: dict[str, str] = {
     "fairness": "a noisy tenant offers 10x what 50 ms handlers can take: the quiet tenant's start lag, alone and with it",
     "priority": "2x what 50 ms handlers can take, 1 run in 10 of high priority: its start lag, and the low backlog's wait",
     "concurrency": "1,000 runs sharing a concurrency key with limit 5, due at once on 3 nodes: the most running at once",
+    "retention": "spread twice over 1,000,000 runs 40 days old: p99 start lag while the node trims them vs not",
 }
 
 EPILOG = "scenarios:\n" + "\n".join(f"  {name:<10} {summary}" for name, summary in SCENARIOS.items()) + """

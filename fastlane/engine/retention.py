@@ -39,6 +39,7 @@ BATCH_SIZE = {"sqlite": 200, "postgres": 1_000}
 PAUSE_PER_BATCH_TIME = 3.0
 MIN_PAUSE = 0.005  # seconds between full batches, however fast they were
 IDLE_INTERVAL = 60.0  # seconds between looks once nothing is old enough
+NO_SHARDS_RETRY = 1.0  # seconds between looks while the node owns no shard (at start-up)
 UNAVAILABLE_BACKOFF = Backoff(first=1.0, cap=60.0)
 LOOP_NAME = "history-trim"
 
@@ -84,17 +85,20 @@ class HistoryTrimmer:
                 await pause(self._stopping, self._idle_interval)
                 continue
             unavailable = 0
-            if trimmed < self._batch_size:
+            if trimmed is None:
+                await pause(self._stopping, NO_SHARDS_RETRY)  # starting, or every shard lost: soon again
+            elif trimmed < self._batch_size:
                 await pause(self._stopping, self._idle_interval)  # caught up: nothing old enough is left
             else:
                 took = time.monotonic() - started
                 await pause(self._stopping, max(MIN_PAUSE, PAUSE_PER_BATCH_TIME * took))
 
-    async def trim_batch(self) -> int:
-        """Delete one batch of finished runs older than the retention; how many went."""
+    async def trim_batch(self) -> int | None:
+        """Delete one batch of finished runs older than the retention; how many went (None: this
+        node owns no shard now)."""
         owned = self._owned_shards()
         if not owned:
-            return 0
+            return None
         cutoff = await self._store.db_now() - self._retention
         trimmed = await self._store.trim_history(owned, cutoff, self._batch_size)
         if trimmed:

@@ -74,5 +74,25 @@ async def test_a_node_without_shards_trims_nothing():
     metrics, stopping = Metrics(), asyncio.Event()
     trimmer = HistoryTrimmer(store, retention=RETENTION, owned_shards=lambda: [],  # type: ignore[arg-type]
                              metrics=metrics, stopping=stopping, batch_size=100)
-    assert await trimmer.trim_batch() == 0
+    assert await trimmer.trim_batch() is None
     assert store.calls == [] and store.old == 100
+
+
+async def test_a_node_that_owns_no_shard_yet_looks_again_soon(monkeypatch):
+    monkeypatch.setattr("fastlane.engine.retention.NO_SHARDS_RETRY", 0.01)
+    store = OldHistory(old=100)
+    answers = [[], [], [3]]  # starting up: the shards come a moment later
+
+    def owned() -> list[int]:
+        return answers.pop(0) if len(answers) > 1 else answers[0]
+
+    metrics, stopping = Metrics(), asyncio.Event()
+    trimmer = HistoryTrimmer(store, retention=RETENTION, owned_shards=owned,  # type: ignore[arg-type]
+                             metrics=metrics, stopping=stopping, batch_size=100, idle_interval=60)
+    task = asyncio.create_task(trimmer.run())
+    try:
+        await asyncio.wait_for(store.drained.wait(), 5)  # not after the 60 s idle interval
+        assert store.calls[0][0] == [3]
+    finally:
+        stopping.set()
+        await asyncio.wait_for(task, 2)

@@ -1,0 +1,129 @@
+"""Old finished runs for the ``retention`` scenario: a million rows fast, on either backend.
+
+One real run is made through the store (created, dispatched, finished), and the database copies
+it ``count`` times in one statement, each copy with its own id, job, shard and instants, ended
+``age`` ago; its attempt likewise. Copying a real row, column by column as the schema has them,
+keeps the seed valid whatever later migrations add.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import aiosqlite
+import asyncpg
+from fastlane.bench.harness import JOB_TYPE, SHARDS, now_utc
+
+from fastlane.clock import to_micros
+from fastlane.domain.models import AttemptOutcome, DueJob, JobSpec, Schedule
+from fastlane.domain.policies import plan_occurrence
+from fastlane.storage import AttemptResult, Dispatch, open_store
+
+PREFIX = "old-"  # the ids of the copies: counted after the run, to see how many were trimmed
+JOBS = 1_000  # the copies belong to this many (made-up) jobs
+SEEDER = "history-seeder"
+LEASE = timedelta(seconds=30)
+
+
+async def seed_old_history(url: str, count: int, age: timedelta) -> None:
+    """Add ``count`` runs that finished ``age`` ago (and a little more), each with one attempt."""
+    template = await _one_finished_run(url)
+    ended = now_utc() - age - timedelta(milliseconds=count)  # the copies end 1 ms apart, the last ``age`` ago
+    if url.startswith("sqlite"):
+        await _copy_sqlite(url.removeprefix("sqlite:///"), template, count, to_micros(ended))
+    else:
+        connection = await asyncpg.connect(url)
+        try:
+            await _copy_postgres(connection, template, count, ended)
+        finally:
+            await connection.close()
+
+
+async def count_old_runs(url: str) -> int:
+    """How many of the copies are still there."""
+    query = f"SELECT count(*) FROM runs WHERE run_id LIKE '{PREFIX}%'"
+    if url.startswith("sqlite"):
+        async with aiosqlite.connect(url.removeprefix("sqlite:///")) as db, db.execute(query) as cursor:
+            row = await cursor.fetchone()
+            return int(row[0]) if row else 0
+    connection = await asyncpg.connect(url)
+    try:
+        return int(await connection.fetchval(query))
+    finally:
+        await connection.close()
+
+
+async def _one_finished_run(url: str) -> str:
+    store = open_store(url, shard_count=SHARDS)
+    try:
+        await store.migrate()
+        leases = {lease.shard_id: lease for lease in await store.acquire_shards(SEEDER, LEASE, limit=SHARDS)}
+        job, _ = await store.create_job(JobSpec(name="old-history-template", job_type=JOB_TYPE,
+                                                schedule=Schedule.at_instant(now_utc() - timedelta(days=1))))
+        now = await store.db_now()
+        [run] = (await store.materialise_runs([leases[job.shard_id]],
+                                              [plan_occurrence(DueJob.of(job), now, now)])).runs
+        await store.record_dispatches([Dispatch(run_id=run.run_id, lease_token=1, worker_id=SEEDER, node_id=SEEDER,
+                                                lease_ttl=LEASE, dispatched_at=now)])
+        await store.record_results([AttemptResult(run_id=run.run_id, lease_token=1, outcome=AttemptOutcome.SUCCEEDED)])
+        await store.release_shards(list(leases.values()))  # the node takes them at once
+        return run.run_id
+    finally:
+        await store.close()
+
+
+def _copy_of(columns: list[str], overrides: dict[str, str]) -> str:
+    return ", ".join(overrides.get(column, f"t.{column}") for column in columns)
+
+
+async def _copy_postgres(db: asyncpg.Connection, template: str, count: int, ended: object) -> None:
+    instant = "$3::timestamptz + n * interval '1 millisecond'"
+    run_columns = await _postgres_columns(db, "runs")
+    runs = _copy_of(run_columns, {
+        "run_id": f"'{PREFIX}' || n", "job_id": f"'{PREFIX}job-' || (n % {JOBS})", "shard_id": f"n % {SHARDS}",
+        "scheduled_for": instant, "available_at": instant, "created_at": instant, "updated_at": instant,
+        "first_attempt_at": instant, "finished_at": instant,
+    })
+    attempt_columns = await _postgres_columns(db, "attempts")
+    attempts = _copy_of(attempt_columns, {"run_id": f"'{PREFIX}' || n", "dispatched_at": instant,
+                                          "started_at": instant, "finished_at": instant})
+    async with db.transaction():
+        await db.execute(f"INSERT INTO runs ({', '.join(run_columns)}) SELECT {runs} "
+                         "FROM runs t, generate_series(1, $2::bigint) AS n WHERE t.run_id = $1", template, count, ended)
+        await db.execute(f"INSERT INTO attempts ({', '.join(attempt_columns)}) SELECT {attempts} "
+                         "FROM attempts t, generate_series(1, $2::bigint) AS n WHERE t.run_id = $1",
+                         template, count, ended)
+    await db.execute("ANALYZE runs")
+    await db.execute("ANALYZE attempts")
+
+
+async def _postgres_columns(db: asyncpg.Connection, table: str) -> list[str]:
+    rows = await db.fetch("SELECT column_name FROM information_schema.columns WHERE table_name = $1 "
+                          "ORDER BY ordinal_position", table)
+    return [row["column_name"] for row in rows]
+
+
+async def _copy_sqlite(path: str, template: str, count: int, ended_us: int) -> None:
+    instant = ":ended + n * 1000"
+    async with aiosqlite.connect(path) as db:
+        run_columns = await _sqlite_columns(db, "runs")
+        runs = _copy_of(run_columns, {
+            "run_id": f"'{PREFIX}' || n", "job_id": f"'{PREFIX}job-' || (n % {JOBS})", "shard_id": f"n % {SHARDS}",
+            "scheduled_for": instant, "available_at": instant, "created_at": instant, "updated_at": instant,
+            "first_attempt_at": instant, "finished_at": instant,
+        })
+        attempt_columns = await _sqlite_columns(db, "attempts")
+        attempts = _copy_of(attempt_columns, {"run_id": f"'{PREFIX}' || n", "dispatched_at": instant,
+                                              "started_at": instant, "finished_at": instant})
+        series = "WITH RECURSIVE series(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM series WHERE n < :count) "
+        parameters = {"template": template, "count": count, "ended": ended_us}
+        await db.execute(f"{series}INSERT INTO runs ({', '.join(run_columns)}) SELECT {runs} "
+                         "FROM runs t, series WHERE t.run_id = :template", parameters)
+        await db.execute(f"{series}INSERT INTO attempts ({', '.join(attempt_columns)}) SELECT {attempts} "
+                         "FROM attempts t, series WHERE t.run_id = :template", parameters)
+        await db.commit()
+
+
+async def _sqlite_columns(db: aiosqlite.Connection, table: str) -> list[str]:
+    async with db.execute(f"PRAGMA table_info({table})") as cursor:
+        return [row[1] for row in await cursor.fetchall()]

@@ -1,0 +1,62 @@
+"""``retention``: what trimming old history costs the fire path.
+
+The spread of ``spread`` (30,000 one-shot jobs due at 1,000 a second) runs twice, each time over
+a database that also holds 1,000,000 runs that finished 40 days ago (scaled: ``1,000,000 x
+scale``): first with ``--history-retention 0`` (nothing is trimmed), then with the default 30 days,
+so the node trims those runs while the spread's runs fire. The target: the p99 start lag with
+trimming at most 10 % above the one without, in the same run. The second result also says how
+many old runs went, and how fast.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+from fastlane.bench.harness import CREATE_WORST_S, START_ALLOWANCE_S, Bench
+from fastlane.bench.old_history import count_old_runs, seed_old_history
+from fastlane.bench.scenarios.oneshot import FASTLANE_GRACE_S, SPREAD_JOBS, SPREAD_OVER_S, measure_fastlane
+from fastlane.bench.targets import KEEPING_HISTORY, TRIMMING_HISTORY
+
+KEEPING = KEEPING_HISTORY
+TRIMMING = TRIMMING_HISTORY
+OLD_RUNS = 1_000_000
+OLD_AGE = timedelta(days=40)  # past the default retention of 30 days
+SEED_WORST_S_PER_RUN = 0.0002  # generous: about 20 s per million measured on either backend
+SETUP_S = START_ALLOWANCE_S
+
+
+async def retention(bench: Bench) -> list[dict[str, object]]:
+    jobs = bench.scaled(SPREAD_JOBS, minimum=10)
+    over = bench.seconds(SPREAD_OVER_S, minimum=1.0)
+    offsets = [index * over / jobs for index in range(jobs)]
+    old = bench.scaled(OLD_RUNS, minimum=1_000)
+    results = []
+    for system, days in ((KEEPING, "0"), (TRIMMING, "30")):
+        url = await bench.fresh_database(system.replace(" ", "_"))
+        bench.progress.phase(f"{system}: seeding {old:,} runs that finished {OLD_AGE.days} days ago")
+        seeded_at = time.monotonic()
+        await seed_old_history(url, old, OLD_AGE)
+        seed_s = time.monotonic() - seeded_at
+        measured_from = time.monotonic()
+
+        async def trimmed(url: str = url, measured_from: float = measured_from) -> dict[str, object]:
+            left = await count_old_runs(url)
+            elapsed = time.monotonic() - measured_from
+            return {"old_runs": old, "old_runs_left": left, "old_runs_trimmed": old - left,
+                    "trimmed_per_s": round((old - left) / elapsed, 1) if elapsed > 0 else None}
+
+        result = await measure_fastlane(bench, "spread", offsets, url, system=system,
+                                        node_args=["--history-retention", days], after=trimmed)
+        result["seed_s"] = round(seed_s, 1)
+        results.append(result)
+    trimming = results[1]
+    if trimming["old_runs_trimmed"] == 0:
+        bench.note("no old run was trimmed while the spread ran: the comparison says nothing")
+    return results
+
+
+def budget(bench: Bench) -> float:
+    jobs = bench.scaled(SPREAD_JOBS, minimum=10)
+    per_run = SETUP_S + bench.scaled(OLD_RUNS, minimum=1_000) * SEED_WORST_S_PER_RUN + jobs * CREATE_WORST_S
+    return 2 * (per_run + bench.seconds(SPREAD_OVER_S, minimum=1.0) + FASTLANE_GRACE_S) + 60
