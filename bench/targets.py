@@ -223,7 +223,17 @@ def as_json(targets: Sequence[Target]) -> list[dict[str, object]]:
 
 
 def _retention(document: Mapping[str, Any]) -> list[Target]:
-    keeping = lag_of(result_of(document, KEEPING_HISTORY), "start_lag_ms", "p99")
-    trimming = lag_of(result_of(document, TRIMMING_HISTORY), "start_lag_ms", "p99")
-    return [Target(name="spread p99 start lag while trimming old history vs keeping it (≤1.1x)",
-                   limit=TRIMMING_VS_KEEPING_AT_MOST, op="<=", unit="x", measured=ratio(trimming, keeping))]
+    """Spread's p99 start lag while the node trims old history, over the same spread keeping it
+    (same run). A run not delivered counts as infinitely late; nothing trimmed while the runs
+    fell due, and the comparison does not apply."""
+    keeping, trimming = result_of(document, KEEPING_HISTORY), result_of(document, TRIMMING_HISTORY)
+    before, during = lag_of(keeping, "start_lag_ms", "p99"), lag_of(trimming, "start_lag_ms", "p99")
+    measured = ratio(during, before) if before is None or before > 0 else None
+    applies, note = True, ""
+    if trimming is not None and int(trimming.get("delivered", 0)) < int(trimming.get("jobs", 0)):
+        measured = float("inf")
+    elif trimming is not None and not trimming.get("trimmed_while_due"):
+        applies, note = False, "nothing was trimmed while the runs fell due"
+    return [Target(name=f"spread p99 start lag while trimming old history vs keeping it (≤{TRIMMING_VS_KEEPING_AT_MOST:g}x)",
+                   limit=TRIMMING_VS_KEEPING_AT_MOST, op="<=", unit="ratio", measured=measured, applies=applies,
+                   note=note)]

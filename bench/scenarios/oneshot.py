@@ -11,7 +11,8 @@ picks after creating its jobs); they run one after the other, never at once.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
 
 from fastlane.bench.cluster import FastlaneCluster
@@ -42,6 +43,9 @@ from fastlane.bench.stats import Deliveries, histogram_quantiles, stall_causes
 
 from fastlane.domain.models import JobSpec, Schedule
 
+# More figures of a run: from the metrics scraped before and after its runs fell due, and the
+# seconds between the two scrapes.
+After = Callable[[Mapping[str, float], Mapping[str, float], float], Awaitable[dict[str, object]]]
 SECURED_SYSTEM = "fastlane-tls-token"  # the --secure run: TLS and an API token on every call and stream
 SPREAD_JOBS = 30_000
 SPREAD_OVER_S = 30.0
@@ -103,10 +107,11 @@ async def _fastlane(bench: Bench, name: str, offsets: list[float], *, secured: b
 
 async def measure_fastlane(bench: Bench, name: str, offsets: list[float], url: str, *, system: str,
                            secured: bool = False, node_args: Sequence[str] = (),
-                           after: Callable[[], Awaitable[dict[str, object]]] | None = None) -> dict[str, object]:
+                           after: After | None = None) -> dict[str, object]:
     """One-shot jobs due at ``offsets`` from a base instant, on a cluster over ``url``: the result
     of ``system``. ``node_args``: more ``fastlane serve`` flags; ``after``: more figures, read once
-    the cluster has stopped."""
+    the cluster has stopped, from the first node's metrics scraped as the runs fell due and once
+    they had all arrived, and the seconds between the two scrapes."""
     jobs = len(offsets)
     security = await secure(url, bench.workdir / "tls") if secured else None
     launch_lead = max(bench.launch_lead, BURST_LAUNCH_LEAD) if name == "burst" else bench.launch_lead
@@ -125,9 +130,9 @@ async def measure_fastlane(bench: Bench, name: str, offsets: list[float], url: s
         overrun = note_overrun(bench, first, ready_at)
         tail = RecordTail(cluster.record_paths)
         deadline = Deadline((max(instants) - now_utc()).total_seconds() + FASTLANE_GRACE_S)
-        scraped_before = await cluster.scrape_first()
+        scraped_before, scraped_from = await cluster.scrape_first(), time.monotonic()
         await wait_for_runs(tail, jobs, deadline, bench.progress)
-        scraped_after = await cluster.scrape_first()
+        scraped_after, scraped_for = await cluster.scrape_first(), time.monotonic() - scraped_from
     got = tail.deliveries()  # after the stop: a run delivered twice while draining counts too
     figures: dict[str, object] = {"insert_s": round(created.seconds, 2), "lead_in_overrun_s": round(overrun, 2)}
     # The first node's own view while the runs were due: how late its event loop woke, and why.
@@ -142,7 +147,7 @@ async def measure_fastlane(bench: Bench, name: str, offsets: list[float], url: s
     if got.delivered < jobs:
         bench.note(f"{system} delivered {got.delivered:,} of {jobs:,} runs before the deadline")
     if after is not None:
-        figures.update(await after())
+        figures.update(await after(scraped_before, scraped_after, scraped_for))
     return system_result(bench, system, jobs=jobs, got=got, **figures)
 
 

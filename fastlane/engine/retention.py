@@ -7,10 +7,13 @@ too (two nodes briefly trimming one shard during a hand-over delete different ro
 ones once: nothing to fence).
 
 Pacing: each batch is followed by a pause :data:`PAUSE_PER_BATCH_TIME` times as long as the batch
-took, so trimming takes at most a quarter of the database's time however large the backlog (say
+took, so trimming takes at most a tenth of the database's time however large the backlog (say
 1,000,000 old runs when retention is first turned on), and the fire path's writes never wait
 behind more than one small batch. With nothing old left it looks again every
-:data:`IDLE_INTERVAL` seconds.
+:data:`IDLE_INTERVAL` seconds. Why a tenth: on a 2-core machine running node, database and worker
+(``fastlane bench retention``), a quarter raised spread's p99 start lag 1.8x on PostgreSQL, the
+database's CPU taken from the worker; a tenth still trimmed 3,500 runs a second while 1,000 a
+second fell due, more than the runs that finish meanwhile.
 
 A trim that fails is never the node's failure: the database being out of reach is waited out with
 backoff; anything else is logged with its traceback, counted in
@@ -36,7 +39,7 @@ log = logging.getLogger("fastlane.retention")
 # Runs per transaction. SQLite has one writer, which a batch holds while it deletes (200 runs:
 # a few milliseconds); PostgreSQL's rows are locked one by one and writers of other rows go on.
 BATCH_SIZE = {"sqlite": 200, "postgres": 1_000}
-PAUSE_PER_BATCH_TIME = 3.0
+PAUSE_PER_BATCH_TIME = 9.0
 MIN_PAUSE = 0.005  # seconds between full batches, however fast they were
 IDLE_INTERVAL = 60.0  # seconds between looks once nothing is old enough
 NO_SHARDS_RETRY = 1.0  # seconds between looks while the node owns no shard (at start-up)

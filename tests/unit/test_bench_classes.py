@@ -12,7 +12,16 @@ from fastlane.bench.harness import Bench, even_offsets, job_name, label_of, spli
 from fastlane.bench.report import render_markdown
 from fastlane.bench.scenarios import SCENARIOS, fairness, priority
 from fastlane.bench.stats import RunRecord, Status, percentiles
-from fastlane.bench.targets import HIGH_PRIORITY, LOW_PRIORITY, NOISY, QUIET_ALONE, QUIET_WITH_NOISY, evaluate
+from fastlane.bench.targets import (
+    HIGH_PRIORITY,
+    KEEPING_HISTORY,
+    LOW_PRIORITY,
+    NOISY,
+    QUIET_ALONE,
+    QUIET_WITH_NOISY,
+    TRIMMING_HISTORY,
+    evaluate,
+)
 
 from fastlane.cli.main import main
 from fastlane.engine.dispatch.ready import AGING_BOUND_SECONDS
@@ -195,3 +204,30 @@ def test_the_report_shows_the_workers_and_the_offered_load() -> None:
     for row in ("| handler time | 50 ms |", "| capacity (slots x 1000 / handler ms) | 200 runs/s |",
                 "| offered load | 20 runs/s |", "| runs started | 100 |", "| noisy tenant's cap in flight per node | 8 |"):
         assert row in text
+
+
+# -- retention ---------------------------------------------------------------------------------
+
+
+def retention_document(keeping: float, trimming: float, *, delivered: int = 100, trimmed: int = 5_000) -> dict:
+    def result(system: str, p99: float, **more: object) -> dict:
+        return {"system": system, "jobs": 100, "delivered": 100, "start_lag_ms": {"p99": p99}, **more}
+
+    return {"scenario": "retention", "results": [
+        result(KEEPING_HISTORY, keeping),
+        {**result(TRIMMING_HISTORY, trimming, trimmed_while_due=trimmed), "delivered": delivered},
+    ]}
+
+
+def test_retention_target_is_the_p99_while_trimming_over_keeping() -> None:
+    (target,) = evaluate(retention_document(2.0, 2.1))
+    assert target.measured == 1.05 and target.status is Status.MET
+    (target,) = evaluate(retention_document(2.0, 3.6))
+    assert target.measured == 1.8 and target.status is Status.MISSED
+
+
+def test_a_retention_run_that_lost_runs_or_trimmed_nothing_says_so() -> None:
+    (target,) = evaluate(retention_document(2.0, 2.0, delivered=99))
+    assert target.measured == math.inf and target.status is Status.MISSED
+    (target,) = evaluate(retention_document(2.0, 2.0, trimmed=0))
+    assert target.status is Status.NOT_APPLICABLE and "nothing was trimmed" in target.note
