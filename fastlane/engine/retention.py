@@ -6,8 +6,10 @@ shard ownership, so a cluster shares the work and a node taking shards over take
 too (two nodes briefly trimming one shard during a hand-over delete different rows or the same
 ones once: nothing to fence).
 
-Pacing: each batch is followed by a pause :data:`PAUSE_PER_BATCH_TIME` times as long as the batch
-took, so trimming takes at most a tenth of the database's time however large the backlog (say
+Pacing: each batch is followed by a pause :data:`PAUSE_PER_BATCH_TIME` times as long as its
+transaction kept the database busy (the store measures it, leaving out waits for a connection or
+for SQLite's writer, which say how busy the fire path is, not what trimming costs), so trimming
+takes at most a tenth of the database's time however large the backlog (say
 1,000,000 old runs when retention is first turned on), and the fire path's writes never wait
 behind more than one small batch. With nothing old left it looks again every
 :data:`IDLE_INTERVAL` seconds. Why a tenth: on a 2-core machine running node, database and worker
@@ -24,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable, Collection
 from datetime import timedelta
 
@@ -32,6 +33,7 @@ from fastlane.engine.waits import pause
 from fastlane.errors import StorageUnavailable
 from fastlane.metrics import Metrics
 from fastlane.storage import Store
+from fastlane.storage.results import TrimmedHistory
 from fastlane.supervise import Backoff
 
 log = logging.getLogger("fastlane.retention")
@@ -74,7 +76,6 @@ class HistoryTrimmer:
         """Trim until the node stops; returns then."""
         unavailable = 0  # failures in a row with the database out of reach: sets the backoff
         while not self._stopping.is_set():
-            started = time.monotonic()
             try:
                 trimmed = await self.trim_batch()
             except StorageUnavailable as error:
@@ -91,20 +92,19 @@ class HistoryTrimmer:
             unavailable = 0
             if trimmed is None:
                 await pause(self._stopping, NO_SHARDS_RETRY)  # starting, or every shard lost: soon again
-            elif trimmed < self._batch_size:
+            elif trimmed.runs < self._batch_size:
                 await pause(self._stopping, self._idle_interval)  # caught up: nothing old enough is left
             else:
-                took = time.monotonic() - started
-                await pause(self._stopping, max(MIN_PAUSE, PAUSE_PER_BATCH_TIME * took))
+                await pause(self._stopping, max(MIN_PAUSE, PAUSE_PER_BATCH_TIME * trimmed.busy_seconds))
 
-    async def trim_batch(self) -> int | None:
-        """Delete one batch of finished runs older than the retention; how many went (None: this
-        node owns no shard now)."""
+    async def trim_batch(self) -> TrimmedHistory | None:
+        """Delete one batch of finished runs older than the retention (None: this node owns no
+        shard now)."""
         owned = self._owned_shards()
         if not owned:
             return None
         cutoff = await self._store.db_now() - self._retention
         trimmed = await self._store.trim_history(owned, cutoff, self._batch_size)
-        if trimmed:
-            self._metrics.history_trimmed.inc(trimmed)
+        if trimmed.runs:
+            self._metrics.history_trimmed.inc(trimmed.runs)
         return trimmed

@@ -19,7 +19,7 @@ from fastlane.domain.models import Attempt, DueJob, Job, JobSpec, JobState, Node
 from fastlane.domain.quotas import TenantQuota
 from fastlane.domain.records import AttemptResult, CappedDispatches, Change, Dispatch, Heartbeat, Occurrence, Page
 from fastlane.storage.late_reports import ReporterOf
-from fastlane.storage.results import Cancellation, Materialised, ResultOutcome
+from fastlane.storage.results import Cancellation, Materialised, ResultOutcome, TrimmedHistory
 
 DEFAULT_SHARD_COUNT = 64
 
@@ -340,10 +340,10 @@ class Store(Protocol):
 
     # -- history --------------------------------------------------------------------------------
 
-    async def trim_history(self, shard_ids: Collection[int], finished_before: datetime, limit: int) -> int:
+    async def trim_history(self, shard_ids: Collection[int], finished_before: datetime, limit: int) -> TrimmedHistory:
         """Delete at most ``limit`` (1..10,000) finished runs of ``shard_ids`` that ended before
-        ``finished_before``, oldest first, with their attempts, in one transaction; return how
-        many runs went. A run not in a final state is never deleted, however old. A run another
+        ``finished_before``, oldest first, with their attempts, in one transaction; say how many
+        runs went and how long the transaction kept the database busy. A run not in a final state is never deleted, however old. A run another
         trimmer is deleting at the same moment is left to it (PostgreSQL: skipped, not waited
         for). Raises :class:`~fastlane.errors.InvalidArgument` for a limit out of range."""
         ...

@@ -77,3 +77,14 @@ class Cancellation:
     run: Run
     released: list[Run] = field(default_factory=list)
     already: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrimmedHistory:
+    """What one ``trim_history`` batch did: ``runs`` deleted (with their attempts), and how long
+    the database was busy with it, from the start of its transaction to its commit (time spent
+    waiting for a connection or, on SQLite, for the writer's turn left out): what a trimmer paces
+    itself by."""
+
+    runs: int
+    busy_seconds: float

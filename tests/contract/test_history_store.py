@@ -50,33 +50,34 @@ async def test_trimming_deletes_finished_runs_oldest_first_with_their_attempts(s
     cutoff = await store.db_now() + timedelta(seconds=1)
     every_shard = range(SHARDS)
 
-    assert await store.trim_history(every_shard, cutoff, 1) == 1  # the batch limit holds
+    trimmed = await store.trim_history(every_shard, cutoff, 1)
+    assert trimmed.runs == 1 and trimmed.busy_seconds > 0  # the batch limit holds
     with pytest.raises(RunNotFound):
         await store.get_run("default", first.run_id)
     assert await store.list_attempts(first.run_id) == []
     assert (await store.get_run("default", second.run_id)).state is RunState.DEAD
 
-    assert await store.trim_history(every_shard, cutoff, 100) == 1
+    assert (await store.trim_history(every_shard, cutoff, 100)).runs == 1
     with pytest.raises(RunNotFound):
         await store.get_run("default", second.run_id)
     # A run not finished is never trimmed, however old its instant.
-    assert await store.trim_history(every_shard, cutoff, 100) == 0
+    assert (await store.trim_history(every_shard, cutoff, 100)).runs == 0
     assert (await store.get_run("default", waiting.run_id)).state is RunState.SCHEDULED
 
 
 async def test_trimming_keeps_runs_that_ended_after_the_cutoff_or_on_other_shards(store):
     run = await finished_run(store, "recent")
-    assert await store.trim_history(range(SHARDS), run.finished_at - timedelta(seconds=1), 100) == 0
+    assert (await store.trim_history(range(SHARDS), run.finished_at - timedelta(seconds=1), 100)).runs == 0
     others = [shard for shard in range(SHARDS) if shard != run.shard_id]
-    assert await store.trim_history(others, run.finished_at + timedelta(seconds=1), 100) == 0
-    assert await store.trim_history([], run.finished_at + timedelta(seconds=1), 100) == 0
+    assert (await store.trim_history(others, run.finished_at + timedelta(seconds=1), 100)).runs == 0
+    assert (await store.trim_history([], run.finished_at + timedelta(seconds=1), 100)).runs == 0
     assert (await store.get_run("default", run.run_id)).state is RunState.SUCCEEDED
     assert len(await store.list_attempts(run.run_id)) == 1
 
 
 async def test_a_result_reported_for_a_trimmed_run_changes_nothing(store):
     run = await finished_run(store, "gone")
-    assert await store.trim_history(range(SHARDS), await store.db_now() + timedelta(seconds=1), 100) == 1
+    assert (await store.trim_history(range(SHARDS), await store.db_now() + timedelta(seconds=1), 100)).runs == 1
     outcomes = await store.record_results(
         [AttemptResult(run_id=run.run_id, lease_token=7, outcome=AttemptOutcome.SUCCEEDED)]
     )

@@ -7,9 +7,12 @@ import asyncio
 from collections.abc import Collection
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from fastlane.engine.retention import LOOP_NAME, HistoryTrimmer
 from fastlane.errors import StorageUnavailable
 from fastlane.metrics import Metrics
+from fastlane.storage.results import TrimmedHistory
 
 DB_NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 RETENTION = timedelta(days=30)
@@ -27,7 +30,7 @@ class OldHistory:
     async def db_now(self) -> datetime:
         return DB_NOW
 
-    async def trim_history(self, shard_ids: Collection[int], finished_before: datetime, limit: int) -> int:
+    async def trim_history(self, shard_ids: Collection[int], finished_before: datetime, limit: int) -> TrimmedHistory:
         self.calls.append((sorted(shard_ids), finished_before, limit))
         if self.failures:
             raise self.failures.pop(0)
@@ -35,7 +38,7 @@ class OldHistory:
         self.old -= trimmed
         if self.old == 0:
             self.drained.set()
-        return trimmed
+        return TrimmedHistory(runs=trimmed, busy_seconds=0.001)
 
 
 async def trim_until_drained(store: OldHistory, owned: Collection[int] = (0, 1)) -> Metrics:
@@ -96,3 +99,22 @@ async def test_a_node_that_owns_no_shard_yet_looks_again_soon(monkeypatch):
     finally:
         stopping.set()
         await asyncio.wait_for(task, 2)
+
+
+async def test_a_full_batch_is_followed_by_nine_times_the_time_it_kept_the_database_busy(monkeypatch):
+    store = OldHistory(old=300)
+    pauses: list[float] = []
+    stopping = asyncio.Event()
+
+    async def recorded(_: asyncio.Event, seconds: float) -> None:
+        pauses.append(seconds)
+        if store.old == 0:
+            stopping.set()
+
+    monkeypatch.setattr("fastlane.engine.retention.pause", recorded)
+    trimmer = HistoryTrimmer(store, retention=RETENTION, owned_shards=lambda: [0],  # type: ignore[arg-type]
+                             metrics=Metrics(), stopping=stopping, batch_size=100, idle_interval=60)
+    await asyncio.wait_for(trimmer.run(), 5)
+    # Each batch reports 1 ms busy (the fake's), so each full one is followed by 9 ms (above the
+    # 5 ms floor); the third empties the store and stops the loop.
+    assert pauses == pytest.approx([0.009, 0.009, 0.009])

@@ -13,11 +13,13 @@ their partition moved out before it is dropped.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Collection
 from datetime import datetime
 
 from fastlane.storage import common
 from fastlane.storage.postgres.connection import PostgresConnections
+from fastlane.storage.results import TrimmedHistory
 
 TRIM_HISTORY = f"""
 WITH doomed AS (
@@ -38,9 +40,11 @@ SELECT count(*) FROM runs_gone
 class PostgresHistory(PostgresConnections):
     """History retention of :class:`~fastlane.storage.postgres.PostgresStore`."""
 
-    async def trim_history(self, shard_ids: Collection[int], finished_before: datetime, limit: int) -> int:
+    async def trim_history(self, shard_ids: Collection[int], finished_before: datetime, limit: int) -> TrimmedHistory:
         common.trim_limit(limit)
         if not shard_ids:
-            return 0
+            return TrimmedHistory(runs=0, busy_seconds=0.0)
         async with self._transaction() as db:
-            return int(await db.fetchval(TRIM_HISTORY, finished_before, list(shard_ids), limit))
+            started = time.perf_counter()
+            runs = int(await db.fetchval(TRIM_HISTORY, finished_before, list(shard_ids), limit))
+        return TrimmedHistory(runs=runs, busy_seconds=time.perf_counter() - started)

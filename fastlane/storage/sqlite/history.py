@@ -6,11 +6,13 @@ trimmer keeps batches small (see :mod:`fastlane.engine.retention`) so that wait 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Collection
 from datetime import datetime
 
 from fastlane.clock import to_micros
 from fastlane.storage import common
+from fastlane.storage.results import TrimmedHistory
 from fastlane.storage.sqlite.connection import SQLiteConnections, fetch_all, json_array
 
 DOOMED_RUNS = f"""
@@ -26,13 +28,14 @@ DELETE_RUNS = "DELETE FROM runs WHERE run_id IN (SELECT value FROM json_each(?))
 class SQLiteHistory(SQLiteConnections):
     """History retention of :class:`~fastlane.storage.sqlite.SQLiteStore`."""
 
-    async def trim_history(self, shard_ids: Collection[int], finished_before: datetime, limit: int) -> int:
+    async def trim_history(self, shard_ids: Collection[int], finished_before: datetime, limit: int) -> TrimmedHistory:
         common.trim_limit(limit)
         if not shard_ids:
-            return 0
+            return TrimmedHistory(runs=0, busy_seconds=0.0)
         async with self._transaction() as db:
+            started = time.perf_counter()  # the writer's turn is ours from here to the commit
             rows = await fetch_all(db, DOOMED_RUNS, (to_micros(finished_before), json_array(shard_ids), limit))
             doomed = json_array(row["run_id"] for row in rows)
             await db.execute(DELETE_ATTEMPTS, (doomed,))
             await db.execute(DELETE_RUNS, (doomed,))
-        return len(rows)
+        return TrimmedHistory(runs=len(rows), busy_seconds=time.perf_counter() - started)
