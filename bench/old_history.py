@@ -72,21 +72,25 @@ async def _one_finished_run(url: str) -> str:
         await store.close()
 
 
+def _overrides(instant: str) -> tuple[dict[str, str], dict[str, str]]:
+    """What each copy of the run and of its attempt changes, as SQL over the series' ``n``;
+    ``instant``: the dialect's expression for the copy's instant."""
+    runs = {"run_id": f"'{PREFIX}' || n", "job_id": f"'{PREFIX}job-' || (n % {JOBS})", "shard_id": f"n % {SHARDS}"}
+    runs.update(dict.fromkeys(
+        ("scheduled_for", "available_at", "created_at", "updated_at", "first_attempt_at", "finished_at"), instant))
+    attempts = {"run_id": f"'{PREFIX}' || n"}
+    attempts.update(dict.fromkeys(("dispatched_at", "started_at", "finished_at"), instant))
+    return runs, attempts
+
+
 def _copy_of(columns: list[str], overrides: dict[str, str]) -> str:
     return ", ".join(overrides.get(column, f"t.{column}") for column in columns)
 
 
 async def _copy_postgres(db: asyncpg.Connection, template: str, count: int, ended: object) -> None:
-    instant = "$3::timestamptz + n * interval '1 millisecond'"
-    run_columns = await _postgres_columns(db, "runs")
-    runs = _copy_of(run_columns, {
-        "run_id": f"'{PREFIX}' || n", "job_id": f"'{PREFIX}job-' || (n % {JOBS})", "shard_id": f"n % {SHARDS}",
-        "scheduled_for": instant, "available_at": instant, "created_at": instant, "updated_at": instant,
-        "first_attempt_at": instant, "finished_at": instant,
-    })
-    attempt_columns = await _postgres_columns(db, "attempts")
-    attempts = _copy_of(attempt_columns, {"run_id": f"'{PREFIX}' || n", "dispatched_at": instant,
-                                          "started_at": instant, "finished_at": instant})
+    run_overrides, attempt_overrides = _overrides("$3::timestamptz + n * interval '1 millisecond'")
+    run_columns, attempt_columns = await _postgres_columns(db, "runs"), await _postgres_columns(db, "attempts")
+    runs, attempts = _copy_of(run_columns, run_overrides), _copy_of(attempt_columns, attempt_overrides)
     async with db.transaction():
         await db.execute(f"INSERT INTO runs ({', '.join(run_columns)}) SELECT {runs} "
                          "FROM runs t, generate_series(1, $2::bigint) AS n WHERE t.run_id = $1", template, count, ended)
@@ -104,17 +108,10 @@ async def _postgres_columns(db: asyncpg.Connection, table: str) -> list[str]:
 
 
 async def _copy_sqlite(path: str, template: str, count: int, ended_us: int) -> None:
-    instant = ":ended + n * 1000"
+    run_overrides, attempt_overrides = _overrides(":ended + n * 1000")
     async with aiosqlite.connect(path) as db:
-        run_columns = await _sqlite_columns(db, "runs")
-        runs = _copy_of(run_columns, {
-            "run_id": f"'{PREFIX}' || n", "job_id": f"'{PREFIX}job-' || (n % {JOBS})", "shard_id": f"n % {SHARDS}",
-            "scheduled_for": instant, "available_at": instant, "created_at": instant, "updated_at": instant,
-            "first_attempt_at": instant, "finished_at": instant,
-        })
-        attempt_columns = await _sqlite_columns(db, "attempts")
-        attempts = _copy_of(attempt_columns, {"run_id": f"'{PREFIX}' || n", "dispatched_at": instant,
-                                              "started_at": instant, "finished_at": instant})
+        run_columns, attempt_columns = await _sqlite_columns(db, "runs"), await _sqlite_columns(db, "attempts")
+        runs, attempts = _copy_of(run_columns, run_overrides), _copy_of(attempt_columns, attempt_overrides)
         series = "WITH RECURSIVE series(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM series WHERE n < :count) "
         parameters = {"template": template, "count": count, "ended": ended_us}
         await db.execute(f"{series}INSERT INTO runs ({', '.join(run_columns)}) SELECT {runs} "
