@@ -8,7 +8,7 @@ keeps the seed valid whatever later migrations add.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import aiosqlite
 import asyncpg
@@ -87,7 +87,7 @@ def _copy_of(columns: list[str], overrides: dict[str, str]) -> str:
     return ", ".join(overrides.get(column, f"t.{column}") for column in columns)
 
 
-async def _copy_postgres(db: asyncpg.Connection, template: str, count: int, ended: object) -> None:
+async def _copy_postgres(db: asyncpg.Connection, template: str, count: int, ended: datetime) -> None:
     run_overrides, attempt_overrides = _overrides("$3::timestamptz + n * interval '1 millisecond'")
     run_columns, attempt_columns = await _postgres_columns(db, "runs"), await _postgres_columns(db, "attempts")
     runs, attempts = _copy_of(run_columns, run_overrides), _copy_of(attempt_columns, attempt_overrides)

@@ -230,8 +230,9 @@ def _retention(document: Mapping[str, Any]) -> list[Target]:
     before, during = lag_of(keeping, "start_lag_ms", "p99"), lag_of(trimming, "start_lag_ms", "p99")
     measured = ratio(during, before) if before is None or before > 0 else None
     applies, note = True, ""
-    if trimming is not None and int(trimming.get("delivered", 0)) < int(trimming.get("jobs", 0)):
-        measured = float("inf")
+    if any(result is not None and int(result.get("delivered", 0)) < int(result.get("jobs", 0))
+           for result in (keeping, trimming)):
+        measured = float("inf")  # a run never delivered: infinitely late (a lost keeping run is a failure too)
     elif trimming is not None and not trimming.get("trimmed_while_due"):
         applies, note = False, "nothing was trimmed while the runs fell due"
     return [Target(name=f"spread p99 start lag while trimming old history vs keeping it (≤{TRIMMING_VS_KEEPING_AT_MOST:g}x)",

@@ -137,8 +137,8 @@ class Settings:
         retention = self.history_retention
         if retention is not None and not MIN_HISTORY_RETENTION <= retention <= MAX_HISTORY_RETENTION:
             raise ConfigurationError(
-                f"--history-retention {retention.total_seconds() / 86400:g} days is out of range "
-                f"({MIN_HISTORY_RETENTION.total_seconds() / 86400:g}..{MAX_HISTORY_RETENTION.days} days, or 0 to keep all)"
+                f"--history-retention {retention / timedelta(days=1):.3g} days is out of range "
+                f"({MIN_HISTORY_RETENTION / timedelta(days=1):.3g}..{MAX_HISTORY_RETENTION.days} days, or 0 to keep all)"
             )
         if self.lead + self.send_ahead >= self.window:
             raise ConfigurationError("the materialisation lead (plus --send-ahead) must be shorter than the window")

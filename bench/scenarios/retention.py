@@ -20,8 +20,6 @@ from fastlane.bench.old_history import count_old_runs, seed_old_history
 from fastlane.bench.scenarios.oneshot import FASTLANE_GRACE_S, SPREAD_JOBS, SPREAD_OVER_S, measure_fastlane
 from fastlane.bench.targets import KEEPING_HISTORY, TRIMMING_HISTORY
 
-KEEPING = KEEPING_HISTORY
-TRIMMING = TRIMMING_HISTORY
 OLD_RUNS = 1_000_000
 TRIMMED = "fastlane_history_trimmed_total"
 OLD_AGE = timedelta(days=40)  # past the default retention of 30 days
@@ -35,7 +33,7 @@ async def retention(bench: Bench) -> list[dict[str, object]]:
     offsets = [index * over / jobs for index in range(jobs)]
     old = bench.scaled(OLD_RUNS, minimum=1_000)
     results = []
-    for system, days in ((KEEPING, "0"), (TRIMMING, "30")):
+    for system, days in ((KEEPING_HISTORY, "0"), (TRIMMING_HISTORY, "30")):
         url = await bench.fresh_database(system.replace(" ", "_"))
         bench.progress.phase(f"{system}: seeding {old:,} runs that finished {OLD_AGE.days} days ago")
         seeded_at = time.monotonic()

@@ -129,7 +129,7 @@ def history_retention_days(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of days") from None
     low, high = MIN_HISTORY_RETENTION / timedelta(days=1), MAX_HISTORY_RETENTION / timedelta(days=1)
     if days != 0 and not low <= days <= high:  # NaN and infinities fail here too
-        raise argparse.ArgumentTypeError(f"{text} is out of range ({low:.4g}..{high:g} days, or 0 to keep all)")
+        raise argparse.ArgumentTypeError(f"{text} is out of range ({low:.3g}..{high:g} days, or 0 to keep all)")
     return days
 
 

@@ -9,12 +9,12 @@ ones once: nothing to fence).
 Pacing: each batch is followed by a pause :data:`PAUSE_PER_BATCH_TIME` times as long as its
 transaction kept the database busy (the store measures it, leaving out waits for a connection or
 for SQLite's writer, which say how busy the fire path is, not what trimming costs), so trimming
-takes at most a tenth of the database's time however large the backlog (say
+takes at most a tenth of the database's time (per node) however large the backlog (say
 1,000,000 old runs when retention is first turned on), and the fire path's writes never wait
 behind more than one small batch. With nothing old left it looks again every
 :data:`IDLE_INTERVAL` seconds. Why a tenth: on a 2-core machine running node, database and worker
 (``fastlane bench retention``), a quarter raised spread's p99 start lag 1.8x on PostgreSQL, the
-database's CPU taken from the worker; a tenth still deleted 5,600 runs a second there while 1,000
+database's CPU taken from the worker; a tenth still deleted 5,500 runs a second there while 1,000
 a second fell due. On SQLite the same tenth deletes only a few hundred a second under that load.
 
 A trim that fails is never the node's failure: the database being out of reach is waited out with
@@ -94,7 +94,8 @@ class HistoryTrimmer:
             if trimmed is None:
                 await pause(self._stopping, NO_SHARDS_RETRY)  # starting, or every shard lost: soon again
             elif trimmed.runs < self._batch_size:
-                await pause(self._stopping, self._idle_interval)  # caught up: nothing old enough is left
+                # Caught up (or, on PostgreSQL, the rest held by another node's trimmer a moment).
+                await pause(self._stopping, self._idle_interval)
             else:
                 await pause(self._stopping, max(MIN_PAUSE, PAUSE_PER_BATCH_TIME * trimmed.busy_seconds))
 

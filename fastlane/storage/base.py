@@ -343,7 +343,8 @@ class Store(Protocol):
     async def trim_history(self, shard_ids: Collection[int], finished_before: datetime, limit: int) -> TrimmedHistory:
         """Delete at most ``limit`` (1..10,000) finished runs of ``shard_ids`` that ended before
         ``finished_before``, oldest first, with their attempts, in one transaction; say how many
-        runs went and how long the transaction kept the database busy. A run not in a final state is never deleted, however old. A run another
-        trimmer is deleting at the same moment is left to it (PostgreSQL: skipped, not waited
-        for). Raises :class:`~fastlane.errors.InvalidArgument` for a limit out of range."""
+        runs went and how long the transaction kept the database busy. A run not in a final
+        state is never deleted, however old. A run another trimmer is deleting at the same moment
+        is left to it (PostgreSQL: skipped, not waited for). Raises
+        :class:`~fastlane.errors.InvalidArgument` for a limit out of range."""
         ...

@@ -10,6 +10,7 @@ from fastlane.domain.models import AttemptOutcome, DueJob, JobSpec, RunState, Sc
 from fastlane.domain.policies import plan_occurrence
 from fastlane.errors import InvalidArgument, RunNotFound
 from fastlane.storage import AttemptResult, Dispatch, open_store
+from fastlane.storage.late_reports import Reporter
 
 SHARDS = 4
 TTL = timedelta(seconds=30)
@@ -60,9 +61,28 @@ async def test_trimming_deletes_finished_runs_oldest_first_with_their_attempts(s
     assert (await store.trim_history(every_shard, cutoff, 100)).runs == 1
     with pytest.raises(RunNotFound):
         await store.get_run("default", second.run_id)
-    # A run not finished is never trimmed, however old its instant.
     assert (await store.trim_history(every_shard, cutoff, 100)).runs == 0
     assert (await store.get_run("default", waiting.run_id)).state is RunState.SCHEDULED
+
+
+async def test_a_run_not_finished_is_never_trimmed_however_far_the_cutoff(store):
+    retrying = await scheduled_run(store, "retrying")  # a failed attempt behind it, waiting for the next
+    await store.record_dispatches(
+        [Dispatch(run_id=retrying.run_id, lease_token=7, worker_id="w", node_id="n", lease_ttl=TTL, dispatched_at=NOW)]
+    )
+    [failed] = await store.record_results(
+        [AttemptResult(run_id=retrying.run_id, lease_token=7, outcome=AttemptOutcome.FAILED)]
+    )
+    assert failed.run.state is RunState.SCHEDULED
+    running = await scheduled_run(store, "running")
+    await store.record_dispatches(
+        [Dispatch(run_id=running.run_id, lease_token=8, worker_id="w", node_id="n", lease_ttl=TTL, dispatched_at=NOW)]
+    )
+    far_future = await store.db_now() + timedelta(days=3650)
+    assert (await store.trim_history(range(SHARDS), far_future, 100)).runs == 0
+    assert (await store.get_run("default", retrying.run_id)).state is RunState.SCHEDULED
+    assert len(await store.list_attempts(retrying.run_id)) == 1
+    assert (await store.get_run("default", running.run_id)).state is RunState.DISPATCHED
 
 
 async def test_trimming_keeps_runs_that_ended_after_the_cutoff_or_on_other_shards(store):
@@ -78,11 +98,13 @@ async def test_trimming_keeps_runs_that_ended_after_the_cutoff_or_on_other_shard
 async def test_a_result_reported_for_a_trimmed_run_changes_nothing(store):
     run = await finished_run(store, "gone")
     assert (await store.trim_history(range(SHARDS), await store.db_now() + timedelta(seconds=1), 100)).runs == 1
-    outcomes = await store.record_results(
-        [AttemptResult(run_id=run.run_id, lease_token=7, outcome=AttemptOutcome.SUCCEEDED)]
-    )
-    assert all(not outcome.accepted for outcome in outcomes)
+    late = AttemptResult(run_id=run.run_id, lease_token=7, outcome=AttemptOutcome.SUCCEEDED)
+    assert await store.record_results([late]) == []  # no run, nothing to decide
+    # Nor as a report whose dispatch was never recorded (the node's path for unknown attempts).
+    assert await store.record_results([late], reporter_of=lambda run_id, token: Reporter("w", "n", None)) == []
     assert await store.list_attempts(run.run_id) == []
+    with pytest.raises(RunNotFound):
+        await store.get_run("default", run.run_id)
 
 
 @pytest.mark.parametrize("limit", [0, -1, 10_001])

@@ -18,8 +18,9 @@ OLD = 500
 
 async def test_a_node_deletes_the_runs_that_ended_before_its_retention(db_url: str, tmp_path: Path,
                                                                        processes: list[Process]) -> None:
+    # Ended 40 days ago: past the 35 days the flag asks for.
     await seed_old_history(db_url, OLD, timedelta(days=40))  # and one run that just ended
-    node = Daemon(db_url, tmp_path / "daemon.log", shards=SHARDS, extra_args=["--history-retention", "30"])
+    node = Daemon(db_url, tmp_path / "daemon.log", shards=SHARDS, extra_args=["--history-retention", "35"])
     node.start()
     processes.append(node)
     await node.wait_ready()
