@@ -11,6 +11,7 @@ from pathlib import Path
 
 from fastlane.domain.limits import (
     DEFAULT_MAX_PAYLOAD_BYTES,
+    MAX_BACKLOG,
     MAX_HISTORY_RETENTION,
     MAX_PRIORITY,
     MAX_PRIORITY_RESERVE,
@@ -93,6 +94,11 @@ class Settings:
     # wait in the database (where they already are) and are read back as workers take runs.
     max_ready_per_type: int = 150_000
     max_ready_bytes_per_type: int = 64 << 20  # payload bytes of those runs, at most
+    # Released runs waiting only for a free worker credit (the node is behind its workers' capacity)
+    # beyond which no new runs are written: due jobs wait in the window, and their misfire policy
+    # decides what runs once the backlog has shrunk. Writing on would only lengthen every run's
+    # wait and take the node's time from sending.
+    max_backlog: int = 10_000
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES  # largest job payload the API accepts
     # How long before its instant a run may be sent to a worker whose clock is known to within
     # this; the worker holds it and starts it on the instant. Zero: every run is sent on its instant.
@@ -120,6 +126,8 @@ class Settings:
             raise ConfigurationError(f"--max-ready-bytes-per-type {self.max_ready_bytes_per_type} must be at least 1")
         if self.max_ready_per_type < 1:
             raise ConfigurationError(f"--max-ready-per-type {self.max_ready_per_type} must be at least 1")
+        if not 1 <= self.max_backlog <= MAX_BACKLOG:
+            raise ConfigurationError(f"--max-backlog {self.max_backlog} is out of range (1..{MAX_BACKLOG})")
         if not timedelta(0) <= self.send_ahead <= MAX_SEND_AHEAD:
             raise ConfigurationError(
                 f"--send-ahead {self.send_ahead.total_seconds() * 1000:g} ms is out of range "

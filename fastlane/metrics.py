@@ -157,6 +157,10 @@ class Metrics:
                                    "was in, or other", ["cause"], registry=registry)
         self.gc_pauses = Histogram("fastlane_gc_pause_seconds", "Cyclic garbage collections by generation",
                                    ["generation"], buckets=_LAG_BUCKETS, registry=registry)
+        self.write_ahead_held = Gauge(
+            "fastlane_write_ahead_held",
+            "1 while no new runs are written because too many due runs wait for busy workers (--max-backlog)",
+            registry=registry)
         self.write_lead = Gauge("fastlane_write_ahead_lead_seconds",
                                 "How long before their instant runs are written now (grows with slow writes)",
                                 registry=registry)

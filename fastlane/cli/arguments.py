@@ -133,6 +133,18 @@ def history_retention_days(text: str) -> float:
     return days
 
 
+def whole_number_up_to(maximum: int) -> Callable[[str], int]:
+    """An argparse type: a whole number in ``1..maximum``."""
+
+    def whole_number(text: str) -> int:
+        value = positive_int(text)
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"{value} is out of range (1..{maximum})")
+        return value
+
+    return whole_number
+
+
 def milliseconds_up_to(maximum: float) -> Callable[[str], float]:
     """An argparse type: a number of milliseconds in ``0..maximum``."""
 

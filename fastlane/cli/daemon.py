@@ -29,9 +29,11 @@ from fastlane.cli.arguments import (
     server_address,
     tenant_max_in_flight,
     tenant_weight,
+    whole_number_up_to,
 )
 from fastlane.config import DEFAULT_DB_URL, DEFAULT_QUOTAS, DEFAULT_SERVER, Settings, default_node_id
 from fastlane.domain.limits import (
+    MAX_BACKLOG,
     MAX_HISTORY_RETENTION,
     MAX_SEND_AHEAD,
     MAX_TENANT_IN_FLIGHT,
@@ -139,6 +141,15 @@ def register(commands: Any) -> None:
         default=defaults.max_ready_per_type,
         help="most released runs kept in memory per job type while no worker takes them; beyond it they wait "
         f"in the database and are read back as workers take runs (default: {defaults.max_ready_per_type})",
+    )
+    serve.add_argument(
+        "--max-backlog",
+        metavar="N",
+        type=whole_number_up_to(MAX_BACKLOG),
+        default=defaults.max_backlog,
+        help="while this many due runs wait only for a free worker (the node is behind its workers' "
+        "capacity), write no new runs: due jobs wait in the window and their misfire policy decides "
+        f"what runs once the backlog shrinks (default: {defaults.max_backlog})",
     )
     serve.add_argument(
         "--max-ready-bytes-per-type",
@@ -284,6 +295,7 @@ def serve_node(args: argparse.Namespace) -> int:
         max_clock_offset=timedelta(milliseconds=args.max_clock_offset),
         max_ready_per_type=args.max_ready_per_type,
         max_ready_bytes_per_type=args.max_ready_bytes_per_type,
+        max_backlog=args.max_backlog,
         max_payload_bytes=args.max_payload_bytes,
         send_ahead=timedelta(milliseconds=args.send_ahead),
         tenant_weights=dict(args.tenant_weights),

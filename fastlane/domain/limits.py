@@ -49,6 +49,7 @@ MAX_FIRE_ALL_CAP = 10_000
 MIN_PRIORITY, MAX_PRIORITY = -1000, 1000
 MAX_TENANT_WEIGHT = 100  # runs a tenant takes per turn of its job type's ready queue (--tenant-weight)
 MAX_TENANT_IN_FLIGHT = 1_000_000  # a tenant's cap on attempts in flight per node (--tenant-max-in-flight)
+MAX_BACKLOG = 10_000_000  # due runs waiting for busy workers before a node writes no new ones (--max-backlog)
 MAX_CONCURRENCY_LIMIT = 10_000  # runs of one concurrency key active at once (spec.concurrency_limit)
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1_000

@@ -91,6 +91,11 @@ class LaneDispatcher(Protocol):
         """Released runs waiting for worker credits."""
         ...
 
+    @property
+    def backlog(self) -> int:
+        """Released runs waiting only for a free credit of a connected worker that serves them."""
+        ...
+
 
 class FastLane:
     """Owns the in-memory window of the shards this node holds."""
@@ -127,7 +132,7 @@ class FastLane:
         self._write_ahead = WriteAhead(
             store, settings=settings, clock=clock, metrics=metrics, fence=shards.fence, on_stale=on_stale,
             schedule_run=self.schedule_run, forget_run=self.forget_run, cancel=dispatch.cancel,
-            written_ahead=self._written_ahead, stopping=self._stopping,
+            written_ahead=self._written_ahead, backlog=lambda: dispatch.backlog, stopping=self._stopping,
         )
         self._held = _HeldRuns(self._releasing_ids, dispatch)
         dispatch.watch_ahead(self._release_wake.set)  # a worker able to hold runs: offer them now

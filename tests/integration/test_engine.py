@@ -44,6 +44,7 @@ class RecordingDispatch:
         return False
 
     ready_depth = 0
+    backlog = 0
     ahead_lead = timedelta(0)  # no worker holds runs sent ahead: every run is released on its instant
 
     def offer_ahead(self, runs: Iterable[Run]) -> list[Run]:

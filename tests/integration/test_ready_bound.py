@@ -8,6 +8,7 @@ scripted worker session on the dispatcher.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter
 from datetime import timedelta
@@ -16,7 +17,7 @@ import pytest
 
 from fastlane.clock import SystemClock
 from fastlane.config import Settings
-from fastlane.domain.models import AttemptOutcome, JobSpec, RunState, Schedule
+from fastlane.domain.models import AttemptOutcome, JobSpec, MisfirePolicy, RunState, Schedule
 from fastlane.engine.dispatch import Assign, Dispatcher, WorkerSession
 from fastlane.engine.lane import FastLane
 from fastlane.engine.shards import ShardOwnership
@@ -56,6 +57,48 @@ async def work(dispatcher: Dispatcher, session: WorkerSession, assigned: Counter
             dispatcher.grant(session, len(message.runs))
 
 
+class Node:
+    """The real fast lane, dispatcher and shard ownership of one node, with its tasks."""
+
+    def __init__(self, store, settings: Settings, **dispatcher_args) -> None:  # type: ignore[no-untyped-def]
+        self.metrics, clock = Metrics(), SystemClock()
+        self.dispatcher = Dispatcher(store, node_id="node-a", clock=clock, metrics=self.metrics,
+                                     reschedule=lambda run: self.lane.schedule_run(run), **dispatcher_args)
+        self.ownership = ShardOwnership(store, node_id="node-a", ttl=timedelta(seconds=10), metrics=self.metrics,
+                                        on_acquired=self._acquired, on_lost=self._lost)
+        self.lane = FastLane(store, settings=settings, clock=clock, metrics=self.metrics, shards=self.ownership,
+                             on_stale=self.ownership.lost, dispatch=self.dispatcher)
+        self.tasks: list[asyncio.Task[None]] = []
+
+    async def _acquired(self, leases) -> None:  # type: ignore[no-untyped-def]
+        await self.lane.shards_acquired(leases)
+
+    def _lost(self, shard_ids) -> None:  # type: ignore[no-untyped-def]
+        self.lane.shards_lost(shard_ids)
+        self.dispatcher.drop_shards(shard_ids)
+
+
+@contextlib.asynccontextmanager
+async def running_node(store, settings: Settings, **dispatcher_args):  # type: ignore[no-untyped-def]
+    """A node that owns every shard, stopped (and its extra ``tasks`` cancelled) on the way out."""
+    node = Node(store, settings, **dispatcher_args)
+    ready = asyncio.Event()
+    node.tasks += [asyncio.create_task(node.ownership.run(ready)), asyncio.create_task(node.lane.run()),
+                   asyncio.create_task(node.dispatcher.run())]
+    core = len(node.tasks)
+    try:
+        await asyncio.wait_for(ready.wait(), 10)
+        yield node
+    finally:
+        node.lane.stop()
+        node.dispatcher.stop_assigning()
+        await node.ownership.stop()
+        node.dispatcher.stop()
+        for task in node.tasks[core:]:
+            task.cancel()
+        await asyncio.wait_for(asyncio.gather(*node.tasks, return_exceptions=True), 10)
+
+
 @pytest.mark.parametrize(
     "bound",
     [
@@ -64,48 +107,32 @@ async def work(dispatcher: Dispatcher, session: WorkerSession, assigned: Counter
     ],
 )
 async def test_the_ready_queue_stays_at_its_bound_without_workers_and_every_run_fires_once_after(store, bound):
-    metrics, clock = Metrics(), SystemClock()
-    lane: FastLane | None = None
-    dispatcher = Dispatcher(store, node_id="node-a", clock=clock, metrics=metrics,
-                            reschedule=lambda run: lane.schedule_run(run), **bound)
-
-    async def acquired(leases):  # type: ignore[no-untyped-def]
-        await lane.shards_acquired(leases)
-
     # A full scan every second: parked runs must not be read back (and sent) by it as well.
     settings = Settings(db_url="sqlite:///unused.db", shard_count=SHARDS, scan_interval=timedelta(milliseconds=200),
                         full_scan_interval=timedelta(seconds=1))
-    ownership = ShardOwnership(store, node_id="node-a", ttl=timedelta(seconds=10), metrics=metrics,
-                               on_acquired=acquired, on_lost=lambda ids: (lane.shards_lost(ids), dispatcher.drop_shards(ids)))
-    lane = FastLane(store, settings=settings, clock=clock, metrics=metrics, shards=ownership,
-                    on_stale=ownership.lost, dispatch=dispatcher)
-    ready = asyncio.Event()
-    tasks = [asyncio.create_task(ownership.run(ready)), asyncio.create_task(lane.run()),
-             asyncio.create_task(dispatcher.run())]
     assigned: Counter[str] = Counter()
-    try:
-        await asyncio.wait_for(ready.wait(), 10)
+    async with running_node(store, settings, **bound) as node:
         job, _ = await store.create_job(JobSpec(name="j", job_type="t", payload=PAYLOAD,
                                                 schedule=Schedule.interval(timedelta(milliseconds=100))))
-        lane.job_changed(job)
+        node.lane.job_changed(job)
 
         # No worker: runs keep being released; memory holds at most BOUND of them.
         deepest = 0
         started = time.monotonic()
         while time.monotonic() - started < 3.0:
-            deepest = max(deepest, dispatcher.ready_depth)
+            deepest = max(deepest, node.dispatcher.ready_depth)
             await asyncio.sleep(0.02)
-        assert dispatcher.ready_depth == BOUND and deepest == BOUND
-        assert dispatcher.parked_count >= 10
+        assert node.dispatcher.ready_depth == BOUND and deepest == BOUND
+        assert node.dispatcher.parked_count >= 10
 
-        lane.job_changed(await store.pause_job("default", job.job_id))
+        node.lane.job_changed(await store.pause_job("default", job.job_id))
         await asyncio.sleep(0.5)  # what was written ahead is released too
 
-        session = dispatcher.connect("w", ["t"], 3, None)
-        tasks.append(asyncio.create_task(work(dispatcher, session, assigned)))
+        session = node.dispatcher.connect("w", ["t"], 3, None)
+        node.tasks.append(asyncio.create_task(work(node.dispatcher, session, assigned)))
 
         async def all_succeeded() -> bool:
-            await dispatcher.flush(5)
+            await node.dispatcher.flush(5)
             runs = (await store.list_runs("default", job_id=job.job_id, limit=1000)).items
             return bool(runs) and all(run.state is RunState.SUCCEEDED for run in runs)
 
@@ -116,12 +143,51 @@ async def test_the_ready_queue_stays_at_its_bound_without_workers_and_every_run_
         assert {run.run_id for run in runs} == set(assigned)
         assert set(assigned.values()) == {1}, "a run was sent twice"
         assert {run.attempts for run in runs} == {1}
-        assert dispatcher.ready_depth == 0 and dispatcher.parked_count == 0
-    finally:
-        lane.stop()
-        dispatcher.stop_assigning()
-        await ownership.stop()
-        dispatcher.stop()
-        for task in tasks[3:]:
-            task.cancel()
-        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 10)
+        assert node.dispatcher.ready_depth == 0 and node.dispatcher.parked_count == 0
+
+
+async def test_behind_its_workers_a_node_writes_no_new_runs_and_the_misfire_policy_decides_after(store):
+    """Over --max-backlog (due runs waiting only for a free credit) nothing new is written; once
+    the workers catch up, the held job's missed occurrences are skipped by its misfire policy
+    and every run written fires once."""
+    settings = Settings(db_url="sqlite:///unused.db", shard_count=SHARDS, scan_interval=timedelta(milliseconds=200),
+                        max_backlog=BOUND)
+    assigned: Counter[str] = Counter()
+    async with running_node(store, settings) as node:
+        busy = node.dispatcher.connect("w", ["t"], 0, None)  # connected, serving "t", no credit free
+        job, _ = await store.create_job(JobSpec(
+            name="j", job_type="t", schedule=Schedule.interval(timedelta(milliseconds=100)),
+            misfire=MisfirePolicy(grace=timedelta(milliseconds=300))))
+        node.lane.job_changed(job)
+
+        async def held() -> bool:
+            return node.metrics.registry.get_sample_value("fastlane_write_ahead_held") == 1
+
+        await until(held)
+        assert node.dispatcher.backlog >= BOUND
+        written = len((await store.list_runs("default", job_id=job.job_id, limit=1000)).items)
+        await asyncio.sleep(1.0)  # ten occurrences come due meanwhile
+        assert len((await store.list_runs("default", job_id=job.job_id, limit=1000)).items) == written
+        assert await held()
+
+        node.dispatcher.grant(busy, 3)
+        node.tasks.append(asyncio.create_task(work(node.dispatcher, busy, assigned)))
+
+        async def caught_up() -> bool:
+            await node.dispatcher.flush(5)
+            runs = (await store.list_runs("default", job_id=job.job_id, limit=1000)).items
+            return any(run.state is RunState.SKIPPED for run in runs) and len(assigned) > written
+
+        await until(caught_up)
+        node.lane.job_changed(await store.pause_job("default", job.job_id))
+
+        async def all_ended() -> bool:
+            await node.dispatcher.flush(5)
+            runs = (await store.list_runs("default", job_id=job.job_id, limit=1000)).items
+            return all(run.state in (RunState.SUCCEEDED, RunState.SKIPPED) for run in runs)
+
+        await until(all_ended)
+        runs = (await store.list_runs("default", job_id=job.job_id, limit=1000)).items
+        assert {run.run_id for run in runs if run.state is RunState.SUCCEEDED} == set(assigned)
+        assert set(assigned.values()) == {1}, "a run was sent twice"
+        assert not await held()

@@ -438,8 +438,9 @@ def test_serve_takes_tenant_weights(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setitem(sys.modules, "fastlane.server.node", SimpleNamespace(serve=serve))
     assert main(["serve", "--db", "sqlite:///x.db", "--tenant-weight", "billing=3", "--tenant-weight", "ops=1",
-                 "--tenant-max-in-flight", "billing=40", "--priority-reserve=-5=3"]) == 0
+                 "--tenant-max-in-flight", "billing=40", "--priority-reserve=-5=3", "--max-backlog", "2500"]) == 0
     assert received[0].tenant_weights == {"billing": 3, "ops": 1}
+    assert received[0].max_backlog == 2500
     assert received[0].tenant_max_in_flight == {"billing": 40}
     assert received[0].priority_reserve == PriorityReserve(priority=-5, credits=3)
 
@@ -466,6 +467,18 @@ def test_serve_refuses_a_tenant_cap_out_of_bounds(value: str, capsys: pytest.Cap
 def test_settings_refuse_a_tenant_cap_out_of_bounds(cap: int) -> None:
     with pytest.raises(ConfigurationError, match="--tenant-max-in-flight"):
         Settings(tenant_max_in_flight={"billing": cap})
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "x", "10000001"])
+def test_serve_refuses_a_backlog_bound_out_of_range(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--max-backlog", value]) == 2
+    assert "--max-backlog" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bound", [0, 10_000_001])
+def test_settings_refuse_a_backlog_bound_out_of_range(bound: int) -> None:
+    with pytest.raises(ConfigurationError, match="--max-backlog"):
+        Settings(max_backlog=bound)
 
 
 @pytest.mark.parametrize("value", ["100", "100=0", "100=100001", "x=3", "1001=3", "-1001=3", "100=x", "=3"])

@@ -242,3 +242,21 @@ async def test_runs_of_a_job_type_no_worker_serves_are_counted_as_unserved():
         assert sample(metrics, "fastlane_unserved_runs", job_type="t", tenant="default") is None
     finally:
         await drained(node, journal)
+
+
+async def test_the_backlog_counts_only_runs_waiting_for_a_free_credit():
+    """What holds the write-ahead back (--max-backlog) is a shortage of worker capacity, not runs
+    no worker serves or runs their tenant's cap holds back: those must not stop other tenants."""
+    node = dispatcher(ScriptedStore(), Metrics(), tenant_max_in_flight={"noisy": 1})
+    journal = asyncio.create_task(node.run())
+    try:
+        node.connect("elsewhere", ["t"], 5, "another-tenant")
+        node.release([of_tenant(f"noisy-{i}", "noisy") for i in range(4)])
+        assert (node.ready_depth, node.backlog) == (4, 0)  # no worker serves tenant noisy
+        worker = Received(node.connect("w", ["t"], 1, None))
+        assert worker.read() == ["noisy-0"]
+        assert (node.ready_depth, node.backlog) == (3, 0)  # noisy is at its cap
+        node.release([of_tenant(f"quiet-{i}", "quiet") for i in range(2)])
+        assert (node.ready_depth, node.backlog) == (5, 2)  # quiet waits for a credit only
+    finally:
+        await drained(node, journal)

@@ -137,13 +137,19 @@ class Dispatcher:
     def unserved_depths(self) -> dict[tuple[str, str], int]:
         """Runs waiting of a (job type, tenant) no connected worker serves (none for the type, or
         only workers bound to other tenants); read by the metrics thread."""
-        unserved = {}
-        for kind, queue in list(self._ready.items()):
-            sessions = list(self._sessions.get(kind, ()))
-            for tenant, n in queue.tenant_depths().items():
-                if not any(session.tenant in (None, tenant) for session in sessions):
-                    unserved[(kind, tenant)] = n
-        return unserved
+        return {(kind, tenant): n for kind, queue in list(self._ready.items())
+                for tenant, n in queue.tenant_depths().items() if not self._serves(kind, tenant)}
+
+    @property
+    def backlog(self) -> int:
+        """Released runs that wait only for a free credit: a connected worker serves them and no
+        tenant cap holds them back. How far the node is behind its workers' capacity (the
+        write-ahead stops writing new runs while this is large)."""
+        return sum(n for kind, queue in list(self._ready.items()) for tenant, n in queue.tenant_depths().items()
+                   if self._serves(kind, tenant) and not self._tenant_full(tenant))
+
+    def _serves(self, kind: str, tenant: str) -> bool:
+        return any(session.tenant in (None, tenant) for session in list(self._sessions.get(kind, ())))
 
     def _tenant_full(self, tenant: str) -> bool:
         cap = self._tenant_caps.get(tenant)
