@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sqlite3
+import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from datetime import datetime
@@ -23,6 +26,27 @@ from fastlane.clock import from_micros, to_micros
 from fastlane.errors import StorageUnavailable
 from fastlane.storage.driver_errors import SQLITE_DRIVER_ERRORS, classify_sqlite, sqlite_write_fault
 from fastlane.storage.turns import WriteTurns
+
+# How much lower than the rest of the process SQLite's connection threads run (Linux nice levels).
+# Their work has a deadline of the write lead (250 ms or more ahead), while the event loop's timers
+# and a worker's start of a held run on the same machine are due within a millisecond: when they
+# compete for a core, the kernel should give it to the wake-up. Measured with `fastlane bench
+# spread --no-peer --scale 0.3` (SQLite, node and worker on 2 cores), three runs each, alternating:
+# start p99 median 1.14 ms at the same priority, 0.72 ms at +10; `sustained` kept its throughput.
+CONNECTION_THREAD_NICENESS = 10
+
+
+def lower_this_threads_priority() -> None:
+    """Run the calling thread :data:`CONNECTION_THREAD_NICENESS` nice levels lower than it does now.
+
+    Linux only, where ``setpriority`` on a thread id affects that thread alone; a no-op elsewhere
+    and when the system refuses (lowering one's own priority needs no privilege)."""
+    if sys.platform != "linux":
+        return
+    thread_id = threading.get_native_id()
+    with contextlib.suppress(OSError):
+        niceness = os.getpriority(os.PRIO_PROCESS, thread_id)
+        os.setpriority(os.PRIO_PROCESS, thread_id, min(niceness + CONNECTION_THREAD_NICENESS, 19))
 
 
 def _now_us() -> int:
@@ -72,6 +96,9 @@ class SQLiteConnections:
             connection = await aiosqlite.connect(self.path, isolation_level=None)
             connection.row_factory = sqlite3.Row
             await connection.create_function("fl_now_us", 0, _now_us)
+            # aiosqlite runs each connection in a thread of its own, and an SQL function runs in it.
+            await connection.create_function("fl_lower_priority", 0, lower_this_threads_priority)
+            await connection.execute("SELECT fl_lower_priority()")
             await connection.execute("PRAGMA journal_mode = WAL")
             await connection.execute("PRAGMA synchronous = NORMAL")  # durable in WAL mode except on power loss
             await connection.execute("PRAGMA busy_timeout = 10000")

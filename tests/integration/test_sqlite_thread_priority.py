@@ -1,0 +1,37 @@
+"""SQLite's connection threads run at a lower CPU priority than the event loop's thread, so the
+loop's timers (and a worker's start of a held run on the same machine) win a contended core."""
+
+from __future__ import annotations
+
+import os
+import sys
+from datetime import timedelta
+
+import pytest
+
+from fastlane.domain.models import JobSpec, Schedule
+from fastlane.storage import open_store
+from fastlane.storage.sqlite.connection import CONNECTION_THREAD_NICENESS
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="thread priorities are set on Linux only")
+
+
+def niceness_of_threads() -> dict[int, int]:
+    return {int(tid): os.getpriority(os.PRIO_PROCESS, int(tid)) for tid in os.listdir("/proc/self/task")}
+
+
+async def test_the_connection_threads_run_lower_than_the_loop_and_the_store_still_works(tmp_path):
+    before = niceness_of_threads()
+    loop_niceness = os.getpriority(os.PRIO_PROCESS, 0)
+    store = open_store(f"sqlite:///{tmp_path}/threads.db", shard_count=4)
+    try:
+        await store.migrate()  # opens the writer
+        job, _ = await store.create_job(JobSpec(name="j", job_type="t", schedule=Schedule.interval(timedelta(hours=1))))
+        assert (await store.get_job("default", job.job_id)).name == "j"  # and the reader
+        started = {tid: nice for tid, nice in niceness_of_threads().items() if tid not in before}
+        lowered = [tid for tid, nice in started.items()
+                   if nice == min(loop_niceness + CONNECTION_THREAD_NICENESS, 19)]
+        assert len(lowered) >= 2, f"threads started by the store and their niceness: {started}"
+        assert os.getpriority(os.PRIO_PROCESS, 0) == loop_niceness  # the caller's thread is untouched
+    finally:
+        await store.close()
