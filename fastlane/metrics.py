@@ -158,8 +158,8 @@ class Metrics:
         self.gc_pauses = Histogram("fastlane_gc_pause_seconds", "Cyclic garbage collections by generation",
                                    ["generation"], buckets=_LAG_BUCKETS, registry=registry)
         self.write_ahead_held = Gauge(
-            "fastlane_write_ahead_held",
-            "1 while no new runs are written because too many due runs wait for busy workers (--max-backlog)",
+            "fastlane_write_ahead_held_jobs",
+            "Due jobs not written because their (job type, tenant) has over --max-backlog runs waiting for busy workers",
             registry=registry)
         self.write_lead = Gauge("fastlane_write_ahead_lead_seconds",
                                 "How long before their instant runs are written now (grows with slow writes)",

@@ -180,7 +180,8 @@ class RetryPolicy:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MisfirePolicy:
-    """What to do with occurrences that passed while no node owned the shard or the job was paused.
+    """What to do with occurrences that passed while no node owned the shard, the job was paused,
+    or its runs' workers were too far behind to write more (``--max-backlog``).
 
     An occurrence is *missed* when it is found more than ``grace`` after its time.
     """
@@ -268,21 +269,24 @@ class Timing:
 class DueJob:
     """A job as the in-memory window holds it: just enough to plan its next occurrences.
 
-    The window holds up to hundreds of thousands of these, so it keeps four references rather
-    than the whole job: planning its occurrences needs nothing else.
+    The window holds up to hundreds of thousands of these, so it keeps five references rather
+    than the whole job: planning its occurrences needs nothing else, and ``queue`` (its job type
+    and tenant, the ready queue its runs join) tells whether that queue is too far behind to add to.
+    Jobs with the same timing, and those with the same queue, share one value of each.
     """
 
     job_id: str
     shard_id: int
     next_fire_at: datetime
     timing: Timing
+    queue: tuple[str, str]  # (job type, tenant)
 
     @staticmethod
     def of(job: Job) -> DueJob:
         """The window's view of ``job``. Raises ValueError if it has no next fire time."""
         if job.next_fire_at is None:
             raise ValueError(f"job {job.job_id} has no next_fire_at; it is not due")
-        return DueJob(job.job_id, job.shard_id, job.next_fire_at, Timing.of(job.spec))
+        return DueJob(job.job_id, job.shard_id, job.next_fire_at, Timing.of(job.spec), (job.spec.job_type, job.tenant))
 
 
 # -- runs and attempts -------------------------------------------------------------------------

@@ -30,7 +30,7 @@ import asyncio
 import heapq
 import itertools
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Protocol
 
@@ -91,9 +91,9 @@ class LaneDispatcher(Protocol):
         """Released runs waiting for worker credits."""
         ...
 
-    @property
-    def backlog(self) -> int:
-        """Released runs waiting only for a free credit of a connected worker that serves them."""
+    def backlogs(self) -> Mapping[tuple[str, str], int]:
+        """Released runs waiting only for a free credit of a connected worker that serves them, by
+        (job type, tenant)."""
         ...
 
 
@@ -132,7 +132,7 @@ class FastLane:
         self._write_ahead = WriteAhead(
             store, settings=settings, clock=clock, metrics=metrics, fence=shards.fence, on_stale=on_stale,
             schedule_run=self.schedule_run, forget_run=self.forget_run, cancel=dispatch.cancel,
-            written_ahead=self._written_ahead, backlog=lambda: dispatch.backlog, stopping=self._stopping,
+            written_ahead=self._written_ahead, backlogs=dispatch.backlogs, stopping=self._stopping,
         )
         self._held = _HeldRuns(self._releasing_ids, dispatch)
         dispatch.watch_ahead(self._release_wake.set)  # a worker able to hold runs: offer them now

@@ -202,10 +202,17 @@ def decode_timing(schedule: str | bytes | None, misfire: str | bytes) -> Timing:
     )
 
 
+@functools.lru_cache(maxsize=4096)
+def queue_of(job_type: str, tenant: str) -> tuple[str, str]:
+    """One shared (job type, tenant) value per queue: most jobs of a window share a handful."""
+    return (job_type, tenant)
+
+
 def build_due_job(
-    job_id: str, shard_id: int, next_fire_at: datetime, schedule: str | bytes | None, misfire: str | bytes
+    job_id: str, shard_id: int, next_fire_at: datetime, schedule: str | bytes | None, misfire: str | bytes,
+    job_type: str, tenant: str,
 ) -> DueJob:
-    return DueJob(job_id, shard_id, next_fire_at, decode_timing(schedule, misfire))
+    return DueJob(job_id, shard_id, next_fire_at, decode_timing(schedule, misfire), queue_of(job_type, tenant))
 
 
 # Runs are built by the thousand per second: repeated values are decoded once.

@@ -44,7 +44,9 @@ class RecordingDispatch:
         return False
 
     ready_depth = 0
-    backlog = 0
+
+    def backlogs(self) -> dict[tuple[str, str], int]:
+        return {}
     ahead_lead = timedelta(0)  # no worker holds runs sent ahead: every run is released on its instant
 
     def offer_ahead(self, runs: Iterable[Run]) -> list[Run]:

@@ -146,28 +146,39 @@ async def test_the_ready_queue_stays_at_its_bound_without_workers_and_every_run_
         assert node.dispatcher.ready_depth == 0 and node.dispatcher.parked_count == 0
 
 
-async def test_behind_its_workers_a_node_writes_no_new_runs_and_the_misfire_policy_decides_after(store):
-    """Over --max-backlog (due runs waiting only for a free credit) nothing new is written; once
-    the workers catch up, the held job's missed occurrences are skipped by its misfire policy
-    and every run written fires once."""
+async def test_a_queue_behind_its_workers_gets_no_new_runs_others_do_and_its_misfire_policy_decides_after(store):
+    """Over --max-backlog runs of one job type and tenant waiting only for a free credit, none of
+    its runs are written while another job type's keep firing; once its workers catch up, the
+    held job's missed occurrences are skipped by its misfire policy and every run written fires
+    once."""
     settings = Settings(db_url="sqlite:///unused.db", shard_count=SHARDS, scan_interval=timedelta(milliseconds=200),
                         max_backlog=BOUND)
     assigned: Counter[str] = Counter()
+    other_assigned: Counter[str] = Counter()
+    every_100_ms = Schedule.interval(timedelta(milliseconds=100))
     async with running_node(store, settings) as node:
         busy = node.dispatcher.connect("w", ["t"], 0, None)  # connected, serving "t", no credit free
-        job, _ = await store.create_job(JobSpec(
-            name="j", job_type="t", schedule=Schedule.interval(timedelta(milliseconds=100)),
-            misfire=MisfirePolicy(grace=timedelta(milliseconds=300))))
+        free = node.dispatcher.connect("v", ["u"], 3, None)
+        node.tasks.append(asyncio.create_task(work(node.dispatcher, free, other_assigned)))
+        job, _ = await store.create_job(JobSpec(name="j", job_type="t", schedule=every_100_ms,
+                                                misfire=MisfirePolicy(grace=timedelta(milliseconds=300))))
+        other, _ = await store.create_job(JobSpec(name="k", job_type="u", schedule=every_100_ms))
         node.lane.job_changed(job)
+        node.lane.job_changed(other)
+
+        async def runs_of(job_id: str) -> int:
+            return len((await store.list_runs("default", job_id=job_id, limit=1000)).items)
 
         async def held() -> bool:
-            return node.metrics.registry.get_sample_value("fastlane_write_ahead_held") == 1
+            return node.metrics.registry.get_sample_value("fastlane_write_ahead_held_jobs") == 1
 
         await until(held)
-        assert node.dispatcher.backlog >= BOUND
-        written = len((await store.list_runs("default", job_id=job.job_id, limit=1000)).items)
-        await asyncio.sleep(1.0)  # ten occurrences come due meanwhile
-        assert len((await store.list_runs("default", job_id=job.job_id, limit=1000)).items) == written
+        backlogs = node.dispatcher.backlogs()
+        assert list(backlogs) == [("t", "default")] and backlogs["t", "default"] >= BOUND
+        written, other_written = await runs_of(job.job_id), len(other_assigned)
+        await asyncio.sleep(1.0)  # ten occurrences of each come due meanwhile
+        assert await runs_of(job.job_id) == written
+        assert len(other_assigned) >= other_written + 5, "another job type was held back too"
         assert await held()
 
         node.dispatcher.grant(busy, 3)
@@ -190,4 +201,8 @@ async def test_behind_its_workers_a_node_writes_no_new_runs_and_the_misfire_poli
         runs = (await store.list_runs("default", job_id=job.job_id, limit=1000)).items
         assert {run.run_id for run in runs if run.state is RunState.SUCCEEDED} == set(assigned)
         assert set(assigned.values()) == {1}, "a run was sent twice"
-        assert not await held()
+
+        async def nothing_held() -> bool:
+            return not await held()
+
+        await until(nothing_held)

@@ -23,6 +23,8 @@ def niceness_of_threads() -> dict[int, int]:
 async def test_the_connection_threads_run_lower_than_the_loop_and_the_store_still_works(tmp_path):
     before = niceness_of_threads()
     loop_niceness = os.getpriority(os.PRIO_PROCESS, 0)
+    if loop_niceness >= 19:
+        pytest.skip("this process already runs at the lowest priority: nothing lower to show")
     store = open_store(f"sqlite:///{tmp_path}/threads.db", shard_count=4)
     try:
         await store.migrate()  # opens the writer

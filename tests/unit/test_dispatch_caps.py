@@ -252,11 +252,11 @@ async def test_the_backlog_counts_only_runs_waiting_for_a_free_credit():
     try:
         node.connect("elsewhere", ["t"], 5, "another-tenant")
         node.release([of_tenant(f"noisy-{i}", "noisy") for i in range(4)])
-        assert (node.ready_depth, node.backlog) == (4, 0)  # no worker serves tenant noisy
+        assert (node.ready_depth, node.backlogs()) == (4, {})  # no worker serves tenant noisy
         worker = Received(node.connect("w", ["t"], 1, None))
         assert worker.read() == ["noisy-0"]
-        assert (node.ready_depth, node.backlog) == (3, 0)  # noisy is at its cap
+        assert (node.ready_depth, node.backlogs()) == (3, {})  # noisy is at its cap
         node.release([of_tenant(f"quiet-{i}", "quiet") for i in range(2)])
-        assert (node.ready_depth, node.backlog) == (5, 2)  # quiet waits for a credit only
+        assert (node.ready_depth, node.backlogs()) == (5, {("t", "quiet"): 2})  # quiet waits for a credit only
     finally:
         await drained(node, journal)

@@ -140,13 +140,12 @@ class Dispatcher:
         return {(kind, tenant): n for kind, queue in list(self._ready.items())
                 for tenant, n in queue.tenant_depths().items() if not self._serves(kind, tenant)}
 
-    @property
-    def backlog(self) -> int:
-        """Released runs that wait only for a free credit: a connected worker serves them and no
-        tenant cap holds them back. How far the node is behind its workers' capacity (the
-        write-ahead stops writing new runs while this is large)."""
-        return sum(n for kind, queue in list(self._ready.items()) for tenant, n in queue.tenant_depths().items()
-                   if self._serves(kind, tenant) and not self._tenant_full(tenant))
+    def backlogs(self) -> dict[tuple[str, str], int]:
+        """Released runs that wait only for a free credit, by (job type, tenant): a connected
+        worker serves them and no tenant cap holds them back. How far each queue is behind its
+        workers' capacity (the write-ahead writes no new runs for a queue far behind)."""
+        return {(kind, tenant): n for kind, queue in list(self._ready.items()) for tenant, n in queue.tenant_depths().items()
+                if self._serves(kind, tenant) and not self._tenant_full(tenant)}
 
     def _serves(self, kind: str, tenant: str) -> bool:
         return any(session.tenant in (None, tenant) for session in list(self._sessions.get(kind, ())))

@@ -51,8 +51,8 @@ class SQLiteLane(SQLiteConnections):
             # A few thousand rows at a time: the rows are thrown away as soon as they are decoded,
             # and a smaller batch of them leaves less memory behind in the allocator.
             while rows := await cursor.fetchmany(DUE_JOBS_CHUNK):
-                jobs += [codec.build_due_job(job_id, shard_id, from_micros(fire_at), schedule, misfire)
-                         for job_id, shard_id, fire_at, schedule, misfire in rows]
+                jobs += [codec.build_due_job(job_id, shard_id, from_micros(fire_at), schedule, misfire, job_type, tenant)
+                         for job_id, shard_id, fire_at, schedule, misfire, job_type, tenant in rows]
         return jobs
 
     async def materialise_runs(self, fences: Sequence[ShardLease], occurrences: Sequence[Occurrence]) -> Materialised:
