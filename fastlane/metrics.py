@@ -159,7 +159,7 @@ class Metrics:
                                    ["generation"], buckets=_LAG_BUCKETS, registry=registry)
         self.write_ahead_held = Gauge(
             "fastlane_write_ahead_held_jobs",
-            "Due jobs not written because their (job type, tenant) has over --max-backlog runs waiting for busy workers",
+            "Due jobs not written because their (job type, tenant) has --max-backlog runs or more waiting for busy workers",
             registry=registry)
         self.write_lead = Gauge("fastlane_write_ahead_lead_seconds",
                                 "How long before their instant runs are written now (grows with slow writes)",

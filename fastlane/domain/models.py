@@ -5,6 +5,7 @@ Everything here is an immutable value. Input is bounded in one place, :mod:`fast
 
 from __future__ import annotations
 
+import functools
 import uuid
 import zlib
 from dataclasses import dataclass, field, replace
@@ -286,7 +287,13 @@ class DueJob:
         """The window's view of ``job``. Raises ValueError if it has no next fire time."""
         if job.next_fire_at is None:
             raise ValueError(f"job {job.job_id} has no next_fire_at; it is not due")
-        return DueJob(job.job_id, job.shard_id, job.next_fire_at, Timing.of(job.spec), (job.spec.job_type, job.tenant))
+        return DueJob(job.job_id, job.shard_id, job.next_fire_at, Timing.of(job.spec), queue_of(job.spec.job_type, job.tenant))
+
+
+@functools.lru_cache(maxsize=4096)
+def queue_of(job_type: str, tenant: str) -> tuple[str, str]:
+    """The ready queue of a job's runs, one shared value per queue: a window's jobs share a handful."""
+    return (job_type, tenant)
 
 
 # -- runs and attempts -------------------------------------------------------------------------

@@ -35,6 +35,7 @@ from fastlane.domain.models import (
     ScheduleKind,
     ShardLease,
     Timing,
+    queue_of,
 )
 from fastlane.domain.quotas import TenantQuota
 
@@ -200,12 +201,6 @@ def decode_timing(schedule: str | bytes | None, misfire: str | bytes) -> Timing:
         None if schedule is None else schedule_from_dict(orjson.loads(schedule)),
         misfire_from_dict(orjson.loads(misfire)),
     )
-
-
-@functools.lru_cache(maxsize=4096)
-def queue_of(job_type: str, tenant: str) -> tuple[str, str]:
-    """One shared (job type, tenant) value per queue: most jobs of a window share a handful."""
-    return (job_type, tenant)
 
 
 def build_due_job(
