@@ -115,8 +115,9 @@ class WriteAhead:
 
     @property
     def held(self) -> int:
-        """Due jobs held back because their queue is over its backlog."""
-        return sum(map(len, self._held.values()))
+        """Due jobs held back because their queue is over its backlog. Also read by the metrics
+        thread (through ``size``): list() takes the values in one step under the GIL."""
+        return sum(map(len, list(self._held.values())))
 
     def wake(self) -> None:
         """Look at the planned jobs again now (a crowd among new ones may need writing early)."""

@@ -26,8 +26,6 @@ from fastlane.storage.sqlite.connection import (
 )
 from fastlane.storage.sqlite.runs import apply_results
 
-DUE_JOBS_CHUNK = 2_000
-
 
 class SQLiteLane(SQLiteConnections):
     """Fast-lane methods of :class:`~fastlane.storage.sqlite.SQLiteStore`."""
@@ -48,9 +46,7 @@ class SQLiteLane(SQLiteConnections):
         params = (json_array(shard_ids), to_micros(before), lower, lower, after_time, after_time, after_id, limit)
         jobs: list[DueJob] = []
         async with self._read() as db, db.execute(queries.LOAD_DUE_JOBS, params) as cursor:
-            # A few thousand rows at a time: the rows are thrown away as soon as they are decoded,
-            # and a smaller batch of them leaves less memory behind in the allocator.
-            while rows := await cursor.fetchmany(DUE_JOBS_CHUNK):
+            while rows := await cursor.fetchmany(common.DUE_JOBS_CHUNK):
                 jobs += [codec.build_due_job(job_id, shard_id, from_micros(fire_at), schedule, misfire, job_type, tenant)
                          for job_id, shard_id, fire_at, schedule, misfire, job_type, tenant in rows]
         return jobs
