@@ -12,9 +12,11 @@ Two heaps keyed by time:
   sits between a run's time and its release.
 
 Sending ahead: while a connected worker can hold runs (its clock is known to within the
-dispatcher's lead, ``--send-ahead``), the timer wakes that lead before each instant and offers
-the runs due within it to the dispatcher, which sends what it can place with ``start_at`` set
-(see :mod:`.dispatch.ahead`). What it cannot place, and what must be confirmed in the database
+dispatcher's lead, ``--send-ahead``), the timer wakes a little less than that lead before an
+instant (:data:`GATHER_SHARE` of it less) and offers every run due within the lead to the
+dispatcher, which sends what it can place with ``start_at`` set (see :mod:`.dispatch.ahead`):
+at 1,000 runs a second that is one message per five runs instead of one per run, and each
+message costs the node's loop more than the runs it carries. What it cannot place, and what must be confirmed in the database
 first (recovered runs; at-most-once runs, which the dispatcher declines), moves to a second
 heap, *holding*, and is released on its instant exactly as without sending ahead. Catch-ups
 are already late, so they are released at once and never offered.
@@ -42,6 +44,11 @@ from fastlane.engine.write_ahead import FAR_FUTURE, ShardStale, WriteAhead
 from fastlane.errors import StaleFence, StorageError
 from fastlane.metrics import Metrics
 from fastlane.storage import Store
+
+# Runs are offered ahead once the earliest is this share of the lead less than the lead away, with
+# every run due within the lead: they go out gathered, held by the worker between 75 % and 100 %
+# of the lead (15-20 ms by default).
+GATHER_SHARE = 0.25
 
 log = logging.getLogger("fastlane.lane")
 
@@ -250,15 +257,15 @@ class FastLane:
                 await asyncio.sleep(0)
                 continue
             ahead = self._dispatch.ahead_lead  # zero unless a connected worker can hold runs
-            if ahead and self._releasing and self._releasing[0][0] <= now + ahead:
+            if ahead and self._releasing and self._releasing[0][0] <= now + ahead * (1 - GATHER_SHARE):
                 self._offer_ahead(now + ahead, limit)
                 await asyncio.sleep(0)
                 continue
             await sleep_until_woken(self._release_wake, self._stopping, self._next_wake(now, ahead))
 
     def _next_wake(self, now: datetime, ahead: timedelta) -> float:
-        """Seconds until the earliest offer (``ahead`` before an instant) or release."""
-        wake = self._releasing[0][0] - ahead if self._releasing else now + timedelta(hours=1)
+        """Seconds until the earliest offer (``ahead``, less the gathering, before an instant) or release."""
+        wake = self._releasing[0][0] - ahead * (1 - GATHER_SHARE) if self._releasing else now + timedelta(hours=1)
         if self._holding:
             wake = min(wake, self._holding[0][0])
         return (wake - now).total_seconds()
