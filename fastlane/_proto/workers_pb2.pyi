@@ -63,10 +63,12 @@ class RunHeartbeat(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., lease_token: _Optional[int] = ..., started: _Optional[bool] = ..., progress: _Optional[float] = ..., checkpoint: _Optional[bytes] = ...) -> None: ...
 
 class Results(_message.Message):
-    __slots__ = ("results",)
+    __slots__ = ("results", "credits")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    CREDITS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[RunResult]
-    def __init__(self, results: _Optional[_Iterable[_Union[RunResult, _Mapping]]] = ...) -> None: ...
+    credits: int
+    def __init__(self, results: _Optional[_Iterable[_Union[RunResult, _Mapping]]] = ..., credits: _Optional[int] = ...) -> None: ...
 
 class RunResult(_message.Message):
     __slots__ = ("run_id", "lease_token", "outcome", "error_code", "error_message", "started_at", "finished_at", "error_traceback")
@@ -103,12 +105,14 @@ class NodeMessage(_message.Message):
     def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., assignments: _Optional[_Union[Assignments, _Mapping]] = ..., acks: _Optional[_Union[ResultAcks, _Mapping]] = ..., cancel: _Optional[_Union[CancelRuns, _Mapping]] = ..., clock_echo: _Optional[_Union[ClockEcho, _Mapping]] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("node_id", "heartbeat_interval")
+    __slots__ = ("node_id", "heartbeat_interval", "takes_credits_with_results")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    TAKES_CREDITS_WITH_RESULTS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     heartbeat_interval: _duration_pb2.Duration
-    def __init__(self, node_id: _Optional[str] = ..., heartbeat_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    takes_credits_with_results: bool
+    def __init__(self, node_id: _Optional[str] = ..., heartbeat_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., takes_credits_with_results: _Optional[bool] = ...) -> None: ...
 
 class Assignments(_message.Message):
     __slots__ = ("assignments",)

@@ -111,6 +111,7 @@ class NodeStream:
         self._closing = asyncio.Event()
         self._outbound: asyncio.Queue[pb.WorkerMessage | None] | None = None
         self._welcomed = False
+        self._credits_with_results = False  # this connection's node takes credits inside Results
         self._session_ended = False  # since this stream was made: a connection failed or broke
         self._draining = False
         self._heartbeat_interval = _DEFAULT_HEARTBEAT_INTERVAL
@@ -316,6 +317,7 @@ class NodeStream:
     def _close_session(self) -> None:
         self._outbound = None
         self._welcomed = False
+        self._credits_with_results = False
         self._session_ended = True
         self._runs.settled.set()  # a leaving stream hands its work over once it is down
         waiter, self._next_beat = self._next_beat, None
@@ -358,7 +360,8 @@ class NodeStream:
         await call.done_writing()
 
     async def _flush_results(self, outbound: asyncio.Queue[pb.WorkerMessage | None]) -> None:
-        # Results of runs finishing within RESULT_COALESCE go in one message, with one credit grant.
+        # Results of runs finishing within RESULT_COALESCE go in one message, with the credits they
+        # free (in a CreditGrant of its own to a node older than Welcome.takes_credits_with_results).
         # At a steady 1,000 runs/s a message (and a grant) per run made the stream's writes the
         # largest cost on the worker's loop, the loop that must start held runs on their instant.
         while True:
@@ -368,10 +371,14 @@ class NodeStream:
                 await asyncio.sleep(wait)
             self._runs.results_ready.clear()
             batch, credits = self._runs.take_pending()
-            for message in result_messages(batch):
+            messages = list(result_messages(batch))
+            grant = 0 if self._draining else credits
+            if grant and messages and self._credits_with_results:
+                messages[-1].results.credits, grant = grant, 0  # one message: a node that says it reads them
+            for message in messages:
                 outbound.put_nowait(message)
-            if credits and not self._draining:
-                outbound.put_nowait(pb.WorkerMessage(credit=pb.CreditGrant(credits=credits)))
+            if grant:
+                outbound.put_nowait(pb.WorkerMessage(credit=pb.CreditGrant(credits=grant)))
 
     async def _send_heartbeats(self, welcomed: asyncio.Event) -> None:
         await welcomed.wait()
@@ -423,6 +430,7 @@ class NodeStream:
                 self.address, welcome.node_id or "?", self._heartbeat_interval, len(self._runs.in_flight),
             )
         self._welcomed = True
+        self._credits_with_results = welcome.takes_credits_with_results
         welcomed.set()
 
     def _clock_echo(self, echo: pb.ClockEcho, received_ns: int) -> None:

@@ -794,9 +794,10 @@ def results(draw: st.DrawFn) -> Step:
             field("results.results.error_traceback", st.sampled_from(("", 'Traceback:\n  File "h.py"\nValueError')),
                   st.one_of(strings(), st.just("\x00\r" + "x" * 70_000))),
         ))
+    freed = field("results.credits", st.sampled_from((0, 0, 1, 5)), int32s())
 
     def build(memory: Memory, assigned: list[workers_pb2.Assignment]) -> workers_pb2.WorkerMessage:
-        message = workers_pb2.WorkerMessage(results=workers_pb2.Results())
+        message = workers_pb2.WorkerMessage(results=workers_pb2.Results(credits=freed))
         for target, outcome, code, text, started_at, finished_at, traced in reports:
             run_id, token = target(memory, assigned)
             result = message.results.results.add(run_id=run_id, lease_token=token, outcome=outcome,

@@ -9,6 +9,7 @@ the lane to notice. No journal runs, so fast dispatches stay pending and nothing
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -26,7 +27,7 @@ from fastlane.domain.models import Delivery, Run, RunState
 from fastlane.engine.dispatch import Assign, AttemptRef, Cancel, Dispatcher, Outgoing, WorkerSession
 from fastlane.engine.dispatch.ahead import ClockProbe
 from fastlane.engine.dispatch.messages import ClockEcho
-from fastlane.engine.lane import FastLane
+from fastlane.engine.lane import GATHER_SHARE, FastLane
 from fastlane.engine.operations import Operations
 from fastlane.metrics import Metrics
 from fastlane.rpc import wire
@@ -114,20 +115,24 @@ async def test_a_run_is_sent_the_lead_before_its_instant_to_a_worker_whose_clock
     session = engine.connect("w")
     engine.probe(session, 5 * MS)
     engine.lane.schedule_run(make_run("r1"))
+    later = dataclasses.replace(make_run("r2", job_id="job-2"), available_at=INSTANT + 20 * MS)
+    engine.lane.schedule_run(later)
     await quiet(session)  # 300 ms before its instant: too early even to be sent ahead
+    engine.clock.set(INSTANT - LEAD + 10 * MS)
+    await quiet(session)  # inside the lead, but runs are gathered until a quarter of it has passed
 
-    offered_at = INSTANT - LEAD + 10 * MS
-    engine.clock.set(offered_at)  # inside the lead; the clock never reaches the instant in this test
+    offered_at = INSTANT - LEAD * (1 - GATHER_SHARE)
+    engine.clock.set(offered_at)  # the clock never reaches the instant in this test
     message = await next_message(session)
 
-    assert isinstance(message, Assign)
-    [item] = message.runs
-    assert (item.run.run_id, item.start_at, item.released_at) == ("r1", INSTANT, offered_at)
-    assert session.credits == 4
-    assert engine.lane.size == 0 and engine.dispatcher.holds("r1")
-    assert engine.sample("fastlane_runs_sent_ahead_total") == 1
+    assert isinstance(message, Assign)  # both runs within the lead, in one message
+    assert [(item.run.run_id, item.start_at, item.released_at) for item in message.runs] == [
+        ("r1", INSTANT, offered_at), ("r2", INSTANT + 20 * MS, offered_at)]
+    assert session.credits == 3
+    assert engine.lane.size == 0 and engine.dispatcher.holds("r1") and engine.dispatcher.holds("r2")
+    assert engine.sample("fastlane_runs_sent_ahead_total") == 2
     # Observed as on time when sent: the worker starts it on the instant.
-    assert engine.sample("fastlane_trigger_lag_seconds_count") == 1
+    assert engine.sample("fastlane_trigger_lag_seconds_count") == 2
     assert engine.sample("fastlane_trigger_lag_seconds_sum") == 0
 
 

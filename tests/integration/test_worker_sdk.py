@@ -57,7 +57,8 @@ class FakeStream:
         return [r for body in self.bodies("results") for r in body.results]
 
     def credits_granted(self) -> int:
-        return sum(body.credits for body in self.bodies("credit"))
+        """Granted in CreditGrant messages and inside Results (to a node that takes them there)."""
+        return sum(body.credits for body in self.bodies("credit")) + sum(body.credits for body in self.bodies("results"))
 
     def assign(self, *assignments: pb.Assignment) -> None:
         self.outbound.put_nowait(pb.NodeMessage(assignments=pb.Assignments(assignments=assignments)))
@@ -85,12 +86,14 @@ class FakeStream:
 
 class FakeNode(pb_grpc.WorkerServiceServicer):
     """With ``clock_ahead_ns`` set, the node echoes clock probes with a clock that much ahead of
-    the machine's; without, it ignores them, as a node from before clock probes does."""
+    the machine's; without, it ignores them, as a node from before clock probes does. Its Welcome
+    says it takes credits inside Results only with ``credits_with_results`` (an older node's does not)."""
 
     def __init__(self, heartbeat_interval: timedelta = timedelta(seconds=30), auto_ack: bool = True) -> None:
         self.heartbeat_interval = heartbeat_interval
         self.auto_ack = auto_ack
         self.clock_ahead_ns: int | None = None
+        self.credits_with_results = False
         self.streams: list[FakeStream] = []
         self.changed = asyncio.Condition()
         self.address = ""
@@ -121,7 +124,8 @@ class FakeNode(pb_grpc.WorkerServiceServicer):
         async for message in request_iterator:
             body = message.WhichOneof("body")
             if body == "hello":
-                welcome = pb.Welcome(node_id="fake-node", heartbeat_interval=duration(self.heartbeat_interval))
+                welcome = pb.Welcome(node_id="fake-node", heartbeat_interval=duration(self.heartbeat_interval),
+                                     takes_credits_with_results=self.credits_with_results)
                 stream.outbound.put_nowait(pb.NodeMessage(welcome=welcome))
             elif body == "results" and self.auto_ack:
                 stream.ack(*message.results.results)
@@ -318,8 +322,26 @@ async def test_assignment_runs_handler_with_full_context_and_success_reports_lea
     assert (result.run_id, result.lease_token, result.outcome, result.error_code) == ("r1", 42, "succeeded", "")
     assert result.started_at.ToDatetime(UTC) <= result.finished_at.ToDatetime(UTC)
     kinds = stream.kinds()
-    assert kinds[kinds.index("results") + 1] == "credit"  # the grant follows the results at once
+    assert kinds[kinds.index("results") + 1] == "credit"  # to an older node the grant follows the results at once
     assert stream.credits_granted() == 1
+
+
+async def test_a_node_that_takes_credits_with_results_gets_both_in_one_message(node):
+    node.credits_with_results = True
+    worker = Worker(node.address, drain_timeout=1.0)
+
+    @worker.handler("echo")
+    async def echo(ctx: RunContext) -> None:
+        pass
+
+    async with running(worker):
+        stream = await node.stream(0)
+        stream.assign(assignment("r1"), assignment("r2"))
+        await node.wait_until(lambda: stream.credits_granted() >= 2)
+
+    assert "credit" not in stream.kinds()
+    assert sorted(result.run_id for result in stream.results()) == ["r1", "r2"]
+    assert sum(body.credits for body in stream.bodies("results")) == 2
 
 
 async def test_empty_payload_reads_as_json_none_and_missing_checkpoint_as_none(node):

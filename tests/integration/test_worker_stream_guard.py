@@ -192,6 +192,8 @@ BAD_LATER_MESSAGES = {
         pb.RunResult(run_id="r", lease_token=1, outcome="succeeded", finished_at={"seconds": 2**62})])),
         "results.results[0].finished_at"),
     "negative-credit": (pb.WorkerMessage(credit=pb.CreditGrant(credits=-5)), "credit.credits"),
+    "negative-credit-with-results": (pb.WorkerMessage(results=pb.Results(
+        results=[pb.RunResult(run_id="r", lease_token=1, outcome="succeeded")], credits=-1)), "results.credits"),
 }
 
 
@@ -222,6 +224,24 @@ async def test_an_over_long_error_message_with_control_characters_is_cut_and_rec
     assert attempt.error_code == "E "
     assert attempt.error_message is not None and len(attempt.error_message) == MAX_ERROR_TEXT
     assert "\x00" not in attempt.error_message
+    await worker.close()
+
+
+async def test_credits_sent_with_results_free_the_slot_for_the_next_run(node):
+    """One credit: the second run goes out only once the first one's result hands it back, inside
+    the Results message (the Welcome says the node takes them there)."""
+    worker = RawWorker(node.address, "w", credits=1)
+    welcome = await worker.open()
+    assert welcome.takes_credits_with_results
+    first, second = await scheduled_runs(node.store, 2)
+    node.dispatcher.release([first, second])
+    [assignment] = await worker.assignments(1)
+    with pytest.raises(TimeoutError):  # no credit left: the second run waits
+        await worker.next("assignments", timeout=QUIET)
+    await worker.call.write(pb.WorkerMessage(results=pb.Results(results=[
+        pb.RunResult(run_id=assignment.run_id, lease_token=assignment.lease_token, outcome="succeeded")], credits=1)))
+    [following] = await worker.assignments(1)
+    assert {assignment.run_id, following.run_id} == {first.run_id, second.run_id}
     await worker.close()
 
 

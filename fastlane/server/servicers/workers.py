@@ -58,11 +58,12 @@ log = logging.getLogger("fastlane.api.workers")
 # Merged assignments stop growing at this many runs: a message stays well under gRPC's 4 MiB.
 MAX_RUNS_PER_MESSAGE = 1_000
 
-# What a worker may report; the rest of AttemptOutcome is decided by the node.
-_WORKER_OUTCOMES = frozenset({
+# What a worker may report, by its wire name; the rest of AttemptOutcome is decided by the node,
+# and an outcome a worker may not report counts as failed.
+_WORKER_OUTCOMES = {outcome.value: outcome for outcome in (
     AttemptOutcome.SUCCEEDED, AttemptOutcome.FAILED, AttemptOutcome.PERMANENT_FAILURE,
     AttemptOutcome.TIMED_OUT, AttemptOutcome.CANCELLED,
-})
+)}
 
 
 class WorkerServicer(workers_pb2_grpc.WorkerServiceServicer):
@@ -89,7 +90,8 @@ class WorkerServicer(workers_pb2_grpc.WorkerServiceServicer):
             log.warning("refused a worker stream: %s", error)
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(error))
         await context.write(workers_pb2.NodeMessage(welcome=workers_pb2.Welcome(
-            node_id=self._node_id, heartbeat_interval=wire.duration(self._heartbeat_interval))))
+            node_id=self._node_id, heartbeat_interval=wire.duration(self._heartbeat_interval),
+            takes_credits_with_results=True)))
         # Under a tenant's token, the worker id is qualified by the tenant: reports are checked by
         # worker id, so a worker of one tenant can never pass for another tenant's worker.
         session = self._dispatcher.connect(qualified_worker_id(hello.worker_id), hello.job_types, hello.credits, tenant)
@@ -122,7 +124,11 @@ class WorkerServicer(workers_pb2_grpc.WorkerServiceServicer):
             elif body == "heartbeats":
                 self._dispatcher.heartbeats(session, heartbeats_of(message.heartbeats))
             elif body == "results":
-                self._dispatcher.results(session, results_of(message.results))
+                results = results_of(message.results)
+                freed = validation.count("results.credits", message.results.credits, 0, MAX_CREDITS)
+                self._dispatcher.results(session, results)
+                if freed:  # after the results, as when a CreditGrant follows them
+                    self._dispatcher.grant(session, freed)
             elif body == "clock_probe":
                 self._dispatcher.clock_probed(session, clock_probe_of(message.clock_probe))
             else:
@@ -242,19 +248,15 @@ def _heartbeat(beat: workers_pb2.RunHeartbeat) -> Heartbeat:
 
 
 def _result(result: workers_pb2.RunResult) -> AttemptResult:
-    try:
-        outcome = AttemptOutcome(result.outcome)
-    except ValueError:
-        outcome = AttemptOutcome.FAILED
-    if outcome not in _WORKER_OUTCOMES:
-        outcome = AttemptOutcome.FAILED
+    # A busy worker reports thousands of results a second: empty texts skip their cleaning.
+    code, message, traceback = result.error_code, result.error_message, result.error_traceback
     return AttemptResult(
         run_id=validation.identifier("run_id", result.run_id),
         lease_token=_lease_token("lease_token", result.lease_token),
-        outcome=outcome,
-        error_code=validation.error_text(result.error_code) or None,
-        error_message=validation.error_text(result.error_message) or None,
-        error_traceback=validation.traceback_text(result.error_traceback) or None,
+        outcome=_WORKER_OUTCOMES.get(result.outcome, AttemptOutcome.FAILED),
+        error_code=validation.error_text(code) if code else None,
+        error_message=validation.error_text(message) if message else None,
+        error_traceback=validation.traceback_text(traceback) if traceback else None,
         started_at=wire.instant_in("started_at", result.started_at) if result.HasField("started_at") else None,
         finished_at=wire.instant_in("finished_at", result.finished_at) if result.HasField("finished_at") else None,
     )
