@@ -147,8 +147,9 @@ def register(commands: Any) -> None:
         metavar="N",
         type=whole_number_up_to(MAX_BACKLOG),
         default=defaults.max_backlog,
-        help="while this many due runs of one job type and tenant wait only for a free worker credit "
-        "(its workers take less than is due), write no new runs of it: its due jobs wait in the window "
+        help="while this many due runs of one job type and tenant wait for a free worker credit or for "
+        "the tenant's --tenant-max-in-flight (it gets less than is due), write no new runs of it: its due "
+        "jobs wait in the window "
         f"and their misfire policy decides what runs once the backlog shrinks (default: {defaults.max_backlog})",
     )
     serve.add_argument(

@@ -99,8 +99,8 @@ class LaneDispatcher(Protocol):
         ...
 
     def backlogs(self) -> Mapping[tuple[str, str], int]:
-        """Released runs waiting only for a free credit of a connected worker that serves them, by
-        (job type, tenant)."""
+        """Released runs waiting for a free credit (or their tenant's cap) where a connected worker
+        serves them, by (job type, tenant)."""
         ...
 
 

@@ -76,8 +76,8 @@ class WriteAhead:
     ) -> None:
         """``schedule_run``, ``forget_run``: the lane's release queue takes written runs and drops
         cancelled ones; ``cancel`` stops runs at the dispatcher; ``written_ahead``: runs written and
-        waiting, for their time or for a worker; ``backlogs``: due runs waiting only for a free
-        worker credit, by (job type, tenant)."""
+        waiting, for their time or for a worker; ``backlogs``: due runs waiting for a free
+        worker credit or their tenant's cap, by (job type, tenant)."""
         self._store = store
         self._settings = settings
         # Runs are needed the send-ahead lead earlier than their instant (offered to workers then).

@@ -147,7 +147,7 @@ async def test_the_ready_queue_stays_at_its_bound_without_workers_and_every_run_
 
 
 async def test_a_queue_behind_its_workers_gets_no_new_runs_others_do_and_its_misfire_policy_decides_after(store):
-    """Over --max-backlog runs of one job type and tenant waiting only for a free credit, none of
+    """Over --max-backlog runs of one job type and tenant waiting for a free credit, none of
     its runs are written while another job type's keep firing; once its workers catch up, the
     held job's missed occurrences are skipped by its misfire policy and every run written fires
     once."""

@@ -244,9 +244,10 @@ async def test_runs_of_a_job_type_no_worker_serves_are_counted_as_unserved():
         await drained(node, journal)
 
 
-async def test_the_backlog_counts_only_runs_waiting_for_a_free_credit():
-    """What holds the write-ahead back (--max-backlog) is a shortage of worker capacity, not runs
-    no worker serves or runs their tenant's cap holds back: those must not stop other tenants."""
+async def test_the_backlog_counts_runs_a_worker_serves_per_queue_those_a_tenant_cap_holds_too():
+    """What holds the write-ahead back (--max-backlog) is a queue behind the capacity it gets: a
+    shortage of credits or its tenant's cap. Runs no worker serves do not count (a worker may
+    connect any moment), and each queue counts apart, so a capped tenant holds back only its own."""
     node = dispatcher(ScriptedStore(), Metrics(), tenant_max_in_flight={"noisy": 1})
     journal = asyncio.create_task(node.run())
     try:
@@ -255,8 +256,8 @@ async def test_the_backlog_counts_only_runs_waiting_for_a_free_credit():
         assert (node.ready_depth, node.backlogs()) == (4, {})  # no worker serves tenant noisy
         worker = Received(node.connect("w", ["t"], 1, None))
         assert worker.read() == ["noisy-0"]
-        assert (node.ready_depth, node.backlogs()) == (3, {})  # noisy is at its cap
+        assert (node.ready_depth, node.backlogs()) == (3, {("t", "noisy"): 3})  # noisy waits for its cap
         node.release([of_tenant(f"quiet-{i}", "quiet") for i in range(2)])
-        assert (node.ready_depth, node.backlogs()) == (5, {("t", "quiet"): 2})  # quiet waits for a credit only
+        assert (node.ready_depth, node.backlogs()) == (5, {("t", "noisy"): 3, ("t", "quiet"): 2})
     finally:
         await drained(node, journal)

@@ -141,11 +141,12 @@ class Dispatcher:
                 for tenant, n in queue.tenant_depths().items() if not self._serves(kind, tenant)}
 
     def backlogs(self) -> dict[tuple[str, str], int]:
-        """Released runs that wait only for a free credit, by (job type, tenant): a connected
-        worker serves them and no tenant cap holds them back. How far each queue is behind its
-        workers' capacity (the write-ahead writes no new runs for a queue far behind)."""
+        """Released runs waiting for a free credit or for their tenant's cap, by (job type,
+        tenant), where a connected worker serves them: how far each queue is behind the capacity
+        it gets (the write-ahead writes no new runs for a queue far behind). A tenant held to its
+        cap is behind as surely as one short of workers, and holding it holds only its own queue."""
         return {(kind, tenant): n for kind, queue in list(self._ready.items()) for tenant, n in queue.tenant_depths().items()
-                if self._serves(kind, tenant) and not self._tenant_full(tenant)}
+                if self._serves(kind, tenant)}
 
     def _serves(self, kind: str, tenant: str) -> bool:
         return any(session.tenant in (None, tenant) for session in list(self._sessions.get(kind, ())))
