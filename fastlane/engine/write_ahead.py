@@ -16,7 +16,7 @@ import heapq
 import itertools
 import logging
 import time
-from collections import Counter, defaultdict, deque
+from collections import Counter, OrderedDict, defaultdict, deque
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 
@@ -99,9 +99,11 @@ class WriteAhead:
         self._planned: list[tuple[datetime, int, DueJob]] = []
         self._planned_at: dict[str, datetime] = {}  # the one live heap entry per job
         self._planned_per_slot: Counter[int] = Counter()  # heap entries (live or dead) by fire slot
-        # Due jobs taken from the heap while their queue was over its backlog, by queue and job id:
-        # unwritten (unchanged in the database) until the queue has caught up (see _pop_planned).
-        self._held: dict[tuple[str, str], dict[str, DueJob]] = {}
+        # Due jobs taken from the heap while their queue was over its backlog, by queue and job id
+        # in the order they fell due: unwritten (unchanged in the database) until the queue has
+        # room again (see _pop_planned and _release_held).
+        self._held: dict[tuple[str, str], OrderedDict[str, DueJob]] = {}
+        self._held_released_at = FIRST_INSTANT  # the last look at the held jobs' queues
         self._write_rate = INITIAL_WRITE_RATE  # occurrences materialised per second (moving average)
         # Jobs with next_fire_at before the horizon are in memory (or being loaded); the lane's
         # loader moves it.
@@ -181,9 +183,8 @@ class WriteAhead:
     async def run(self) -> None:
         """Write runs a short lead before they are due (earlier for a crowd), in fenced batches."""
         while not self._stopping.is_set():
-            over_backlog = self._queues_over_backlog()
-            self._release_held(over_backlog)
             now = self._clock.now()
+            holding = self._release_held(now)
             start, through = write_start(self._planned_per_slot, self._lead, self._write_rate)
             if self._planned and self._written_ahead() >= MAX_WRITTEN_AHEAD:
                 # Enough runs are written and waiting already, for their time or for workers (a
@@ -192,7 +193,7 @@ class WriteAhead:
                 head = self._planned[0][0]
                 start, through = max(start, head - self._lead), head + SLOT
             if start <= now:
-                batch = self._pop_planned(catch_up_through(through, now, self._lead), over_backlog)
+                batch = self._pop_planned(catch_up_through(through, now, self._lead), holding)
                 if batch:
                     await self._timed_materialise(batch, now)
                     continue
@@ -201,39 +202,50 @@ class WriteAhead:
                 delay = min(delay, BACKLOG_RECHECK.total_seconds())
             await sleep_until_woken(self._plan_wake, self._stopping, delay)
 
-    def _queues_over_backlog(self) -> frozenset[tuple[str, str]]:
-        """The (job type, tenant) queues with at least ``max_backlog`` due runs waiting only for a
-        free worker credit: the workers serving them take less than is due.
+    def _release_held(self, now: datetime) -> frozenset[tuple[str, str]]:
+        """The (job type, tenant) queues whose due jobs are to be held rather than written: those
+        with at least ``max_backlog`` due runs waiting for a worker credit or their tenant's cap
+        (the capacity they get is less than is due). Every :data:`BACKLOG_RECHECK` at most, each
+        queue below its limit first gets back as many of its held jobs, oldest first, as it has
+        room for; they are written before any of its jobs falling due later.
 
-        No new runs are written for such a queue. Written on, they could only wait, and writing
-        them takes the node's time and the database's from runs that can start: measured with
-        20,000 runs/s offered on PostgreSQL, writing every due run succeeded at two thirds of the
-        rate of 10,000 offered. Its due jobs are held instead (unchanged in the database), and when
-        the queue has caught up their misfire policy decides what of the missed occurrences runs.
-        Other queues (other job types, other tenants) are written as usual.
+        Written on, runs of a queue over its backlog could only wait, and writing them takes the
+        node's time and the database's from runs that can start: measured with 20,000 runs/s
+        offered on PostgreSQL, writing every due run succeeded at two thirds of the rate of 10,000
+        offered. Its due jobs are held instead (unchanged in the database), and when they are
+        planned again their misfire policy decides what of the missed occurrences runs. Giving
+        back only the room keeps the queue near its limit: all of them at once (a flood's
+        thousands) were written in one go, a burst that held the node's loop for up to 140 ms
+        and sent the queue over its limit again. Other queues are written as usual.
         """
         limit = self._settings.max_backlog
-        return frozenset(queue for queue, waiting in self._backlogs().items() if waiting >= limit)
+        backlogs = self._backlogs()
+        holding = frozenset(queue for queue, waiting in backlogs.items() if waiting >= limit)
+        if self._held and now - self._held_released_at >= BACKLOG_RECHECK:
+            # Paced: runs given back are counted in the backlog only once written and released.
+            self._held_released_at = now
+            for queue in [queue for queue in self._held if queue not in holding]:
+                jobs = self._held[queue]
+                for _ in range(min(len(jobs), limit - backlogs.get(queue, 0))):
+                    _, job = jobs.popitem(last=False)
+                    if job.job_id not in self._planned_at:  # a newer plan (the job changed) wins
+                        self._plan(job)
+                if not jobs:
+                    del self._held[queue]
+            self._metrics.write_ahead_held.set(self.held)
+        return holding
 
-    def _release_held(self, over_backlog: frozenset[tuple[str, str]]) -> None:
-        """Plan again the held jobs of queues no longer over their backlog."""
-        for queue in [queue for queue in self._held if queue not in over_backlog]:
-            for job in self._held.pop(queue).values():
-                if job.job_id not in self._planned_at:  # a newer plan (the job changed) wins
-                    self._plan(job)
-        self._metrics.write_ahead_held.set(self.held)
-
-    def _pop_planned(self, cutoff: datetime, over_backlog: frozenset[tuple[str, str]]) -> list[DueJob]:
-        """Take the jobs due by ``cutoff``, at most a batch of them; those of a queue over its
-        backlog are held rather than taken."""
+    def _pop_planned(self, cutoff: datetime, holding: frozenset[tuple[str, str]]) -> list[DueJob]:
+        """Take the jobs due by ``cutoff``, at most a batch of them; those of a queue in
+        ``holding`` are held rather than taken."""
         batch: list[DueJob] = []
         while self._planned and self._planned[0][0] <= cutoff and len(batch) < self._settings.max_batch:
             fire_at, _, job = heapq.heappop(self._planned)
             self._uncount(fire_at)
             if self._planned_at.get(job.job_id) == fire_at:
                 del self._planned_at[job.job_id]
-                if over_backlog and job.queue in over_backlog:
-                    self._held.setdefault(job.queue, {})[job.job_id] = job
+                if holding and job.queue in holding:
+                    self._held.setdefault(job.queue, OrderedDict())[job.job_id] = job
                 else:
                     batch.append(job)
         return batch

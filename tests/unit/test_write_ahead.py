@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 
-from fastlane.engine.write_ahead import FAR_FUTURE, SLOT, _slot, adaptive_lead, catch_up_through, write_start
+from fastlane.clock import ManualClock
+from fastlane.config import Settings
+from fastlane.domain.models import DueJob, MisfirePolicy, Timing, queue_of
+from fastlane.engine.write_ahead import (
+    BACKLOG_RECHECK,
+    FAR_FUTURE,
+    SLOT,
+    WriteAhead,
+    _slot,
+    adaptive_lead,
+    catch_up_through,
+    write_start,
+)
+from fastlane.metrics import Metrics
 
 LEAD = timedelta(milliseconds=250)
 T = datetime(2027, 3, 1, 9, 30, tzinfo=UTC)  # at a slot boundary
@@ -67,3 +81,49 @@ def test_behind_a_batch_takes_everything_that_should_be_written_by_now():
     late = start + timedelta(milliseconds=400)
     assert through == T + SLOT
     assert catch_up_through(through, late, LEAD) == late + LEAD
+
+
+# -- holding the jobs of a queue over its backlog -------------------------------------------------
+
+NOISY, QUIET = queue_of("t", "noisy"), queue_of("t", "quiet")
+
+
+def _held_write_ahead(clock: ManualClock, backlogs: dict[tuple[str, str], int], limit: int) -> WriteAhead:
+    return WriteAhead(
+        None,  # type: ignore[arg-type]  # nothing here writes
+        settings=Settings(db_url="sqlite:///unused.db", max_backlog=limit), clock=clock, metrics=Metrics(),
+        fence=lambda shard_id: None, on_stale=lambda shard_id: None,  # type: ignore[arg-type,return-value]
+        schedule_run=lambda run: None, forget_run=lambda run_id: None, cancel=lambda runs: None,
+        written_ahead=lambda: 0, backlogs=lambda: backlogs, stopping=asyncio.Event(),
+    )
+
+
+async def test_a_queue_below_its_limit_gets_back_only_the_room_it_has_oldest_first_and_paced():
+    clock = ManualClock(T)
+    backlogs = {NOISY: 10}
+    ahead = _held_write_ahead(clock, backlogs, limit=10)
+    timing = Timing(None, MisfirePolicy())
+    due = [DueJob(f"n{i}", 0, T - timedelta(seconds=1) + i * timedelta(milliseconds=1), timing, NOISY) for i in range(8)]
+    due.append(DueJob("q0", 0, T - timedelta(seconds=1), timing, QUIET))
+    for job in due:
+        ahead._plan(job)
+
+    holding = ahead._release_held(clock.now())
+    assert holding == {NOISY}
+    assert [job.job_id for job in ahead._pop_planned(T, holding)] == ["q0"]  # the quiet queue is written
+    assert ahead.held == 8
+
+    backlogs[NOISY] = 7  # room for 3: the three that fell due first come back, the rest wait
+    clock.advance(BACKLOG_RECHECK)
+    holding = ahead._release_held(clock.now())
+    assert holding == frozenset()
+    assert [job.job_id for job in ahead._pop_planned(T, holding)] == ["n0", "n1", "n2"]
+    assert ahead.held == 5
+
+    backlogs[NOISY] = 0  # room for all, but not before the next look
+    assert ahead._release_held(clock.now() + BACKLOG_RECHECK / 2) == frozenset()
+    assert ahead._pop_planned(T, frozenset()) == [] and ahead.held == 5
+    clock.advance(BACKLOG_RECHECK)
+    ahead._release_held(clock.now())
+    assert [job.job_id for job in ahead._pop_planned(T, frozenset())] == ["n3", "n4", "n5", "n6", "n7"]
+    assert ahead.held == 0
