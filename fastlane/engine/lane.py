@@ -16,9 +16,10 @@ dispatcher's lead, ``--send-ahead``), the timer wakes a little less than that le
 instant (:data:`GATHER_SHARE` of it less) and offers every run due within the lead to the
 dispatcher, which sends what it can place with ``start_at`` set (see :mod:`.dispatch.ahead`):
 at 1,000 runs a second that is one message per five runs instead of one per run, and each
-message costs the node's loop more than the runs it carries. What it cannot place, and what must be confirmed in the database
-first (recovered runs; at-most-once runs, which the dispatcher declines), moves to a second
-heap, *holding*, and is released on its instant exactly as without sending ahead. Catch-ups
+message costs the node's loop more than the runs it carries. What it cannot place, and what
+must be confirmed in the database first (recovered runs; at-most-once runs, which the
+dispatcher declines), moves to a second heap, *holding*, and is released on its instant exactly
+as without sending ahead. Catch-ups
 are already late, so they are released at once and never offered.
 
 The window is loaded per shard on acquisition; afterwards the loader reads only what *enters*

@@ -15,6 +15,7 @@ import asyncio
 import heapq
 import itertools
 import logging
+import math
 import time
 from collections import Counter, OrderedDict, defaultdict, deque
 from collections.abc import Callable, Iterable, Mapping
@@ -103,7 +104,8 @@ class WriteAhead:
         # in the order they fell due: unwritten (unchanged in the database) until the queue has
         # room again (see _pop_planned and _release_held).
         self._held: dict[tuple[str, str], OrderedDict[str, DueJob]] = {}
-        self._held_released_at = FIRST_INSTANT  # the last look at the held jobs' queues
+        self._given_back: dict[str, tuple[str, str]] = {}  # held jobs planned again, not yet written: their queues
+        self._backlogs_looked_at = -math.inf  # time.monotonic() of the last give-back
         self._write_rate = INITIAL_WRITE_RATE  # occurrences materialised per second (moving average)
         # Jobs with next_fire_at before the horizon are in memory (or being loaded); the lane's
         # loader moves it.
@@ -141,6 +143,7 @@ class WriteAhead:
         self._unhold(job_id)
 
     def _unhold(self, job_id: str) -> None:
+        self._given_back.pop(job_id, None)
         for jobs in self._held.values():
             jobs.pop(job_id, None)
 
@@ -183,8 +186,8 @@ class WriteAhead:
     async def run(self) -> None:
         """Write runs a short lead before they are due (earlier for a crowd), in fenced batches."""
         while not self._stopping.is_set():
+            holding = self._look_at_backlogs(time.monotonic())
             now = self._clock.now()
-            holding = self._release_held(now)
             start, through = write_start(self._planned_per_slot, self._lead, self._write_rate)
             if self._planned and self._written_ahead() >= MAX_WRITTEN_AHEAD:
                 # Enough runs are written and waiting already, for their time or for workers (a
@@ -196,18 +199,24 @@ class WriteAhead:
                 batch = self._pop_planned(catch_up_through(through, now, self._lead), holding)
                 if batch:
                     await self._timed_materialise(batch, now)
+                    if self._held:
+                        await asyncio.sleep(0)  # the lane releases what was written: the backlog counts it
                     continue
             delay = (start - now).total_seconds() if self._planned else 3600.0
             if self._held:
-                delay = min(delay, BACKLOG_RECHECK.total_seconds())
+                next_look = self._backlogs_looked_at + BACKLOG_RECHECK.total_seconds() - time.monotonic()
+                delay = min(delay, max(next_look, 0.001))
             await sleep_until_woken(self._plan_wake, self._stopping, delay)
 
-    def _release_held(self, now: datetime) -> frozenset[tuple[str, str]]:
+    def _look_at_backlogs(self, now_s: float) -> frozenset[tuple[str, str]]:
         """The (job type, tenant) queues whose due jobs are to be held rather than written: those
         with at least ``max_backlog`` due runs waiting for a worker credit or their tenant's cap
-        (the capacity they get is less than is due). Every :data:`BACKLOG_RECHECK` at most, each
-        queue below its limit first gets back as many of its held jobs, oldest first, as it has
-        room for; they are written before any of its jobs falling due later.
+        (the capacity they get is less than is due), and those with held jobs still waiting, so
+        that jobs falling due later line up behind them. Every :data:`BACKLOG_RECHECK` at most
+        (``now_s``: ``time.monotonic()``), each queue below its limit gets back as many of its held
+        jobs, oldest first, as it has room for: the limit, less its backlog, less the jobs it got
+        back before that are not written yet. Room is counted in jobs; a job given back writes
+        one run per occurrence its misfire policy keeps (one for ``fire_once``, the default).
 
         Written on, runs of a queue over its backlog could only wait, and writing them takes the
         node's time and the database's from runs that can start: measured with 20,000 runs/s
@@ -220,31 +229,34 @@ class WriteAhead:
         """
         limit = self._settings.max_backlog
         backlogs = self._backlogs()
-        holding = frozenset(queue for queue, waiting in backlogs.items() if waiting >= limit)
-        if self._held and now - self._held_released_at >= BACKLOG_RECHECK:
-            # Paced: runs given back are counted in the backlog only once written and released.
-            self._held_released_at = now
-            for queue in [queue for queue in self._held if queue not in holding]:
+        over = {queue for queue, waiting in backlogs.items() if waiting >= limit}
+        if self._held and now_s - self._backlogs_looked_at >= BACKLOG_RECHECK.total_seconds():
+            # Paced: runs given back count in the backlog only once written and released.
+            self._backlogs_looked_at = now_s
+            self._given_back = {job_id: queue for job_id, queue in self._given_back.items() if job_id in self._planned_at}
+            unwritten = Counter(self._given_back.values())
+            for queue in [queue for queue in self._held if queue not in over]:
                 jobs = self._held[queue]
-                for _ in range(min(len(jobs), limit - backlogs.get(queue, 0))):
+                for _ in range(min(len(jobs), limit - backlogs.get(queue, 0) - unwritten[queue])):
                     _, job = jobs.popitem(last=False)
+                    self._given_back[job.job_id] = queue
                     if job.job_id not in self._planned_at:  # a newer plan (the job changed) wins
                         self._plan(job)
                 if not jobs:
                     del self._held[queue]
-            self._metrics.write_ahead_held.set(self.held)
-        return holding
+        self._metrics.write_ahead_held.set(self.held)
+        return frozenset(over.union(self._held))
 
     def _pop_planned(self, cutoff: datetime, holding: frozenset[tuple[str, str]]) -> list[DueJob]:
         """Take the jobs due by ``cutoff``, at most a batch of them; those of a queue in
-        ``holding`` are held rather than taken."""
+        ``holding`` are held rather than taken, unless they were given back."""
         batch: list[DueJob] = []
         while self._planned and self._planned[0][0] <= cutoff and len(batch) < self._settings.max_batch:
             fire_at, _, job = heapq.heappop(self._planned)
             self._uncount(fire_at)
             if self._planned_at.get(job.job_id) == fire_at:
                 del self._planned_at[job.job_id]
-                if holding and job.queue in holding:
+                if self._given_back.pop(job.job_id, None) is None and job.queue in holding:
                     self._held.setdefault(job.queue, OrderedDict())[job.job_id] = job
                 else:
                     batch.append(job)

@@ -98,32 +98,54 @@ def _held_write_ahead(clock: ManualClock, backlogs: dict[tuple[str, str], int], 
     )
 
 
-async def test_a_queue_below_its_limit_gets_back_only_the_room_it_has_oldest_first_and_paced():
-    clock = ManualClock(T)
-    backlogs = {NOISY: 10}
-    ahead = _held_write_ahead(clock, backlogs, limit=10)
-    timing = Timing(None, MisfirePolicy())
-    due = [DueJob(f"n{i}", 0, T - timedelta(seconds=1) + i * timedelta(milliseconds=1), timing, NOISY) for i in range(8)]
-    due.append(DueJob("q0", 0, T - timedelta(seconds=1), timing, QUIET))
-    for job in due:
-        ahead._plan(job)
+def _due(job_id: str, queue: tuple[str, str], ms_before: int) -> DueJob:
+    return DueJob(job_id, 0, T - timedelta(milliseconds=ms_before), Timing(None, MisfirePolicy()), queue)
 
-    holding = ahead._release_held(clock.now())
+
+async def test_a_queue_below_its_limit_gets_back_only_the_room_it_has_oldest_first_and_paced():
+    backlogs = {NOISY: 10}
+    ahead = _held_write_ahead(ManualClock(T), backlogs, limit=10)
+    # Names unlike their order: the oldest is the one that fell due first.
+    noisy = [_due(name, NOISY, 900 - 10 * index) for index, name in enumerate("hgfedcba")]
+    for job in [*reversed(noisy), _due("q0", QUIET, 900)]:
+        ahead._plan(job)
+    recheck = BACKLOG_RECHECK.total_seconds()
+
+    holding = ahead._look_at_backlogs(0.0)
     assert holding == {NOISY}
     assert [job.job_id for job in ahead._pop_planned(T, holding)] == ["q0"]  # the quiet queue is written
     assert ahead.held == 8
 
     backlogs[NOISY] = 7  # room for 3: the three that fell due first come back, the rest wait
-    clock.advance(BACKLOG_RECHECK)
-    holding = ahead._release_held(clock.now())
-    assert holding == frozenset()
-    assert [job.job_id for job in ahead._pop_planned(T, holding)] == ["n0", "n1", "n2"]
+    holding = ahead._look_at_backlogs(recheck)
+    assert holding == {NOISY}  # it still holds jobs: any falling due now line up behind them
+    assert [job.job_id for job in ahead._pop_planned(T, holding)] == ["h", "g", "f"]
     assert ahead.held == 5
 
     backlogs[NOISY] = 0  # room for all, but not before the next look
-    assert ahead._release_held(clock.now() + BACKLOG_RECHECK / 2) == frozenset()
-    assert ahead._pop_planned(T, frozenset()) == [] and ahead.held == 5
-    clock.advance(BACKLOG_RECHECK)
-    ahead._release_held(clock.now())
-    assert [job.job_id for job in ahead._pop_planned(T, frozenset())] == ["n3", "n4", "n5", "n6", "n7"]
-    assert ahead.held == 0
+    holding = ahead._look_at_backlogs(recheck * 1.5)
+    assert ahead._pop_planned(T, holding) == [] and ahead.held == 5
+    holding = ahead._look_at_backlogs(recheck * 2)
+    assert [job.job_id for job in ahead._pop_planned(T, holding)] == ["e", "d", "c", "b", "a"]
+    assert ahead.held == 0 and ahead._look_at_backlogs(recheck * 3) == frozenset()
+
+
+async def test_jobs_given_back_and_not_yet_written_count_against_the_room_and_new_ones_wait_behind():
+    backlogs = {NOISY: 10}
+    ahead = _held_write_ahead(ManualClock(T), backlogs, limit=10)
+    for index in range(6):
+        ahead._plan(_due(f"old-{index}", NOISY, 900 - index))
+    ahead._pop_planned(T, ahead._look_at_backlogs(0.0))
+    assert ahead.held == 6
+
+    backlogs[NOISY] = 8  # room for 2, given back but not written before the next look
+    ahead._look_at_backlogs(1.0)
+    ahead._plan(_due("new", NOISY, 1))  # falls due now, after the held ones
+    ahead._look_at_backlogs(2.0)  # the backlog has not moved: no more room than the 2 already given
+    assert ahead.held == 4
+    taken = ahead._pop_planned(T, ahead._look_at_backlogs(2.0))
+    assert [job.job_id for job in taken] == ["old-0", "old-1"]
+    assert ahead.held == 5  # "new" was held behind the four still waiting
+    backlogs[NOISY] = 0
+    ahead._look_at_backlogs(3.0)
+    assert [job.job_id for job in ahead._pop_planned(T, frozenset())] == ["old-2", "old-3", "old-4", "old-5", "new"]
