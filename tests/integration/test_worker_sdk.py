@@ -713,7 +713,9 @@ async def test_a_run_still_held_at_the_drain_timeout_is_reported_retryable_and_n
 # -- stopping ----------------------------------------------------------------------------------
 
 
-async def test_stop_lets_the_running_handler_finish_and_report_before_run_returns(node):
+@pytest.mark.parametrize("credits_with_results", [False, True], ids=["older-node", "credits-in-results"])
+async def test_stop_lets_the_running_handler_finish_and_report_before_run_returns(node, credits_with_results):
+    node.credits_with_results = credits_with_results
     release, started = asyncio.Event(), asyncio.Event()
     worker = blocking_worker(node, release, drain_timeout=10.0)
     order: list[str] = []
