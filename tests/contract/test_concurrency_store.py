@@ -55,7 +55,7 @@ async def test_a_database_with_jobs_migrates_and_their_runs_have_no_key(db_url, 
         assert await store.migrate() == 7
         job, _ = await store.create_job(JobSpec(name="old", job_type="t", schedule=Schedule.cron_expr("* * * * *")))
         monkeypatch.undo()
-        assert await store.migrate() == 9
+        assert await store.migrate() == migrations_for(store.dialect)[-1].version
         old = await store.create_manual_run("default", job.job_id)
         assert (old.concurrency_key, old.concurrency_limit) == (None, None)
         [new] = await keyed_runs(store, 1, limit=4)

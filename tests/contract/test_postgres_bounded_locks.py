@@ -264,3 +264,30 @@ async def test_the_change_listener_outlives_the_idle_in_transaction_timeout(pg_d
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
         await store.close()
+
+
+async def test_a_populated_database_migrates_to_vacuuming_its_churning_tables_often(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Version 10 sets runs, attempts and jobs to be vacuumed and analysed after a fiftieth of
+    their rows change (PostgreSQL's defaults wait for a fifth and a tenth), also on a database
+    that already holds jobs and runs."""
+    store = open_store(pg_dsn, shard_count=4)
+    monkeypatch.setattr("fastlane.storage.postgres.store.migrations_for", lambda dialect: migrations_for(dialect)[:9])
+    reader = await asyncpg.connect(pg_dsn)
+    try:
+        assert await store.migrate() == 9
+        job, _ = await store.create_job(JobSpec(name="old", job_type="t", schedule=Schedule.cron_expr("* * * * *")))
+        await store.create_manual_run("default", job.job_id)
+        monkeypatch.undo()
+        assert await store.migrate() == 10
+        options = {row["relname"]: set(row["reloptions"] or ()) for row in await reader.fetch(
+            "SELECT relname, reloptions FROM pg_class WHERE relname IN ('runs', 'attempts', 'jobs')")}
+        assert options["runs"] == options["attempts"] == {
+            "autovacuum_vacuum_scale_factor=0.02", "autovacuum_analyze_scale_factor=0.02",
+            "autovacuum_vacuum_insert_scale_factor=0.02"}
+        assert options["jobs"] == {"autovacuum_vacuum_scale_factor=0.02", "autovacuum_analyze_scale_factor=0.02"}
+        assert len((await store.list_runs("default", job_id=job.job_id)).items) == 1
+    finally:
+        await reader.close()
+        await store.close()
