@@ -6,7 +6,7 @@
 -- table of ten million runs that is two million dead index entries that every scan of a partial
 -- index (runs waiting, runs leased) steps over first, and statistics from when the table was far
 -- smaller, which the plans of the node's prepared statements keep. Measured on a fresh database
--- during `fastlane bench spread --backend postgres` (30,000 runs in 30 s, default autovacuum):
+-- during `fastlane bench spread --backend postgres --scale 0.3` (9,000 runs in 9 s, default autovacuum):
 -- 127 sequential scans of attempts a second reading 297,000 rows, and 704,000 index entries a
 -- second read through runs_leased; analysed and vacuumed every few hundred changes, 38,000 and
 -- 6,000. A fiftieth keeps the work per vacuum small and the statistics current. (How often the
