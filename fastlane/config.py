@@ -94,10 +94,10 @@ class Settings:
     # wait in the database (where they already are) and are read back as workers take runs.
     max_ready_per_type: int = 150_000
     max_ready_bytes_per_type: int = 64 << 20  # payload bytes of those runs, at most
-    # Released runs of one job type and tenant waiting for a free worker credit or their tenant's cap (it
-    # gets less than is due) beyond which no new runs of it are written: its due jobs wait in the
-    # window, and their misfire policy decides what runs once the backlog has shrunk. Writing on
-    # would only lengthen every run's wait and take the node's time from sending.
+    # Released runs of one job type and tenant waiting for a free worker credit or their tenant's
+    # cap (it gets less than is due) beyond which no new runs of it are written: its due jobs
+    # wait in the window, and their misfire policy decides what runs once the backlog has shrunk.
+    # Writing on would only lengthen every run's wait and take the node's time from sending.
     max_backlog: int = 10_000
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES  # largest job payload the API accepts
     # How long before its instant a run may be sent to a worker whose clock is known to within

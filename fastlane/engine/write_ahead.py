@@ -102,7 +102,7 @@ class WriteAhead:
         self._planned_per_slot: Counter[int] = Counter()  # heap entries (live or dead) by fire slot
         # Due jobs taken from the heap while their queue was over its backlog, by queue and job id
         # in the order they fell due: unwritten (unchanged in the database) until the queue has
-        # room again (see _pop_planned and _release_held).
+        # room again (see _pop_planned and _look_at_backlogs).
         self._held: dict[tuple[str, str], OrderedDict[str, DueJob]] = {}
         self._given_back: dict[str, tuple[str, str]] = {}  # held jobs planned again, not yet written: their queues
         self._backlogs_looked_at = -math.inf  # time.monotonic() of the last give-back
@@ -224,8 +224,9 @@ class WriteAhead:
         offered. Its due jobs are held instead (unchanged in the database), and when they are
         planned again their misfire policy decides what of the missed occurrences runs. Giving
         back only the room keeps the queue near its limit: all of them at once (a flood's
-        thousands) were written in one go, a burst that held the node's loop for up to 140 ms
-        and sent the queue over its limit again. Other queues are written as usual.
+        thousands) were written in one go, a burst that delayed another tenant's runs by up to
+        139 ms in ``fastlane bench fairness`` and sent the queue over its limit again. Other
+        queues are written as usual.
         """
         limit = self._settings.max_backlog
         backlogs = self._backlogs()
