@@ -51,6 +51,11 @@ from fastlane.storage import Store
 # of the lead (15-20 ms by default).
 GATHER_SHARE = 0.25
 
+
+def _gathered(ahead: timedelta) -> timedelta:
+    """How far the earliest run is from its instant when runs are offered ahead."""
+    return ahead * (1 - GATHER_SHARE)
+
 log = logging.getLogger("fastlane.lane")
 
 SCAN_PAGE = 20_000  # jobs read by one window query
@@ -258,7 +263,7 @@ class FastLane:
                 await asyncio.sleep(0)
                 continue
             ahead = self._dispatch.ahead_lead  # zero unless a connected worker can hold runs
-            if ahead and self._releasing and self._releasing[0][0] <= now + ahead * (1 - GATHER_SHARE):
+            if ahead and self._releasing and self._releasing[0][0] <= now + _gathered(ahead):
                 self._offer_ahead(now + ahead, limit)
                 await asyncio.sleep(0)
                 continue
@@ -266,7 +271,7 @@ class FastLane:
 
     def _next_wake(self, now: datetime, ahead: timedelta) -> float:
         """Seconds until the earliest offer (``ahead``, less the gathering, before an instant) or release."""
-        wake = self._releasing[0][0] - ahead * (1 - GATHER_SHARE) if self._releasing else now + timedelta(hours=1)
+        wake = self._releasing[0][0] - _gathered(ahead) if self._releasing else now + timedelta(hours=1)
         if self._holding:
             wake = min(wake, self._holding[0][0])
         return (wake - now).total_seconds()
