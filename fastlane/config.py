@@ -12,6 +12,7 @@ from pathlib import Path
 from fastlane.domain.limits import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     MAX_BACKLOG,
+    MAX_BACKLOG_SECONDS,
     MAX_HISTORY_RETENTION,
     MAX_PRIORITY,
     MAX_PRIORITY_RESERVE,
@@ -99,6 +100,10 @@ class Settings:
     # wait in the window, and their misfire policy decides what runs once the backlog has shrunk.
     # Writing on would only lengthen every run's wait and take the node's time from sending.
     max_backlog: int = 10_000
+    # ... and beyond this many seconds of the runs it has lately sent to workers (at least
+    # fastlane.engine.backlog.MIN_BACKLOG): a flood stops being written within a second instead of
+    # filling max_backlog at its own rate. Zero: max_backlog alone.
+    max_backlog_seconds: float = 2.0
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES  # largest job payload the API accepts
     # How long before its instant a run may be sent to a worker whose clock is known to within
     # this; the worker holds it and starts it on the instant. Zero: every run is sent on its instant.
@@ -128,6 +133,9 @@ class Settings:
             raise ConfigurationError(f"--max-ready-per-type {self.max_ready_per_type} must be at least 1")
         if not 1 <= self.max_backlog <= MAX_BACKLOG:
             raise ConfigurationError(f"--max-backlog {self.max_backlog} is out of range (1..{MAX_BACKLOG})")
+        if not 0 <= self.max_backlog_seconds <= MAX_BACKLOG_SECONDS:  # NaN fails too
+            raise ConfigurationError(
+                f"--max-backlog-seconds {self.max_backlog_seconds} is out of range (0..{MAX_BACKLOG_SECONDS:g})")
         if not timedelta(0) <= self.send_ahead <= MAX_SEND_AHEAD:
             raise ConfigurationError(
                 f"--send-ahead {self.send_ahead.total_seconds() * 1000:g} ms is out of range "

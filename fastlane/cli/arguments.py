@@ -145,6 +145,21 @@ def whole_number_up_to(maximum: int) -> Callable[[str], int]:
     return whole_number
 
 
+def seconds_up_to(maximum: float) -> Callable[[str], float]:
+    """An argparse type: a number of seconds in ``0..maximum``."""
+
+    def seconds(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        if not 0 <= value <= maximum:  # NaN fails too
+            raise argparse.ArgumentTypeError(f"{text} is out of range (0..{maximum:g} s)")
+        return value
+
+    return seconds
+
+
 def milliseconds_up_to(maximum: float) -> Callable[[str], float]:
     """An argparse type: a number of milliseconds in ``0..maximum``."""
 

@@ -25,6 +25,7 @@ from fastlane.cli.arguments import (
     positive_seconds,
     priority_reserve,
     rate_or_unlimited,
+    seconds_up_to,
     security_flags,
     server_address,
     tenant_max_in_flight,
@@ -34,6 +35,7 @@ from fastlane.cli.arguments import (
 from fastlane.config import DEFAULT_DB_URL, DEFAULT_QUOTAS, DEFAULT_SERVER, Settings, default_node_id
 from fastlane.domain.limits import (
     MAX_BACKLOG,
+    MAX_BACKLOG_SECONDS,
     MAX_HISTORY_RETENTION,
     MAX_SEND_AHEAD,
     MAX_TENANT_IN_FLIGHT,
@@ -151,6 +153,17 @@ def register(commands: Any) -> None:
         "the tenant's --tenant-max-in-flight (it gets less than is due), write no new runs of it: its due "
         "jobs wait in the window "
         f"and their misfire policy decides what runs once the backlog shrinks (default: {defaults.max_backlog})",
+    )
+    serve.add_argument(
+        "--max-backlog-seconds",
+        metavar="SECONDS",
+        type=seconds_up_to(MAX_BACKLOG_SECONDS),
+        default=defaults.max_backlog_seconds,
+        help="hold a job type and tenant's due jobs as above also once its waiting runs are this many seconds "
+        "of the runs it has lately sent to workers (at least 1,000 runs): a queue needs only the write lead's "
+        "worth to keep its workers busy, and a flood stops being written within a second instead of filling "
+        f"--max-backlog at its own rate; 0: --max-backlog alone (0..{MAX_BACKLOG_SECONDS:g}; "
+        f"default: {defaults.max_backlog_seconds:g})",
     )
     serve.add_argument(
         "--max-ready-bytes-per-type",
@@ -297,6 +310,7 @@ def serve_node(args: argparse.Namespace) -> int:
         max_ready_per_type=args.max_ready_per_type,
         max_ready_bytes_per_type=args.max_ready_bytes_per_type,
         max_backlog=args.max_backlog,
+        max_backlog_seconds=args.max_backlog_seconds,
         max_payload_bytes=args.max_payload_bytes,
         send_ahead=timedelta(milliseconds=args.send_ahead),
         tenant_weights=dict(args.tenant_weights),

@@ -50,6 +50,7 @@ MIN_PRIORITY, MAX_PRIORITY = -1000, 1000
 MAX_TENANT_WEIGHT = 100  # runs a tenant takes per turn of its job type's ready queue (--tenant-weight)
 MAX_TENANT_IN_FLIGHT = 1_000_000  # a tenant's cap on attempts in flight per node (--tenant-max-in-flight)
 MAX_BACKLOG = 10_000_000  # due runs of a job type and tenant waiting for busy workers before none are written (--max-backlog)
+MAX_BACKLOG_SECONDS = 3_600.0  # the same as seconds of that queue's pace (--max-backlog-seconds)
 MAX_CONCURRENCY_LIMIT = 10_000  # runs of one concurrency key active at once (spec.concurrency_limit)
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1_000

@@ -270,9 +270,10 @@ class Timing:
 class DueJob:
     """A job as the in-memory window holds it: just enough to plan its next occurrences.
 
-    The window holds up to hundreds of thousands of these, so it keeps five references rather
+    The window holds up to hundreds of thousands of these, so it keeps six references rather
     than the whole job: planning its occurrences needs nothing else, and ``queue`` (its job type
-    and tenant, the ready queue its runs join) tells whether that queue is too far behind to add to.
+    and tenant, the ready queue its runs join) tells whether that queue is too far behind to add to,
+    unless ``priority`` makes its runs urgent (never held back: see ``--priority-reserve``).
     Jobs with the same timing, and those with the same queue, share one value of each.
     """
 
@@ -281,13 +282,15 @@ class DueJob:
     next_fire_at: datetime
     timing: Timing
     queue: tuple[str, str]  # (job type, tenant)
+    priority: int
 
     @staticmethod
     def of(job: Job) -> DueJob:
         """The window's view of ``job``. Raises ValueError if it has no next fire time."""
         if job.next_fire_at is None:
             raise ValueError(f"job {job.job_id} has no next_fire_at; it is not due")
-        return DueJob(job.job_id, job.shard_id, job.next_fire_at, Timing.of(job.spec), queue_of(job.spec.job_type, job.tenant))
+        return DueJob(job.job_id, job.shard_id, job.next_fire_at, Timing.of(job.spec), queue_of(job.spec.job_type, job.tenant),
+                      job.spec.priority)
 
 
 @functools.lru_cache(maxsize=4096)

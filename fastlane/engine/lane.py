@@ -109,6 +109,10 @@ class LaneDispatcher(Protocol):
         serves them, by (job type, tenant)."""
         ...
 
+    def assigned_totals(self) -> Mapping[tuple[str, str], int]:
+        """Attempts sent to workers since the node started, by (job type, tenant)."""
+        ...
+
 
 class FastLane:
     """Owns the in-memory window of the shards this node holds."""
@@ -145,7 +149,8 @@ class FastLane:
         self._write_ahead = WriteAhead(
             store, settings=settings, clock=clock, metrics=metrics, fence=shards.fence, on_stale=on_stale,
             schedule_run=self.schedule_run, forget_run=self.forget_run, cancel=dispatch.cancel,
-            written_ahead=self._written_ahead, backlogs=dispatch.backlogs, stopping=self._stopping,
+            written_ahead=self._written_ahead, backlogs=dispatch.backlogs, assigned_totals=dispatch.assigned_totals,
+            stopping=self._stopping,
         )
         self._held = _HeldRuns(self._releasing_ids, dispatch)
         dispatch.watch_ahead(self._release_wake.set)  # a worker able to hold runs: offer them now

@@ -26,6 +26,7 @@ from fastlane.config import Settings
 from fastlane.domain.limits import FIRST_INSTANT, MAX_ERROR_TEXT
 from fastlane.domain.models import DueJob, Job, JobState, Run, ShardLease
 from fastlane.domain.policies import plan_occurrence
+from fastlane.engine.backlog import BacklogLimits
 from fastlane.engine.waits import pause, sleep_until_woken
 from fastlane.errors import StaleFence, StorageError, StorageUnavailable, new_error_id
 from fastlane.metrics import Metrics
@@ -73,12 +74,15 @@ class WriteAhead:
         cancel: Callable[[Iterable[Run]], None],
         written_ahead: Callable[[], int],
         backlogs: Callable[[], Mapping[tuple[str, str], int]],
+        assigned_totals: Callable[[], Mapping[tuple[str, str], int]],
         stopping: asyncio.Event,
     ) -> None:
         """``schedule_run``, ``forget_run``: the lane's release queue takes written runs and drops
         cancelled ones; ``cancel`` stops runs at the dispatcher; ``written_ahead``: runs written and
         waiting, for their time or for a worker; ``backlogs``: due runs waiting for a free
-        worker credit or their tenant's cap, by (job type, tenant)."""
+        worker credit or their tenant's cap, by (job type, tenant); ``assigned_totals``: attempts
+        sent to workers since the node started, by (job type, tenant), from which each queue's
+        backlog limit follows (:mod:`fastlane.engine.backlog`)."""
         self._store = store
         self._settings = settings
         # Runs are needed the send-ahead lead earlier than their instant (offered to workers then).
@@ -95,6 +99,12 @@ class WriteAhead:
         self._cancel = cancel
         self._written_ahead = written_ahead
         self._backlogs = backlogs
+        self._limits = BacklogLimits(max_backlog=settings.max_backlog, seconds=settings.max_backlog_seconds,
+                                     assigned_totals=assigned_totals)
+        # Runs of this priority or more take credits kept for them (--priority-reserve): they do
+        # not wait behind a backlog, so their jobs are never held.
+        reserve = settings.priority_reserve
+        self._urgent_priority = reserve.priority if reserve is not None else math.inf
         self._stopping = stopping
         self._seq = itertools.count()
         self._planned: list[tuple[datetime, int, DueJob]] = []
@@ -210,7 +220,8 @@ class WriteAhead:
 
     def _look_at_backlogs(self, now_s: float) -> frozenset[tuple[str, str]]:
         """The (job type, tenant) queues whose due jobs are to be held rather than written: those
-        with at least ``max_backlog`` due runs waiting for a worker credit or their tenant's cap
+        with at least their limit (:class:`~fastlane.engine.backlog.BacklogLimits`: ``--max-backlog``
+        runs, or less by their pace) of due runs waiting for a worker credit or their tenant's cap
         (the capacity they get is less than is due), and those with held jobs still waiting, so
         that jobs falling due later line up behind them. Every :data:`BACKLOG_RECHECK` at most
         (``now_s``: ``time.monotonic()``), each queue below its limit gets back as many of its held
@@ -228,9 +239,10 @@ class WriteAhead:
         139 ms in ``fastlane bench fairness`` and sent the queue over its limit again. Other
         queues are written as usual.
         """
-        limit = self._settings.max_backlog
+        self._limits.measure(now_s)
+        limit = self._limits.limit
         backlogs = self._backlogs()
-        over = {queue for queue, waiting in backlogs.items() if waiting >= limit}
+        over = {queue for queue, waiting in backlogs.items() if waiting >= limit(queue)}
         if self._held and now_s - self._backlogs_looked_at >= BACKLOG_RECHECK.total_seconds():
             # Paced: runs given back count in the backlog only once written and released.
             self._backlogs_looked_at = now_s
@@ -238,7 +250,7 @@ class WriteAhead:
             unwritten = Counter(self._given_back.values())
             for queue in [queue for queue in self._held if queue not in over]:
                 jobs = self._held[queue]
-                for _ in range(min(len(jobs), limit - backlogs.get(queue, 0) - unwritten[queue])):
+                for _ in range(min(len(jobs), limit(queue) - backlogs.get(queue, 0) - unwritten[queue])):
                     _, job = jobs.popitem(last=False)
                     self._given_back[job.job_id] = queue
                     if job.job_id not in self._planned_at:  # a newer plan (the job changed) wins
@@ -250,14 +262,15 @@ class WriteAhead:
 
     def _pop_planned(self, cutoff: datetime, holding: frozenset[tuple[str, str]]) -> list[DueJob]:
         """Take the jobs due by ``cutoff``, at most a batch of them; those of a queue in
-        ``holding`` are held rather than taken, unless they were given back."""
+        ``holding`` are held rather than taken, unless they were given back or are urgent."""
         batch: list[DueJob] = []
         while self._planned and self._planned[0][0] <= cutoff and len(batch) < self._settings.max_batch:
             fire_at, _, job = heapq.heappop(self._planned)
             self._uncount(fire_at)
             if self._planned_at.get(job.job_id) == fire_at:
                 del self._planned_at[job.job_id]
-                if self._given_back.pop(job.job_id, None) is None and job.queue in holding:
+                if (self._given_back.pop(job.job_id, None) is None and job.queue in holding
+                        and job.priority < self._urgent_priority):
                     self._held.setdefault(job.queue, OrderedDict())[job.job_id] = job
                 else:
                     batch.append(job)
@@ -376,7 +389,7 @@ class WriteAhead:
             # A plan at or before the occurrence just written is stale (the database has moved
             # past it); a later one came from a newer change and wins.
             if planned is None or planned <= occurrence.expected_next_fire_at:
-                self._plan(DueJob(job.job_id, job.shard_id, upcoming, job.timing, job.queue))
+                self._plan(DueJob(job.job_id, job.shard_id, upcoming, job.timing, job.queue, job.priority))
 
 
 def adaptive_lead(floor: timedelta, write_times: Iterable[float], cap: timedelta) -> timedelta:

@@ -205,9 +205,9 @@ def decode_timing(schedule: str | bytes | None, misfire: str | bytes) -> Timing:
 
 def build_due_job(
     job_id: str, shard_id: int, next_fire_at: datetime, schedule: str | bytes | None, misfire: str | bytes,
-    job_type: str, tenant: str,
+    job_type: str, tenant: str, priority: int,
 ) -> DueJob:
-    return DueJob(job_id, shard_id, next_fire_at, decode_timing(schedule, misfire), queue_of(job_type, tenant))
+    return DueJob(job_id, shard_id, next_fire_at, decode_timing(schedule, misfire), queue_of(job_type, tenant), priority)
 
 
 # Runs are built by the thousand per second: repeated values are decoded once.

@@ -737,13 +737,13 @@ async def test_cancel_previous_reports_a_queued_run_it_cancelled(store):
     assert [(run.run_id, run.state) for run in second.cancelling] == [(queued.run_id, RunState.CANCELLED)]
 
 
-async def test_due_jobs_carry_their_timing_and_share_equal_ones(store):
+async def test_due_jobs_carry_their_timing_queue_and_priority_and_share_equal_ones(store):
     now = await store.db_now()
     skip_late = MisfirePolicy(kind=MisfireKind.SKIP, grace=timedelta(seconds=3))
     cron = Schedule.cron_expr("*/2 * * * * *", "Europe/London")
     created = [
         (await store.create_job(spec("once-a", schedule=Schedule.at_instant(now + timedelta(seconds=1)))))[0],
-        (await store.create_job(spec("once-b", schedule=Schedule.at_instant(now + timedelta(seconds=2)))))[0],
+        (await store.create_job(spec("once-b", schedule=Schedule.at_instant(now + timedelta(seconds=2)), priority=250)))[0],
         (await store.create_job(spec("cron-a", schedule=cron, misfire=skip_late)))[0],
         (await store.create_job(spec("cron-b", schedule=cron, misfire=skip_late)))[0],
     ]
@@ -755,6 +755,9 @@ async def test_due_jobs_carry_their_timing_and_share_equal_ones(store):
     assert [job.next_fire_at for job in (once_a, once_b, cron_a, cron_b)] == [job.next_fire_at for job in created]
     # Equal timings are one value in memory, however many jobs hold them.
     assert once_a.timing is once_b.timing and cron_a.timing is cron_b.timing
+    # Its queue and priority: whether its runs may be held back while the queue is behind.
+    assert once_a.queue == ("billing.run", "default") and once_a.queue is cron_b.queue
+    assert [job.priority for job in (once_a, once_b, cron_a)] == [0, 250, 0]
 
 
 async def test_pending_runs_come_in_time_order_and_leave_out_the_ones_held(store):

@@ -5,6 +5,7 @@ Nothing here needs a daemon; commands that would reach one are pointed at a clos
 
 from __future__ import annotations
 
+import math
 import socket
 import sys
 from datetime import timedelta
@@ -438,9 +439,11 @@ def test_serve_takes_tenant_weights(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setitem(sys.modules, "fastlane.server.node", SimpleNamespace(serve=serve))
     assert main(["serve", "--db", "sqlite:///x.db", "--tenant-weight", "billing=3", "--tenant-weight", "ops=1",
-                 "--tenant-max-in-flight", "billing=40", "--priority-reserve=-5=3", "--max-backlog", "2500"]) == 0
+                 "--tenant-max-in-flight", "billing=40", "--priority-reserve=-5=3", "--max-backlog", "2500",
+                 "--max-backlog-seconds", "0.5"]) == 0
     assert received[0].tenant_weights == {"billing": 3, "ops": 1}
     assert received[0].max_backlog == 2500
+    assert received[0].max_backlog_seconds == 0.5
     assert received[0].tenant_max_in_flight == {"billing": 40}
     assert received[0].priority_reserve == PriorityReserve(priority=-5, credits=3)
 
@@ -479,6 +482,23 @@ def test_serve_refuses_a_backlog_bound_out_of_range(value: str, capsys: pytest.C
 def test_settings_refuse_a_backlog_bound_out_of_range(bound: int) -> None:
     with pytest.raises(ConfigurationError, match="--max-backlog"):
         Settings(max_backlog=bound)
+
+
+@pytest.mark.parametrize("value", ["-0.5", "x", "3600.5", "nan", "inf"])
+def test_serve_refuses_backlog_seconds_out_of_range(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--max-backlog-seconds", value]) == 2
+    assert "--max-backlog-seconds" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("seconds", [-1.0, 3_600.5, math.nan, math.inf])
+def test_settings_refuse_backlog_seconds_out_of_range(seconds: float) -> None:
+    with pytest.raises(ConfigurationError, match="--max-backlog-seconds"):
+        Settings(max_backlog_seconds=seconds)
+
+
+def test_serve_backlog_seconds_default_and_zero() -> None:
+    assert Settings().max_backlog_seconds == 2.0
+    assert Settings(max_backlog_seconds=0).max_backlog_seconds == 0
 
 
 @pytest.mark.parametrize("value", ["100", "100=0", "100=100001", "x=3", "1001=3", "-1001=3", "100=x", "=3"])

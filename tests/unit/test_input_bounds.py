@@ -36,7 +36,7 @@ def test_an_interval_whose_next_occurrence_is_past_the_range_ends_instead_of_rai
     schedule = Schedule.interval(timedelta(days=8000 * 366), anchor=NOW + timedelta(seconds=3))
     assert next_fire_after(schedule, NOW) == NOW + timedelta(seconds=3)
     assert next_fire_after(schedule, NOW + timedelta(seconds=3)) is None
-    due = DueJob("j", 0, NOW + timedelta(seconds=3), Timing(schedule, MisfirePolicy()), ("t", "default"))
+    due = DueJob("j", 0, NOW + timedelta(seconds=3), Timing(schedule, MisfirePolicy()), ("t", "default"), 0)
     occurrence = plan_occurrence(due, NOW + timedelta(seconds=3), NOW + timedelta(seconds=4))
     assert occurrence.fire_times == (NOW + timedelta(seconds=3),) and occurrence.next_fire_at is None
 

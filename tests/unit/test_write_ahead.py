@@ -6,8 +6,9 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 
 from fastlane.clock import ManualClock
-from fastlane.config import Settings
+from fastlane.config import PriorityReserve, Settings
 from fastlane.domain.models import DueJob, MisfirePolicy, Timing, queue_of
+from fastlane.engine.backlog import MIN_BACKLOG, PACE_WINDOW
 from fastlane.engine.write_ahead import (
     BACKLOG_RECHECK,
     FAR_FUTURE,
@@ -88,18 +89,23 @@ def test_behind_a_batch_takes_everything_that_should_be_written_by_now():
 NOISY, QUIET = queue_of("t", "noisy"), queue_of("t", "quiet")
 
 
-def _held_write_ahead(clock: ManualClock, backlogs: dict[tuple[str, str], int], limit: int) -> WriteAhead:
+def _held_write_ahead(
+    clock: ManualClock, backlogs: dict[tuple[str, str], int], limit: int,
+    assigned: dict[tuple[str, str], int] | None = None, reserve: PriorityReserve | None = None,
+) -> WriteAhead:
+    settings = Settings(db_url="sqlite:///unused.db", max_backlog=limit, priority_reserve=reserve)
     return WriteAhead(
         None,  # type: ignore[arg-type]  # nothing here writes
-        settings=Settings(db_url="sqlite:///unused.db", max_backlog=limit), clock=clock, metrics=Metrics(),
+        settings=settings, clock=clock, metrics=Metrics(),
         fence=lambda shard_id: None, on_stale=lambda shard_id: None,  # type: ignore[arg-type,return-value]
         schedule_run=lambda run: None, forget_run=lambda run_id: None, cancel=lambda runs: None,
-        written_ahead=lambda: 0, backlogs=lambda: backlogs, stopping=asyncio.Event(),
+        written_ahead=lambda: 0, backlogs=lambda: backlogs, assigned_totals=lambda: dict(assigned or {}),
+        stopping=asyncio.Event(),
     )
 
 
-def _due(job_id: str, queue: tuple[str, str], ms_before: int) -> DueJob:
-    return DueJob(job_id, 0, T - timedelta(milliseconds=ms_before), Timing(None, MisfirePolicy()), queue)
+def _due(job_id: str, queue: tuple[str, str], ms_before: int, priority: int = 0) -> DueJob:
+    return DueJob(job_id, 0, T - timedelta(milliseconds=ms_before), Timing(None, MisfirePolicy()), queue, priority)
 
 
 async def test_a_queue_below_its_limit_gets_back_only_the_room_it_has_oldest_first_and_paced():
@@ -149,3 +155,40 @@ async def test_jobs_given_back_and_not_yet_written_count_against_the_room_and_ne
     backlogs[NOISY] = 0
     ahead._look_at_backlogs(3.0)
     assert [job.job_id for job in ahead._pop_planned(T, frozenset())] == ["old-2", "old-3", "old-4", "old-5", "new"]
+
+
+async def test_a_queue_is_held_at_a_few_seconds_of_its_pace_well_below_max_backlog():
+    # The noisy queue's workers take 100 runs a second: at the default 2 s of pace its limit is
+    # the floor, MIN_BACKLOG, not --max-backlog's 10,000; the quiet queue, as fast as it is due,
+    # is not held at the same depth.
+    assigned = {NOISY: 0, QUIET: 0}
+    backlogs = {NOISY: MIN_BACKLOG, QUIET: MIN_BACKLOG - 1}
+    ahead = _held_write_ahead(ManualClock(T), backlogs, limit=10_000, assigned=assigned)
+    ahead._look_at_backlogs(0.0)  # the first reading: no pace yet
+    assigned.update({NOISY: 100, QUIET: 100})
+    assert ahead._look_at_backlogs(PACE_WINDOW) == {NOISY}
+
+    assigned.update({NOISY: 200, QUIET: 5_100})  # the quiet queue's workers now take 5,000 a second
+    backlogs.update({NOISY: MIN_BACKLOG - 1, QUIET: 9_999})
+    assert ahead._look_at_backlogs(2 * PACE_WINDOW) == frozenset()  # 2 s of 5,000/s: 10,000
+    backlogs[QUIET] = 10_000
+    assert ahead._look_at_backlogs(2 * PACE_WINDOW) == {QUIET}  # --max-backlog still bounds it
+
+
+async def test_urgent_jobs_are_never_held_even_while_their_queue_is():
+    # Runs of the --priority-reserve priority take credits kept for them: they would not wait
+    # behind the backlog, so holding them would only make them late.
+    ahead = _held_write_ahead(ManualClock(T), {NOISY: 10}, limit=10, reserve=PriorityReserve(priority=100, credits=2))
+    for job in [_due("low", NOISY, 900, priority=-1000), _due("high", NOISY, 800, priority=100),
+                _due("higher", NOISY, 700, priority=1000), _due("just-below", NOISY, 600, priority=99)]:
+        ahead._plan(job)
+    holding = ahead._look_at_backlogs(0.0)
+    assert holding == {NOISY}
+    assert [job.job_id for job in ahead._pop_planned(T, holding)] == ["high", "higher"]
+    assert ahead.held == 2
+
+
+async def test_without_a_reserve_every_priority_is_held_alike():
+    ahead = _held_write_ahead(ManualClock(T), {NOISY: 10}, limit=10)
+    ahead._plan(_due("high", NOISY, 800, priority=1000))
+    assert ahead._pop_planned(T, ahead._look_at_backlogs(0.0)) == [] and ahead.held == 1

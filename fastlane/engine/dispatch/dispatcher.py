@@ -141,12 +141,15 @@ class Dispatcher:
                 for tenant, n in queue.tenant_depths().items() if not self._serves(kind, tenant)}
 
     def backlogs(self) -> dict[tuple[str, str], int]:
-        """Released runs waiting for a free credit or for their tenant's cap, by (job type,
-        tenant), where a connected worker serves them: how far each queue is behind the capacity
-        it gets (the write-ahead writes no new runs for a queue far behind). A tenant held to its
-        cap is behind as surely as one short of workers, and holding it holds only its own queue."""
+        """Released runs waiting for a free credit or for their tenant's cap, by (job type, tenant),
+        where a connected worker serves them: how far each queue is behind the capacity it gets (the
+        write-ahead writes no new runs for a queue far behind; a tenant held to its cap is behind too)."""
         return {(kind, tenant): n for kind, queue in list(self._ready.items()) for tenant, n in queue.tenant_depths().items()
                 if self._serves(kind, tenant)}
+
+    def assigned_totals(self) -> dict[tuple[str, str], int]:
+        """Attempts assigned since the node started, by (job type, tenant): each queue's pace."""
+        return self._in_flight.assigned_totals()
 
     def _serves(self, kind: str, tenant: str) -> bool:
         return any(session.tenant in (None, tenant) for session in list(self._sessions.get(kind, ())))
@@ -181,9 +184,8 @@ class Dispatcher:
         # does not, the leases expire and the runs are delivered again.
         session.connected = False
         self._ahead.disconnected(session)
-        in_flight = self._in_flight
-        for key in [key for key, held in in_flight.items() if held is session]:
-            del in_flight[key]
+        for key in [key for key, held in self._in_flight.items() if held is session]:
+            del self._in_flight[key]
         for job_type in session.job_types:
             sessions = self._sessions.get(job_type, [])
             if session in sessions:
@@ -252,9 +254,8 @@ class Dispatcher:
     def forget_attempts(self, runs: Iterable[Run]) -> None:
         """These runs' earlier attempts expired: no result for them will be waited for."""
         expired = {run.run_id for run in runs}
-        in_flight = self._in_flight
-        for key in [key for key in in_flight if key[0] in expired]:
-            del in_flight[key]
+        for key in [key for key in self._in_flight if key[0] in expired]:
+            del self._in_flight[key]
 
     # -- sending ahead (see .ahead) --------------------------------------------------------------
 

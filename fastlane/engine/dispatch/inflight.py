@@ -5,7 +5,9 @@ dispatcher and the journal. Attempts the dispatcher assigned (:meth:`InFlight.as
 counted under their job type and tenant: for a tenant's cap on attempts in flight
 (``--tenant-max-in-flight``) and for ``fastlane_in_flight_runs``. Attempts assigned as *ordinary* (below the
 urgent priority of ``--priority-reserve``) are also counted per worker session, whose credits
-beyond the reserve are all they may hold. An attempt put in without its run (the journal
+beyond the reserve are all they may hold. Every assignment also adds to a running total per job
+type and tenant, never taken back (:meth:`InFlight.assigned_totals`): the pace at which each
+queue's runs go to workers, from which its backlog limit follows. An attempt put in without its run (the journal
 vouching for one sent before a reconnect) is held but not counted.
 """
 
@@ -26,6 +28,7 @@ class InFlight(MutableMapping[AttemptKey, WorkerSession]):
         self._labels: dict[AttemptKey, Label] = {}
         self._by_label: Counter[Label] = Counter()
         self._by_tenant: Counter[str] = Counter()
+        self._assigned: Counter[Label] = Counter()  # every assignment since the node started
         self._sessions_counted: dict[AttemptKey, WorkerSession] = {}  # the session of each counted attempt
         self._held_by_session: Counter[WorkerSession] = Counter()
         self._ordinary: dict[AttemptKey, WorkerSession] = {}
@@ -37,6 +40,7 @@ class InFlight(MutableMapping[AttemptKey, WorkerSession]):
         self._sessions[key] = session
         label = self._labels[key] = (run.job_type, run.tenant)
         self._by_label[label] += 1
+        self._assigned[label] += 1
         self._by_tenant[run.tenant] += 1
         self._sessions_counted[key] = session
         self._held_by_session[session] += 1
@@ -59,6 +63,10 @@ class InFlight(MutableMapping[AttemptKey, WorkerSession]):
     def tenant_count(self, tenant: str) -> int:
         """Attempts of ``tenant``'s runs in flight from this node."""
         return self._by_tenant[tenant]
+
+    def assigned_totals(self) -> dict[Label, int]:
+        """Attempts assigned since the node started, by (job type, tenant)."""
+        return dict(self._assigned)
 
     def counts(self) -> dict[Label, int]:
         """Attempts in flight by (job type, tenant); read by the metrics thread (one step under the GIL)."""

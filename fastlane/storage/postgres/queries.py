@@ -76,7 +76,7 @@ CANCEL_RUNS_OF_DELETED_JOB = (
 LOAD_DUE_JOBS = f"""
     SELECT job_id, shard_id, next_fire_at,
            {DUE_JOB_SCHEDULE.format(kind="policies->'schedule'->>'kind'", schedule="policies->'schedule'")},
-           policies->'misfire', job_type, tenant
+           policies->'misfire', job_type, tenant, priority
     FROM jobs
     WHERE state = 'active' AND shard_id = ANY($1::int[]) AND next_fire_at < $2
       AND ($3::timestamptz IS NULL OR next_fire_at >= $3)

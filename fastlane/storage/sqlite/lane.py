@@ -47,8 +47,9 @@ class SQLiteLane(SQLiteConnections):
         jobs: list[DueJob] = []
         async with self._read() as db, db.execute(queries.LOAD_DUE_JOBS, params) as cursor:
             while rows := await cursor.fetchmany(common.DUE_JOBS_CHUNK):
-                jobs += [codec.build_due_job(job_id, shard_id, from_micros(fire_at), schedule, misfire, job_type, tenant)
-                         for job_id, shard_id, fire_at, schedule, misfire, job_type, tenant in rows]
+                jobs += [codec.build_due_job(job_id, shard_id, from_micros(fire_at), schedule, misfire, job_type, tenant,
+                                             priority)
+                         for job_id, shard_id, fire_at, schedule, misfire, job_type, tenant, priority in rows]
         return jobs
 
     async def materialise_runs(self, fences: Sequence[ShardLease], occurrences: Sequence[Occurrence]) -> Materialised:

@@ -72,7 +72,7 @@ LOAD_DUE_JOBS = f"""
     SELECT job_id, shard_id, next_fire_at,
            {DUE_JOB_SCHEDULE.format(kind="json_extract(policies, '$.schedule.kind')",
                                     schedule="json_extract(policies, '$.schedule')")},
-           json_extract(policies, '$.misfire'), job_type, tenant
+           json_extract(policies, '$.misfire'), job_type, tenant, priority
     FROM jobs
     WHERE state = 'active' AND shard_id IN (SELECT value FROM json_each(?)) AND next_fire_at < ?
       AND (? IS NULL OR next_fire_at >= ?)
