@@ -12,6 +12,7 @@ from fastlane.engine.backlog import MIN_BACKLOG, PACE_WINDOW
 from fastlane.engine.write_ahead import (
     BACKLOG_RECHECK,
     FAR_FUTURE,
+    PLAN_SLICE,
     SLOT,
     WriteAhead,
     _slot,
@@ -192,3 +193,26 @@ async def test_without_a_reserve_every_priority_is_held_alike():
     ahead = _held_write_ahead(ManualClock(T), {NOISY: 10}, limit=10)
     ahead._plan(_due("high", NOISY, 800, priority=1000))
     assert ahead._pop_planned(T, ahead._look_at_backlogs(0.0)) == [] and ahead.held == 1
+
+
+async def test_planning_many_loaded_jobs_lets_the_loop_run_between_slices():
+    # A scan of the whole window (every 30 s) may read tens of thousands of jobs: planned in one go
+    # they would hold the loop for tens of milliseconds while runs are due.
+    ahead = _held_write_ahead(ManualClock(T), {}, limit=10)
+    ahead._fence = lambda shard_id: object()  # type: ignore[assignment,return-value]  # every shard owned
+    jobs = [_due(f"job-{index}", NOISY, -index) for index in range(4 * PLAN_SLICE)]
+    turns = 0
+
+    async def other_work() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    other = asyncio.create_task(other_work())
+    await asyncio.sleep(0)
+    before = turns
+    await ahead.plan_loaded(jobs)
+    other.cancel()
+    assert ahead.size == len(jobs)
+    assert turns - before >= 3  # the loop ran between the slices
