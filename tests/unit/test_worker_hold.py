@@ -15,8 +15,19 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from fastlane._proto import workers_pb2 as pb
 from fastlane.domain.models import AttemptOutcome
+from fastlane.worker import _runs as runs_module
 from fastlane.worker._hold import StartTimer
-from fastlane.worker._runs import MAX_HOLD_NS, RunBook, RunSlot, Verdict, held_until, run_attempt
+from fastlane.worker._runs import (
+    LATE_NS,
+    MAX_HOLD_NS,
+    YIELD_NS,
+    RunBook,
+    RunSlot,
+    Verdict,
+    held_until,
+    run_attempt,
+    yield_to_held,
+)
 
 MS = 1_000_000
 LATE_BOUND_NS = 50 * MS  # generous: a loaded machine may wake a task late, never early
@@ -199,3 +210,45 @@ def test_a_start_at_too_far_ahead_is_not_held(caplog) -> None:  # type: ignore[n
     assert held_until(now + MAX_HOLD_NS + 1, now) is None  # a bad value: started at once
     assert held_until(now + 10**18, now) is None
     assert "starting it at once" in caplog.text
+
+
+def test_a_late_run_yields_only_to_a_held_run_due_within_the_yield() -> None:
+    now = 1_000 * 10**9
+    late = now - LATE_NS
+    assert yield_to_held(late, now + YIELD_NS, now) == now + YIELD_NS
+    assert yield_to_held(late - 10**9, now + MS, now) == now + MS
+    assert yield_to_held(late, now + YIELD_NS + 1, now) is None  # too far: start now
+    assert yield_to_held(late + 1, now + MS, now) is None  # not late: starts on time, waits for nobody
+    assert yield_to_held(late, None, now) is None  # nothing held
+
+
+async def test_a_late_run_starts_just_after_a_held_run_due_in_a_moment(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The yield widened so a loaded machine cannot make the test start the late run after the instant.
+    monkeypatch.setattr(runs_module, "YIELD_NS", 2_000 * MS)
+    timer = StartTimer()
+    entered: list[tuple[str, int]] = []
+
+    async def launch(slot: RunSlot, assignment: pb.Assignment, received_at: datetime) -> None:
+        async def handler() -> None:
+            entered.append((assignment.run_id, time.time_ns()))
+
+        await run_attempt(slot, assignment, handler, timer)
+
+    book = RunBook()
+    reporter = Reporter(book)
+    instant = time.time_ns() + 100 * MS
+    scheduled = Timestamp()
+    scheduled.FromNanoseconds(time.time_ns() - 5_000 * MS)  # out of a backlog: 5 s late
+    on_time = Timestamp()
+    on_time.FromNanoseconds(time.time_ns())
+    book.start(reporter, [held_assignment("held", instant),
+                          pb.Assignment(run_id="late", job_type="t", lease_token=1, scheduled_for=scheduled),
+                          pb.Assignment(run_id="on-time", job_type="t", lease_token=1, scheduled_for=on_time)],
+               datetime.now(UTC), launch)
+    async with asyncio.timeout(5):
+        while len(reporter.results) < 3:
+            await asyncio.sleep(0.01)
+    order = [run_id for run_id, _ in entered]
+    assert order == ["on-time", "held", "late"]  # the run on time starts at once; the late one after the held
+    assert dict(entered)["late"] >= instant
+    await timer.close()
