@@ -180,6 +180,10 @@ class WriteAhead:
                 await asyncio.sleep(0)
             if self._fence(job.shard_id) is None:
                 continue
+            held = self._held.get(job.queue)
+            if held is not None and job.job_id in held:
+                held[job.job_id] = job  # the copy just read, in the same place in line
+                continue
             try:
                 self._plan(job)  # a no-op when the heap already holds this fire time
             except Exception as error:  # a value no check caught (stored by an older version)

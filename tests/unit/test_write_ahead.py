@@ -216,3 +216,15 @@ async def test_planning_many_loaded_jobs_lets_the_loop_run_between_slices():
     other.cancel()
     assert ahead.size == len(jobs)
     assert turns - before >= 3  # the loop ran between the slices
+
+
+async def test_a_scan_reading_held_jobs_again_leaves_them_in_line_with_the_copy_read():
+    ahead = _held_write_ahead(ManualClock(T), {NOISY: 10}, limit=10)
+    ahead._fence = lambda shard_id: object()  # type: ignore[assignment,return-value]  # every shard owned
+    for name, ms in (("first", 900), ("second", 800)):
+        ahead._plan(_due(name, NOISY, ms))
+    assert ahead._pop_planned(T, ahead._look_at_backlogs(0.0)) == [] and ahead.held == 2
+    newer = _due("first", NOISY, 700)  # read again by a whole-window scan, changed meanwhile
+    await ahead.plan_loaded([newer, _due("second", NOISY, 800)])
+    assert ahead.size == 2 and not ahead._planned  # not planned a second time
+    assert list(ahead._held[NOISY].values()) == [newer, _due("second", NOISY, 800)]
