@@ -160,7 +160,7 @@ def register(commands: Any) -> None:
         type=seconds_up_to(MAX_BACKLOG_SECONDS),
         default=defaults.max_backlog_seconds,
         help="hold a job type and tenant's due jobs as above also once its waiting runs are this many seconds "
-        "of the runs it has lately sent to workers (at least 1,000 runs): a queue needs only the write lead's "
+        "of the runs it has lately sent to workers (at least 1,000 runs, or --max-backlog if less): a queue needs only the write lead's "
         "worth to keep its workers busy, and a flood stops being written within a second instead of filling "
         f"--max-backlog at its own rate; 0: --max-backlog alone (0..{MAX_BACKLOG_SECONDS:g}; "
         f"default: {defaults.max_backlog_seconds:g})",

@@ -7,7 +7,7 @@ limit is the smaller of:
 
 - ``--max-backlog`` runs: a bound on memory, and on what is written only to wait;
 - ``--max-backlog-seconds`` of the queue's *pace*, the runs a second it has lately sent to workers
-  (at least :data:`MIN_BACKLOG` runs).
+  (at least :data:`MIN_BACKLOG` runs, or ``--max-backlog`` if that is less).
 
 Why a pace as well as a count: to keep its workers busy a queue needs a backlog only as long as it
 takes to write a run and hand it over (the write lead, well under a second); anything more can
@@ -18,9 +18,11 @@ for five seconds before 10,000 were waiting, holding both cores meanwhile, and t
 runs, sent ahead and due on the instant, started up to 4 ms late while their worker waited for a
 core. Bounded by its pace the flood's queue stops being written within a second.
 
-The pace is measured once a :data:`PACE_WINDOW` from the running totals of attempts assigned per
-queue (``InFlight.assigned_totals``); a queue's pace is the higher of its last two windows, so one
-slow second (a worker reconnecting) does not halve its limit. Before a queue has a pace its limit
+The pace is measured at most once a :data:`PACE_WINDOW`, whenever the write-ahead looks at its
+backlogs (all the time under load; after an idle spell the first window spans it, and reads low),
+from the running totals of attempts assigned per queue (``InFlight.assigned_totals``); a queue's
+pace is the higher of its last two windows, so one slow second (a worker reconnecting) does not
+halve its limit. Before a queue has a pace its limit
 is :data:`MIN_BACKLOG`: with runs handed over within ~0.3 s of being written that feeds workers
 taking over 3,000 runs a second, and after one window the pace lifts the limit to what they take.
 """

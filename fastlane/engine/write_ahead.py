@@ -43,8 +43,8 @@ SLOT = timedelta(milliseconds=100)
 INITIAL_WRITE_RATE = 5_000.0  # occurrences per second, until measured
 RATE_SAMPLE_MIN = 200  # smaller batches are dominated by the round trip: not a rate sample
 MAX_WRITTEN_AHEAD = 150_000  # runs written ahead of a crowd and waiting in memory, at most
-# While jobs are held (their queue over --max-backlog), how often its backlog is looked at again.
-# Short against the backlog's own span: at 1,000 runs/s a backlog of 10,000 lasts 10 s.
+# While jobs are held (their queue over its backlog limit), how often its backlog is looked at
+# again. Short against the time a backlog at its limit takes to drain (2 s of its pace by default).
 BACKLOG_RECHECK = timedelta(milliseconds=50)
 # Jobs planned in one go when a scan reads many: every 30 s it reads the whole window, and with it
 # the jobs held back (about 32,000 in `fastlane bench fairness`, which took 60 ms to plan at once,
@@ -106,9 +106,11 @@ class WriteAhead:
         self._limits = BacklogLimits(max_backlog=settings.max_backlog, seconds=settings.max_backlog_seconds,
                                      assigned_totals=assigned_totals)
         # Runs of this priority or more take credits kept for them (--priority-reserve): they do
-        # not wait behind a backlog, so their jobs are never held.
+        # not wait behind a backlog, so their jobs are held only while their queue is over
+        # --max-backlog itself (a priority is the client's to choose: no tenant evades the bound).
         reserve = settings.priority_reserve
         self._urgent_priority = reserve.priority if reserve is not None else math.inf
+        self._over_max_backlog: frozenset[tuple[str, str]] = frozenset()
         self._stopping = stopping
         self._seq = itertools.count()
         self._planned: list[tuple[datetime, int, DueJob]] = []
@@ -181,9 +183,12 @@ class WriteAhead:
             if self._fence(job.shard_id) is None:
                 continue
             held = self._held.get(job.queue)
-            if held is not None and job.job_id in held:
-                held[job.job_id] = job  # the copy just read, in the same place in line
-                continue
+            if held is not None and (holding := held.get(job.job_id)) is not None:
+                if job.priority < self._urgent_priority:
+                    if job.next_fire_at >= holding.next_fire_at:
+                        held[job.job_id] = job  # the copy read, in the same place in line
+                    continue
+                del held[job.job_id]  # urgent now: planned, as any urgent job
             try:
                 self._plan(job)  # a no-op when the heap already holds this fire time
             except Exception as error:  # a value no check caught (stored by an older version)
@@ -254,6 +259,7 @@ class WriteAhead:
         limit = self._limits.limit
         backlogs = self._backlogs()
         over = {queue for queue, waiting in backlogs.items() if waiting >= limit(queue)}
+        self._over_max_backlog = frozenset(q for q, waiting in backlogs.items() if waiting >= self._settings.max_backlog)
         if self._held and now_s - self._backlogs_looked_at >= BACKLOG_RECHECK.total_seconds():
             # Paced: runs given back count in the backlog only once written and released.
             self._backlogs_looked_at = now_s
@@ -273,7 +279,8 @@ class WriteAhead:
 
     def _pop_planned(self, cutoff: datetime, holding: frozenset[tuple[str, str]]) -> list[DueJob]:
         """Take the jobs due by ``cutoff``, at most a batch of them; those of a queue in
-        ``holding`` are held rather than taken, unless they were given back or are urgent."""
+        ``holding`` are held rather than taken, unless they were given back or are urgent (and
+        their queue is within ``--max-backlog``)."""
         batch: list[DueJob] = []
         while self._planned and self._planned[0][0] <= cutoff and len(batch) < self._settings.max_batch:
             fire_at, _, job = heapq.heappop(self._planned)
@@ -281,7 +288,7 @@ class WriteAhead:
             if self._planned_at.get(job.job_id) == fire_at:
                 del self._planned_at[job.job_id]
                 if (self._given_back.pop(job.job_id, None) is None and job.queue in holding
-                        and job.priority < self._urgent_priority):
+                        and (job.priority < self._urgent_priority or job.queue in self._over_max_backlog)):
                     self._held.setdefault(job.queue, OrderedDict())[job.job_id] = job
                 else:
                     batch.append(job)

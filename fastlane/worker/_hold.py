@@ -45,12 +45,14 @@ class StartTimer:
         """The instant the alarm will ring at, or None when nothing waits."""
         return self._set_for
 
-    async def wait_until(self, instant_ns: int) -> None:
-        """Return once the clock reads ``instant_ns`` or later; at once if it already does.
+    async def wait_until(self, instant_ns: int, *, behind: bool = False) -> None:
+        """Return once the clock reads ``instant_ns`` or later; at once if it already does, unless
+        ``behind``: then, while the alarm is set for that instant or earlier, return only after the
+        waits already queued for it are woken (the alarm may be overdue and not rung yet).
 
         Cancelling the caller ends its wait only.
         """
-        if self._now_ns() >= instant_ns:
+        if self._now_ns() >= instant_ns and not (behind and self._set_for is not None and self._set_for <= instant_ns):
             return
         woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         heapq.heappush(self._due, (instant_ns, next(self._order), woken))

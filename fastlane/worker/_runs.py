@@ -29,11 +29,12 @@ log = logging.getLogger("fastlane.worker")
 # A node sends a run at most --send-ahead (at most 1 s) before its instant; with clock uncertainty
 # and a slow stream on top, a start_at further ahead than this is not a hold but a bad value.
 MAX_HOLD_NS = 10_000_000_000
-# A run that comes late (due LATE_NS or more ago: out of a backlog) when a held run's instant is at
-# most YIELD_NS away waits for that instant and starts just after it: starting a batch of runs
-# keeps the loop a fraction of a millisecond, which a run promised its instant would otherwise wait
-# out (in `fastlane bench fairness`, most quiet runs that started 0.6-1.4 ms late were due while
-# a batch of the flooding tenant's runs started), and a run already late loses nothing by it.
+# A first attempt not sent ahead that comes late (due LATE_NS or more ago: it waited for a credit,
+# out of a backlog) when a held run's instant is at most YIELD_NS away waits for that instant and
+# starts just after it: starting a batch of runs keeps the loop a fraction of a
+# millisecond, which a run promised its instant would otherwise wait out (in `fastlane bench
+# fairness`, most quiet runs that started 0.6-1.4 ms late were due while a batch of the flooding
+# tenant's runs started), and a run already that late loses nothing by it.
 LATE_NS = 10_000_000
 YIELD_NS = 2_000_000
 
@@ -80,8 +81,9 @@ async def run_attempt(
     """Run one assigned attempt (``call``, or ``None`` if no handler takes its type) and report it.
 
     An attempt sent ahead (``slot.start_at_ns`` set) is held until that instant first, by
-    ``starts``; stopped while held (cancelled, withdrawn, the worker shutting down), it never
-    calls ``call`` and reports the stop's verdict.
+    ``starts``; a late one not sent ahead may wait a moment for a held one to start first
+    (:func:`yield_to_held`). Stopped while waiting (cancelled, withdrawn, the worker shutting
+    down), it never calls ``call`` and reports the stop's verdict.
     """
     timeout = assignment.timeout.ToTimedelta().total_seconds() if assignment.HasField("timeout") else None
     if call is None:
@@ -91,9 +93,9 @@ async def run_attempt(
         return
     if slot.start_at_ns is not None and not await _hold(slot, starts, slot.start_at_ns):
         return
-    if slot.start_at_ns is None:
-        instant = yield_to_held(assignment.scheduled_for.ToNanoseconds(), starts.alarm_set_for, time.time_ns())
-        if instant is not None and not await _hold(slot, starts, instant):
+    if slot.start_at_ns is None and slot.due_ns is not None:
+        instant = yield_to_held(slot.due_ns, starts.alarm_set_for, time.time_ns())
+        if instant is not None and not await _hold(slot, starts, instant, behind=True):
             return
     started_at = slot.begin()
     verdict = await judge_attempt(call, slot, timeout or None)
@@ -104,11 +106,12 @@ async def run_attempt(
                         outcome=verdict.outcome.value, error=error, traceback_text=verdict.traceback or error)
 
 
-def yield_to_held(scheduled_ns: int, held_instant_ns: int | None, now_ns: int) -> int | None:
-    """The instant a run due at ``scheduled_ns`` and not sent ahead is to wait for: the next held
-    run's (``held_instant_ns``, None if none) if that is at most :data:`YIELD_NS` away and this
-    run is :data:`LATE_NS` late; else None, to start it at once."""
-    if held_instant_ns is None or held_instant_ns - now_ns > YIELD_NS or scheduled_ns > now_ns - LATE_NS:
+def yield_to_held(due_ns: int, held_instant_ns: int | None, now_ns: int) -> int | None:
+    """The instant a first attempt not sent ahead, due at ``due_ns`` (this worker's clock), is to
+    wait for: the next held run's (``held_instant_ns``, None if none; it may have passed, the alarm
+    not rung yet) if that is at most :data:`YIELD_NS` away and the run was due :data:`LATE_NS` ago
+    or more; else None, to start it at once."""
+    if held_instant_ns is None or held_instant_ns - now_ns > YIELD_NS or due_ns > now_ns - LATE_NS:
         return None
     return held_instant_ns
 
@@ -123,10 +126,11 @@ def held_until(start_at_ns: int, now_ns: int) -> int | None:
     return start_at_ns
 
 
-async def _hold(slot: RunSlot, starts: StartTimer, instant_ns: int) -> bool:
-    """Wait for the start instant; False if the attempt was stopped meanwhile (and is reported)."""
+async def _hold(slot: RunSlot, starts: StartTimer, instant_ns: int, *, behind: bool = False) -> bool:
+    """Wait for the start instant (``behind``: after the waits queued for it); False if the
+    attempt was stopped meanwhile (and is reported)."""
     try:
-        await starts.wait_until(instant_ns)
+        await starts.wait_until(instant_ns, behind=behind)
     except asyncio.CancelledError:
         verdict = _stopped(slot)
         now = datetime.now(UTC)
@@ -198,15 +202,19 @@ class RunSlot:
     """
 
     __slots__ = (
-        "stream", "run_id", "lease_token", "start_at_ns", "started_at", "task", "progress", "sent_progress",
-        "checkpoint", "unsent_checkpoint", "stop_reason",
+        "stream", "run_id", "lease_token", "start_at_ns", "due_ns", "started_at", "task", "progress",
+        "sent_progress", "checkpoint", "unsent_checkpoint", "stop_reason",
     )
 
-    def __init__(self, stream: RunReporter, run_id: str, lease_token: int, start_at_ns: int | None = None) -> None:
+    def __init__(self, stream: RunReporter, run_id: str, lease_token: int, start_at_ns: int | None = None,
+                 due_ns: int | None = None) -> None:
         self.stream = stream
         self.run_id = run_id
         self.lease_token = lease_token
         self.start_at_ns = start_at_ns  # when to start the handler (worker clock, ns); None: on receipt
+        # When a first attempt was due (worker clock, ns); None for a retry, whose own time (after
+        # its backoff) is not on the wire, or when not said.
+        self.due_ns = due_ns
         self.started_at: datetime | None = None  # when the handler was started
         self.task: asyncio.Task[None] | None = None
         self.progress: float | None = None
@@ -318,10 +326,12 @@ class RunBook:
             if key in self.in_flight or key in self.unacked:
                 log.warning("ignoring a repeated assignment of run %s (lease %d)", *key)
                 continue
-            start_at_ns = None
+            start_at_ns = due_ns = None
             if assignment.HasField("start_at"):
                 start_at_ns = held_until(assignment.start_at.ToNanoseconds() - (clock_offset_ns or 0), time.time_ns())
-            slot = RunSlot(reporter, assignment.run_id, assignment.lease_token, start_at_ns)
+            elif assignment.attempt <= 1 and assignment.HasField("scheduled_for"):
+                due_ns = assignment.scheduled_for.ToNanoseconds() - (clock_offset_ns or 0)
+            slot = RunSlot(reporter, assignment.run_id, assignment.lease_token, start_at_ns, due_ns)
             self.in_flight[key] = slot
             slot.task = loop.create_task(launch(slot, assignment, received_at), name=f"run:{assignment.run_id}")
 

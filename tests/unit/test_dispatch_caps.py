@@ -16,6 +16,8 @@ from fastlane.config import PriorityReserve
 from fastlane.domain.models import AttemptOutcome, Run
 from fastlane.domain.records import CappedDispatches
 from fastlane.engine.dispatch import Assign, Dispatcher
+from fastlane.engine.dispatch.inflight import InFlight
+from fastlane.engine.dispatch.messages import WorkerSession
 from fastlane.metrics import Metrics
 from fastlane.storage import AttemptResult, Dispatch
 
@@ -261,3 +263,16 @@ async def test_the_backlog_counts_runs_a_worker_serves_per_queue_those_a_tenant_
         assert (node.ready_depth, node.backlogs()) == (5, {("t", "noisy"): 3, ("t", "quiet"): 2})
     finally:
         await drained(node, journal)
+
+
+def test_every_assignment_adds_to_its_queue_s_running_total_which_never_drops() -> None:
+    # The pace each queue's backlog limit follows (fastlane.engine.backlog) is read from these totals.
+    in_flight = InFlight()
+    session = WorkerSession(worker_id="w", job_types=frozenset({"t"}), tenant=None, credits=10)
+    runs = [replace(run_named(f"r{index}"), tenant=tenant) for index, tenant in enumerate(["a", "a", "b"])]
+    for index, run in enumerate(runs):
+        in_flight.assign((run.run_id, index), session, run)
+    in_flight.pop(("r0", 0))
+    del in_flight[("r2", 2)]
+    assert in_flight.assigned_totals() == {("t", "a"): 2, ("t", "b"): 1}
+    assert in_flight.counts() == {("t", "a"): 1}  # in flight now: the totals count every assignment

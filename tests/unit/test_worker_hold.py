@@ -243,12 +243,37 @@ async def test_a_late_run_starts_just_after_a_held_run_due_in_a_moment(monkeypat
     on_time.FromNanoseconds(time.time_ns())
     book.start(reporter, [held_assignment("held", instant),
                           pb.Assignment(run_id="late", job_type="t", lease_token=1, scheduled_for=scheduled),
-                          pb.Assignment(run_id="on-time", job_type="t", lease_token=1, scheduled_for=on_time)],
+                          pb.Assignment(run_id="on-time", job_type="t", lease_token=1, scheduled_for=on_time),
+                          # A retry's own time (after its backoff) is not on the wire: never taken as late.
+                          pb.Assignment(run_id="retry", job_type="t", lease_token=1, scheduled_for=scheduled, attempt=2)],
                datetime.now(UTC), launch)
     async with asyncio.timeout(5):
-        while len(reporter.results) < 3:
+        while len(reporter.results) < 4:
             await asyncio.sleep(0.01)
     order = [run_id for run_id, _ in entered]
-    assert order == ["on-time", "held", "late"]  # the run on time starts at once; the late one after the held
+    # The runs on time (and the retry) start at once; the late one just after the held one.
+    assert order == ["on-time", "retry", "held", "late"]
     assert dict(entered)["late"] >= instant
+    await timer.close()
+
+
+async def test_a_wait_behind_an_overdue_alarm_is_woken_after_the_waits_queued_before_it() -> None:
+    timer = StartTimer()
+    instant = time.time_ns() + 5 * MS
+    woken: list[str] = []
+
+    async def wait(name: str, behind: bool) -> None:
+        await timer.wait_until(instant, behind=behind)
+        woken.append(name)
+
+    first = asyncio.create_task(wait("first", False))
+    await asyncio.sleep(0)
+    assert timer.alarm_set_for == instant
+    time.sleep(0.02)  # the loop is busy past the instant: the alarm has not rung yet
+    behind = asyncio.create_task(wait("behind", True))
+    at_once = asyncio.create_task(wait("at once", False))
+    async with asyncio.timeout(5):
+        await asyncio.gather(first, behind, at_once)
+    assert woken.index("first") < woken.index("behind")
+    assert woken.index("at once") < woken.index("first")  # without behind: the instant has passed, no wait
     await timer.close()

@@ -176,10 +176,12 @@ async def test_a_queue_is_held_at_a_few_seconds_of_its_pace_well_below_max_backl
     assert ahead._look_at_backlogs(2 * PACE_WINDOW) == {QUIET}  # --max-backlog still bounds it
 
 
-async def test_urgent_jobs_are_never_held_even_while_their_queue_is():
+async def test_urgent_jobs_are_not_held_by_the_pace_only_by_max_backlog():
     # Runs of the --priority-reserve priority take credits kept for them: they would not wait
-    # behind the backlog, so holding them would only make them late.
-    ahead = _held_write_ahead(ManualClock(T), {NOISY: 10}, limit=10, reserve=PriorityReserve(priority=100, credits=2))
+    # behind the backlog, so holding them would only make them late. But a client picks its
+    # priority: past --max-backlog itself they are held like the rest.
+    backlogs = {NOISY: MIN_BACKLOG}  # over its limit by the pace (the floor), far below --max-backlog
+    ahead = _held_write_ahead(ManualClock(T), backlogs, limit=10_000, reserve=PriorityReserve(priority=100, credits=2))
     for job in [_due("low", NOISY, 900, priority=-1000), _due("high", NOISY, 800, priority=100),
                 _due("higher", NOISY, 700, priority=1000), _due("just-below", NOISY, 600, priority=99)]:
         ahead._plan(job)
@@ -187,6 +189,10 @@ async def test_urgent_jobs_are_never_held_even_while_their_queue_is():
     assert holding == {NOISY}
     assert [job.job_id for job in ahead._pop_planned(T, holding)] == ["high", "higher"]
     assert ahead.held == 2
+
+    backlogs[NOISY] = 10_000
+    ahead._plan(_due("urgent-but-over", NOISY, 500, priority=1000))
+    assert ahead._pop_planned(T, ahead._look_at_backlogs(0.0)) == [] and ahead.held == 3
 
 
 async def test_without_a_reserve_every_priority_is_held_alike():
@@ -225,6 +231,20 @@ async def test_a_scan_reading_held_jobs_again_leaves_them_in_line_with_the_copy_
         ahead._plan(_due(name, NOISY, ms))
     assert ahead._pop_planned(T, ahead._look_at_backlogs(0.0)) == [] and ahead.held == 2
     newer = _due("first", NOISY, 700)  # read again by a whole-window scan, changed meanwhile
-    await ahead.plan_loaded([newer, _due("second", NOISY, 800)])
+    older = _due("second", NOISY, 850)  # a copy read before the held one was planned: not taken
+    await ahead.plan_loaded([newer, older])
     assert ahead.size == 2 and not ahead._planned  # not planned a second time
     assert list(ahead._held[NOISY].values()) == [newer, _due("second", NOISY, 800)]
+
+
+async def test_a_held_job_read_again_as_urgent_leaves_the_line():
+    ahead = _held_write_ahead(ManualClock(T), {NOISY: 10}, limit=10_000, reserve=PriorityReserve(priority=100, credits=2))
+    ahead._fence = lambda shard_id: object()  # type: ignore[assignment,return-value]  # every shard owned
+    ahead._look_at_backlogs(0.0)
+    ahead._plan(_due("job", NOISY, 900))
+    backlogs_over_floor = {NOISY: MIN_BACKLOG}
+    ahead._backlogs = lambda: backlogs_over_floor
+    assert ahead._pop_planned(T, ahead._look_at_backlogs(0.0)) == [] and ahead.held == 1
+    await ahead.plan_loaded([_due("job", NOISY, 900, priority=500)])  # its priority raised elsewhere
+    assert ahead.held == 0
+    assert [job.job_id for job in ahead._pop_planned(T, ahead._look_at_backlogs(0.0))] == ["job"]
