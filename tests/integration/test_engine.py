@@ -47,6 +47,10 @@ class RecordingDispatch:
 
     def backlogs(self) -> dict[tuple[str, str], int]:
         return {}
+
+    def assigned_totals(self) -> dict[tuple[str, str], int]:
+        return {}
+
     ahead_lead = timedelta(0)  # no worker holds runs sent ahead: every run is released on its instant
 
     def offer_ahead(self, runs: Iterable[Run]) -> list[Run]:
