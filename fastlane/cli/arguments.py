@@ -147,32 +147,25 @@ def whole_number_up_to(maximum: int) -> Callable[[str], int]:
 
 def seconds_up_to(maximum: float) -> Callable[[str], float]:
     """An argparse type: a number of seconds in ``0..maximum``."""
-
-    def seconds(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-        if not 0 <= value <= maximum:  # NaN fails too
-            raise argparse.ArgumentTypeError(f"{text} is out of range (0..{maximum:g} s)")
-        return value
-
-    return seconds
+    return _number_up_to(maximum, "seconds", "s")
 
 
 def milliseconds_up_to(maximum: float) -> Callable[[str], float]:
     """An argparse type: a number of milliseconds in ``0..maximum``."""
+    return _number_up_to(maximum, "milliseconds", "ms")
 
-    def milliseconds(text: str) -> float:
+
+def _number_up_to(maximum: float, unit: str, symbol: str) -> Callable[[str], float]:
+    def number(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number of milliseconds") from None
-        if not 0 <= value <= maximum:
-            raise argparse.ArgumentTypeError(f"{text} is out of range (0..{maximum:g} ms)")
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of {unit}") from None
+        if not 0 <= value <= maximum:  # NaN fails too
+            raise argparse.ArgumentTypeError(f"{text} is out of range (0..{maximum:g} {symbol})")
         return value
 
-    return milliseconds
+    return number
 
 
 # -- shared flag groups ------------------------------------------------------------------------
