@@ -12,18 +12,18 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
 
-from fastlane.domain.models import JobSpec, Schedule, ShardLease
+from fastlane.domain.models import AttemptOutcome, JobSpec, Schedule, ShardLease
 from fastlane.errors import StaleFence, StorageUnavailable
-from fastlane.storage import Change, ChangeKind, Store, open_store
+from fastlane.storage import AttemptResult, Change, ChangeKind, Dispatch, Store, open_store
 from fastlane.storage.migrations import Migration, migrations_for
 from fastlane.storage.postgres import PostgresStore
 from fastlane.storage.postgres.connection import SessionLimits
-from fastlane.storage.postgres.queries import FENCE
+from fastlane.storage.postgres.queries import FENCE, SUCCEED_ATTEMPTS
 
 pytestmark = pytest.mark.postgres
 
@@ -279,7 +279,7 @@ async def test_a_populated_database_migrates_to_vacuuming_its_churning_tables_of
         assert await store.migrate() == 9
         job, _ = await store.create_job(JobSpec(name="old", job_type="t", schedule=Schedule.cron_expr("* * * * *")))
         await store.create_manual_run("default", job.job_id)
-        monkeypatch.undo()
+        monkeypatch.setattr("fastlane.storage.postgres.store.migrations_for", lambda dialect: migrations_for(dialect)[:10])
         assert await store.migrate() == 10
         options = {row["relname"]: set(row["reloptions"] or ()) for row in await reader.fetch(
             "SELECT relname, reloptions FROM pg_class WHERE relname IN ('runs', 'attempts', 'jobs')")}
@@ -288,6 +288,41 @@ async def test_a_populated_database_migrates_to_vacuuming_its_churning_tables_of
             "autovacuum_vacuum_insert_scale_factor=0.02"}
         assert options["jobs"] == {"autovacuum_vacuum_scale_factor=0.02", "autovacuum_analyze_scale_factor=0.02"}
         assert len((await store.list_runs("default", job_id=job.job_id)).items) == 1
+    finally:
+        await reader.close()
+        await store.close()
+
+
+async def test_a_populated_database_migrates_to_attempt_results_written_in_place(pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Version 11 drops attempts_by_token (it duplicated the primary key) and keeps room in every
+    page of attempts, on a database with attempts in flight; a result then finds its attempt by
+    the primary key, and its update (no indexed column changed, room in the page) is heap-only."""
+    store = open_store(pg_dsn, shard_count=4)
+    monkeypatch.setattr("fastlane.storage.postgres.store.migrations_for", lambda dialect: migrations_for(dialect)[:10])
+    reader = await asyncpg.connect(pg_dsn)
+    try:
+        assert await store.migrate() == 10
+        leases = {lease.shard_id: lease for lease in await store.acquire_shards("node-a", timedelta(seconds=30), limit=4)}
+        job, _ = await store.create_job(JobSpec(name="old", job_type="t", schedule=Schedule.cron_expr("* * * * *")))
+        run = await store.create_manual_run("default", job.job_id)
+        (attempt,) = await store.record_dispatches([Dispatch(
+            run_id=run.run_id, lease_token=77, worker_id="w", node_id="node-a", lease_ttl=timedelta(seconds=30),
+            dispatched_at=datetime.now(UTC))])
+        assert leases and attempt.lease_token == 77
+        monkeypatch.undo()
+        assert await store.migrate() == 11
+        indexes = {row["indexname"] for row in await reader.fetch("SELECT indexname FROM pg_indexes WHERE tablename = 'attempts'")}
+        assert indexes == {"attempts_pkey"}
+        options = set((await reader.fetchval("SELECT reloptions FROM pg_class WHERE relname = 'attempts'")) or ())
+        assert "fillfactor=70" in options
+        async with reader.transaction():  # the result's own statement; its counts are visible inside
+            await reader.execute(SUCCEED_ATTEMPTS, [run.run_id], [77], [None], [None], [None], [None])
+            assert await reader.fetchval("SELECT pg_stat_get_xact_tuples_hot_updated('attempts'::regclass)") == 1
+        (outcome,) = await store.record_results([AttemptResult(run_id=run.run_id, lease_token=77,
+                                                               outcome=AttemptOutcome.SUCCEEDED)])
+        assert outcome.accepted
+        (stored,) = await store.list_attempts(run.run_id)
+        assert stored.outcome is AttemptOutcome.SUCCEEDED and stored.lease_token == 77
     finally:
         await reader.close()
         await store.close()

@@ -99,7 +99,7 @@ async def materialise_job(store, leases, job_id: str):
 
 
 async def test_migrate_is_idempotent_and_creates_the_shards(store):
-    assert await store.migrate() == 10  # 0010 tunes autovacuum of the tables that churn (PostgreSQL)
+    assert await store.migrate() == 11  # 0011 drops an index of attempts that only duplicated its key
     shards = await store.list_shards()
     assert [shard.shard_id for shard in shards] == list(range(SHARDS))
     assert all(shard.owner == "" and shard.token == 0 for shard in shards)

@@ -78,7 +78,8 @@ class PostgresRuns(PostgresConnections):
     async def record_dispatches(self, dispatches: Sequence[Dispatch]) -> list[Attempt]:
         if not dispatches:
             return []
-        async with self._transaction() as db:
+        # One statement is atomic on its own: no BEGIN and COMMIT, two round trips a batch fewer.
+        async with self._connection() as db:
             return await _dispatch(db, dispatches)
 
     async def record_capped_dispatches(self, dispatches: Sequence[Dispatch]) -> CappedDispatches:
