@@ -22,9 +22,9 @@ The pace is measured at most once a :data:`PACE_WINDOW`, whenever the write-ahea
 backlogs (all the time under load; after an idle spell the first window spans it, and reads low),
 from the running totals of attempts assigned per queue (``InFlight.assigned_totals``); a queue's
 pace is the higher of its last two windows, so one slow second (a worker reconnecting) does not
-halve its limit. Before a queue has a pace its limit
-is :data:`MIN_BACKLOG`: with runs handed over within ~0.3 s of being written that feeds workers
-taking over 3,000 runs a second, and after one window the pace lifts the limit to what they take.
+halve its limit. Before a queue has a pace its limit is :data:`MIN_BACKLOG`: with runs handed over
+within ~0.3 s of being written that feeds workers taking over 3,000 runs a second, and after one
+window the pace lifts the limit to what they take.
 """
 
 from __future__ import annotations

@@ -183,9 +183,9 @@ class WriteAhead:
             if self._fence(job.shard_id) is None:
                 continue
             held = self._held.get(job.queue)
-            if held is not None and (holding := held.get(job.job_id)) is not None:
+            if held is not None and (held_copy := held.get(job.job_id)) is not None:
                 if job.priority < self._urgent_priority:
-                    if job.next_fire_at >= holding.next_fire_at:
+                    if job.next_fire_at >= held_copy.next_fire_at:
                         held[job.job_id] = job  # the copy read, in the same place in line
                     continue
                 del held[job.job_id]  # urgent now: planned, as any urgent job

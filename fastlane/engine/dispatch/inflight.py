@@ -7,8 +7,8 @@ counted under their job type and tenant: for a tenant's cap on attempts in fligh
 urgent priority of ``--priority-reserve``) are also counted per worker session, whose credits
 beyond the reserve are all they may hold. Every assignment also adds to a running total per job
 type and tenant, never taken back (:meth:`InFlight.assigned_totals`): the pace at which each
-queue's runs go to workers, from which its backlog limit follows. An attempt put in without its run (the journal
-vouching for one sent before a reconnect) is held but not counted.
+queue's runs go to workers, from which its backlog limit follows. An attempt put in without its
+run (the journal vouching for one sent before a reconnect) is held but not counted.
 """
 
 from __future__ import annotations
