@@ -8,6 +8,7 @@ that asks for ``pg_dsn`` gets a fresh, empty database of its own.
 
 from __future__ import annotations
 
+import signal
 import uuid
 
 import pytest
@@ -17,6 +18,15 @@ from fastlane.bench.pgcluster import (
     drop_database,
     dsn_from_env,
 )
+
+
+@pytest.fixture(autouse=True)
+def _stop_on_sigterm_as_on_ctrl_c():
+    """A run stopped with SIGTERM (a CI time limit, ``kill``) ends as Ctrl-C ends it: fixtures are
+    torn down, so the throwaway PostgreSQL cluster is stopped instead of left running. Set again
+    before every test: a test that runs a node in-process installs its own handler, and closing
+    its loop restores the default (die at once)."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
