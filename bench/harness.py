@@ -24,6 +24,7 @@ from fastlane.bench.stats import (
     RunRecord,
     deliveries,
     delivery_span_s,
+    late_starts_waiting_for_cpu,
     parse_record,
     percentiles,
     runs_per_second,
@@ -440,6 +441,7 @@ def system_result(bench: Bench, system: str, *, jobs: int, got: Deliveries, **fi
         "delivery_lag_ms": percentiles(delivery),
         "release_lag_ms": percentiles(got.release_lags_ms()),
         "runs_per_s": runs_per_second(got.delivered, delivery_span_s(got.first)),
+        **late_starts_waiting_for_cpu(got.first),
     }
     result.update(figures)
     return result

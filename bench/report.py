@@ -68,6 +68,9 @@ _FIGURES: tuple[tuple[str, str, str], ...] = (
     ("missing_occurrences", "occurrences never delivered", ""),
     ("insert_s", "time to create the jobs", "s"),
     ("lead_in_overrun_s", "lead-in overrun (runs due before everything was up)", "s"),
+    ("late_starts", "runs started 1 ms or more late", ""),
+    ("late_starts_waiting_for_cpu", "of those, the worker's loop thread waited for a CPU half as long or more", ""),
+    ("worker_cpu_wait_ms", "worker loop thread's wait for a CPU between starts (p50 / p99 / max)", "ms"),
 )
 
 

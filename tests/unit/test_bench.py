@@ -12,6 +12,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from fastlane.bench.cpu_wait import CpuWait
 from fastlane.bench.harness import Bench, Progress, RecordTail, system_result
 from fastlane.bench.processes import ROOT, child_environment
 from fastlane.bench.report import render_markdown, to_json, write_outputs
@@ -25,6 +26,7 @@ from fastlane.bench.stats import (
     delivery_span_s,
     histogram_quantiles,
     lag_ratios,
+    late_starts_waiting_for_cpu,
     parse_record,
     percentiles,
     ratio,
@@ -90,6 +92,45 @@ def test_start_lags_come_from_records_that_say_when_the_handler_started() -> Non
     assert sorted(got.delivery_lags_ms()) == [-0.1, 0.5]
 
 
+def test_a_worker_line_with_the_loop_threads_cpu_wait_parses_it_and_other_fields_are_left() -> None:
+    parsed = parse_record("r1 100 150 40 job-9 120 cpu_wait_us=2500\n")
+    assert parsed == RunRecord(run_id="r1", scheduled_us=100, released_us=150, received_us=40, job_id="job-9",
+                               started_us=120, cpu_wait_us=2500)
+    assert parse_record("r1 100 150 40 job-9 120 tenant-a").cpu_wait_us is None  # type: ignore[union-attr]
+    assert parse_record("r1 100 150 40 job-9 120").cpu_wait_us is None  # type: ignore[union-attr]
+    assert parse_record("r1 100 150 40 job-9 120 cpu_wait_us=x") is None
+
+
+def test_late_starts_are_put_down_to_a_cpu_wait_when_the_thread_waited_half_as_long_or_more() -> None:
+    def run(run_id: str, late_us: int, waited_us: int | None) -> RunRecord:
+        return RunRecord(run_id=run_id, scheduled_us=10_000, released_us=0, received_us=9_000,
+                         started_us=10_000 + late_us, cpu_wait_us=waited_us)
+
+    figures = late_starts_waiting_for_cpu([
+        run("on-time", 100, 0),
+        run("late, thread waited", 2_000, 1_000),  # exactly half: counted
+        run("late, thread barely waited", 3_000, 1_499),
+        run("late by exactly the threshold", 1_000, 900),
+        run("an older worker's line", 5_000, None),  # says nothing of the wait: left out
+    ])
+    assert figures == {
+        "late_starts": 3,
+        "late_starts_waiting_for_cpu": 2,
+        "worker_cpu_wait_ms": percentiles([0.0, 1.0, 1.499, 0.9]),
+    }
+    assert late_starts_waiting_for_cpu([run("peer", 2_000, None)]) == {}
+
+
+def test_the_cpu_wait_counter_reads_increments_of_this_threads_run_queue_wait() -> None:
+    counter = CpuWait()
+    if not Path("/proc/thread-self/schedstat").exists():
+        assert counter.since_last_us() is None
+        return
+    first, second = counter.since_last_us(), counter.since_last_us()
+    assert first is not None and first >= 0
+    assert second is not None and second >= 0
+
+
 @pytest.mark.parametrize("line", ["", "r1 100 150", "r1 100 x 400", "   ", "r1 100 150 400 j1 x"])
 def test_blank_torn_or_garbled_lines_are_skipped(line: str) -> None:
     assert parse_record(line) is None
@@ -143,8 +184,24 @@ def test_a_result_reports_start_lag_beside_delivery_and_release_lag(tmp_path: Pa
     assert result["delivery_lag_ms"] == {"p50": -2.0, "p95": -2.0, "p99": -2.0, "p999": -2.0, "max": -2.0}
     assert sorted(bench.samples["fastlane (start)"]) == [0.1, 0.3]
     peer = deliveries([record("a", 10_000, 10_500, 10_500, started=10_500)])  # called = started
-    system_result(bench, "apscheduler-memory", jobs=1, got=peer)
+    peer_result = system_result(bench, "apscheduler-memory", jobs=1, got=peer)
     assert "apscheduler-memory (start)" not in bench.samples
+    assert "late_starts" not in peer_result  # no record says how long a thread waited for a CPU
+
+
+def test_a_result_says_how_many_late_starts_waited_for_a_cpu_and_the_report_shows_it(tmp_path: Path) -> None:
+    bench = Bench(scenario="spread", backend="postgres", nodes=1, workers=1, scale=1.0, workdir=tmp_path)
+    got = deliveries([RunRecord(run_id="a", scheduled_us=10_000, released_us=0, received_us=9_000, started_us=13_000,
+                                cpu_wait_us=2_800),
+                      RunRecord(run_id="b", scheduled_us=20_000, released_us=0, received_us=19_000,
+                                started_us=20_050, cpu_wait_us=0)])
+    result = system_result(bench, "fastlane", jobs=2, got=got)
+    assert (result["late_starts"], result["late_starts_waiting_for_cpu"]) == (1, 1)
+    assert result["worker_cpu_wait_ms"] == percentiles([2.8, 0.0])
+    report = render_markdown({"scenario": "spread", "backend": "postgres", "results": [result]})
+    assert "| runs started 1 ms or more late | 1 |" in report
+    assert "| of those, the worker's loop thread waited for a CPU half as long or more | 1 |" in report
+    assert "| worker loop thread's wait for a CPU between starts (p50 / p99 / max) | 0.000 / 2.800 / 2.800 ms |" in report
 
 
 # -- ratios and targets ------------------------------------------------------------------------
@@ -430,6 +487,9 @@ def test_a_tiny_spread_run_delivers_every_job_once(tmp_path: Path) -> None:
     assert set(fastlane["release_lag_ms"]) == LAG_KEYS
     assert all(value is not None for value in fastlane["delivery_lag_ms"].values())
     assert all(value is not None for value in fastlane["start_lag_ms"].values())  # the worker records its starts
+    if Path("/proc/thread-self/schedstat").exists():  # Linux: the worker also says how long it waited for a CPU
+        assert 0 <= fastlane["late_starts_waiting_for_cpu"] <= fastlane["late_starts"] <= fastlane["jobs"]
+        assert set(fastlane["worker_cpu_wait_ms"]) == LAG_KEYS
     assert (fastlane["scenario"], fastlane["backend"]) == ("spread", "sqlite")
     assert document["targets"][0]["name"] == "spread p99 delivery lag"
     assert (out / "result.md").read_text().startswith("# fastlane bench: spread")
