@@ -131,6 +131,7 @@ class Bench:
     workdir: Path
     peer: bool = True
     secure: bool = False  # spread and burst: run fastlane again with TLS and an API token
+    durable: bool = False  # postgres: fsync, synchronous commits and full page writes on (DURABLE_SETTINGS)
     pg: ThrowawayPostgres | None = None
     progress: Progress = field(default_factory=Progress)
     notes: list[str] = field(default_factory=list)

@@ -34,6 +34,13 @@ import urllib.parse
 ENV_DSN = "FASTLANE_TEST_PG_DSN"
 SERVER_USER = "postgres"
 
+# Durability is off by default: a crash of this throwaway server loses nothing anyone keeps, and
+# the benchmark then measures fastlane's work rather than the disk's flushes. DURABLE_SETTINGS
+# (``fastlane bench --durable``) are PostgreSQL's own defaults: every commit waits for its WAL to
+# reach the disk, and a page's first change after a checkpoint is logged whole.
+FAST_SETTINGS = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
+DURABLE_SETTINGS = {"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on"}
+
 _LOG_TAIL_LINES = 40
 _START_ATTEMPTS = 3  # the free port can be taken between probing and binding
 
@@ -133,6 +140,11 @@ class ThrowawayPostgres:
         self._running = False
         self._postmaster_pid: int | None = None
 
+    @property
+    def durability(self) -> dict[str, str]:
+        """The server's fsync, synchronous_commit and full_page_writes, as it is started with."""
+        return {name: self._settings.get(name, value) for name, value in FAST_SETTINGS.items()}
+
     # -- paths -------------------------------------------------------------
 
     @property
@@ -211,8 +223,8 @@ class ThrowawayPostgres:
                 port = _free_port()
                 options = (
                     f"-c listen_addresses=127.0.0.1 -p {port} -k {self.base_dir} "
-                    "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
-                    "-c max_connections=300 -c shared_buffers=128MB"
+                    + "".join(f"-c {name}={value} " for name, value in FAST_SETTINGS.items())
+                    + "-c max_connections=300 -c shared_buffers=128MB"
                 )
                 # Later -c options win over earlier ones.
                 options += "".join(f" -c {name}={value}" for name, value in self._settings.items())

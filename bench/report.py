@@ -93,6 +93,9 @@ def render_markdown(document: Mapping[str, Any]) -> str:
     machine = document.get("machine") or {}
     if machine:
         lines.append(f"Machine: {', '.join(f'{key} {value}' for key, value in machine.items())}.")
+    postgres = document.get("postgres") or {}
+    if postgres:
+        lines.append(f"PostgreSQL: {', '.join(f'{key} {value}' for key, value in postgres.items())}.")
     lines.append("")
     lines += _results_table(document.get("results") or [])
     ratios = document.get("ratios") or {}

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from fastlane.bench.harness import JOB_CREATION, Bench, BenchTimeout, Progress
-from fastlane.bench.pgcluster import ThrowawayPostgres
+from fastlane.bench.pgcluster import DURABLE_SETTINGS, ThrowawayPostgres
 from fastlane.bench.report import render_markdown, to_json, write_outputs
 from fastlane.bench.scenarios import SCENARIOS, Scenario
 from fastlane.bench.stats import lag_ratios
@@ -47,6 +47,7 @@ class Options:
     scale: float = 1.0
     peer: bool = True  # run APScheduler beside fastlane where the scenario has a peer
     secure: bool = False  # spread and burst: fastlane again with TLS and an API token
+    durable: bool = False  # postgres: the throwaway server with fsync and synchronous commits
     json: bool = False
     out: str | None = None
 
@@ -61,7 +62,7 @@ def run_benchmark(options: Options) -> int:
     with tempfile.TemporaryDirectory(prefix="fastlane-bench-") as scratch:
         bench = Bench(scenario=options.scenario, backend=options.backend, nodes=options.nodes,
                       workers=options.workers, scale=options.scale, peer=options.peer, secure=options.secure,
-                      workdir=Path(scratch),
+                      durable=options.durable, workdir=Path(scratch),
                       progress=progress)
         try:
             results = _run(scenario, bench)
@@ -89,7 +90,7 @@ def _run(scenario: Scenario, bench: Bench) -> list[dict[str, object]]:
     with contextlib.ExitStack() as stack:
         if bench.backend == "postgres":
             bench.progress.phase("starting a throwaway PostgreSQL")
-            bench.pg = stack.enter_context(ThrowawayPostgres())
+            bench.pg = stack.enter_context(ThrowawayPostgres(settings=DURABLE_SETTINGS if bench.durable else None))
         try:
             import uvloop
         except ImportError:
@@ -135,6 +136,8 @@ def build_document(bench: Bench, results: list[dict[str, object]], *, started_at
         "machine": machine(),
         "results": results,
     }
+    if bench.pg is not None:
+        document["postgres"] = bench.pg.durability
     fastlane = result_of(document, "fastlane")
     peers = [result for result in results if result.get("system") != "fastlane"]
     if fastlane is not None and peers:

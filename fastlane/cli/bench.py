@@ -68,6 +68,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="spread and burst: run fastlane a second time with TLS and an API token on every call "
                              "and stream (after the plain run, same shape), and compare the two (needs the "
                              "bench extra's cryptography for the certificate)")
+    parser.add_argument("--durable", action="store_true",
+                        help="with --backend postgres: start the throwaway server with fsync, synchronous_commit "
+                             "and full_page_writes on (PostgreSQL's defaults: a commit waits for its log to "
+                             "reach the disk), to show what durability costs; without it they are off")
     parser.add_argument("--json", action="store_true",
                         help="print the result as one JSON document instead of the Markdown report")
     parser.add_argument("--out", metavar="DIR",
@@ -81,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("failover needs --backend postgres and --nodes 3 or more")
     if nodes > 1 and args.backend != "postgres":
         raise UsageError("more than one node needs --backend postgres (SQLite serves a single node)")
+    if args.durable and args.backend != "postgres":
+        raise UsageError("--durable applies to --backend postgres (SQLite runs as fastlane always runs it: WAL, synchronous=NORMAL)")
     if args.secure and args.scenario not in ("spread", "burst"):
         raise UsageError("--secure applies to spread and burst")
     if args.scenario == "scale" and nodes != 1:
@@ -90,6 +96,6 @@ def run(args: argparse.Namespace) -> int:
     # fastlane.bench is unknown to mypy (see [tool.mypy] in pyproject.toml): its result is typed here.
     status: int = run_benchmark(Options(scenario=args.scenario, backend=args.backend, nodes=nodes,
                                         workers=args.workers, scale=args.scale, peer=not args.no_peer,
-                                        secure=args.secure,
+                                        secure=args.secure, durable=args.durable,
                                         json=args.json, out=args.out))
     return status

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncpg
 import pytest
+from fastlane.bench.pgcluster import DURABLE_SETTINGS, FAST_SETTINGS, ThrowawayPostgres
 
 pytestmark = pytest.mark.postgres
 
@@ -37,3 +38,20 @@ async def test_pg_dsn_is_a_fresh_empty_database(pg_dsn, run):
         await conn.execute("create table leftover (id int)")
     finally:
         await conn.close()
+
+
+async def _durability(dsn: str) -> dict[str, str]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return {name: await conn.fetchval(f"SHOW {name}") for name in FAST_SETTINGS}
+    finally:
+        await conn.close()
+
+
+async def test_a_throwaway_cluster_runs_fast_by_default_and_durable_when_asked() -> None:
+    with ThrowawayPostgres() as fast:
+        assert fast.dsn is not None
+        assert await _durability(fast.dsn) == FAST_SETTINGS == fast.durability
+    with ThrowawayPostgres(settings=DURABLE_SETTINGS) as durable:
+        assert durable.dsn is not None
+        assert await _durability(durable.dsn) == DURABLE_SETTINGS == durable.durability

@@ -189,6 +189,13 @@ def test_a_result_reports_start_lag_beside_delivery_and_release_lag(tmp_path: Pa
     assert "late_starts" not in peer_result  # no record says how long a thread waited for a CPU
 
 
+def test_the_report_says_how_durable_postgresql_was() -> None:
+    report = render_markdown({"scenario": "sustained", "backend": "postgres", "results": [],
+                              "postgres": {"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on"}})
+    assert "PostgreSQL: fsync on, synchronous_commit on, full_page_writes on." in report
+    assert "PostgreSQL:" not in render_markdown({"scenario": "sustained", "backend": "sqlite", "results": []})
+
+
 def test_a_result_says_how_many_late_starts_waited_for_a_cpu_and_the_report_shows_it(tmp_path: Path) -> None:
     bench = Bench(scenario="spread", backend="postgres", nodes=1, workers=1, scale=1.0, workdir=tmp_path)
     got = deliveries([RunRecord(run_id="a", scheduled_us=10_000, released_us=0, received_us=9_000, started_us=13_000,
@@ -450,8 +457,8 @@ def test_failover_counts_occurrences_never_delivered() -> None:
 def test_bench_help_documents_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--help"]) == 0
     text = capsys.readouterr().out
-    for flag in ("--backend", "--nodes", "--workers", "--scale", "--json", "--out", "spread", "burst", "sustained",
-                 "cron", "scale", "failover"):
+    for flag in ("--backend", "--nodes", "--workers", "--scale", "--durable", "--json", "--out", "spread", "burst",
+                 "sustained", "cron", "scale", "failover"):
         assert flag in text
 
 
@@ -461,6 +468,7 @@ def test_bench_help_documents_every_flag(capsys: pytest.CaptureFixture[str]) -> 
     ["bench", "spread", "--nodes", "2"],
     ["bench", "spread", "--scale", "0"],
     ["bench", "nothing"],
+    ["bench", "sustained", "--durable"],  # durable applies to PostgreSQL
 ])
 def test_bench_refuses_impossible_combinations(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 2
