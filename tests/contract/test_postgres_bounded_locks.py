@@ -240,6 +240,33 @@ async def test_every_pooled_connection_carries_the_session_limits(pg_dsn: str) -
         await store.close()
 
 
+async def test_a_pooled_connection_prepares_its_statements_again_after_their_lifetime(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plan made while the tables were nearly empty (a new database) does not stay: a connection
+    prepares a statement again once STATEMENT_LIFETIME has passed, and PostgreSQL plans it anew."""
+    monkeypatch.setattr("fastlane.storage.postgres.connection.STATEMENT_LIFETIME", timedelta(seconds=1))
+    store = PostgresStore(pg_dsn, shard_count=4, pool_size=1, lease_ttl=LEASE)
+    query = "SELECT $1::integer + 1"
+    prepared_as = "SELECT name FROM pg_prepared_statements WHERE statement = $1"
+    try:
+        async with store._connection() as db:
+            assert await db.fetchval(query, 1) == 2
+            (first,) = [row["name"] for row in await db.fetch(prepared_as, query)]
+        deadline = time.monotonic() + 10
+        while True:
+            async with store._connection() as db:
+                assert await db.fetchval(query, 1) == 2
+                names = {row["name"] for row in await db.fetch(prepared_as, query)}
+            if first not in names:
+                break
+            assert time.monotonic() < deadline, f"{first} was still the statement's only preparation after 10 s"
+            await asyncio.sleep(0.1)
+        assert len(names) == 1  # prepared again, under another name, and the old one closed
+    finally:
+        await store.close()
+
+
 async def test_the_change_listener_outlives_the_idle_in_transaction_timeout(pg_dsn: str) -> None:
     lease = timedelta(seconds=1)  # idle_in_transaction_session_timeout 0.2 s
     store = PostgresStore(pg_dsn, shard_count=4, lease_ttl=lease)
@@ -314,7 +341,7 @@ async def test_a_populated_database_migrates_to_attempts_with_one_index(pg_dsn: 
         indexes = {row["indexname"] for row in await reader.fetch("SELECT indexname FROM pg_indexes WHERE tablename = 'attempts'")}
         assert indexes == {"attempts_pkey"}
         async with reader.transaction():  # the result's own statement; its counts are visible inside
-            await reader.execute(SUCCEED_ATTEMPTS, [run.run_id], [77], [None], [None], [None], [None])
+            await reader.execute(SUCCEED_ATTEMPTS, [run.run_id], [1], [77], [None], [None], [None], [None])
             assert await reader.fetchval("SELECT pg_stat_get_xact_tuples_hot_updated('attempts'::regclass)") == 1
         (outcome,) = await store.record_results([AttemptResult(run_id=run.run_id, lease_token=77,
                                                                outcome=AttemptOutcome.SUCCEEDED)])
@@ -323,4 +350,32 @@ async def test_a_populated_database_migrates_to_attempts_with_one_index(pg_dsn: 
         assert stored.outcome is AttemptOutcome.SUCCEEDED and stored.lease_token == 77
     finally:
         await reader.close()
+        await store.close()
+
+
+async def test_a_current_attempts_success_is_found_by_its_primary_key(pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The attempt of a result for the run's current lease is the run's count of attempts: the
+    update by primary key finds it, and the update by token (for attempts a late report numbered
+    past) is not needed. (Its use is covered by tests/contract/test_late_reports.py.)"""
+    store = open_store(pg_dsn, shard_count=4)
+    try:
+        await store.migrate()
+        await store.acquire_shards("node-a", timedelta(seconds=30), limit=4)
+        job, _ = await store.create_job(JobSpec(name="j", job_type="t", schedule=Schedule.cron_expr("* * * * *")))
+        run = await store.create_manual_run("default", job.job_id)
+        for token in (7, 8):  # two attempts: the second is the one that succeeds
+            await store.record_dispatches([Dispatch(run_id=run.run_id, lease_token=token, worker_id="w",
+                                                    node_id="node-a", lease_ttl=timedelta(seconds=30),
+                                                    dispatched_at=datetime.now(UTC))])
+            if token == 7:
+                await store.record_results([AttemptResult(run_id=run.run_id, lease_token=7,
+                                                          outcome=AttemptOutcome.FAILED)])
+        monkeypatch.setattr("fastlane.storage.postgres.queries.SUCCEED_ATTEMPTS_BY_TOKEN", "SELECT 1 / 0")
+        (outcome,) = await store.record_results([AttemptResult(run_id=run.run_id, lease_token=8,
+                                                               outcome=AttemptOutcome.SUCCEEDED)])
+        assert outcome.accepted
+        attempts = await store.list_attempts(run.run_id)
+        assert [(a.attempt, a.lease_token, a.outcome) for a in attempts] == [
+            (1, 7, AttemptOutcome.FAILED), (2, 8, AttemptOutcome.SUCCEEDED)]
+    finally:
         await store.close()

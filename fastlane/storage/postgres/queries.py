@@ -245,7 +245,23 @@ SUCCEED_RUNS = """
     WHERE r.run_id = u.run_id AND r.lease_token = u.lease_token AND r.state IN ('dispatched', 'running')
     RETURNING r.*, u.lease_token AS attempt_token
 """
+# Found by primary key: the attempt number is the run's count of attempts, as the dispatch that
+# made the attempt numbered it. With the token alone, a prefix of the key, the planner cannot tell
+# one attempt from a run's hundred without statistics, and on a new database (or until
+# autovacuum analyses it) it scans every attempt for each batch of results.
 SUCCEED_ATTEMPTS = """
+    UPDATE attempts a SET outcome = 'succeeded', error_code = s.error_code, error_message = s.error_message,
+                          started_at = coalesce(s.started_at, a.started_at),
+                          finished_at = coalesce(s.finished_at, clock_timestamp())
+    FROM unnest($1::text[], $2::integer[], $3::bigint[], $4::text[], $5::text[], $6::timestamptz[],
+                $7::timestamptz[])
+         AS s(run_id, attempt, lease_token, error_code, error_message, started_at, finished_at)
+    WHERE a.run_id = s.run_id AND a.attempt = s.attempt AND a.lease_token = s.lease_token
+    RETURNING a.run_id
+"""
+# The few the count does not number: a late report of an earlier attempt, recorded after this one
+# went out, took the next number (INSERT_LATE_ATTEMPT).
+SUCCEED_ATTEMPTS_BY_TOKEN = """
     UPDATE attempts a SET outcome = 'succeeded', error_code = s.error_code, error_message = s.error_message,
                           started_at = coalesce(s.started_at, a.started_at),
                           finished_at = coalesce(s.finished_at, clock_timestamp())

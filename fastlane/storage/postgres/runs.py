@@ -4,7 +4,7 @@ heartbeats, results, and the reads of run history."""
 from __future__ import annotations
 
 import random
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 
 from fastlane.clock import from_micros
@@ -125,15 +125,11 @@ class PostgresRuns(PostgresConnections):
             succeeded = await db.fetch(
                 queries.SUCCEED_RUNS, [r.run_id for r in successes], [r.lease_token for r in successes]
             ) if successes else []
-            applied = {(row["run_id"], row["attempt_token"]) for row in succeeded}
-            done = [r for r in successes if (r.run_id, r.lease_token) in applied]
+            attempt_of = {(row["run_id"], row["attempt_token"]): row["attempts"] for row in succeeded}
+            done = [r for r in successes if (r.run_id, r.lease_token) in attempt_of]
             if done:
-                await db.execute(
-                    queries.SUCCEED_ATTEMPTS,
-                    [r.run_id for r in done], [r.lease_token for r in done], [r.error_code for r in done],
-                    [r.error_message for r in done], [r.started_at for r in done], [r.finished_at for r in done],
-                )
-            rest = [r for r in successes if (r.run_id, r.lease_token) not in applied] + others
+                await succeed_attempts(db, done, attempt_of)
+            rest = [r for r in successes if (r.run_id, r.lease_token) not in attempt_of] + others
             outcomes = [ResultOutcome(row=row, accepted=True) for row in succeeded]
             released = await release_buffered(db, {row["job_id"] for row in succeeded})
             for run in released:
@@ -219,6 +215,26 @@ async def record_late_reports(
     for run in plan.adopted.values():  # its shard's owner holds it as waiting: it must hear it was run
         await notify(db, Change(ChangeKind.RUN, run.shard_id, run.tenant, run.run_id))
     return late_reports.settle_plan(plan, runs, results, outcomes)
+
+
+async def succeed_attempts(db: PoolConnection, done: Sequence[AttemptResult],
+                           attempt_of: Mapping[tuple[str, int], int]) -> None:
+    """Mark the current attempts of these successes succeeded: by primary key, ``attempt_of``
+    numbering each (run id, lease token) as its run's count of attempts, and the few that number
+    misses (see SUCCEED_ATTEMPTS_BY_TOKEN) by their token."""
+    rows = await db.fetch(
+        queries.SUCCEED_ATTEMPTS,
+        [r.run_id for r in done], [attempt_of[r.run_id, r.lease_token] for r in done], [r.lease_token for r in done],
+        [r.error_code for r in done], [r.error_message for r in done], [r.started_at for r in done],
+        [r.finished_at for r in done],
+    )
+    matched = {row["run_id"] for row in rows}
+    if missed := [r for r in done if r.run_id not in matched]:
+        await db.execute(
+            queries.SUCCEED_ATTEMPTS_BY_TOKEN,
+            [r.run_id for r in missed], [r.lease_token for r in missed], [r.error_code for r in missed],
+            [r.error_message for r in missed], [r.started_at for r in missed], [r.finished_at for r in missed],
+        )
 
 
 async def apply_results(
