@@ -21,7 +21,7 @@ import os
 import random
 import time
 
-from fastlane.bench.cpu_wait import CpuWait
+from fastlane.bench.cpu_wait import CpuWait, record_field
 
 from fastlane.clock import to_micros
 from fastlane.worker import RunContext, Worker
@@ -41,7 +41,7 @@ async def busy(ctx: RunContext) -> None:
     waited = _cpu_wait.since_last_us()
     released = to_micros(ctx.released_at) if ctx.released_at else 0
     _record.write(f"{ctx.run_id} {to_micros(ctx.scheduled_for)} {released} {to_micros(ctx.received_at)} "
-                  f"{ctx.job_id} {entered} {ctx.tenant}{'' if waited is None else f' cpu_wait_us={waited}'}\n")
+                  f"{ctx.job_id} {entered} {ctx.tenant}{record_field(waited)}\n")
     # The slot stays taken meanwhile, as with real work.
     await asyncio.sleep(_handler_s * random.uniform(1 - _jitter, 1 + _jitter) if _jitter else _handler_s)
     _ends.write(f"{ctx.run_id} {time.time_ns() // 1000}\n")  # when the handler ended (the concurrency scenario)

@@ -1,48 +1,56 @@
 """How long a thread waited for a CPU: the run-queue wait Linux counts for each thread.
 
-The benchmark's no-op worker records, with each run, how long its event-loop thread was runnable
-but not running since the run before it started (the second field of
-``/proc/thread-self/schedstat``, in nanoseconds). A run that started late while the thread had
-waited about that long for a CPU was late because other processes held the cores (on a small
-machine the node, PostgreSQL and the harness share them with the worker), not because of
-anything on the worker's loop. Measured this way in ``fastlane bench spread --backend postgres``
-(and with ``perf sched``), the late starts were the loop thread waiting 1-3.6 ms behind a
-PostgreSQL backend's time slice.
+The benchmark's workers (no-op and busy) record, with each run, how long their event-loop thread
+was runnable but not running since the run before it started (the second field of
+``/proc/thread-self/schedstat``, in nanoseconds), as ``cpu_wait_us=N``. A run that started late
+while the thread had waited about that long is counted as waiting for a CPU: other processes held
+the cores (on a small machine the node, PostgreSQL and the harness share them with the worker).
+Measured this way in ``fastlane bench spread --backend postgres``, and with ``perf sched``, late
+starts were the loop thread waiting 1-3.6 ms behind a PostgreSQL backend's time slice.
 
-Reading the counter costs about a microsecond (one ``pread`` of an open descriptor); where it
-cannot be read (not Linux) nothing is recorded.
+The wait is counted since the run before started, not from this run's instant: where runs are
+sparse (``fairness``'s quiet tenant alone) part of it may be long past; where several start in one
+wake-up the first takes the whole wait. Reading the counter costs about a microsecond (one
+``pread`` of an open descriptor); where it cannot be read (not Linux) nothing is recorded.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 
 
 class CpuWait:
-    """The run-queue wait of the thread that creates it, read as increments."""
+    """The run-queue wait of the thread that creates it, read as increments from one run's start
+    to the next (the first start has none: before it lie the worker's connecting and waiting)."""
 
     def __init__(self) -> None:
+        self._thread = threading.get_native_id()
         try:
             # thread-self names the calling thread: the one whose loop runs the handlers.
             self._fd: int | None = os.open("/proc/thread-self/schedstat", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             self._fd = None
-        self._last = self._total_ns()
+        self._last: int | None = None
 
     def _total_ns(self) -> int | None:
-        if self._fd is None:
-            return None
+        if self._fd is None or threading.get_native_id() != self._thread:
+            return None  # another thread's wait would be misread as this one's
         try:
             return int(os.pread(self._fd, 128, 0).split()[1])
         except (OSError, ValueError, IndexError):
             return None
 
     def since_last_us(self) -> int | None:
-        """Microseconds the thread waited for a CPU since the last call (or since it was
-        created); None where the kernel does not say."""
+        """Microseconds the thread waited for a CPU since the last call; None on the first call,
+        and where the kernel does not say."""
         total = self._total_ns()
-        if total is None or self._last is None:
-            self._last = total
+        last, self._last = self._last, total
+        if total is None or last is None:
             return None
-        waited, self._last = total - self._last, total
-        return waited // 1000
+        return (total - last) // 1000
+
+
+def record_field(waited_us: int | None) -> str:
+    """The record's field for a wait, with its leading space; nothing when it is not known."""
+    return "" if waited_us is None else f" cpu_wait_us={waited_us}"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 
-from fastlane.bench.cpu_wait import CpuWait
+from fastlane.bench.cpu_wait import CpuWait, record_field
 
 from fastlane.clock import to_micros
 from fastlane.worker import RunContext, Worker
@@ -29,4 +29,4 @@ async def noop(ctx: RunContext) -> None:
     waited = _cpu_wait.since_last_us()
     released = to_micros(ctx.released_at) if ctx.released_at else 0
     _record.write(f"{ctx.run_id} {to_micros(ctx.scheduled_for)} {released} {to_micros(ctx.received_at)} "
-                  f"{ctx.job_id} {entered}{'' if waited is None else f' cpu_wait_us={waited}'}\n")
+                  f"{ctx.job_id} {entered}{record_field(waited)}\n")

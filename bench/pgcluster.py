@@ -8,7 +8,7 @@ one-off script::
 
 The cluster lives in a fresh temporary directory (data directory, unix socket
 and server log) and listens on a free TCP port on 127.0.0.1 with trust
-authentication and durability switched off. ``stop()`` kills it with
+authentication and durability switched off by default (``DURABLE_SETTINGS`` turn it on). ``stop()`` kills it with
 ``pg_ctl stop -m immediate`` and deletes the directory; an atexit hook does the
 same if the caller never gets that far.
 

@@ -66,19 +66,29 @@ CPU_WAIT_FIELD = "cpu_wait_us="
 def parse_record(line: str) -> RunRecord | None:
     """A worker line: ``run_id scheduled released received [job_id [started [more...]]]``; None for
     a blank or torn line. Lines without ``started`` (older workers) parse with ``started_us`` 0.
-    Of the further fields, ``cpu_wait_us=N`` is read; others (a busy worker's tenant) are not."""
+    Of the further fields, ``cpu_wait_us=N`` is read (a garbled one as unknown); others (a busy
+    worker's tenant) are not."""
     fields = line.split()
     if len(fields) < 4:
         return None
     try:
         scheduled, released, received = int(fields[1]), int(fields[2]), int(fields[3])
         started = int(fields[5]) if len(fields) > 5 else 0
-        waits = [int(field.removeprefix(CPU_WAIT_FIELD)) for field in fields[6:] if field.startswith(CPU_WAIT_FIELD)]
     except ValueError:
         return None
     return RunRecord(run_id=fields[0], scheduled_us=scheduled, released_us=released, received_us=received,
                      job_id=fields[4] if len(fields) > 4 else "", started_us=started,
-                     cpu_wait_us=waits[0] if waits else None)
+                     cpu_wait_us=_cpu_wait_of(fields[6:]))
+
+
+def _cpu_wait_of(fields: Sequence[str]) -> int | None:
+    """The ``cpu_wait_us=N`` among a line's further fields; None when absent or garbled (a
+    diagnostic, which must not cost the run its record)."""
+    for field in fields:
+        if field.startswith(CPU_WAIT_FIELD):
+            value = field.removeprefix(CPU_WAIT_FIELD)
+            return int(value) if value.isdigit() else None
+    return None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -108,23 +118,23 @@ LATE_START_MS = 1.0  # a start this late or later is looked into by late_starts_
 
 def late_starts_waiting_for_cpu(records: Iterable[RunRecord], late_ms: float = LATE_START_MS) -> dict[str, object]:
     """Of the runs whose handler started ``late_ms`` or more after their instant, how many had a
-    worker loop thread that waited for a CPU at least half that long since the run before it
-    started: late because other processes held the cores. Only runs whose record says both when
+    worker loop thread that waited for a CPU, since the run before it started, at least half the
+    run's own lateness: counted as late because other processes held the cores. Only runs whose record says both when
     the handler started and how long the thread waited count; an empty dict when none does (a
     peer, an older worker, not Linux). ``worker_cpu_wait_ms``: percentiles of those waits.
 
     The wait counted is the thread's since the run before started, so part of it may fall before
     this run's instant: an attribution, not a proof (bench/README.md, *What the figures mean*).
     """
-    known = [record for record in records if record.started_us and record.cpu_wait_us is not None]
+    known = [(record.started_us - record.scheduled_us, record.cpu_wait_us) for record in records
+             if record.started_us and record.cpu_wait_us is not None]
     if not known:
         return {}
-    late = [record for record in known if record.started_us - record.scheduled_us >= late_ms * 1000]
-    waited = [record for record in late if 2 * (record.cpu_wait_us or 0) >= record.started_us - record.scheduled_us]
+    late = [(lateness, waited) for lateness, waited in known if lateness >= late_ms * 1000]
     return {
         "late_starts": len(late),
-        "late_starts_waiting_for_cpu": len(waited),
-        "worker_cpu_wait_ms": percentiles((record.cpu_wait_us or 0) / 1000 for record in known),
+        "late_starts_waiting_for_cpu": sum(1 for lateness, waited in late if 2 * waited >= lateness),
+        "worker_cpu_wait_ms": percentiles(waited / 1000 for _, waited in known),
     }
 
 

@@ -143,7 +143,8 @@ class PostgresConnections:
                     # cast: the stubs spell out every keyword of asyncpg.connect; this passes them on.
                     connect=cast(Any, self._hosts.connect),
                     init=self._identity.check,
-                    max_cached_statement_lifetime=int(STATEMENT_LIFETIME.total_seconds()),
+                    # Whole seconds, at least 1: asyncpg reads 0 as "keep for ever".
+                    max_cached_statement_lifetime=max(1, round(STATEMENT_LIFETIME.total_seconds())),
                 )
             except POSTGRES_DRIVER_ERRORS as error:
                 raise classify_postgres(error, doing="connecting") from error

@@ -246,9 +246,9 @@ SUCCEED_RUNS = """
     RETURNING r.*, u.lease_token AS attempt_token
 """
 # Found by primary key: the attempt number is the run's count of attempts, as the dispatch that
-# made the attempt numbered it. With the token alone, a prefix of the key, the planner cannot tell
-# one attempt from a run's hundred without statistics, and on a new database (or until
-# autovacuum analyses it) it scans every attempt for each batch of results.
+# made the attempt numbered it. By run id and token, only the run id is in the key: without
+# statistics the planner cannot tell one attempt from a run's hundred, and on a new database (or
+# until autovacuum analyses it) it scans every attempt for each batch of results.
 SUCCEED_ATTEMPTS = """
     UPDATE attempts a SET outcome = 'succeeded', error_code = s.error_code, error_message = s.error_message,
                           started_at = coalesce(s.started_at, a.started_at),

@@ -228,7 +228,7 @@ async def succeed_attempts(db: PoolConnection, done: Sequence[AttemptResult],
         [r.error_code for r in done], [r.error_message for r in done], [r.started_at for r in done],
         [r.finished_at for r in done],
     )
-    matched = {row["run_id"] for row in rows}
+    matched = {row["run_id"] for row in rows}  # a run id is enough: SUCCEED_RUNS matched one token per run
     if missed := [r for r in done if r.run_id not in matched]:
         await db.execute(
             queries.SUCCEED_ATTEMPTS_BY_TOKEN,
