@@ -240,6 +240,33 @@ async def test_every_pooled_connection_carries_the_session_limits(pg_dsn: str) -
         await store.close()
 
 
+async def test_a_pooled_connection_prepares_its_statements_again_after_their_lifetime(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plan made while the tables were nearly empty (a new database) does not stay: a connection
+    prepares a statement again once STATEMENT_LIFETIME has passed, and PostgreSQL plans it anew."""
+    monkeypatch.setattr("fastlane.storage.postgres.connection.STATEMENT_LIFETIME", timedelta(seconds=1))
+    store = PostgresStore(pg_dsn, shard_count=4, pool_size=1, lease_ttl=LEASE)
+    query = "SELECT $1::integer + 1"
+    prepared_as = "SELECT name FROM pg_prepared_statements WHERE statement = $1"
+    try:
+        async with store._connection() as db:
+            assert await db.fetchval(query, 1) == 2
+            (first,) = [row["name"] for row in await db.fetch(prepared_as, query)]
+        deadline = time.monotonic() + 10
+        while True:
+            async with store._connection() as db:
+                assert await db.fetchval(query, 1) == 2
+                names = {row["name"] for row in await db.fetch(prepared_as, query)}
+            if names and first not in names:  # (between the old one's close and the new prepare: none)
+                break
+            assert time.monotonic() < deadline, f"{first} was still the statement's only preparation after 10 s"
+            await asyncio.sleep(0.1)
+        assert len(names) == 1  # prepared again, under another name, and the old one closed
+    finally:
+        await store.close()
+
+
 async def test_the_change_listener_outlives_the_idle_in_transaction_timeout(pg_dsn: str) -> None:
     lease = timedelta(seconds=1)  # idle_in_transaction_session_timeout 0.2 s
     store = PostgresStore(pg_dsn, shard_count=4, lease_ttl=lease)

@@ -23,6 +23,16 @@ from fastlane.storage.postgres.server_identity import IdentityWatch
 PoolConnection: TypeAlias = "PoolConnectionProxy[asyncpg.Record]"
 Connection: TypeAlias = "asyncpg.Connection[asyncpg.Record]"
 
+# How long a connection keeps a prepared statement, and so its plan, before preparing it again.
+# PostgreSQL plans a prepared statement for the tables as they are then, and after a few runs keeps
+# a generic plan until the table's statistics change (an ANALYZE, usually autovacuum's, within a
+# minute or more). On a new database the hot statements are planned while `runs` and `attempts`
+# are nearly empty, so they scan them whole and joined by hash; as the tables grow each result's
+# update read every attempt (`fastlane bench spread --backend postgres`: 0.5 ms a result batch,
+# growing with the table). Prepared again every few seconds, a plan follows the tables as they
+# grow; a prepare costs a round trip and a few planned runs, a few dozen a second in all.
+STATEMENT_LIFETIME = timedelta(seconds=5)
+
 DEFAULT_LEASE_TTL = timedelta(seconds=10)
 """The shard lease TTL the session limits are derived from when the store is not told (the
 default of ``Settings.shard_lease_ttl``)."""
@@ -133,6 +143,8 @@ class PostgresConnections:
                     # cast: the stubs spell out every keyword of asyncpg.connect; this passes them on.
                     connect=cast(Any, self._hosts.connect),
                     init=self._identity.check,
+                    # Whole seconds, at least 1: asyncpg reads 0 as "keep for ever".
+                    max_cached_statement_lifetime=max(1, round(STATEMENT_LIFETIME.total_seconds())),
                 )
             except POSTGRES_DRIVER_ERRORS as error:
                 raise classify_postgres(error, doing="connecting") from error
