@@ -18,7 +18,7 @@ from pathlib import Path
 from fastlane.bench.harness import SHARDS, Bench, Deadline, now_utc
 from fastlane.bench.processes import ROOT, Daemon, WorkerProcess, child_environment
 from fastlane.bench.secure import Secured
-from fastlane.bench.usage import ProcessMemory, cpu_seconds, peak_rss
+from fastlane.bench.usage import ProcessMemory, cpu_seconds, peak_rss, realtime_threads
 
 from fastlane.client import Client
 
@@ -99,10 +99,11 @@ class FastlaneCluster:
         concurrency = busy.concurrency if busy else WORKER_CONCURRENCY
         handler = busy.environment() if busy else {}
         self.record_paths: list[Path] = [workdir / f"{label}-received-{index}.txt" for index in range(1, workers + 1)]
+        worker_args = [*(secured.worker_args() if secured else ()), *bench.worker_scheduling_args()]
         self.workers = [
             WorkerProcess(target, addresses, workdir / f"{label}-worker-{index}.log",
                           concurrency=concurrency, env=child_environment(FASTLANE_BENCH_RECORD=str(path), **handler),
-                          extra_args=secured.worker_args() if secured else ())
+                          extra_args=worker_args)
             for index, path in enumerate(self.record_paths, start=1)
         ]
         self.started_at: datetime | None = None
@@ -211,4 +212,4 @@ class FastlaneCluster:
             process.stop()
 
     def _note_memory(self, name: str, pid: int | None) -> None:
-        self._bench.memory.append(ProcessMemory(name, pid, peak_rss(pid), cpu_seconds(pid)))
+        self._bench.memory.append(ProcessMemory(name, pid, peak_rss(pid), cpu_seconds(pid), realtime_threads(pid)))

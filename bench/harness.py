@@ -132,6 +132,9 @@ class Bench:
     peer: bool = True
     secure: bool = False  # spread and burst: run fastlane again with TLS and an API token
     durable: bool = False  # postgres: fsync, synchronous commits and full page writes on (DURABLE_SETTINGS)
+    # SCHED_FIFO priority of the event-loop threads that start runs (fastlane's workers, the peer's
+    # scheduler) while they fire; 0: normal scheduling.
+    realtime_priority: int = 1
     pg: ThrowawayPostgres | None = None
     progress: Progress = field(default_factory=Progress)
     notes: list[str] = field(default_factory=list)
@@ -149,6 +152,10 @@ class Bench:
     def launch_lead(self) -> timedelta:
         """How long before the first due run the processes are started."""
         return LAUNCH_LEAD + (self.nodes - 1) * LAUNCH_LEAD_PER_EXTRA_NODE
+
+    def worker_scheduling_args(self) -> list[str]:
+        """``fastlane worker`` flags for the scheduling of the workers' event loops."""
+        return ["--realtime-priority", str(self.realtime_priority)] if self.realtime_priority else []
 
     def note(self, text: str) -> None:
         self.notes.append(text)

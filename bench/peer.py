@@ -59,6 +59,7 @@ async def run_peer(bench: Bench, system: str, offsets_s: list[float], *, grace_s
         "record": str(record),
         "summary": str(summary_path),
         "grace_s": grace_s,
+        "realtime_priority": bench.realtime_priority,
     }
     config_path = bench.workdir / f"{system}-config.json"
     config_path.write_bytes(orjson.dumps(config))
@@ -81,7 +82,8 @@ async def run_peer(bench: Bench, system: str, offsets_s: list[float], *, grace_s
         process.stop()
         bench.progress.end()
     summary = orjson.loads(summary_path.read_bytes()) if summary_path.exists() else {}
-    bench.memory.append(ProcessMemory(f"{system}", process.pid, summary.get("peak_rss_bytes"), summary.get("cpu_s")))
+    bench.memory.append(ProcessMemory(f"{system}", process.pid, summary.get("peak_rss_bytes"), summary.get("cpu_s"),
+                                      summary.get("realtime_threads")))
     if process.popen is not None and process.popen.returncode not in (0, None) and not summary:
         bench.note(f"{system} failed (exit {process.popen.returncode}): {process.log_tail(5)}")
     overrun = summary.get("lead_in_overrun_s") or 0.0

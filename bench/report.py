@@ -93,6 +93,11 @@ def render_markdown(document: Mapping[str, Any]) -> str:
     machine = document.get("machine") or {}
     if machine:
         lines.append(f"Machine: {', '.join(f'{key} {value}' for key, value in machine.items())}.")
+    priority = document.get("realtime_priority")
+    if priority is not None:
+        lines.append("Threads that start runs (fastlane's workers' event loops, the peer's scheduler): "
+                     + (f"real-time scheduling, SCHED_FIFO priority {priority}; the processes table says where "
+                        "it was granted." if priority else "normal scheduling."))
     postgres = document.get("postgres") or {}
     if postgres:
         lines.append(f"PostgreSQL: {', '.join(f'{key} {value}' for key, value in postgres.items())}.")
@@ -110,14 +115,19 @@ def render_markdown(document: Mapping[str, Any]) -> str:
         lines += ["", "## Targets", ""] + _targets_table(targets)
     processes = document.get("processes") or []
     if processes:
-        lines += ["", "## Processes: peak RSS (VmHWM) and CPU time", "", "| process | pid | peak RSS | CPU s |",
-                  "|---|---:|---:|---:|"]
+        lines += ["", "## Processes: peak RSS (VmHWM), CPU time, threads under real-time scheduling", "",
+                  "| process | pid | peak RSS | CPU s | real-time threads |", "|---|---:|---:|---:|---:|"]
         lines += [f"| {p['name']} | {p.get('pid') or ''} | {_bytes(p.get('peak_rss_bytes'))} | "
-                  f"{'' if p.get('cpu_s') is None else p['cpu_s']} |" for p in processes]
+                  f"{_blank_if_none(p.get('cpu_s'))} | {_blank_if_none(p.get('realtime_threads'))} |"
+                  for p in processes]
     notes = document.get("notes") or []
     if notes:
         lines += ["", "## Notes", ""] + [f"- {note}" for note in notes]
     return "\n".join(lines) + "\n"
+
+
+def _blank_if_none(value: object) -> str:
+    return "" if value is None else str(value)
 
 
 def _lag_label(kind: str) -> str:

@@ -48,6 +48,7 @@ class Options:
     peer: bool = True  # run APScheduler beside fastlane where the scenario has a peer
     secure: bool = False  # spread and burst: fastlane again with TLS and an API token
     durable: bool = False  # postgres: the throwaway server with fsync and synchronous commits
+    realtime_priority: int = 1  # of the threads that start runs, fastlane's and the peer's; 0: normal
     json: bool = False
     out: str | None = None
 
@@ -62,7 +63,8 @@ def run_benchmark(options: Options) -> int:
     with tempfile.TemporaryDirectory(prefix="fastlane-bench-") as scratch:
         bench = Bench(scenario=options.scenario, backend=options.backend, nodes=options.nodes,
                       workers=options.workers, scale=options.scale, peer=options.peer, secure=options.secure,
-                      durable=options.durable, workdir=Path(scratch),
+                      durable=options.durable, realtime_priority=options.realtime_priority,
+                      workdir=Path(scratch),
                       progress=progress)
         try:
             results = _run(scenario, bench)
@@ -134,6 +136,7 @@ def build_document(bench: Bench, results: list[dict[str, object]], *, started_at
         "elapsed_s": round(elapsed_s, 1),
         "job_creation": JOB_CREATION,
         "machine": machine(),
+        "realtime_priority": bench.realtime_priority,
         "results": results,
     }
     if bench.pg is not None:

@@ -16,9 +16,11 @@ class ProcessMemory:
     pid: int | None
     peak_rss_bytes: int | None
     cpu_s: float | None = None
+    realtime_threads: int | None = None  # threads under real-time scheduling when it was noted
 
     def as_json(self) -> dict[str, object]:
-        return {"name": self.name, "pid": self.pid, "peak_rss_bytes": self.peak_rss_bytes, "cpu_s": self.cpu_s}
+        return {"name": self.name, "pid": self.pid, "peak_rss_bytes": self.peak_rss_bytes, "cpu_s": self.cpu_s,
+                "realtime_threads": self.realtime_threads}
 
 
 def proc_status(pid: int) -> dict[str, int]:
@@ -51,6 +53,25 @@ def cpu_seconds(pid: int | None) -> float | None:
         return None
     utime, stime = int(fields[11]), int(fields[12])  # fields 14 and 15 of proc(5)
     return round((utime + stime) / os.sysconf("SC_CLK_TCK"), 2)
+
+
+def realtime_threads(pid: int | None) -> int | None:
+    """How many threads of a live process run under SCHED_FIFO or SCHED_RR; None if it is gone
+    (or not on Linux)."""
+    if not pid or not hasattr(os, "sched_getscheduler"):
+        return None
+    count = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    for task in tasks:
+        try:
+            policy = os.sched_getscheduler(int(task)) & ~os.SCHED_RESET_ON_FORK
+        except OSError:  # the thread ended meanwhile
+            continue
+        count += policy in (os.SCHED_FIFO, os.SCHED_RR)
+    return count
 
 
 def current_rss(pid: int | None) -> int | None:

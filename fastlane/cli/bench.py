@@ -46,6 +46,16 @@ def _scale(text: str) -> float:
     return value
 
 
+def _realtime_priority(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 0 <= value <= 99:
+        raise argparse.ArgumentTypeError(f"{value} is out of range (0..99)")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = EPILOG
@@ -72,6 +82,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --backend postgres: start the throwaway server with fsync, synchronous_commit "
                              "and full_page_writes on (PostgreSQL's defaults: a commit waits for its log to "
                              "reach the disk), to show what durability costs; without it they are off")
+    parser.add_argument("--realtime-priority", metavar="N", type=_realtime_priority, default=1,
+                        help="run the threads that start runs (fastlane's workers' event loops, and the peer's "
+                             "scheduler once its jobs are added) under Linux's real-time scheduling (SCHED_FIFO) "
+                             "at priority N (1..99), as `fastlane worker --realtime-priority` does; 0: normal "
+                             "scheduling. Needs CAP_SYS_NICE (root has it); the processes table says where it "
+                             "was granted (default: 1)")
     parser.add_argument("--json", action="store_true",
                         help="print the result as one JSON document instead of the Markdown report")
     parser.add_argument("--out", metavar="DIR",
@@ -97,5 +113,6 @@ def run(args: argparse.Namespace) -> int:
     status: int = run_benchmark(Options(scenario=args.scenario, backend=args.backend, nodes=nodes,
                                         workers=args.workers, scale=args.scale, peer=not args.no_peer,
                                         secure=args.secure, durable=args.durable,
+                                        realtime_priority=args.realtime_priority,
                                         json=args.json, out=args.out))
     return status

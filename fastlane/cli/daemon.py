@@ -261,6 +261,15 @@ def register(commands: Any) -> None:
         type=positive_int,
         help="most runs in flight per node stream (default: the worker's own setting)",
     )
+    worker.add_argument(
+        "--realtime-priority",
+        metavar="N",
+        type=whole_number_up_to(99),  # SCHED_FIFO's range on Linux
+        help="run the worker's event loop under Linux's real-time scheduling (SCHED_FIFO) at priority N "
+        "(1..99), so runs start on their instant while every core is busy; needs CAP_SYS_NICE or ulimit -r, "
+        "else the worker says why and runs normally; a loop running 250 ms without a pause is lowered back "
+        "(default: the worker's own setting, normally off)",
+    )
     security_flags(worker.add_argument_group("token and TLS (default: the worker's own settings)"))
     worker.set_defaults(handler=run_worker, command_parser=worker)
 
@@ -345,7 +354,8 @@ def run_worker(args: argparse.Namespace) -> int:
     # Flags, then $FASTLANE_SERVER, override what the Worker object was built with.
     servers = args.servers or ([server_address(os.environ[SERVER_ENV])] if os.environ.get(SERVER_ENV) else [])
     return _finish(run_worker_cli(args.target, servers, args.concurrency,
-                                  token=load_token(args.token_file), tls=client_tls(args)))
+                                  token=load_token(args.token_file), tls=client_tls(args),
+                                  realtime_priority=args.realtime_priority))
 
 
 def migrate_schema(args: argparse.Namespace) -> int:

@@ -29,6 +29,7 @@ def run_worker_cli(
     *,
     token: str | None = None,
     tls: ClientTls | None = None,
+    realtime_priority: int | None = None,
 ) -> int:
     """Run the worker named by ``target`` until SIGTERM or SIGINT; return the exit code.
 
@@ -40,13 +41,15 @@ def run_worker_cli(
         servers: Node addresses replacing the worker's own, if any are given.
         concurrency: Replaces the worker's concurrency if given.
         token, tls: Replace the worker's API token and TLS settings if given.
+        realtime_priority: Replaces the worker's real-time priority if given.
 
     Returns:
         0 after a graceful stop, 1 after a forced exit, 2 if the target is unusable.
     """
     try:
         worker = _load_worker(target)
-        worker.override(servers=servers, concurrency=concurrency, token=token, tls=tls)
+        worker.override(servers=servers, concurrency=concurrency, token=token, tls=tls,
+                        realtime_priority=realtime_priority)
         if not worker.job_types:
             raise ConfigurationError(f"{target!r} has no handlers: register one with @worker.handler(job_type)")
     except ConfigurationError as exc:

@@ -52,6 +52,7 @@ from fastlane.rpc.channel import load_token, open_channel
 from fastlane.worker._clock import ClockEstimate
 from fastlane.worker._hold import StartTimer
 from fastlane.worker._membership import ClusterStreams
+from fastlane.worker._realtime import MAX_PRIORITY, MIN_PRIORITY, request_realtime
 from fastlane.worker._runs import RunSlot, run_attempt
 from fastlane.worker._slice import MAX_SLICE, MIN_SLICE, request_cpu_slice
 from fastlane.worker._stream import CHANNEL_OPTIONS, NodeStream
@@ -158,6 +159,12 @@ class Worker:
             :meth:`run` (its event loop), so that it wakes on a held run's instant without waiting
             for a busy neighbour's slice to end (see ``fastlane/worker/_slice.py``); 0.1 to 100 ms.
             None leaves the thread's scheduling as it is.
+        realtime_priority: Run the event loop's thread under Linux's real-time scheduling
+            (``SCHED_FIFO``) at this priority, 1 to 99, so that a held run starts on its instant
+            even while every core is busy; needs ``CAP_SYS_NICE`` (or ``ulimit -r``) and the loop
+            on the main thread, else the worker says why and runs normally. A loop that runs 250 ms
+            without pausing is lowered to normal scheduling for good (see
+            ``fastlane/worker/_realtime.py``). None (the default): normal scheduling.
     """
 
     def __init__(
@@ -172,6 +179,7 @@ class Worker:
         token: str | None = None,
         tls: ClientTls | None = None,
         cpu_slice: timedelta | None = DEFAULT_CPU_SLICE,
+        realtime_priority: int | None = None,
     ) -> None:
         if cpu_slice is not None and not MIN_SLICE <= cpu_slice <= MAX_SLICE:
             raise ConfigurationError(f"cpu_slice must be from {MIN_SLICE} to {MAX_SLICE} or None, got {cpu_slice}")
@@ -179,7 +187,8 @@ class Worker:
         self._servers: list[str] = []
         self._concurrency = 0
         self._connection = Connection(token=token if token is not None else load_token(), tls=tls)
-        self.override(servers=servers, concurrency=concurrency)
+        self._realtime_priority: int | None = None
+        self.override(servers=servers, concurrency=concurrency, realtime_priority=realtime_priority)
         if drain_timeout < 0:
             raise ConfigurationError(f"drain_timeout must not be negative, got {drain_timeout}")
         self._drain_timeout = drain_timeout
@@ -275,8 +284,10 @@ class Worker:
                 return
             if not self._handlers:
                 raise ConfigurationError("no handlers: register one with @worker.handler(job_type) first")
-            if self._cpu_slice is not None and request_cpu_slice(self._cpu_slice):
-                log.info("this thread runs in CPU slices of %g ms", self._cpu_slice / timedelta(milliseconds=1))
+            self._request_cpu_slice()
+            priority = self._realtime_priority
+            if priority is not None and request_realtime(priority, on_lowered=self._request_cpu_slice):
+                log.info("this thread runs at real-time priority %d (SCHED_FIFO)", priority)
             streams = self._streams = ClusterStreams(self._servers, self._open_stream, self._open_channel)
             for address in self._servers:
                 streams.add(address)
@@ -345,6 +356,10 @@ class Worker:
         call = functools.partial(_call, handler, slot, assignment, received_at) if handler is not None else None
         await run_attempt(slot, assignment, call, self._starts)
 
+    def _request_cpu_slice(self) -> None:
+        if self._cpu_slice is not None and request_cpu_slice(self._cpu_slice):
+            log.info("this thread runs in CPU slices of %g ms", self._cpu_slice / timedelta(milliseconds=1))
+
     def override(
         self,
         *,
@@ -352,13 +367,21 @@ class Worker:
         concurrency: int | None = None,
         token: str | None = None,
         tls: ClientTls | None = None,
+        realtime_priority: int | None = None,
     ) -> None:
-        """Replace the servers, concurrency, token or TLS given at construction (``fastlane
-        worker`` flags win); None leaves one as it is.
+        """Replace the servers, concurrency, token, TLS or real-time priority given at
+        construction (``fastlane worker`` flags win); None leaves one as it is.
 
         Raises:
-            ConfigurationError: no server address is left, or concurrency is below 1.
+            ConfigurationError: no server address is left, concurrency is below 1, or the
+                real-time priority is not an integer from 1 to 99.
         """
+        if realtime_priority is not None:
+            if (isinstance(realtime_priority, bool) or not isinstance(realtime_priority, int)
+                    or not MIN_PRIORITY <= realtime_priority <= MAX_PRIORITY):
+                raise ConfigurationError(f"realtime_priority must be an integer from {MIN_PRIORITY} to "
+                                         f"{MAX_PRIORITY} or None, got {realtime_priority!r}")
+            self._realtime_priority = realtime_priority
         if servers:
             parts = [servers] if isinstance(servers, str) else servers
             # "a:1,b:2" works wherever a list does ($FASTLANE_SERVER, say).

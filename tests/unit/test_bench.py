@@ -382,7 +382,11 @@ def test_markdown_report_has_results_ratios_and_targets() -> None:
     document["ratios"] = {"apscheduler-memory": lag_ratios(fastlane, memory),
                           "apscheduler-sqlalchemy": lag_ratios(fastlane, sql)}
     document["targets"] = [target.as_json() for target in evaluate(document)]
-    document["processes"] = [{"name": "fastlane node-1", "pid": 42, "peak_rss_bytes": 3 * (1 << 20), "cpu_s": 12.5}]
+    document["processes"] = [{"name": "fastlane node-1", "pid": 42, "peak_rss_bytes": 3 * (1 << 20), "cpu_s": 12.5,
+                              "realtime_threads": 0},
+                             {"name": "fastlane worker-1", "pid": 43, "peak_rss_bytes": 1 << 20, "cpu_s": 1.5,
+                              "realtime_threads": 1}]
+    document["realtime_priority"] = 1
     document["notes"] = ["a note"]
     text = render_markdown(document)
     lines = text.splitlines()
@@ -397,7 +401,9 @@ def test_markdown_report_has_results_ratios_and_targets() -> None:
     assert "| spread p99 start lag vs APScheduler in-memory store (≤1x) | 0.8 ratio | <= 1 ratio | MET |  |" in lines
     assert "| spread p99 delivery lag | 3 ms | <= 5 ms | MET |  |" in lines
     assert "| spread p99 vs APScheduler in-memory store (≤2x) | 3 ratio | <= 2 ratio | MISSED |  |" in lines
-    assert "| fastlane node-1 | 42 | 3.0 MiB | 12.5 |" in lines
+    assert "| fastlane node-1 | 42 | 3.0 MiB | 12.5 | 0 |" in lines
+    assert "| fastlane worker-1 | 43 | 1.0 MiB | 1.5 | 1 |" in lines
+    assert any(line.startswith("Threads that start runs") and "SCHED_FIFO priority 1" in line for line in lines)
     assert lines[-1] == "- a note"
 
 
@@ -484,7 +490,8 @@ def test_failover_counts_occurrences_never_delivered() -> None:
 def test_bench_help_documents_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--help"]) == 0
     text = capsys.readouterr().out
-    for flag in ("--backend", "--nodes", "--workers", "--scale", "--durable", "--json", "--out", "spread", "burst",
+    for flag in ("--backend", "--nodes", "--workers", "--scale", "--durable", "--realtime-priority", "--json", "--out",
+                 "spread", "burst",
                  "sustained", "cron", "scale", "failover"):
         assert flag in text
 
@@ -496,6 +503,9 @@ def test_bench_help_documents_every_flag(capsys: pytest.CaptureFixture[str]) -> 
     ["bench", "spread", "--scale", "0"],
     ["bench", "nothing"],
     ["bench", "sustained", "--durable"],  # durable applies to PostgreSQL
+    ["bench", "spread", "--realtime-priority", "100"],
+    ["bench", "spread", "--realtime-priority", "-1"],
+    ["bench", "spread", "--realtime-priority", "x"],
 ])
 def test_bench_refuses_impossible_combinations(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 2
@@ -528,6 +538,12 @@ def test_a_tiny_spread_run_delivers_every_job_once(tmp_path: Path) -> None:
         assert set(fastlane["worker_cpu_wait_ms"]) == LAG_KEYS
     assert (fastlane["scenario"], fastlane["backend"]) == ("spread", "sqlite")
     assert document["targets"][0]["name"] == "spread p99 delivery lag"
+    # The threads that start runs ran under real-time scheduling (the suite has CAP_SYS_NICE), and
+    # only those: one thread of the worker, one of each peer, none of the node.
+    assert document["realtime_priority"] == 1
+    threads = {process["name"]: process["realtime_threads"] for process in document["processes"]}
+    assert threads == {"fastlane node-1": 0, "fastlane worker-1": 1, "apscheduler-memory": 1,
+                       "apscheduler-sqlalchemy": 1, "harness": None}
     assert (out / "result.md").read_text().startswith("# fastlane bench: spread")
 
 

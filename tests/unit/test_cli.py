@@ -223,7 +223,7 @@ def test_malformed_command_lines_are_usage_errors(
     ("command", "flags"),
     [
         (("serve",), ("--db", "--listen", "--node-id", "--metrics", "--insecure", "--shards")),
-        (("worker",), ("MODULE:ATTR", "--server", "--concurrency")),
+        (("worker",), ("MODULE:ATTR", "--server", "--concurrency", "--realtime-priority")),
         (("migrate",), ("--db",)),
         (
             ("jobs", "create"),
@@ -393,10 +393,10 @@ def test_serve_defaults_to_sqlite_in_the_working_directory(monkeypatch: pytest.M
 
 
 def test_worker_passes_only_the_overrides_given(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    calls: list[tuple[str, list[str], int | None, str | None, object]] = []
+    calls: list[tuple[str, list[str], int | None, str | None, object, int | None]] = []
     fake = SimpleNamespace(
-        run_worker_cli=lambda target, servers, concurrency, *, token, tls: calls.append(
-            (target, servers, concurrency, token, tls)) or 0
+        run_worker_cli=lambda target, servers, concurrency, *, token, tls, realtime_priority: calls.append(
+            (target, servers, concurrency, token, tls, realtime_priority)) or 0
     )
     monkeypatch.setitem(sys.modules, "fastlane.worker", fake)
     monkeypatch.delenv("FASTLANE_SERVER", raising=False)
@@ -409,13 +409,21 @@ def test_worker_passes_only_the_overrides_given(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setenv("FASTLANE_SERVER", "env:3")
     assert main(["worker", "app.tasks:worker"]) == 0
     assert main(["worker", "app.tasks:worker", "--token-file", str(token_file), "--tls-ca", "ca.pem"]) == 0
+    assert main(["worker", "app.tasks:worker", "--realtime-priority", "99"]) == 0
 
     assert calls == [
-        ("app.tasks:worker", [], None, None, None),
-        ("app.tasks:worker", ["a:1", "b:2"], 4, None, None),
-        ("app.tasks:worker", ["env:3"], None, None, None),
-        ("app.tasks:worker", ["env:3"], None, "fl_secret-from-file", ClientTls(ca_file=Path("ca.pem"))),
+        ("app.tasks:worker", [], None, None, None, None),
+        ("app.tasks:worker", ["a:1", "b:2"], 4, None, None, None),
+        ("app.tasks:worker", ["env:3"], None, None, None, None),
+        ("app.tasks:worker", ["env:3"], None, "fl_secret-from-file", ClientTls(ca_file=Path("ca.pem")), None),
+        ("app.tasks:worker", ["env:3"], None, None, None, 99),
     ]
+
+
+@pytest.mark.parametrize("value", ["0", "100", "-1", "1.5", "x", ""])
+def test_worker_refuses_a_realtime_priority_outside_1_to_99(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["worker", "app.tasks:worker", "--realtime-priority", value]) == 2
+    assert "--realtime-priority" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("url", "shown"), [
