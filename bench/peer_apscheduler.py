@@ -7,7 +7,9 @@ Run by the harness (see :mod:`fastlane.bench.peer`), never by hand. CONFIG says 
 time, and where to write. The program starts an ``AsyncIOScheduler`` paused, measures how long
 adding a job takes, picks the base time so that adding every job fits before it, adds one job
 per offset with a ``DateTrigger``, resumes, and waits until every job ran or the grace period
-after the last due instant ran out.
+after the last due instant ran out. With a ``realtime_priority`` above 0 it raises its own thread,
+which runs the scheduler and the jobs, to ``SCHED_FIFO`` just before resuming, as fastlane's bench
+workers run theirs (``fastlane bench --realtime-priority``).
 
 "Delivery" is the moment APScheduler calls the job function (it runs jobs in its own process):
 each call appends ``job_id scheduled_us called_us called_us job_id called_us`` to the record file,
@@ -54,8 +56,9 @@ async def calibration_noop() -> None:
 
 
 def _schedule_in_realtime(priority: int) -> None:
-    """Fire from a SCHED_FIFO thread, as fastlane's bench workers do: only now, once the jobs are
-    added (that is seconds of work without a pause), and for this thread alone."""
+    """Fire from a SCHED_FIFO thread, like fastlane's bench workers (without their runaway guard:
+    this process only fires jobs): only now, once the jobs are added (seconds of work without a
+    pause), and for this thread alone."""
     if not priority:
         return
     try:

@@ -147,8 +147,19 @@ def build_document(bench: Bench, results: list[dict[str, object]], *, started_at
         document["ratios"] = {str(peer["system"]): lag_ratios(fastlane, peer) for peer in peers}
     document["targets"] = as_json(evaluate(document))
     document["processes"] = [memory.as_json() for memory in (*bench.memory, harness_memory())]
-    document["notes"] = list(bench.notes)
+    document["notes"] = list(bench.notes) + realtime_refusals(bench)
     return document
+
+
+def realtime_refusals(bench: Bench) -> list[str]:
+    """Notes for the processes that should have started runs from a real-time thread and did not
+    (the privilege refused, or a worker's runaway guard lowered it: its log says which)."""
+    if not bench.realtime_priority:
+        return []
+    return [f"{memory.name} ran with no real-time thread, though --realtime-priority {bench.realtime_priority} "
+            "asked for one: its starts waited for a core as under normal scheduling"
+            for memory in bench.memory
+            if memory.realtime_threads == 0 and ("worker" in memory.name or memory.name.startswith("apscheduler"))]
 
 
 def speed_reference_ms(rounds: int = 5) -> float:

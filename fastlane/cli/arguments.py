@@ -145,6 +145,21 @@ def whole_number_up_to(maximum: int) -> Callable[[str], int]:
     return whole_number
 
 
+def whole_number_from_0_up_to(maximum: int) -> Callable[[str], int]:
+    """An argparse type: a whole number in ``0..maximum``."""
+
+    def whole_number(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if not 0 <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"{value} is out of range (0..{maximum})")
+        return value
+
+    return whole_number
+
+
 def seconds_up_to(maximum: float) -> Callable[[str], float]:
     """An argparse type: a number of seconds in ``0..maximum``."""
     return _number_up_to(maximum, "seconds", "s")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from fastlane.cli.arguments import UsageError, positive_int
+from fastlane.cli.arguments import UsageError, positive_int, whole_number_from_0_up_to
 
 SCENARIOS: dict[str, str] = {
     "spread": "30,000 one-shot jobs due at 1,000/s over 30 s: release and delivery lag; also on APScheduler",
@@ -46,16 +46,6 @@ def _scale(text: str) -> float:
     return value
 
 
-def _realtime_priority(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if not 0 <= value <= 99:
-        raise argparse.ArgumentTypeError(f"{value} is out of range (0..99)")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = EPILOG
@@ -82,7 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --backend postgres: start the throwaway server with fsync, synchronous_commit "
                              "and full_page_writes on (PostgreSQL's defaults: a commit waits for its log to "
                              "reach the disk), to show what durability costs; without it they are off")
-    parser.add_argument("--realtime-priority", metavar="N", type=_realtime_priority, default=1,
+    parser.add_argument("--realtime-priority", metavar="N", type=whole_number_from_0_up_to(99), default=1,
                         help="run the threads that start runs (fastlane's workers' event loops, and the peer's "
                              "scheduler once its jobs are added) under Linux's real-time scheduling (SCHED_FIFO) "
                              "at priority N (1..99), as `fastlane worker --realtime-priority` does; 0: normal "

@@ -30,6 +30,7 @@ from fastlane.cli.arguments import (
     server_address,
     tenant_max_in_flight,
     tenant_weight,
+    whole_number_from_0_up_to,
     whole_number_up_to,
 )
 from fastlane.config import DEFAULT_DB_URL, DEFAULT_QUOTAS, DEFAULT_SERVER, Settings, default_node_id
@@ -264,11 +265,11 @@ def register(commands: Any) -> None:
     worker.add_argument(
         "--realtime-priority",
         metavar="N",
-        type=whole_number_up_to(99),  # SCHED_FIFO's range on Linux
-        help="run the worker's event loop under Linux's real-time scheduling (SCHED_FIFO) at priority N "
-        "(1..99), so runs start on their instant while every core is busy; needs CAP_SYS_NICE or ulimit -r, "
-        "else the worker says why and runs normally; a loop running 250 ms without a pause is lowered back "
-        "(default: the worker's own setting, normally off)",
+        type=whole_number_from_0_up_to(99),  # SCHED_FIFO's range on Linux (the worker package is not imported here)
+        help="run the worker's event loop (and its async handlers) under Linux's real-time scheduling "
+        "(SCHED_FIFO) at priority N, 1..99, so runs start on their instant while every core is busy; 0 turns it "
+        "off. Needs CAP_SYS_NICE or ulimit -r, else the worker says why and runs normally; a loop that runs "
+        "250 ms without blocking is lowered to normal scheduling (default: the worker's own setting, normally off)",
     )
     security_flags(worker.add_argument_group("token and TLS (default: the worker's own settings)"))
     worker.set_defaults(handler=run_worker, command_parser=worker)

@@ -28,6 +28,7 @@ from datetime import timedelta
 log = logging.getLogger("fastlane.worker")
 
 _SCHED_OTHER = 0
+_SCHED_FLAG_RESET_ON_FORK = 0x01
 _SCHED_SETATTR = {"x86_64": 314, "aarch64": 274}  # the syscall's number per architecture
 MIN_SLICE, MAX_SLICE = timedelta(microseconds=100), timedelta(milliseconds=100)  # the kernel's clamp
 
@@ -50,7 +51,10 @@ def request_cpu_slice(length: timedelta) -> bool:
     micros = max(MIN_SLICE, min(length, MAX_SLICE)) // timedelta(microseconds=1)
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        attr = _SchedAttr(size=ctypes.sizeof(_SchedAttr), sched_policy=_SCHED_OTHER,
+        # A thread lowered from real-time priority keeps its reset-on-fork flag (``_realtime``):
+        # without CAP_SYS_NICE the kernel refuses to clear it.
+        flags = _SCHED_FLAG_RESET_ON_FORK if os.sched_getscheduler(0) & os.SCHED_RESET_ON_FORK else 0
+        attr = _SchedAttr(size=ctypes.sizeof(_SchedAttr), sched_policy=_SCHED_OTHER, sched_flags=flags,
                           sched_nice=os.getpriority(os.PRIO_PROCESS, 0), sched_runtime=micros * 1000)
         if libc.syscall(number, 0, ctypes.byref(attr), 0) != 0:
             log.debug("no short CPU slice: sched_setattr failed: %s", os.strerror(ctypes.get_errno()))

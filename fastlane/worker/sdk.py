@@ -52,7 +52,7 @@ from fastlane.rpc.channel import load_token, open_channel
 from fastlane.worker._clock import ClockEstimate
 from fastlane.worker._hold import StartTimer
 from fastlane.worker._membership import ClusterStreams
-from fastlane.worker._realtime import MAX_PRIORITY, MIN_PRIORITY, request_realtime
+from fastlane.worker._realtime import MAX_PRIORITY, RealtimeGrant, request_realtime
 from fastlane.worker._runs import RunSlot, run_attempt
 from fastlane.worker._slice import MAX_SLICE, MIN_SLICE, request_cpu_slice
 from fastlane.worker._stream import CHANNEL_OPTIONS, NodeStream
@@ -160,11 +160,12 @@ class Worker:
             for a busy neighbour's slice to end (see ``fastlane/worker/_slice.py``); 0.1 to 100 ms.
             None leaves the thread's scheduling as it is.
         realtime_priority: Run the event loop's thread under Linux's real-time scheduling
-            (``SCHED_FIFO``) at this priority, 1 to 99, so that a held run starts on its instant
-            even while every core is busy; needs ``CAP_SYS_NICE`` (or ``ulimit -r``) and the loop
-            on the main thread, else the worker says why and runs normally. A loop that runs 250 ms
-            without pausing is lowered to normal scheduling for good (see
-            ``fastlane/worker/_realtime.py``). None (the default): normal scheduling.
+            (``SCHED_FIFO``) at this priority, 1 to 99, while :meth:`run` runs, so that a held run
+            starts on its instant even while every core is busy; needs ``CAP_SYS_NICE`` (or
+            ``ulimit -r``) and the loop on the main thread, else the worker says why and runs
+            normally. Every async handler then runs at that priority too. A loop that runs 250 ms
+            without blocking is lowered to normal scheduling until the worker stops (see
+            ``fastlane/worker/_realtime.py``). None or 0 (the default): normal scheduling.
     """
 
     def __init__(
@@ -279,6 +280,7 @@ class Worker:
         if self._started:
             raise RuntimeError("Worker.run() may be called only once per Worker")
         self._started = True
+        realtime: RealtimeGrant | None = None
         try:
             if self._stop_requested.is_set():
                 return
@@ -286,7 +288,7 @@ class Worker:
                 raise ConfigurationError("no handlers: register one with @worker.handler(job_type) first")
             self._request_cpu_slice()
             priority = self._realtime_priority
-            if priority is not None and request_realtime(priority, on_lowered=self._request_cpu_slice):
+            if priority and (realtime := request_realtime(priority, on_lowered=self._request_cpu_slice)):
                 log.info("this thread runs at real-time priority %d (SCHED_FIFO)", priority)
             streams = self._streams = ClusterStreams(self._servers, self._open_stream, self._open_channel)
             for address in self._servers:
@@ -307,6 +309,8 @@ class Worker:
             finally:
                 await streams.tear_down(following)
         finally:
+            if realtime is not None:
+                realtime.release()
             await self._starts.close()
             self._finished.set()
 
@@ -374,14 +378,14 @@ class Worker:
 
         Raises:
             ConfigurationError: no server address is left, concurrency is below 1, or the
-                real-time priority is not an integer from 1 to 99.
+                real-time priority is not an integer from 0 (off) to 99.
         """
         if realtime_priority is not None:
             if (isinstance(realtime_priority, bool) or not isinstance(realtime_priority, int)
-                    or not MIN_PRIORITY <= realtime_priority <= MAX_PRIORITY):
-                raise ConfigurationError(f"realtime_priority must be an integer from {MIN_PRIORITY} to "
-                                         f"{MAX_PRIORITY} or None, got {realtime_priority!r}")
-            self._realtime_priority = realtime_priority
+                    or not 0 <= realtime_priority <= MAX_PRIORITY):
+                raise ConfigurationError(f"realtime_priority must be an integer from 0 (off) to {MAX_PRIORITY} "
+                                         f"or None, got {realtime_priority!r}")
+            self._realtime_priority = realtime_priority or None
         if servers:
             parts = [servers] if isinstance(servers, str) else servers
             # "a:1,b:2" works wherever a list does ($FASTLANE_SERVER, say).

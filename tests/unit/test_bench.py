@@ -594,3 +594,20 @@ def test_cpu_seconds_of_a_process_grow_as_it_works_and_are_none_once_it_is_gone(
     after = cpu_seconds(os.getpid())
     assert before is not None and after is not None and after >= before + 0.03
     assert cpu_seconds(None) is None and cpu_seconds(2**22 + 12345) is None  # above pid_max: no such process
+
+
+@pytest.mark.parametrize("priority", [1, 0])
+def test_a_worker_or_peer_without_a_real_time_thread_is_noted_when_one_was_asked_for(tmp_path: Path,
+                                                                                       priority: int) -> None:
+    bench = Bench(scenario="spread", backend="sqlite", nodes=1, workers=2, scale=1.0, workdir=tmp_path,
+                  realtime_priority=priority)
+    bench.memory += [ProcessMemory("fastlane node-1", 1, None, realtime_threads=0),  # nodes never ask
+                     ProcessMemory("fastlane worker-1", 2, None, realtime_threads=1),
+                     ProcessMemory("fastlane worker-2", 3, None, realtime_threads=0),
+                     ProcessMemory("apscheduler-memory", 4, None, realtime_threads=0),
+                     ProcessMemory("apscheduler-sqlalchemy", 5, None, realtime_threads=None)]  # not known
+    document = build_document(bench, [], started_at=datetime.now(UTC), elapsed_s=1.0)
+    refused = [note.split(" ran with no real-time thread")[0] for note in document["notes"]
+               if "ran with no real-time thread" in note]
+    assert refused == (["fastlane worker-2", "apscheduler-memory"] if priority else [])
+    assert document["realtime_priority"] == priority

@@ -410,6 +410,7 @@ def test_worker_passes_only_the_overrides_given(monkeypatch: pytest.MonkeyPatch,
     assert main(["worker", "app.tasks:worker"]) == 0
     assert main(["worker", "app.tasks:worker", "--token-file", str(token_file), "--tls-ca", "ca.pem"]) == 0
     assert main(["worker", "app.tasks:worker", "--realtime-priority", "99"]) == 0
+    assert main(["worker", "app.tasks:worker", "--realtime-priority", "0"]) == 0  # off, whatever the code says
 
     assert calls == [
         ("app.tasks:worker", [], None, None, None, None),
@@ -417,11 +418,12 @@ def test_worker_passes_only_the_overrides_given(monkeypatch: pytest.MonkeyPatch,
         ("app.tasks:worker", ["env:3"], None, None, None, None),
         ("app.tasks:worker", ["env:3"], None, "fl_secret-from-file", ClientTls(ca_file=Path("ca.pem")), None),
         ("app.tasks:worker", ["env:3"], None, None, None, 99),
+        ("app.tasks:worker", ["env:3"], None, None, None, 0),
     ]
 
 
-@pytest.mark.parametrize("value", ["0", "100", "-1", "1.5", "x", ""])
-def test_worker_refuses_a_realtime_priority_outside_1_to_99(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("value", ["100", "-1", "1.5", "x", ""])
+def test_worker_refuses_a_realtime_priority_outside_0_to_99(value: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["worker", "app.tasks:worker", "--realtime-priority", value]) == 2
     assert "--realtime-priority" in capsys.readouterr().err
 
