@@ -298,6 +298,32 @@ async def test_one_stale_fence_refuses_the_whole_batch(store, second_store):
     assert (await store.list_runs("default")).items == []
 
 
+async def test_a_lease_past_its_expiry_cannot_materialise_runs(store):
+    """Owner and token still match, but the lease ran out by the database clock: refused, as in a
+    batch with a live lease beside it."""
+    live = await own_all(store)
+    jobs = []
+    for index in range(8):
+        job, _ = await store.create_job(spec(f"expiring-{index}"))
+        await due_now(store, job.job_id)
+        jobs.append(await store.get_job("default", job.job_id))
+    shards = sorted({job.shard_id for job in jobs})
+    assert len(shards) > 1
+    expiring = shards[0]
+    await store.release_shards([live[expiring]])
+    [short] = await store.acquire_shards("node-a", timedelta(milliseconds=300), limit=1, shard_ids=[expiring])
+    deadline = asyncio.get_running_loop().time() + 10
+    while await store.db_now() <= short.lease_expires_at:
+        assert asyncio.get_running_loop().time() < deadline, "the lease never expired"
+        await asyncio.sleep(0.05)
+    fences = [short if shard == expiring else live[shard] for shard in shards]
+    now = await store.db_now()
+    with pytest.raises(StaleFence) as raised:
+        await store.materialise_runs(fences, [plan_occurrence(DueJob.of(job), now, now) for job in jobs])
+    assert raised.value.shard_id == expiring and raised.value.token == short.token
+    assert (await store.list_runs("default")).items == []
+
+
 async def test_stale_token_cannot_requeue_expired_runs(store, second_store):
     leases = await own_all(store)
     await store.release_shards([leases[1]])

@@ -54,8 +54,7 @@ class SQLiteLane(SQLiteConnections):
 
     async def materialise_runs(self, fences: Sequence[ShardLease], occurrences: Sequence[Occurrence]) -> Materialised:
         async with self._transaction() as db:
-            for fence in fences:
-                await check_fence(db, fence)
+            await check_fences(db, fences)
             advanced = await fetch_all(
                 db,
                 queries.ADVANCE_JOBS,
@@ -108,7 +107,7 @@ class SQLiteLane(SQLiteConnections):
 
     async def requeue_expired(self, fence: ShardLease) -> list[Run]:
         async with self._transaction() as db:
-            await check_fence(db, fence)
+            await check_fences(db, [fence])
             rows = await fetch_all(db, queries.EXPIRED_RUNS, (fence.shard_id,))
             if not rows:
                 return []
@@ -130,9 +129,13 @@ class SQLiteLane(SQLiteConnections):
         return None if remaining is None else timedelta(microseconds=remaining)
 
 
-async def check_fence(db: aiosqlite.Connection, fence: ShardLease) -> None:
-    if await fetch_value(db, queries.FENCE, (fence.shard_id, fence.owner, fence.token)) is None:
-        raise StaleFence(fence.shard_id, fence.owner, fence.token)
+async def check_fences(db: aiosqlite.Connection, fences: Sequence[ShardLease]) -> None:
+    """Raise :class:`~fastlane.errors.StaleFence` unless every lease is still held (see ``FENCES``)."""
+    rows = await fetch_all(db, queries.FENCES, (json_array((f.shard_id, f.owner, f.token) for f in fences),))
+    held = {row["shard_id"] for row in rows}
+    for fence in fences:
+        if fence.shard_id not in held:
+            raise StaleFence(fence.shard_id, fence.owner, fence.token)
 
 
 async def cancel_for_overlap(db: aiosqlite.Connection, plan: common.MaterialisationPlan) -> list[Run]:
