@@ -33,14 +33,16 @@ import asyncio
 import heapq
 import itertools
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Protocol
 
-from fastlane.clock import Clock
+from fastlane.alarm import Alarm, open_alarm
+from fastlane.clock import Clock, SystemClock, to_micros
 from fastlane.config import Settings
 from fastlane.domain.models import DueJob, Job, JobState, Run, ShardLease
-from fastlane.engine.waits import pause, sleep_until_woken
+from fastlane.engine.waits import pause
 from fastlane.engine.write_ahead import FAR_FUTURE, ShardStale, WriteAhead
 from fastlane.errors import StaleFence, StorageError
 from fastlane.metrics import Metrics
@@ -240,7 +242,22 @@ class FastLane:
         self._release_wake.set()
 
     async def _timer_loop(self) -> None:
-        """Release each run at its instant; offer runs due within the lead to be sent ahead."""
+        """Release each run at its instant; offer runs due within the lead to be sent ahead.
+
+        It sleeps on an alarm (:mod:`fastlane.alarm`: a kernel timer on Linux), not on the loop's
+        timer: that one runs a wait shorter than half a millisecond at once, so with runs due every
+        half millisecond (a tenant's flood of 2,000 a second, held behind its cap in `fastlane
+        bench fairness`) this loop spun between instants. The loop thread was then busy for over a
+        second, and the SQLite writer's thread, which needs the GIL that the spinning thread keeps
+        giving up and taking back, wrote another tenant's runs after their instant."""
+        now_ns = time.time_ns if isinstance(self._clock, SystemClock) else self._now_ns  # time.time_ns: a kernel timer
+        alarm = open_alarm(asyncio.get_running_loop(), self._release_wake.set, now_ns=now_ns)
+        try:
+            await self._release_on_time(alarm)
+        finally:
+            alarm.close()
+
+    async def _release_on_time(self, alarm: Alarm) -> None:
         while not self._stopping.is_set():
             now = self._clock.now()
             due: list[Run] = []
@@ -272,14 +289,19 @@ class FastLane:
                 self._offer_ahead(now + ahead, limit)
                 await asyncio.sleep(0)
                 continue
-            await sleep_until_woken(self._release_wake, self._stopping, self._next_wake(now, ahead))
+            self._release_wake.clear()
+            alarm.set(to_micros(self._next_wake(now, ahead)) * 1000)
+            await self._release_wake.wait()  # the alarm, a new earliest run, or stop()
 
-    def _next_wake(self, now: datetime, ahead: timedelta) -> float:
-        """Seconds until the earliest offer (``ahead``, less the gathering, before an instant) or release."""
+    def _now_ns(self) -> int:
+        return to_micros(self._clock.now()) * 1000
+
+    def _next_wake(self, now: datetime, ahead: timedelta) -> datetime:
+        """The earliest offer (``ahead``, less the gathering, before an instant) or release."""
         wake = self._releasing[0][0] - _gathered(ahead) if self._releasing else now + timedelta(hours=1)
         if self._holding:
             wake = min(wake, self._holding[0][0])
-        return (wake - now).total_seconds()
+        return wake
 
     def _offer_ahead(self, horizon: datetime, limit: int) -> None:
         """Offer the runs due by ``horizon`` (not yet due: due ones were released first) to be

@@ -1,7 +1,9 @@
 """One-shot alarms at instants of the wall clock that wake an event loop on time.
 
-A held run must start on its instant, not a millisecond later. The event loop's own timers
-cannot do that: uvloop's (libuv's) count whole milliseconds. A thread that sleeps precisely and
+A worker's held run must start on its instant, not a millisecond later, and a node releases runs
+on theirs. The event loop's own timers cannot do that: uvloop's (libuv's) count whole
+milliseconds, and a wait of less than half of one is not a timer at all but a callback run at
+once, so a loop waiting for an instant that close spins until it comes. A thread that sleeps precisely and
 then calls into the loop can, but it must take the GIL back after its sleep, and while the loop
 thread runs Python that wait is the larger part of the lateness (measured in a 1,000 runs/s
 spread: the thread's wake-up p99 2.2 ms, of which the operating system's scheduling was about
@@ -26,12 +28,13 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-log = logging.getLogger("fastlane.worker")
+log = logging.getLogger("fastlane.alarm")
 
 _CLOCK_REALTIME = 0  # the instants are wall-clock times: time.time_ns()
 _TFD_CLOEXEC = 0o2000000
 _TFD_NONBLOCK = 0o4000
 _TFD_TIMER_ABSTIME = 1
+MIN_LOOP_WAIT = 0.001  # seconds: uvloop runs a wait under half a millisecond at once (see LoopAlarm)
 
 
 class Alarm(Protocol):
@@ -97,7 +100,10 @@ class KernelAlarm:
 
 
 class LoopAlarm:
-    """An alarm on the loop's own timer: about a millisecond of granularity, never early."""
+    """An alarm on the loop's own timer: about a millisecond of granularity, never early.
+
+    A wait is at least a millisecond: the loop's timer would run a shorter one at once, and the
+    alarm, not due yet, would set itself again and again until the instant came."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, ring: Callable[[], None], now_ns: Callable[[], int]) -> None:
         self._loop = loop
@@ -109,7 +115,8 @@ class LoopAlarm:
     def set(self, instant_ns: int) -> None:
         self.clear()
         self._instant = instant_ns
-        self._handle = self._loop.call_later(max(0.0, (instant_ns - self._now_ns()) / 1e9), self._fired)
+        wait = (instant_ns - self._now_ns()) / 1e9
+        self._handle = self._loop.call_later(max(wait, MIN_LOOP_WAIT) if wait > 0 else 0.0, self._fired)
 
     def clear(self) -> None:
         if self._handle is not None:
@@ -152,5 +159,5 @@ def open_alarm(
         try:
             return KernelAlarm(loop, ring, _LIBC)
         except (OSError, NotImplementedError) as exc:  # NotImplementedError: a loop without add_reader
-            log.info("no timerfd alarm (%s): held runs start on the loop's timer, about 1 ms less precise", exc)
+            log.info("no timerfd alarm (%s): waking on the loop's timer, about 1 ms less precise", exc)
     return LoopAlarm(loop, ring, now_ns)
