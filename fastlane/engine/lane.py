@@ -247,9 +247,9 @@ class FastLane:
         It sleeps on an alarm (:mod:`fastlane.alarm`: a kernel timer on Linux), not on the loop's
         timer: that one runs a wait shorter than half a millisecond at once, so with runs due every
         half millisecond (a tenant's flood of 2,000 a second, held behind its cap in `fastlane
-        bench fairness`) this loop spun between instants. The loop thread was then busy for over a
-        second, and the SQLite writer's thread, which needs the GIL that the spinning thread keeps
-        giving up and taking back, wrote another tenant's runs after their instant."""
+        bench fairness`) this loop spun between instants: the loop thread was 90 % busy for the
+        flood's first 1.2 s, about half of it here, and every other thread that needs the GIL
+        (SQLite's writer) waited for it while the spinning thread gave it up and took it back."""
         now_ns = time.time_ns if isinstance(self._clock, SystemClock) else self._now_ns  # time.time_ns: a kernel timer
         alarm = open_alarm(asyncio.get_running_loop(), self._release_wake.set, now_ns=now_ns)
         try:

@@ -3,8 +3,8 @@
 Each statement is a round trip between the event loop and the connection's thread, and under load
 every round trip waits for a turn of the loop. In ``fastlane bench fairness`` a flood's batch
 spans all 64 shards; checked one fence per statement, that was 64 round trips per write where one
-does. PostgreSQL checks a batch's fences in one statement already (``unnest``); this holds SQLite
-to the same.
+does, and the quiet tenant's runs were written after their instant in 5 of 8 runs. PostgreSQL
+checks a batch's fences in one statement already (``unnest``); this holds SQLite to the same.
 """
 
 from __future__ import annotations
