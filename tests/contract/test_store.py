@@ -280,15 +280,21 @@ async def test_stale_token_cannot_materialise_runs(store, second_store):
     assert (await store.list_runs("default", job_id=job.job_id)).items == []
 
 
-async def test_one_stale_fence_refuses_the_whole_batch(store, second_store):
-    leases = await own_all(store)
+async def due_jobs_over_shards(store, prefix: str) -> tuple[list, list[int]]:
+    """Eight jobs due now, and the shards they fall in (more than one)."""
     jobs = []
     for index in range(8):
-        job, _ = await store.create_job(spec(f"multi-{index}"))
+        job, _ = await store.create_job(spec(f"{prefix}-{index}"))
         await due_now(store, job.job_id)
         jobs.append(await store.get_job("default", job.job_id))
     shards = sorted({job.shard_id for job in jobs})
     assert len(shards) > 1
+    return jobs, shards
+
+
+async def test_one_stale_fence_refuses_the_whole_batch(store, second_store):
+    leases = await own_all(store)
+    jobs, shards = await due_jobs_over_shards(store, "multi")
     await store.release_shards([leases[shards[-1]]])
     await second_store.acquire_shards("node-b", TTL, limit=1, shard_ids=[shards[-1]])
     now = await store.db_now()
@@ -302,13 +308,7 @@ async def test_a_lease_past_its_expiry_cannot_materialise_runs(store):
     """Owner and token still match, but the lease ran out by the database clock: refused, as in a
     batch with a live lease beside it."""
     live = await own_all(store)
-    jobs = []
-    for index in range(8):
-        job, _ = await store.create_job(spec(f"expiring-{index}"))
-        await due_now(store, job.job_id)
-        jobs.append(await store.get_job("default", job.job_id))
-    shards = sorted({job.shard_id for job in jobs})
-    assert len(shards) > 1
+    jobs, shards = await due_jobs_over_shards(store, "expiring")
     expiring = shards[0]
     await store.release_shards([live[expiring]])
     [short] = await store.acquire_shards("node-a", timedelta(milliseconds=300), limit=1, shard_ids=[expiring])
