@@ -3,11 +3,11 @@
 A worker's held run must start on its instant, not a millisecond later, and a node releases runs
 on theirs. The event loop's own timers cannot do that: uvloop's (libuv's) count whole
 milliseconds, and a wait of less than half of one is not a timer at all but a callback run at
-once, so a loop waiting for an instant that close spins until it comes. A thread that sleeps precisely and
-then calls into the loop can, but it must take the GIL back after its sleep, and while the loop
-thread runs Python that wait is the larger part of the lateness (measured in a 1,000 runs/s
-spread: the thread's wake-up p99 2.2 ms, of which the operating system's scheduling was about
-half). A Linux ``timerfd`` needs neither: the kernel makes the descriptor readable on the
+once, so a loop waiting for an instant that close spins until it comes. A thread that sleeps
+precisely and then calls into the loop can, but it must take the GIL back after its sleep, and
+while the loop thread runs Python that wait is the larger part of the lateness (measured in a
+1,000 runs/s spread: the thread's wake-up p99 2.2 ms, of which the operating system's scheduling
+was about half). A Linux ``timerfd`` needs neither: the kernel makes the descriptor readable on the
 instant, to the nanosecond, and the loop's own poll wakes on it, so nothing waits for the GIL and
 there is no extra thread to schedule. Python exposes ``timerfd`` from 3.13 only, so it is called
 through ``ctypes``; where that is not possible (another OS, a libc without it), the loop's timer

@@ -250,7 +250,8 @@ class FastLane:
         bench fairness`) this loop spun between instants: the loop thread was 90 % busy for the
         flood's first 1.2 s, about half of it here, and every other thread that needs the GIL
         (SQLite's writer) waited for it while the spinning thread gave it up and took it back."""
-        now_ns = time.time_ns if isinstance(self._clock, SystemClock) else self._now_ns  # time.time_ns: a kernel timer
+        # The wall clock gets the kernel's timer; a clock a test injects, the loop's.
+        now_ns = time.time_ns if isinstance(self._clock, SystemClock) else self._now_ns
         alarm = open_alarm(asyncio.get_running_loop(), self._release_wake.set, now_ns=now_ns)
         try:
             await self._release_on_time(alarm)
