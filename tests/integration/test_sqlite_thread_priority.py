@@ -3,6 +3,7 @@ loop's timers (and a worker's start of a held run on the same machine) win a con
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from datetime import timedelta
@@ -20,7 +21,11 @@ def niceness_of_threads() -> dict[int, int]:
     """Each thread's niceness, by native id (Linux lists them in /proc; elsewhere only the caller's)."""
     if not LOWERS_THREADS:
         return {0: os.getpriority(os.PRIO_PROCESS, 0)}
-    return {int(tid): os.getpriority(os.PRIO_PROCESS, int(tid)) for tid in os.listdir("/proc/self/task")}
+    niceness = {}
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(ProcessLookupError):  # a thread (an earlier test's) that ended meanwhile
+            niceness[int(tid)] = os.getpriority(os.PRIO_PROCESS, int(tid))
+    return niceness
 
 
 async def test_the_connection_threads_run_lower_than_the_loop_and_the_store_still_works(tmp_path):
