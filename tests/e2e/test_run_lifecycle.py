@@ -521,10 +521,15 @@ async def test_misfire_policies_decide_what_fires_after_the_daemon_was_down(daem
             assert all(run.state is not RunState.SKIPPED for run in on_time), f"{name} skipped an on-time run"
             fired_a_missed_one.append(name)
         else:
-            # skip: nothing missed fires late.
-            assert all(run.state is RunState.SKIPPED for run in missed), "skip fired a missed occurrence"
+            # skip: nothing missed fires late. As for fire_once, the node decided a little before it
+            # wrote (``recovery``, ``created_at``), so an occurrence this test counts as missed by
+            # less than a second beyond the grace may have been on time for the node, and fired (seen
+            # once on PostgreSQL in a loaded suite); one missed by more never fires.
+            clearly_missed = [run for run in missed if recovery - run.scheduled_for > grace[name] + second]
+            assert len(clearly_missed) >= 2, f"skip: only {len(clearly_missed)} occurrences clearly missed"
+            assert all(run.state is RunState.SKIPPED for run in clearly_missed), "skip fired a missed occurrence"
             late = [run for run in after_crash if run.state is not RunState.SKIPPED
-                    and run.created_at - run.scheduled_for > grace[name]]
+                    and run.created_at - run.scheduled_for > grace[name] + second]
             assert late == [], f"skip fired {len(late)} occurrences more than the grace late"
     assert fired_a_missed_one, "fire_once fired no run for its latest missed occurrence (in either phase)"
 
