@@ -256,15 +256,14 @@ async def _transact_sqlite(
 
 async def _create_ledger(connection: Any, dialect: _Dialect, ledger: str) -> None:
     if dialect is _Dialect.POSTGRES:
-        import asyncpg
-
-        try:
+        # IF NOT EXISTS is not atomic: two first uses racing can both pass the check, and the
+        # loser fails on the table's row type or name ("type ... already exists"). A transaction
+        # lock keyed by the ledger's name makes the second creator wait and then find the table.
+        async with connection.transaction():
+            await connection.execute("SELECT pg_advisory_xact_lock(hashtext($1))", ledger)
             await connection.execute(
                 f"CREATE TABLE IF NOT EXISTS {ledger} (key text PRIMARY KEY, applied_at timestamptz NOT NULL)"
             )
-        except (asyncpg.UniqueViolationError, asyncpg.DuplicateTableError):
-            # IF NOT EXISTS is not atomic: a concurrent creator can win between check and create.
-            pass
     else:
         # WITHOUT ROWID: a text-keyed ledger is then one B-tree, looked up once per claim.
         await connection.execute(

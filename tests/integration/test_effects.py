@@ -11,7 +11,7 @@ import asyncio
 import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -172,6 +172,23 @@ async def test_racing_first_uses_both_create_the_ledger_safely(db_url: str, db: 
 
     assert sorted(result.applied for result in results) == [False, True]
     assert await notes(db) == ["a"]
+
+
+async def test_many_connections_creating_ledgers_at_once_all_succeed(db_url: str) -> None:
+    # IF NOT EXISTS alone lets racing creators both pass the check; the loser then fails on the
+    # table's name or row type. Several fresh ledgers, each raced from several connections.
+    racers, ledgers = 6, 5
+
+    async def returns_done(tx: Any) -> str:
+        return "done"
+
+    async with AsyncExitStack() as stack:
+        connections = [await stack.enter_async_context(connect(db_url)) for _ in range(racers)]
+        for number in range(ledgers):
+            table = f"raced_ledger_{number}"
+            await asyncio.wait_for(asyncio.gather(*(ensure_ledger(conn, table=table) for conn in connections)), WAIT)
+            result = await apply_once(connections[0], "key", returns_done, table=table)
+            assert result.applied and result.value == "done"
 
 
 # -- crashes -----------------------------------------------------------------------------------
