@@ -131,7 +131,7 @@ INSERT_RUNS = """
     FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::text[], $5::text[])
          AS o(run_id, job_id, scheduled_for, state, last_error)
     JOIN jobs j ON j.job_id = o.job_id
-    ON CONFLICT (job_id, scheduled_for) WHERE NOT manual DO NOTHING
+    ON CONFLICT (job_id, scheduled_for, (CASE WHEN manual THEN run_id ELSE '' END)) DO NOTHING  -- runs_of_job
     RETURNING *
 """
 PENDING_RUN_IDS = (

@@ -134,7 +134,7 @@ INSERT_RUNS = f"""
           FROM json_each(?)) AS o
     JOIN jobs j ON j.job_id = o.job_id
     WHERE true
-    ON CONFLICT (job_id, scheduled_for) WHERE manual = 0 DO NOTHING
+    ON CONFLICT (job_id, scheduled_for, (CASE WHEN manual THEN run_id ELSE '' END)) DO NOTHING  -- runs_of_job
     RETURNING *
 """
 PENDING_RUN_IDS = (
