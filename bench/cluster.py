@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from fastlane.bench.harness import SHARDS, Bench, Deadline, now_utc
-from fastlane.bench.processes import ROOT, Daemon, WorkerProcess, child_environment
+from fastlane.bench.processes import FASTLANE_ROOT, Daemon, WorkerProcess, child_environment
 from fastlane.bench.secure import Secured
 from fastlane.bench.usage import ProcessMemory, cpu_seconds, peak_rss, realtime_threads
 
@@ -66,7 +66,7 @@ async def serve_accepts(flag: str) -> bool:
     """Whether ``fastlane serve``, as the nodes will be started, lists ``flag`` in its help: a
     scenario can then use a flag newer than some builds it may run against, and say when it could not."""
     completed = await asyncio.to_thread(
-        subprocess.run, [sys.executable, "-m", "fastlane", "serve", "--help"], cwd=ROOT, env=child_environment(),
+        subprocess.run, [sys.executable, "-m", "fastlane", "serve", "--help"], cwd=FASTLANE_ROOT, env=child_environment(),
         capture_output=True, timeout=60, check=False)
     return flag in completed.stdout.decode(errors="replace").split()
 

@@ -16,7 +16,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import fastlane
+
 ROOT = Path(__file__).resolve().parent.parent
+# Where the harness's own fastlane comes from, which children must import too: the repository
+# itself, unless PYTHONPATH points at another checkout (a before/after pair of commits). This
+# package is found through the editable install's mapping of bench/, so ROOT is always the
+# installed repository, whichever fastlane is being measured.
+FASTLANE_ROOT = Path(fastlane.__file__).resolve().parent.parent
 STOP_TIMEOUT = 15.0
 
 
@@ -29,7 +36,7 @@ def free_port() -> int:
 def child_environment(*extra_paths: Path, **variables: str) -> dict[str, str]:
     """This environment, with the repository (and ``extra_paths``) importable and output unbuffered."""
     env = dict(os.environ)
-    paths = [str(path) for path in (*extra_paths, ROOT)]
+    paths = [str(path) for path in dict.fromkeys((*extra_paths, FASTLANE_ROOT, ROOT))]
     env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")])
     env["PYTHONUNBUFFERED"] = "1"
     env.update(variables)
@@ -51,7 +58,7 @@ class Process:
 
     def start(self) -> None:
         with open(self.log_path, "ab") as log:
-            self.popen = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=ROOT)
+            self.popen = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=FASTLANE_ROOT)
 
     def kill(self) -> None:
         """SIGKILL: a crash, not a shutdown."""
