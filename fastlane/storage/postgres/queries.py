@@ -68,7 +68,7 @@ CHANGE_JOB_STATE = (
 DELETE_JOB = "DELETE FROM jobs WHERE job_id = $1 AND tenant = $2 RETURNING shard_id"
 CANCEL_RUNS_OF_DELETED_JOB = (
     "UPDATE runs SET state = 'cancelled', finished_at = clock_timestamp(), updated_at = clock_timestamp(), "
-    "last_error = 'job deleted' WHERE job_id = $1 AND state IN ('scheduled', 'buffered')"
+    "last_error = 'job deleted' WHERE job_id = $1 AND state IN ('scheduled', 'buffered') AND finished_at IS NULL"
 )
 
 # -- the fast lane ---------------------------------------------------------------------------------
@@ -106,8 +106,8 @@ ADVANCE_JOBS = """
 """
 JOBS_BY_IDS = "SELECT * FROM jobs WHERE job_id = ANY($1::text[])"
 ACTIVE_RUNS_OF_JOBS = (
-    "SELECT job_id, run_id, state FROM runs WHERE job_id = ANY($1::text[]) AND state = ANY($2::text[]) "
-    "FOR UPDATE"
+    "SELECT job_id, run_id, state FROM runs WHERE job_id = ANY($1::text[]) AND finished_at IS NULL "
+    "AND state = ANY($2::text[]) FOR UPDATE"
 )
 CANCEL_FOR_OVERLAP = (
     "UPDATE runs SET state = 'cancelled', finished_at = clock_timestamp(), updated_at = clock_timestamp(), "
@@ -136,21 +136,21 @@ INSERT_RUNS = """
 """
 PENDING_RUN_IDS = (
     "SELECT run_id FROM runs WHERE state = 'scheduled' AND shard_id = ANY($1::int[]) "
-    "AND available_at < $2 ORDER BY available_at"
+    "AND finished_at IS NULL AND available_at < $2 ORDER BY available_at"
 )
 PENDING_RUNS = "SELECT * FROM runs WHERE run_id = ANY($1::text[]) AND state = 'scheduled'"
 EXPIRED_RUNS = (
-    "SELECT * FROM runs WHERE shard_id = $1 AND state IN ('dispatched', 'running') "
+    "SELECT * FROM runs WHERE shard_id = $1 AND finished_at IS NULL AND state IN ('dispatched', 'running') "
     "AND lease_expires_at < clock_timestamp() ORDER BY lease_expires_at FOR UPDATE SKIP LOCKED"
 )
 SHARDS_WITH_EXPIRED_LEASES = (
     "SELECT DISTINCT shard_id FROM runs WHERE state IN ('dispatched', 'running') "
-    "AND shard_id = ANY($1::int[]) AND lease_expires_at < clock_timestamp()"
+    "AND shard_id = ANY($1::int[]) AND finished_at IS NULL AND lease_expires_at < clock_timestamp()"
 )
 # Microseconds until the earliest attempt lease of these shards runs out (negative: already out).
 NEXT_LEASE_EXPIRY = (
     "SELECT (extract(epoch FROM min(lease_expires_at) - clock_timestamp()) * 1000000)::bigint FROM runs "
-    "WHERE state IN ('dispatched', 'running') AND shard_id = ANY($1::int[])"
+    "WHERE state IN ('dispatched', 'running') AND shard_id = ANY($1::int[]) AND finished_at IS NULL"
 )
 
 # -- runs ------------------------------------------------------------------------------------------
@@ -213,7 +213,7 @@ SCHEDULED_AMONG = "SELECT run_id FROM runs WHERE run_id = ANY($1::text[]) AND st
 COUNT_ACTIVE_BY_KEY = """
     SELECT r.tenant, r.concurrency_key, count(*) AS active FROM runs r
     JOIN unnest($1::text[], $2::text[]) AS k(tenant, key) ON r.tenant = k.tenant AND r.concurrency_key = k.key
-    WHERE r.concurrency_key IS NOT NULL AND r.state IN ('dispatched', 'running')
+    WHERE r.concurrency_key IS NOT NULL AND r.finished_at IS NULL AND r.state IN ('dispatched', 'running')
     GROUP BY r.tenant, r.concurrency_key
 """
 EXTEND_LEASES = """
@@ -291,10 +291,10 @@ APPLY_ATTEMPT_RESULTS = """
 # The oldest buffered run of each job that has no other active run left.
 RELEASE_BUFFERED = """
     UPDATE runs SET state = 'scheduled', available_at = clock_timestamp(), updated_at = clock_timestamp()
-    WHERE state = 'buffered' AND job_id = ANY($1::text[])
+    WHERE state = 'buffered' AND job_id = ANY($1::text[]) AND finished_at IS NULL
       AND scheduled_for = (SELECT min(b.scheduled_for) FROM runs b
-                           WHERE b.job_id = runs.job_id AND b.state = 'buffered')
-      AND NOT EXISTS (SELECT 1 FROM runs a WHERE a.job_id = runs.job_id
+                           WHERE b.job_id = runs.job_id AND b.finished_at IS NULL AND b.state = 'buffered')
+      AND NOT EXISTS (SELECT 1 FROM runs a WHERE a.job_id = runs.job_id AND a.finished_at IS NULL
                       AND a.state IN ('scheduled', 'dispatched', 'running'))
     RETURNING *
 """
@@ -445,9 +445,10 @@ LIST_RUN_AUDIT = """
 # -- tenant quotas ---------------------------------------------------------------------------------
 
 COUNT_TENANT_JOBS = "SELECT count(*) FROM jobs WHERE tenant = $1"  # jobs_by_tenant
-# runs_waiting_by_tenant: only runs in state 'scheduled' are in it.
+# runs_unfinished_by_tenant: a tenant's runs not ended.
 COUNT_WAITING_RUNS = """
-    SELECT count(*) FROM runs WHERE tenant = $1 AND state = 'scheduled' AND available_at <= clock_timestamp()
+    SELECT count(*) FROM runs
+    WHERE tenant = $1 AND finished_at IS NULL AND state = 'scheduled' AND available_at <= clock_timestamp()
 """
 LIST_QUOTA_OVERRIDES = "SELECT tenant, max_jobs, job_creations_per_second, max_waiting_runs FROM tenant_quotas"
 SET_QUOTA_OVERRIDE = """

@@ -63,7 +63,7 @@ CHANGE_JOB_STATE = (
 DELETE_JOB = "DELETE FROM jobs WHERE job_id = ? AND tenant = ? RETURNING job_id"
 CANCEL_RUNS_OF_DELETED_JOB = (
     f"UPDATE runs SET state = 'cancelled', finished_at = {NOW}, updated_at = {NOW}, "
-    "last_error = 'job deleted' WHERE job_id = ? AND state IN ('scheduled', 'buffered')"
+    "last_error = 'job deleted' WHERE job_id = ? AND state IN ('scheduled', 'buffered') AND finished_at IS NULL"
 )
 
 # -- the fast lane ---------------------------------------------------------------------------------
@@ -107,7 +107,7 @@ ADVANCE_JOBS = f"""
 JOBS_BY_IDS = "SELECT * FROM jobs WHERE job_id IN (SELECT value FROM json_each(?))"
 ACTIVE_RUNS_OF_JOBS = (
     "SELECT job_id, run_id, state FROM runs WHERE job_id IN (SELECT value FROM json_each(?)) "
-    "AND state IN (SELECT value FROM json_each(?))"
+    "AND finished_at IS NULL AND state IN (SELECT value FROM json_each(?))"
 )
 CANCEL_FOR_OVERLAP = (
     f"UPDATE runs SET state = 'cancelled', finished_at = {NOW}, updated_at = {NOW}, last_error = ? "
@@ -139,21 +139,21 @@ INSERT_RUNS = f"""
 """
 PENDING_RUN_IDS = (
     "SELECT run_id FROM runs WHERE state = 'scheduled' AND shard_id IN (SELECT value FROM json_each(?)) "
-    "AND available_at < ? ORDER BY available_at"
+    "AND finished_at IS NULL AND available_at < ? ORDER BY available_at"
 )
 PENDING_RUNS = "SELECT * FROM runs WHERE run_id IN (SELECT value FROM json_each(?)) AND state = 'scheduled'"
 EXPIRED_RUNS = (
-    f"SELECT * FROM runs WHERE shard_id = ? AND state IN ('dispatched', 'running') "
+    f"SELECT * FROM runs WHERE shard_id = ? AND finished_at IS NULL AND state IN ('dispatched', 'running') "
     f"AND lease_expires_at < {NOW} ORDER BY lease_expires_at"
 )
 SHARDS_WITH_EXPIRED_LEASES = (
     f"SELECT DISTINCT shard_id FROM runs WHERE state IN ('dispatched', 'running') "
-    f"AND shard_id IN (SELECT value FROM json_each(?)) AND lease_expires_at < {NOW}"
+    f"AND shard_id IN (SELECT value FROM json_each(?)) AND finished_at IS NULL AND lease_expires_at < {NOW}"
 )
 # Microseconds until the earliest attempt lease of these shards runs out (negative: already out).
 NEXT_LEASE_EXPIRY = (
     f"SELECT min(lease_expires_at) - {NOW} AS remaining FROM runs WHERE state IN ('dispatched', 'running') "
-    f"AND shard_id IN (SELECT value FROM json_each(?))"
+    f"AND shard_id IN (SELECT value FROM json_each(?)) AND finished_at IS NULL"
 )
 
 # -- runs ------------------------------------------------------------------------------------------
@@ -216,7 +216,8 @@ SCHEDULED_AMONG = "SELECT run_id FROM runs WHERE run_id IN (SELECT value FROM js
 COUNT_ACTIVE_BY_KEY = (
     "SELECT tenant, concurrency_key, count(*) AS active FROM runs "
     "WHERE concurrency_key IN (SELECT value FROM json_each(?)) "
-    "AND concurrency_key IS NOT NULL AND state IN ('dispatched', 'running') GROUP BY tenant, concurrency_key"
+    "AND concurrency_key IS NOT NULL AND finished_at IS NULL AND state IN ('dispatched', 'running') "
+    "GROUP BY tenant, concurrency_key"
 )
 EXTEND_LEASES = f"""
     UPDATE runs SET lease_expires_at = {NOW} + lease_ttl_ms * 1000, progress = coalesce(?, progress),
@@ -252,10 +253,10 @@ APPLY_ATTEMPT_RESULTS = (
 # The oldest buffered run of each job that has no other active run left.
 RELEASE_BUFFERED = f"""
     UPDATE runs SET state = 'scheduled', available_at = {NOW}, updated_at = {NOW}
-    WHERE state = 'buffered' AND job_id IN (SELECT value FROM json_each(?))
+    WHERE state = 'buffered' AND job_id IN (SELECT value FROM json_each(?)) AND finished_at IS NULL
       AND scheduled_for = (SELECT min(b.scheduled_for) FROM runs b
-                           WHERE b.job_id = runs.job_id AND b.state = 'buffered')
-      AND NOT EXISTS (SELECT 1 FROM runs a WHERE a.job_id = runs.job_id
+                           WHERE b.job_id = runs.job_id AND b.finished_at IS NULL AND b.state = 'buffered')
+      AND NOT EXISTS (SELECT 1 FROM runs a WHERE a.job_id = runs.job_id AND a.finished_at IS NULL
                       AND a.state IN ('scheduled', 'dispatched', 'running'))
     RETURNING *
 """
@@ -379,8 +380,11 @@ LIST_RUN_AUDIT = """
 # -- tenant quotas ---------------------------------------------------------------------------------
 
 COUNT_TENANT_JOBS = "SELECT count(*) FROM jobs WHERE tenant = ?"  # jobs_by_tenant
-# runs_waiting_by_tenant: only runs in state 'scheduled' are in it.
-COUNT_WAITING_RUNS = f"SELECT count(*) FROM runs WHERE tenant = ? AND state = 'scheduled' AND available_at <= {NOW}"
+# runs_unfinished_by_tenant: a tenant's runs not ended.
+COUNT_WAITING_RUNS = (
+    f"SELECT count(*) FROM runs WHERE tenant = ? AND finished_at IS NULL AND state = 'scheduled' "
+    f"AND available_at <= {NOW}"
+)
 LIST_QUOTA_OVERRIDES = "SELECT tenant, max_jobs, job_creations_per_second, max_waiting_runs FROM tenant_quotas"
 SET_QUOTA_OVERRIDE = f"""
     INSERT INTO tenant_quotas (tenant, max_jobs, job_creations_per_second, max_waiting_runs, updated_at)
