@@ -4,6 +4,10 @@ Names match :mod:`fastlane.storage.sqlite.queries` wherever a statement does the
 the two dialects read side by side. Batches are set-based: one statement over ``unnest`` arrays
 per batch, never a statement per row. Leases are judged by ``clock_timestamp()`` (the database
 clock at the moment of the statement, not the start of the transaction).
+
+Queries over runs not yet ended say ``finished_at IS NULL`` as well as their states: the
+indexes of such runs are partial on it (schema version 13), and a planner uses a partial
+index only for a query that implies its predicate.
 """
 
 from __future__ import annotations

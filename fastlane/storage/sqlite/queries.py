@@ -3,6 +3,10 @@
 Names match :mod:`fastlane.storage.postgres.queries` wherever a statement does the same job, so
 the two dialects read side by side. Instants are integer microseconds since the Unix epoch, UTC;
 a batch is one JSON array parameter expanded by ``json_each``.
+
+Queries over runs not yet ended say ``finished_at IS NULL`` as well as their states: the
+indexes of such runs are partial on it (schema version 13), and a planner uses a partial
+index only for a query that implies its predicate.
 """
 
 from __future__ import annotations
