@@ -35,6 +35,7 @@ from fastlane.bench.harness import (
 JOBS = 20_000
 EVERY = timedelta(seconds=1)
 SUCCEEDED = 'fastlane_runs_total{outcome="succeeded"}'
+MISSED = 'fastlane_occurrences_skipped_total{policy="misfire"}'
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +67,7 @@ async def sustained(bench: Bench) -> list[dict[str, object]]:
         window_start = first + timedelta(seconds=times.warmup_s)
         await sleep_until(window_start, bench.progress, "warming up")
         before, started = await cluster.metric_total(SUCCEEDED), time.monotonic()
+        missed_before = await cluster.metric_total(MISSED)
         bench.progress.phase("measuring succeeded runs/s")
         while (elapsed := time.monotonic() - started) < times.window_s:
             await asyncio.sleep(min(1.0, times.window_s - elapsed))
@@ -73,6 +75,7 @@ async def sustained(bench: Bench) -> list[dict[str, object]]:
             rate = (now_total - before) / max(time.monotonic() - started, 1e-6)
             bench.progress.update(round(time.monotonic() - started), round(times.window_s), f"{rate:9,.0f} runs/s")
         after, ended = await cluster.metric_total(SUCCEEDED), time.monotonic()
+        missed = await cluster.metric_total(MISSED) - missed_before
         window_end = now_utc()
     tail = RecordTail(cluster.record_paths)
     measured = round((after - before) / (ended - started), 1)
@@ -90,4 +93,7 @@ async def sustained(bench: Bench) -> list[dict[str, object]]:
     result["delivered"] = everything.delivered
     result["duplicates"] = everything.duplicates
     result["runs_per_s"] = measured
+    # Occurrences found beyond their misfire grace and recorded as skipped over the window: what
+    # an overloaded node gives up (the jobs coalesce them into one run each).
+    result["missed_in_window"] = int(missed)
     return [result]
