@@ -201,7 +201,10 @@ def machine() -> dict[str, object]:
 
 
 def _keep_logs(workdir: Path, target: Path) -> None:
-    logs = sorted(path for path in workdir.glob("*.log") if path.is_file())
+    """Copy the processes' logs and the workers' records of what they received (one line per run:
+    ``bench/lag_worker.py`` says what each field is) to ``target``: to find which runs were late,
+    and why, after the scratch directory is gone."""
+    logs = sorted(path for path in [*workdir.glob("*.log"), *workdir.glob("*-received-*.txt")] if path.is_file())
     if not logs:
         return
     target.mkdir(parents=True, exist_ok=True)

@@ -82,7 +82,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="print the result as one JSON document instead of the Markdown report")
     parser.add_argument("--out", metavar="DIR",
                         help="also write DIR/result.json, DIR/result.md, DIR/lag.png (when matplotlib is "
-                             "installed) and the processes' logs to DIR/logs/")
+                             "installed), and the processes' logs and the workers' records of each run received "
+                             "(DIR/logs/*-received-N.txt) to DIR/logs/")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -17,8 +17,8 @@ from fastlane.bench.cpu_wait import CpuWait
 from fastlane.bench.harness import Bench, Progress, RecordTail, system_result
 from fastlane.bench.processes import ROOT, child_environment
 from fastlane.bench.report import render_markdown, to_json, write_outputs
-from fastlane.bench.runner import build_document
-from fastlane.bench.scenarios import cron, failover
+from fastlane.bench.runner import _keep_logs, build_document
+from fastlane.bench.scenarios import cron, failover, scale
 from fastlane.bench.stats import (
     RunRecord,
     Status,
@@ -611,3 +611,29 @@ def test_a_worker_or_peer_without_a_real_time_thread_is_noted_when_one_was_asked
                if "ran with no real-time thread" in note]
     assert refused == (["fastlane worker-2", "apscheduler-memory"] if priority else [])
     assert document["realtime_priority"] == priority
+
+
+def test_out_keeps_the_logs_and_the_workers_records_of_each_run(tmp_path: Path) -> None:
+    scratch, out = tmp_path / "scratch", tmp_path / "out" / "logs"
+    scratch.mkdir()
+    (scratch / "fastlane-node-1.log").write_text("started\n")
+    (scratch / "fastlane-received-1.txt").write_text("run-1 1 2 3 job-1 4\n")
+    (scratch / "fastlane.db").write_text("not kept: the database")
+    _keep_logs(scratch, out)
+    assert sorted(path.name for path in out.iterdir()) == ["fastlane-node-1.log", "fastlane-received-1.txt"]
+    assert (out / "fastlane-received-1.txt").read_text() == "run-1 1 2 3 job-1 4\n"
+
+
+def test_the_rebuild_figures_come_from_the_node_log_with_its_jobs_and_runs(tmp_path: Path) -> None:
+    log = tmp_path / "node.log"
+    lines = [
+        {"ts": "2026-11-24T23:40:49.000Z", "msg": "database at schema version 13"},
+        {"ts": "2026-11-24T23:40:49.071Z", "msg": "acquired 64 shards (tokens 1)"},
+        {"ts": "2026-11-24T23:40:49.321Z", "msg": "window rebuilt for 64 shards: 1200 jobs due, 98800 runs pending"},
+        {"ts": "2026-11-24T23:40:50.000Z", "msg": "window rebuilt for 1 shards: 5 jobs due, 0 runs pending"},
+    ]
+    log.write_text("not json\n" + "".join(orjson.dumps(line).decode() + "\n" for line in lines))
+    acquired, rebuilt, loaded = scale._rebuild_events(log)
+    assert acquired is not None and rebuilt is not None
+    assert round((rebuilt - acquired).total_seconds(), 3) == 0.25
+    assert loaded == (1200, 98800)  # the first rebuild only
