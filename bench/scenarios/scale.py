@@ -114,7 +114,9 @@ async def _memory(bench: Bench, url: str, due: datetime, window_jobs: int) -> di
         bench.note(f"only {held:,.0f} of {window_jobs:,} jobs entered the window in time")
     figures: dict[str, object] = {"rss_before_bytes": before, "rss_after_bytes": after, "jobs_in_window": int(held)}
     if before is not None and after is not None and held:
-        figures["bytes_per_window_job"] = round((after - before) / held, 1)
+        # The two gauges are read one after the other: a run released between the reads counts
+        # twice, so no more jobs than were created are divided by.
+        figures["bytes_per_window_job"] = round((after - before) / min(held, window_jobs), 1)
     return figures
 
 
