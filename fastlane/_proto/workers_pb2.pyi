@@ -71,7 +71,7 @@ class Results(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[RunResult, _Mapping]]] = ..., credits: _Optional[int] = ...) -> None: ...
 
 class RunResult(_message.Message):
-    __slots__ = ("run_id", "lease_token", "outcome", "error_code", "error_message", "started_at", "finished_at", "error_traceback")
+    __slots__ = ("run_id", "lease_token", "outcome", "error_code", "error_message", "started_at", "finished_at", "error_traceback", "output")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
@@ -80,6 +80,7 @@ class RunResult(_message.Message):
     STARTED_AT_FIELD_NUMBER: _ClassVar[int]
     FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
     ERROR_TRACEBACK_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     lease_token: int
     outcome: str
@@ -88,7 +89,8 @@ class RunResult(_message.Message):
     started_at: _timestamp_pb2.Timestamp
     finished_at: _timestamp_pb2.Timestamp
     error_traceback: str
-    def __init__(self, run_id: _Optional[str] = ..., lease_token: _Optional[int] = ..., outcome: _Optional[str] = ..., error_code: _Optional[str] = ..., error_message: _Optional[str] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error_traceback: _Optional[str] = ...) -> None: ...
+    output: bytes
+    def __init__(self, run_id: _Optional[str] = ..., lease_token: _Optional[int] = ..., outcome: _Optional[str] = ..., error_code: _Optional[str] = ..., error_message: _Optional[str] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error_traceback: _Optional[str] = ..., output: _Optional[bytes] = ...) -> None: ...
 
 class NodeMessage(_message.Message):
     __slots__ = ("welcome", "assignments", "acks", "cancel", "clock_echo")

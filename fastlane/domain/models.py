@@ -337,6 +337,9 @@ class Run:
     last_error: str | None = None
     concurrency_key: str | None = None  # copied from the job when the run was made
     concurrency_limit: int | None = None  # set when concurrency_key is
+    workflow_run_id: str | None = None  # set on a step run of a workflow run
+    step: str | None = None  # with workflow_run_id: which step (item: which item of a fan-out)
+    item: int = 0
 
     @property
     def idempotency_key(self) -> str:

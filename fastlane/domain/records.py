@@ -87,6 +87,7 @@ class AttemptResult:
     started_at: datetime | None = None
     finished_at: datetime | None = None
     error_traceback: str | None = None
+    output: bytes = b""  # a workflow step's result (JSON), kept for the steps after it
 
 
 class ChangeKind(StrEnum):

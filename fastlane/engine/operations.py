@@ -20,10 +20,13 @@ from dataclasses import replace
 from fastlane.auth.caller import current_caller
 from fastlane.domain.audit import AuditAction, AuditEvent, AuditTarget
 from fastlane.domain.models import Job, JobSpec, Run, RunState
+from fastlane.domain.workflows import WORKFLOW_JOB_TYPE, Workflow, WorkflowRun, WorkflowSpec
 from fastlane.engine.audit_trail import AuditTrail
 from fastlane.engine.dispatch.dispatcher import Dispatcher
 from fastlane.engine.lane import FastLane
+from fastlane.errors import JobNotFound
 from fastlane.storage import Store
+from fastlane.storage.workflows import WorkflowChanges
 
 log = logging.getLogger("fastlane.audit")
 
@@ -83,7 +86,11 @@ class Operations:
     # -- runs -----------------------------------------------------------------------------------
 
     async def cancel_run(self, tenant: str, run_id: str) -> Run:
-        """Cancel a run; runs it held back (its job's concurrency) are released."""
+        """Cancel a run; runs it held back (its job's concurrency) are released. The run that
+        started a workflow run stands for it: cancelling it cancels the workflow run."""
+        if (await self._store.get_run(tenant, run_id)).job_type == WORKFLOW_JOB_TYPE:
+            await self.cancel_workflow_run(tenant, run_id)
+            return await self._store.get_run(tenant, run_id)
         cancellation = await self._store.cancel_run(tenant, run_id)
         if cancellation.already:
             return cancellation.run  # cancelled before: nothing to stop, nothing new for the history
@@ -95,11 +102,64 @@ class Operations:
         return cancellation.run
 
     async def retry_run(self, tenant: str, run_id: str) -> Run:
-        """Replay a dead or lost run as a new attempt now."""
+        """Replay a dead or lost run as a new attempt now (the run that started a failed
+        workflow run: resume the workflow run)."""
+        if (await self._store.get_run(tenant, run_id)).job_type == WORKFLOW_JOB_TYPE:
+            await self.resume_workflow_run(tenant, run_id)
+            return await self._store.get_run(tenant, run_id)
         run = await self._store.retry_run(tenant, run_id)
         self.run_scheduled(run)
         await self._audit(AuditAction.RETRIED, run, detail=f"attempt {run.attempts + 1}")
         return run
+
+    # -- workflows ------------------------------------------------------------------------------
+
+    async def create_workflow(self, spec: WorkflowSpec) -> tuple[Workflow, bool]:
+        """Store a workflow's next version (idempotent on its definition) and follow its schedule."""
+        workflow, created = await self._store.create_workflow(spec)
+        try:
+            self.job_changed(await self._store.get_job(workflow.tenant, workflow.job_id))
+        except JobNotFound:
+            self.job_deleted(workflow.job_id)  # no schedule (any more)
+        if created:
+            await self._record(AuditEvent(tenant=workflow.tenant, action=AuditAction.CREATED,
+                                          target_kind=AuditTarget.JOB, target_id=workflow.job_id,
+                                          job_id=workflow.job_id,
+                                          detail=f"workflow {workflow.name} version {workflow.version}"))
+        return workflow, created
+
+    async def trigger_workflow(self, tenant: str, name: str, input_json: bytes) -> WorkflowRun:
+        run, changes = await self._store.trigger_workflow(tenant, name, input_json)
+        self.workflow_changes(changes)
+        await self._audit_workflow_run(AuditAction.TRIGGERED, run)
+        return run
+
+    async def cancel_workflow_run(self, tenant: str, workflow_run_id: str) -> WorkflowRun:
+        run, changes = await self._store.cancel_workflow_run(tenant, workflow_run_id)
+        self.workflow_changes(changes)
+        await self._audit_workflow_run(AuditAction.CANCELLED, run)
+        return run
+
+    async def resume_workflow_run(self, tenant: str, workflow_run_id: str) -> WorkflowRun:
+        run, changes = await self._store.resume_workflow_run(tenant, workflow_run_id)
+        self.workflow_changes(changes)
+        await self._audit_workflow_run(AuditAction.RETRIED, run)
+        return run
+
+    def workflow_changes(self, changes: WorkflowChanges) -> None:
+        """Release the runs a workflow write scheduled; stop those it cancelled."""
+        for run in changes.scheduled:
+            self.run_scheduled(run)
+        for run in changes.cancelled:
+            self.run_cancelled(run)
+        for run in changes.cancel_requested:
+            self.run_cancel_requested(run)
+
+    async def _audit_workflow_run(self, action: AuditAction, run: WorkflowRun) -> None:
+        # A workflow run's id is that of the run that started it: its history is that run's.
+        await self._record(AuditEvent(tenant=run.tenant, action=action, target_kind=AuditTarget.RUN,
+                                      target_id=run.workflow_run_id, job_id=run.job_id,
+                                      detail=f"workflow run of {run.workflow_name} version {run.version}"))
 
     # -- the audit trail ------------------------------------------------------------------------
 

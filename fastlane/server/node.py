@@ -29,6 +29,7 @@ from fastlane.engine.changes import ChangeFollower
 from fastlane.engine.dispatch.dispatcher import Dispatcher
 from fastlane.engine.lane import FastLane
 from fastlane.engine.operations import Operations
+from fastlane.engine.workflows import WorkflowCoordinator
 from fastlane.engine.retention import BATCH_SIZE, HistoryTrimmer
 from fastlane.engine.retention import LOOP_NAME as TRIM_LOOP
 from fastlane.engine.shards import ShardOwnership
@@ -183,9 +184,19 @@ class Node:
         settings, metrics = self.settings, self.metrics
         lane: FastLane | None = None
 
+        workflows: WorkflowCoordinator | None = None
+
         def reschedule(run: Run) -> None:
             if lane is not None:
                 lane.schedule_run(run)
+
+        def start_workflows(triggers: list[Run]) -> None:
+            if workflows is not None:
+                workflows.start(triggers)
+
+        def steps_ended(workflow_run_ids: set[str]) -> None:
+            if workflows is not None:
+                workflows.ended(workflow_run_ids)
 
         dispatcher = Dispatcher(store, node_id=settings.node_id, clock=self.clock, metrics=metrics,
                                 max_ready_per_type=settings.max_ready_per_type,
@@ -193,7 +204,7 @@ class Node:
                                 send_ahead=settings.send_ahead, tenant_weights=settings.tenant_weights,
                                 tenant_max_in_flight=settings.tenant_max_in_flight,
                                 priority_reserve=settings.priority_reserve,
-                                reschedule=reschedule)
+                                reschedule=reschedule, start_workflows=start_workflows, steps_ended=steps_ended)
 
         def shards_lost(shard_ids: Sequence[int]) -> None:
             if lane is not None:
@@ -218,6 +229,7 @@ class Node:
                         on_stale=ownership.lost, dispatch=dispatcher)
 
         operations = Operations(store, lane=lane, dispatcher=dispatcher)
+        workflows = WorkflowCoordinator(store, events=operations, owned=ownership.owned)
         follower = ChangeFollower(store, operations=operations, ownership=ownership)
 
         def node_status() -> admin_pb2.NodeStatus:
@@ -278,6 +290,7 @@ class Node:
                 journal = supervise("dispatch-journal", dispatcher.run, until=journal_abandoned)
                 watcher = supervise("change-listener", lambda: store.watch_changes(follower.enqueue))
                 following = supervise("change-follower", follower.run)
+                supervise("workflows", workflows.run)
                 if settings.history_retention is not None:
                     trimmer = HistoryTrimmer(store, retention=settings.history_retention, owned_shards=ownership.owned,
                                              metrics=metrics, stopping=self._stop,

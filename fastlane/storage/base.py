@@ -17,9 +17,11 @@ from fastlane.domain.access import ApiToken
 from fastlane.domain.audit import DEFAULT_AUDIT_LIMIT, AuditEvent
 from fastlane.domain.models import Attempt, DueJob, Job, JobSpec, JobState, NodeInfo, Run, RunState, ShardLease
 from fastlane.domain.quotas import TenantQuota
+from fastlane.domain.workflows import Workflow, WorkflowRun, WorkflowSpec
 from fastlane.domain.records import AttemptResult, CappedDispatches, Change, Dispatch, Heartbeat, Occurrence, Page
 from fastlane.storage.late_reports import ReporterOf
 from fastlane.storage.results import Cancellation, Materialised, ResultOutcome, TrimmedHistory
+from fastlane.storage.workflows import WorkflowChanges, WorkflowRunDetail
 
 DEFAULT_SHARD_COUNT = 64
 
@@ -347,4 +349,55 @@ class Store(Protocol):
         state is never deleted, however old. A run another trimmer is deleting at the same moment
         is left to it (PostgreSQL: skipped, not waited for). Raises
         :class:`~fastlane.errors.InvalidArgument` for a limit out of range."""
+        ...
+
+    # -- workflows (see fastlane.storage.workflows) ----------------------------------------------
+
+    async def create_workflow(self, spec: WorkflowSpec) -> tuple[Workflow, bool]:
+        """Store ``spec`` as its workflow's next version (``(workflow, True)``), or return the
+        latest version if its definition is the same (``(workflow, False)``); the workflow's
+        schedule job is created, changed or deleted to match."""
+        ...
+
+    async def get_workflow(self, tenant: str, name: str, version: int | None = None) -> Workflow:
+        """A version of a workflow (None: the latest); raises NotFound."""
+        ...
+
+    async def list_workflows(self, tenant: str, *, limit: int = 100, page_token: str = "") -> Page[Workflow]:
+        """The latest version of each of the tenant's workflows, by name."""
+        ...
+
+    async def trigger_workflow(self, tenant: str, name: str, input_json: bytes) -> tuple[WorkflowRun, WorkflowChanges]:
+        """Start a run of the workflow's latest version now, with this input (JSON)."""
+        ...
+
+    async def start_workflow_runs(self, triggers: Sequence[Run]) -> WorkflowChanges:
+        """Start the workflow runs that these due runs of workflow jobs stand for, each once:
+        a run no longer ``scheduled`` is skipped."""
+        ...
+
+    async def advance_workflow_runs(self, workflow_run_ids: Collection[str]) -> WorkflowChanges:
+        """Make the steps that became ready, exactly once each, and end the workflow runs that are done."""
+        ...
+
+    async def workflow_runs_to_advance(self, shard_ids: Collection[int], limit: int = 1_000) -> list[str]:
+        """Running workflow runs of these shards with step runs that ended since their last advance."""
+        ...
+
+    async def cancel_workflow_run(self, tenant: str, workflow_run_id: str) -> tuple[WorkflowRun, WorkflowChanges]:
+        """Cancel a running workflow run (an ended one is returned unchanged)."""
+        ...
+
+    async def resume_workflow_run(self, tenant: str, workflow_run_id: str) -> tuple[WorkflowRun, WorkflowChanges]:
+        """Run a failed or cancelled workflow run on: its failed and cancelled steps again, not its
+        succeeded ones. Raises InvalidState for a running or succeeded one."""
+        ...
+
+    async def get_workflow_run(self, tenant: str, workflow_run_id: str) -> WorkflowRunDetail:
+        """A workflow run with its version of the workflow and its step runs."""
+        ...
+
+    async def list_workflow_runs(self, tenant: str, name: str, *, limit: int = 100,
+                                 page_token: str = "") -> Page[WorkflowRun]:
+        """The runs of a workflow (every version), newest first."""
         ...

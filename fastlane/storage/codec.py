@@ -260,6 +260,9 @@ def build_run(row: Row) -> Run:
         finished_at=row["finished_at"],
         concurrency_key=row["concurrency_key"],
         concurrency_limit=row["concurrency_limit"],
+        workflow_run_id=row["workflow_run_id"],
+        step=row["step"],
+        item=row["item"] or 0,
     )
 
 

@@ -66,6 +66,7 @@ class Verdict:
             started_at=timestamp(started_at),
             finished_at=timestamp(finished_at),
             error_traceback=self.traceback,
+            output=slot.output if self.outcome is AttemptOutcome.SUCCEEDED else b"",
         )
 
 
@@ -203,7 +204,7 @@ class RunSlot:
 
     __slots__ = (
         "stream", "run_id", "lease_token", "start_at_ns", "due_ns", "started_at", "task", "progress",
-        "sent_progress", "checkpoint", "unsent_checkpoint", "stop_reason",
+        "sent_progress", "checkpoint", "unsent_checkpoint", "stop_reason", "output",
     )
 
     def __init__(self, stream: RunReporter, run_id: str, lease_token: int, start_at_ns: int | None = None,
@@ -222,6 +223,7 @@ class RunSlot:
         self.checkpoint: bytes | None = None  # the latest this attempt saved
         self.unsent_checkpoint: bytes | None = None
         self.stop_reason: Verdict | None = None  # set when the worker itself cancels the handler
+        self.output = b""  # what the handler returned, as JSON (a workflow step's result)
 
     @property
     def key(self) -> RunKey:

@@ -46,6 +46,7 @@ import orjson
 from fastlane._proto import workers_pb2 as pb
 from fastlane.auth.tls import ClientTls
 from fastlane.domain.limits import MAX_CHECKPOINT_BYTES
+from fastlane.domain.workflows import MAX_OUTPUT_BYTES
 from fastlane.errors import ConfigurationError
 from fastlane.rpc import wire
 from fastlane.rpc.channel import load_token, open_channel
@@ -59,8 +60,10 @@ from fastlane.worker._stream import CHANNEL_OPTIONS, NodeStream
 
 log = logging.getLogger("fastlane.worker")
 
-Handler = Callable[["RunContext"], Awaitable[None]]
-"""An async function that runs one attempt of a run, given its :class:`RunContext`."""
+Handler = Callable[["RunContext"], Awaitable[Any]]
+"""An async function that runs one attempt of a run, given its :class:`RunContext`. What it
+returns (JSON-serialisable, up to 16 KiB), if not None, is the step's output in a workflow: the
+steps after it receive it in their payload's ``parents``."""
 H = TypeVar("H", bound=Handler)
 
 
@@ -419,7 +422,24 @@ def _is_async(fn: object) -> bool:
 
 
 async def _call(handler: Handler, slot: RunSlot, assignment: pb.Assignment, received_at: datetime) -> None:
-    await handler(_context(slot, assignment, received_at))
+    returned = await handler(_context(slot, assignment, received_at))
+    if returned is not None:
+        slot.output = _output(assignment.job_type, returned)
+
+
+def _output(job_type: str, returned: object) -> bytes:
+    """What a handler returned, as the JSON kept for the workflow steps after it; a value that is
+    not JSON or is over MAX_OUTPUT_BYTES is dropped (with a warning), never failing the run."""
+    try:
+        encoded = orjson.dumps(returned)
+    except TypeError as error:
+        log.warning("the %s handler returned a value that is not JSON (%s): its output is dropped", job_type, error)
+        return b""
+    if len(encoded) > MAX_OUTPUT_BYTES:
+        log.warning("the %s handler returned %d bytes of output, over the limit of %d: dropped",
+                    job_type, len(encoded), MAX_OUTPUT_BYTES)
+        return b""
+    return encoded
 
 
 def _context(slot: RunSlot, a: pb.Assignment, received_at: datetime) -> RunContext:

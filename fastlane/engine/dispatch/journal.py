@@ -107,11 +107,13 @@ class Journal:
         reschedule: Callable[[Run], None],
         claimed: set[str],
         in_flight: MutableMapping[AttemptKey, WorkerSession],
+        steps_ended: Callable[[set[str]], None] | None = None,
     ) -> None:
         self._store = store
         self._node_id = node_id
         self._metrics = metrics
         self._reschedule = reschedule
+        self._steps_ended = steps_ended  # told the workflow runs whose step runs just ended
         self._claimed = claimed
         self._in_flight = in_flight
         self.pending = JournalBatch()
@@ -383,6 +385,7 @@ class Journal:
             if session.connected:
                 session.outbox.put_nowait(Acknowledge(refs))
         counted: Counter[str] = Counter()  # one metric update per outcome kind and batch
+        workflows: set[str] = set()
         for outcome in outcomes:
             if not outcome.accepted:
                 counted["superseded"] += 1
@@ -396,5 +399,9 @@ class Journal:
                 counted[state.value] += 1
             if state is RunState.SCHEDULED:
                 self._reschedule(outcome.run)
+            elif state.is_final and (workflow_run_id := outcome.workflow_run_id) is not None:
+                workflows.add(workflow_run_id)
+        if workflows and self._steps_ended is not None:
+            self._steps_ended(workflows)
         for kind, count in counted.items():
             self._metrics.runs.labels(outcome=kind).inc(count)

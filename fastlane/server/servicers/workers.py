@@ -31,6 +31,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from fastlane._proto import workers_pb2, workers_pb2_grpc
 from fastlane.auth.caller import qualified_worker_id, worker_tenant
 from fastlane.domain import validation
+from fastlane.domain.workflows import WORKFLOW_JOB_TYPE, output_of
 from fastlane.domain.limits import (
     MAX_CHECKPOINT_BYTES,
     MAX_CREDITS,
@@ -181,6 +182,8 @@ def validate_hello(hello: workers_pb2.Hello) -> None:
     validation.count("hello.job_types (how many)", len(hello.job_types), 1, MAX_JOB_TYPES)
     for index, job_type in enumerate(hello.job_types):
         validation.name(f"hello.job_types[{index}]", job_type)
+        if job_type == WORKFLOW_JOB_TYPE:
+            raise InvalidArgument(f"hello.job_types[{index}]", f"{job_type!r} is started by the nodes themselves")
     validation.count("hello.credits", hello.credits, 0, MAX_CREDITS)
     if hello.tenant:
         validation.name("hello.tenant", hello.tenant)
@@ -259,6 +262,7 @@ def _result(result: workers_pb2.RunResult) -> AttemptResult:
         error_traceback=validation.traceback_text(traceback) if traceback else None,
         started_at=wire.instant_in("started_at", result.started_at) if result.HasField("started_at") else None,
         finished_at=wire.instant_in("finished_at", result.finished_at) if result.HasField("finished_at") else None,
+        output=output_of(result.output) if result.output else b"",
     )
 
 

@@ -463,3 +463,5 @@ SET_QUOTA_OVERRIDE = """
         max_waiting_runs = excluded.max_waiting_runs, updated_at = excluded.updated_at
 """
 DELETE_QUOTA_OVERRIDE = "DELETE FROM tenant_quotas WHERE tenant = $1"
+# A workflow step's output, kept for the steps after it (only results that carry one).
+SET_OUTPUT = "UPDATE runs SET output = $2 WHERE run_id = $1 AND workflow_run_id IS NOT NULL"

@@ -129,6 +129,8 @@ class PostgresRuns(PostgresConnections):
             done = [r for r in successes if (r.run_id, r.lease_token) in attempt_of]
             if done:
                 await succeed_attempts(db, done, attempt_of)
+                if outputs := [(r.run_id, r.output) for r in done if r.output]:
+                    await db.executemany(queries.SET_OUTPUT, outputs)
             rest = [r for r in successes if (r.run_id, r.lease_token) not in attempt_of] + others
             outcomes = [ResultOutcome(row=row, accepted=True) for row in succeeded]
             released = await release_buffered(db, {row["job_id"] for row in succeeded})

@@ -34,13 +34,14 @@ from fastlane.storage.postgres.quotas import PostgresQuotas
 from fastlane.storage.postgres.runs import PostgresRuns
 from fastlane.storage.postgres.shards import PostgresShards
 from fastlane.storage.postgres.tokens import PostgresTokens
+from fastlane.storage.postgres.workflows import PostgresWorkflows
 
 _MIGRATION_LOCK = 7_236_001  # pg_advisory_xact_lock key: one migrator at a time across nodes
 
 
 class PostgresStore(
     PostgresLane, PostgresRuns, PostgresShards, PostgresChanges, PostgresTokens, PostgresAudit, PostgresQuotas,
-    PostgresHistory, Store,
+    PostgresHistory, PostgresWorkflows, Store,
 ):
     """Store on PostgreSQL through an asyncpg pool."""
 

@@ -398,3 +398,5 @@ SET_QUOTA_OVERRIDE = f"""
         max_waiting_runs = excluded.max_waiting_runs, updated_at = excluded.updated_at
 """
 DELETE_QUOTA_OVERRIDE = "DELETE FROM tenant_quotas WHERE tenant = ?"
+# A workflow step's output, kept for the steps after it (only results that carry one).
+SET_OUTPUT = "UPDATE runs SET output = ? WHERE run_id = ? AND workflow_run_id IS NOT NULL"

@@ -130,6 +130,8 @@ class SQLiteRuns(SQLiteConnections):
                 [(r.error_code, r.error_message, instant(r.started_at), instant(r.finished_at), r.run_id,
                   r.lease_token) for r in applied],
             )
+            if outputs := [(r.output, r.run_id) for r in applied if r.output]:
+                await db.executemany(queries.SET_OUTPUT, outputs)
             outcomes = [ResultOutcome(row=row, accepted=True) for row in succeeded]
             released = await release_buffered(db, {row["job_id"] for row in succeeded})
             outcomes += [ResultOutcome(run=run, accepted=True, released=True) for run in released]

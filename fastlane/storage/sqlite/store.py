@@ -35,10 +35,12 @@ from fastlane.storage.sqlite.quotas import SQLiteQuotas
 from fastlane.storage.sqlite.runs import SQLiteRuns
 from fastlane.storage.sqlite.shards import SQLiteShards
 from fastlane.storage.sqlite.tokens import SQLiteTokens
+from fastlane.storage.sqlite.workflows import SQLiteWorkflows
 
 
 class SQLiteStore(
-    SQLiteLane, SQLiteRuns, SQLiteShards, SQLiteTokens, SQLiteAudit, SQLiteQuotas, SQLiteHistory, Store
+    SQLiteLane, SQLiteRuns, SQLiteShards, SQLiteTokens, SQLiteAudit, SQLiteQuotas, SQLiteHistory, SQLiteWorkflows,
+    Store,
 ):
     """Store on one SQLite file: a write connection (serialised) and a read connection."""
 

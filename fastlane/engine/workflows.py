@@ -1,0 +1,143 @@
+"""The workflow coordinator: starts workflow runs on their time and moves them on as steps end.
+
+A workflow's schedule is an ordinary job (job type ``fastlane.workflow``): the lane fires it like
+any other, and the dispatcher hands its due runs here instead of to a worker (:meth:`start`). A
+step run that ends is reported here by the journal once its result is durable (:meth:`ended`).
+Both are done by the store in its own transactions (:mod:`fastlane.storage.workflows`), batched,
+off the fire path; the runs they schedule or cancel go back to the lane and the dispatcher
+through the same steps as a trigger or a cancel (:class:`RunEvents`).
+
+Nothing here is needed for correctness after a crash: a due trigger run is still ``scheduled`` and
+is released again by whichever node owns its shard next, and a step run that ended while no node
+advanced its workflow run is found by the periodic sweep (:data:`SWEEP_EVERY`) of the owned shards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
+
+from fastlane.domain.models import Run
+from fastlane.errors import StorageError, new_error_id
+from fastlane.storage import Store
+from fastlane.storage.workflows import WorkflowChanges
+
+log = logging.getLogger("fastlane.workflows")
+
+SWEEP_EVERY = 1.0  # seconds between looks for workflow runs a crashed node left unadvanced
+RETRY_PAUSES = (0.05, 0.2, 1.0, 2.0)  # after a storage error, before the work is tried again
+
+
+class RunEvents(Protocol):
+    """Where the runs a workflow write scheduled or cancelled go (:class:`~fastlane.engine.operations.Operations`)."""
+
+    def workflow_changes(self, changes: WorkflowChanges) -> None: ...
+
+
+class WorkflowCoordinator:
+    def __init__(self, store: Store, *, events: RunEvents, owned: Callable[[], Sequence[int]],
+                 sweep_every: float = SWEEP_EVERY) -> None:
+        self._store = store
+        self._events = events
+        self._owned = owned
+        self._sweep_every = sweep_every
+        self._starts: dict[str, Run] = {}
+        self._advances: set[str] = set()
+        self._set_aside: dict[str, str] = {}  # workflow run id -> why (an error id in the log)
+        self._wake = asyncio.Event()
+
+    def start(self, triggers: Iterable[Run]) -> None:
+        """Due runs of workflow jobs: start their workflow runs."""
+        for run in triggers:
+            self._starts[run.run_id] = run
+        self._wake.set()
+
+    def ended(self, workflow_run_ids: Iterable[str]) -> None:
+        """Step runs of these workflow runs ended: decide what comes next."""
+        self._advances.update(workflow_run_ids)
+        self._wake.set()
+
+    def apply(self, changes: WorkflowChanges) -> None:
+        self._events.workflow_changes(changes)
+
+    async def run(self) -> None:
+        next_sweep = time.monotonic() + self._sweep_every
+        failures = 0
+        while True:
+            try:
+                async with asyncio.timeout(max(next_sweep - time.monotonic(), 0)):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            try:
+                if time.monotonic() >= next_sweep:
+                    next_sweep = time.monotonic() + self._sweep_every
+                    found = await self._store.workflow_runs_to_advance(self._owned())
+                    self._advances.update(run_id for run_id in found if run_id not in self._set_aside)
+                await self._work()
+                failures = 0
+            except StorageError as error:
+                # Left queued: tried again after a pause that grows while the database stays away.
+                pause = RETRY_PAUSES[min(failures, len(RETRY_PAUSES) - 1)]
+                failures += 1
+                log.warning("workflow work waits %.2f s for the database: %s", pause, error)
+                await asyncio.sleep(pause)
+                self._wake.set()
+
+    async def _work(self) -> None:
+        while self._starts or self._advances:
+            if starts := list(self._starts.values()):
+                try:
+                    changes = await self._store.start_workflow_runs(starts)
+                except StorageError:
+                    raise
+                except Exception:
+                    changes = await self._one_at_a_time(starts, set())
+                else:
+                    for run in starts:
+                        self._starts.pop(run.run_id, None)
+                self.apply(changes)
+            if advances := set(self._advances):
+                try:
+                    changes = await self._store.advance_workflow_runs(advances)
+                except StorageError:
+                    raise
+                except Exception:
+                    changes = await self._one_at_a_time([], advances)
+                else:
+                    self._advances -= advances
+                self.apply(changes)
+
+    async def _one_at_a_time(self, starts: list[Run], advances: set[str]) -> WorkflowChanges:
+        changes = WorkflowChanges()
+        for run in starts:
+            self._starts.pop(run.run_id, None)
+            try:
+                changes.add(await self._store.start_workflow_runs([run]))
+            except StorageError:
+                self._starts[run.run_id] = run
+                raise
+            except Exception:
+                # One workflow run this code cannot handle must not stop the others: set aside
+                # with its reason (its error id in the log), the rest goes on.
+                self._put_aside(run.run_id, "starting")
+        for workflow_run_id in sorted(advances):
+            self._advances.discard(workflow_run_id)
+            try:
+                changes.add(await self._store.advance_workflow_runs([workflow_run_id]))
+            except StorageError:
+                self._advances.add(workflow_run_id)
+                raise
+            except Exception:
+                self._put_aside(workflow_run_id, "advancing")
+        return changes
+
+    def _put_aside(self, workflow_run_id: str, doing: str) -> None:
+        error_id = new_error_id()
+        log.exception("%s workflow run %s failed (error id %s); set aside until the node restarts",
+                      doing, workflow_run_id, error_id)
+        self._set_aside[workflow_run_id] = error_id
