@@ -17,6 +17,8 @@ from fastlane._proto import (
     runs_pb2_grpc,
     workers_pb2,
     workers_pb2_grpc,
+    workflows_pb2,
+    workflows_pb2_grpc,
 )
 from fastlane.auth.tls import ServerTls, server_credentials
 from fastlane.domain.limits import PAYLOAD_CEILING_BYTES
@@ -25,12 +27,14 @@ from fastlane.server.servicers.admin import AdminServicer
 from fastlane.server.servicers.jobs import JobServicer
 from fastlane.server.servicers.runs import RunServicer
 from fastlane.server.servicers.workers import WorkerServicer
+from fastlane.server.servicers.workflows import WorkflowServicer
 
 SERVICE_NAMES = (
     jobs_pb2.DESCRIPTOR.services_by_name["JobService"].full_name,
     runs_pb2.DESCRIPTOR.services_by_name["RunService"].full_name,
     workers_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name,
     admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name,
+    workflows_pb2.DESCRIPTOR.services_by_name["WorkflowService"].full_name,
 )
 
 
@@ -38,7 +42,7 @@ class ApiServer:
     """The gRPC face of a node. Health says NOT_SERVING until :meth:`set_ready`."""
 
     def __init__(self, listen: str, *, jobs: JobServicer, runs: RunServicer, workers: WorkerServicer,
-                 admin: AdminServicer, interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+                 admin: AdminServicer, workflows: WorkflowServicer | None = None, interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
                  tls: ServerTls | None = None, health_listen: str | None = None) -> None:
         """``interceptors``: the access check when tokens are required; ``tls``: serve over TLS
         (mutual TLS when it names a client CA), its files re-read when they change;
@@ -59,6 +63,8 @@ class ApiServer:
         runs_pb2_grpc.add_RunServiceServicer_to_server(runs, self._server)
         workers_pb2_grpc.add_WorkerServiceServicer_to_server(workers, self._server)
         admin_pb2_grpc.add_AdminServiceServicer_to_server(admin, self._server)
+        if workflows is not None:
+            workflows_pb2_grpc.add_WorkflowServiceServicer_to_server(workflows, self._server)
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         reflection.enable_server_reflection((*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server)

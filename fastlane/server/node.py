@@ -29,10 +29,10 @@ from fastlane.engine.changes import ChangeFollower
 from fastlane.engine.dispatch.dispatcher import Dispatcher
 from fastlane.engine.lane import FastLane
 from fastlane.engine.operations import Operations
-from fastlane.engine.workflows import WorkflowCoordinator
 from fastlane.engine.retention import BATCH_SIZE, HistoryTrimmer
 from fastlane.engine.retention import LOOP_NAME as TRIM_LOOP
 from fastlane.engine.shards import ShardOwnership
+from fastlane.engine.workflows import WorkflowCoordinator
 from fastlane.errors import FastlaneError, StorageUnavailable
 from fastlane.metrics import Metrics
 from fastlane.server.access import AccessInterceptor
@@ -42,6 +42,7 @@ from fastlane.server.servicers.admin import AdminServicer
 from fastlane.server.servicers.jobs import JobServicer
 from fastlane.server.servicers.runs import RunServicer
 from fastlane.server.servicers.workers import WorkerServicer
+from fastlane.server.servicers.workflows import WorkflowServicer
 from fastlane.stalls import GcPauses, LoopLagProbe
 from fastlane.storage import Store, open_store, redacted_url
 from fastlane.storage.sqlite import SQLiteStore
@@ -259,6 +260,7 @@ class Node:
             jobs=JobServicer(store, operations, max_payload=settings.max_payload_bytes, quotas=quotas),
             runs=RunServicer(store, operations, quotas=quotas),
             workers=WorkerServicer(dispatcher, node_id=settings.node_id, heartbeat_interval=HEARTBEAT_INTERVAL),
+            workflows=WorkflowServicer(store, operations, max_payload=settings.max_payload_bytes, quotas=quotas),
             admin=AdminServicer(store, node_status, settings.node_id, live_within=settings.shard_lease_ttl,
                                 quotas=quotas, workers=worker_statuses),
         )

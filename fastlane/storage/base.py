@@ -17,8 +17,8 @@ from fastlane.domain.access import ApiToken
 from fastlane.domain.audit import DEFAULT_AUDIT_LIMIT, AuditEvent
 from fastlane.domain.models import Attempt, DueJob, Job, JobSpec, JobState, NodeInfo, Run, RunState, ShardLease
 from fastlane.domain.quotas import TenantQuota
-from fastlane.domain.workflows import Workflow, WorkflowRun, WorkflowSpec
 from fastlane.domain.records import AttemptResult, CappedDispatches, Change, Dispatch, Heartbeat, Occurrence, Page
+from fastlane.domain.workflows import Workflow, WorkflowRun, WorkflowSpec
 from fastlane.storage.late_reports import ReporterOf
 from fastlane.storage.results import Cancellation, Materialised, ResultOutcome, TrimmedHistory
 from fastlane.storage.workflows import WorkflowChanges, WorkflowRunDetail

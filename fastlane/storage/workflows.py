@@ -16,7 +16,7 @@ written a statement per run, which keeps the SQL portable.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Collection, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -263,10 +263,12 @@ class WorkflowMethods:
                 raise WorkflowNotFound(name)
             workflow = _workflow(row)
             shard_id = await self._shard_of(workflow.job_id)
-            trigger = codec.build_run(await tx.fetchrow(
+            row = await tx.fetchrow(
                 INSERT_TRIGGER, new_id(), workflow.job_id, tenant, wf.WORKFLOW_JOB_TYPE, shard_id, input_json or b"null",
                 _retry_json(RetryPolicy(max_attempts=1)),
-            ))
+            )
+            assert row is not None, "an INSERT without a conflict clause returns its row"
+            trigger = codec.build_run(row)
             changes = WorkflowChanges()
             started = await _start(tx, trigger, workflow, changes, self.max_payload)
         return started, changes

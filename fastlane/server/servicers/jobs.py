@@ -15,7 +15,9 @@ from fastlane.domain.audit import AuditEvent
 from fastlane.domain.limits import DEFAULT_MAX_PAYLOAD_BYTES, MAX_PREVIEW
 from fastlane.domain.models import JobSpec, JobState, ScheduleKind
 from fastlane.domain.records import Page
+from fastlane.domain.workflows import WORKFLOW_JOB_TYPE
 from fastlane.engine.operations import Operations
+from fastlane.errors import InvalidArgument
 from fastlane.rpc import wire
 from fastlane.server.guard import rpc, tenant_of
 from fastlane.server.quotas import QuotaGuard
@@ -32,6 +34,8 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
 
     def _spec(self, message: common_pb2.JobSpec) -> JobSpec:
         spec = wire.spec_from_pb(message, tenant=tenant_of(message.tenant))
+        if spec.job_type == WORKFLOW_JOB_TYPE:
+            raise InvalidArgument("spec.job_type", f"{WORKFLOW_JOB_TYPE!r} is for the jobs of workflows: create a workflow")
         return validation.validate_spec(spec, max_payload=self._max_payload)
 
     @rpc

@@ -31,7 +31,6 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from fastlane._proto import workers_pb2, workers_pb2_grpc
 from fastlane.auth.caller import qualified_worker_id, worker_tenant
 from fastlane.domain import validation
-from fastlane.domain.workflows import WORKFLOW_JOB_TYPE, output_of
 from fastlane.domain.limits import (
     MAX_CHECKPOINT_BYTES,
     MAX_CREDITS,
@@ -40,6 +39,7 @@ from fastlane.domain.limits import (
     MAX_WORKER_CLOCK_UNCERTAINTY,
 )
 from fastlane.domain.models import AttemptOutcome
+from fastlane.domain.workflows import WORKFLOW_JOB_TYPE, output_of
 from fastlane.engine.dispatch.ahead import ClockProbe
 from fastlane.engine.dispatch.dispatcher import Dispatcher
 from fastlane.engine.dispatch.messages import Acknowledge, Assign, Cancel, ClockEcho, Outgoing, WorkerSession

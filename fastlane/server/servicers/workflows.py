@@ -1,0 +1,131 @@
+"""WorkflowService: definitions and runs of workflows (:mod:`fastlane.domain.workflows`)."""
+
+from __future__ import annotations
+
+import grpc
+
+from fastlane._proto import workflows_pb2 as pb
+from fastlane._proto import workflows_pb2_grpc
+from fastlane.domain import validation
+from fastlane.domain import workflows as wf
+from fastlane.domain.limits import DEFAULT_MAX_PAYLOAD_BYTES
+from fastlane.domain.models import ScheduleKind
+from fastlane.engine.operations import Operations
+from fastlane.rpc import wire
+from fastlane.server.guard import rpc, tenant_of
+from fastlane.server.quotas import QuotaGuard
+from fastlane.storage import Store
+from fastlane.storage.workflows import WorkflowRunDetail
+
+
+class WorkflowServicer(workflows_pb2_grpc.WorkflowServiceServicer):
+    def __init__(self, store: Store, operations: Operations, *, max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES,
+                 quotas: QuotaGuard | None = None) -> None:
+        self._store = store
+        self._operations = operations
+        self._max_payload = max_payload
+        self._quotas = quotas
+
+    @rpc
+    async def CreateWorkflow(
+        self, request: pb.CreateWorkflowRequest,
+        context: grpc.aio.ServicerContext[pb.CreateWorkflowRequest, pb.CreateWorkflowResponse],
+    ) -> pb.CreateWorkflowResponse:
+        spec = wf.parse_definition(request.definition, tenant=tenant_of(request.tenant), max_payload=self._max_payload)
+        if self._quotas is not None and spec.schedule is not None:
+            await self._quotas.admit_job(spec.tenant, adds_a_run=spec.schedule.kind is ScheduleKind.NOW)
+        workflow, created = await self._operations.create_workflow(spec)
+        return pb.CreateWorkflowResponse(workflow=workflow_to_pb(workflow), created=created)
+
+    @rpc
+    async def GetWorkflow(
+        self, request: pb.WorkflowRef, context: grpc.aio.ServicerContext[pb.WorkflowRef, pb.Workflow]
+    ) -> pb.Workflow:
+        version = validation.count("version", request.version, 0, 1 << 30) or None
+        workflow = await self._store.get_workflow(tenant_of(request.tenant), _name(request.name), version)
+        return workflow_to_pb(workflow)
+
+    @rpc
+    async def ListWorkflows(
+        self, request: pb.ListWorkflowsRequest,
+        context: grpc.aio.ServicerContext[pb.ListWorkflowsRequest, pb.ListWorkflowsResponse],
+    ) -> pb.ListWorkflowsResponse:
+        page = await self._store.list_workflows(tenant_of(request.tenant), limit=validation.page_size(request.page_size),
+                                                page_token=request.page_token)
+        return pb.ListWorkflowsResponse(workflows=[workflow_to_pb(w) for w in page.items],
+                                        next_page_token=page.next_page_token)
+
+    @rpc
+    async def TriggerWorkflow(
+        self, request: pb.TriggerWorkflowRequest,
+        context: grpc.aio.ServicerContext[pb.TriggerWorkflowRequest, pb.WorkflowRun],
+    ) -> pb.WorkflowRun:
+        tenant = tenant_of(request.tenant)
+        wf.parse_input(request.input, self._max_payload)
+        if self._quotas is not None:
+            await self._quotas.admit_run(tenant)
+        return workflow_run_to_pb(await self._operations.trigger_workflow(tenant, _name(request.name), request.input))
+
+    @rpc
+    async def ListWorkflowRuns(
+        self, request: pb.ListWorkflowRunsRequest,
+        context: grpc.aio.ServicerContext[pb.ListWorkflowRunsRequest, pb.ListWorkflowRunsResponse],
+    ) -> pb.ListWorkflowRunsResponse:
+        page = await self._store.list_workflow_runs(tenant_of(request.tenant), _name(request.name),
+                                                    limit=validation.page_size(request.page_size),
+                                                    page_token=request.page_token)
+        return pb.ListWorkflowRunsResponse(runs=[workflow_run_to_pb(r) for r in page.items],
+                                           next_page_token=page.next_page_token)
+
+    @rpc
+    async def GetWorkflowRun(
+        self, request: pb.WorkflowRunRef, context: grpc.aio.ServicerContext[pb.WorkflowRunRef, pb.WorkflowRunDetail]
+    ) -> pb.WorkflowRunDetail:
+        detail = await self._store.get_workflow_run(tenant_of(request.tenant), _run_id(request))
+        return detail_to_pb(detail)
+
+    @rpc
+    async def CancelWorkflowRun(
+        self, request: pb.WorkflowRunRef, context: grpc.aio.ServicerContext[pb.WorkflowRunRef, pb.WorkflowRun]
+    ) -> pb.WorkflowRun:
+        run = await self._operations.cancel_workflow_run(tenant_of(request.tenant), _run_id(request))
+        return workflow_run_to_pb(run)
+
+    @rpc
+    async def ResumeWorkflowRun(
+        self, request: pb.WorkflowRunRef, context: grpc.aio.ServicerContext[pb.WorkflowRunRef, pb.WorkflowRun]
+    ) -> pb.WorkflowRun:
+        tenant = tenant_of(request.tenant)
+        if self._quotas is not None:
+            await self._quotas.admit_run(tenant)
+        return workflow_run_to_pb(await self._operations.resume_workflow_run(tenant, _run_id(request)))
+
+
+def _name(name: str) -> str:
+    return validation.name("name", name)
+
+
+def _run_id(request: pb.WorkflowRunRef) -> str:
+    return validation.identifier("workflow_run_id", request.workflow_run_id)
+
+
+def workflow_to_pb(workflow: wf.Workflow) -> pb.Workflow:
+    return pb.Workflow(workflow_id=workflow.workflow_id, name=workflow.name, version=workflow.version,
+                       job_id=workflow.job_id, definition=workflow.definition,
+                       created_at=wire.timestamp(workflow.created_at), tenant=workflow.tenant)
+
+
+def workflow_run_to_pb(run: wf.WorkflowRun) -> pb.WorkflowRun:
+    return pb.WorkflowRun(workflow_run_id=run.workflow_run_id, tenant=run.tenant, workflow_name=run.workflow_name,
+                          version=run.version, state=run.state.value, input=run.input, error=run.error or "",
+                          created_at=wire.timestamp(run.created_at), finished_at=wire.timestamp(run.finished_at),
+                          job_id=run.job_id)
+
+
+def detail_to_pb(detail: WorkflowRunDetail) -> pb.WorkflowRunDetail:
+    views = wf.step_views(detail.workflow.spec, detail.steps, detail.run.settled)
+    return pb.WorkflowRunDetail(
+        run=workflow_run_to_pb(detail.run), workflow=workflow_to_pb(detail.workflow),
+        steps=[pb.StepStatus(name=view.name, state=view.state.value, run_ids=view.run_ids, error=view.error or "",
+                             run_states=[state.value for state in view.run_states]) for view in views],
+    )
