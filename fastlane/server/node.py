@@ -292,7 +292,7 @@ class Node:
                 journal = supervise("dispatch-journal", dispatcher.run, until=journal_abandoned)
                 watcher = supervise("change-listener", lambda: store.watch_changes(follower.enqueue))
                 following = supervise("change-follower", follower.run)
-                supervise("workflows", workflows.run)
+                advancing = supervise("workflows", workflows.run)
                 if settings.history_retention is not None:
                     trimmer = HistoryTrimmer(store, retention=settings.history_retention, owned_shards=ownership.owned,
                                              metrics=metrics, stopping=self._stop,
@@ -330,6 +330,7 @@ class Node:
                     journal.cancel()
                 watcher.cancel()
                 following.cancel()
+                advancing.cancel()
         finally:
             await server.stop(0)
         log.info("node %s stopped", settings.node_id)

@@ -128,7 +128,7 @@ async def test_fail_fast_cancels_what_is_pending_and_resume_runs_only_the_failed
     await client.create_workflow({"name": "strict", "failure_policy": "fail_fast", "steps": [
         step("debit"),
         step("credit", "debit", params={"fail_until_attempt": 2}, retry={"max_attempts": 1}),
-        step("slow", "debit", params={"sleep": 30}),
+        step("slow", "debit", params={"sleep": 3}),
         step("notify", "credit"),
     ]})
     started = await client.trigger_workflow("strict")
