@@ -19,7 +19,7 @@ from typing import Any
 
 import grpc
 
-from fastlane.cli import cluster, completion, daemon, jobs, quotas, runs, tokens
+from fastlane.cli import cluster, completion, daemon, jobs, quotas, runs, tokens, workflows
 from fastlane.cli.arguments import TOKEN_ENV, UsageError, default_server
 from fastlane.errors import FastlaneError
 from fastlane.rpc.status import RemoteError
@@ -42,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     daemon.register(commands)
     jobs.register(commands)
     runs.register(commands)
+    workflows.register(commands)
     cluster.register(commands)
     tokens.register(commands)
     quotas.register(commands)

@@ -6,12 +6,14 @@ step run twice or started before its parents ended shows there, whatever the nod
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
 import orjson
 import pytest
-from e2e_support import HERE, Daemon, Process, WorkerProcess, child_environment, instant, wait_for
+from e2e_support import HERE, Daemon, Process, WorkerProcess, child_environment, instant, run_cli, wait_for
 
 from fastlane.client import Client
 from fastlane.domain.workflows import StepState, WorkflowRunState
@@ -209,3 +211,33 @@ async def test_a_node_killed_mid_workflow_leaves_nothing_lost_and_nothing_run_tw
     # was delivered again (at least once), as a second attempt of the same run.
     attempts = Counter((entry["step"], entry["item"]) for entry in received)
     assert all(count == 1 for key, count in attempts.items() if key != ("two", None))
+
+
+async def test_the_cli_creates_triggers_lists_and_draws_a_workflow_run(
+    daemon: Daemon, client: Client, steps: StepWorker, tmp_path: Path
+) -> None:
+    definition = tmp_path / "pipeline.json"
+    definition.write_bytes(orjson.dumps({"name": "pipeline", "steps": [
+        step("extract"), step("load", "extract"), step("alert", {"step": "load", "on": "on_failure"}),
+    ]}))
+    created = run_cli(daemon, "workflows", "create", str(definition))
+    assert isinstance(created, dict) and created["version"] == 1 and created["created"] is True
+    again = run_cli(daemon, "workflows", "create", str(definition))
+    assert isinstance(again, dict) and again["created"] is False  # the same definition: no new version
+    started = run_cli(daemon, "workflows", "trigger", "pipeline", "--input", '{"day": "2026-11-24"}')
+    assert isinstance(started, dict) and started["input"] == {"day": "2026-11-24"}
+    await finished(client, started["workflow_run_id"])
+
+    listed = run_cli(daemon, "workflows", "runs", "pipeline")
+    assert isinstance(listed, list) and [r["workflow_run_id"] for r in listed] == [started["workflow_run_id"]]
+    shown = run_cli(daemon, "workflows", "show", started["workflow_run_id"])
+    assert isinstance(shown, dict)
+    assert {s["name"]: s["state"] for s in shown["steps"]} == {"extract": "succeeded", "load": "succeeded",
+                                                               "alert": "skipped"}
+    drawn = subprocess.run(
+        [sys.executable, "-m", "fastlane", "workflows", "show", started["workflow_run_id"], "--dot",
+         "--server", daemon.address], capture_output=True, env=child_environment(), timeout=60, check=True,
+    ).stdout.decode()
+    assert drawn.startswith('digraph "pipeline" {')
+    assert '"extract" -> "load";' in drawn and '"load" -> "alert" [label="on_failure"];' in drawn
+    assert 'fillcolor=lightgrey' in drawn  # alert, skipped
