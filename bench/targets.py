@@ -39,6 +39,7 @@ HIGH_PRIORITY_P99_MS = 10.0
 # The systems of retention: the same spread over old history, kept and trimmed.
 KEEPING_HISTORY = "fastlane keeping history"
 TRIMMING_HISTORY = "fastlane trimming history"
+WORKFLOW_HANDOFF_P99_MS = 10.0  # a workflow step starts within this of its parents' end (p99)
 TRIMMING_VS_KEEPING_AT_MOST = 1.1  # trimming old history raises spread's p99 start lag by at most 10 %
 
 
@@ -73,6 +74,8 @@ def evaluate(document: Mapping[str, Any]) -> list[Target]:
         return _priority(document)
     if scenario == "retention":
         return _retention(document)
+    if scenario == "workflow":
+        return _workflow(fastlane)
     return []
 
 
@@ -208,6 +211,19 @@ def _concurrency(fastlane: Mapping[str, Any] | None) -> list[Target]:
     note = f"{ended:,} of {jobs:,} runs ended" + ("" if ended == jobs else ": some never ran")
     return [Target(name=f"concurrency key: most runs of the key running at once (≤ its limit, {limit})", limit=limit,
                    op="<=", unit="runs", measured=float("inf") if ended < jobs else peak, note=note)]
+
+
+def _workflow(fastlane: Mapping[str, Any] | None) -> list[Target]:
+    """A step's start after its parents' ends, p99; every step run ended, none twice."""
+    p99 = lag_of(fastlane, "parent_end_to_child_start_ms", "p99")
+    ended = int(fastlane.get("step_runs_ended", 0)) if fastlane else 0
+    expected = int(fastlane.get("step_runs_expected", 0)) if fastlane else 0
+    twice = int(fastlane.get("duplicates", 0)) if fastlane else 0
+    note = f"{ended:,} of {expected:,} step runs ended, {twice} started twice"
+    complete = ended == expected and twice == 0
+    return [Target(name=f"workflow: p99 parent end → child start (≤{WORKFLOW_HANDOFF_P99_MS:g} ms)",
+                   limit=WORKFLOW_HANDOFF_P99_MS, op="<=", unit="ms", measured=p99 if complete else float("inf"),
+                   note=note)]
 
 
 def _unstarted(result: Mapping[str, Any] | None) -> str:

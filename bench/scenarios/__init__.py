@@ -20,6 +20,7 @@ from fastlane.bench.scenarios import (
     retention,
     scale,
     sustained,
+    workflow,
 )
 
 
@@ -40,4 +41,5 @@ SCENARIOS: dict[str, Scenario] = {
     "priority": Scenario(measure=priority.priority, budget=priority.budget),
     "concurrency": Scenario(measure=concurrency.concurrency, budget=concurrency.budget),
     "retention": Scenario(measure=retention.retention, budget=retention.budget),
+    "workflow": Scenario(measure=workflow.workflow, budget=workflow.budget),
 }

@@ -34,6 +34,7 @@ from fastlane._proto import (
     jobs_pb2_grpc,
     runs_pb2_grpc,
     workers_pb2_grpc,
+    workflows_pb2_grpc,
 )
 
 E2E_DIR = Path(__file__).resolve().parent.parent / "e2e"  # where recording_worker.py lives
@@ -293,6 +294,7 @@ class FuzzNode:
             "JobService": jobs_pb2_grpc.JobServiceStub(self.channel),
             "RunService": runs_pb2_grpc.RunServiceStub(self.channel),
             "AdminService": admin_pb2_grpc.AdminServiceStub(self.channel),
+            "WorkflowService": workflows_pb2_grpc.WorkflowServiceStub(self.channel),
             "WorkerService": workers_pb2_grpc.WorkerServiceStub(self.channel),
             "Health": health_pb2_grpc.HealthStub(self.channel),
         }

@@ -21,12 +21,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TypeVar
 
+import orjson
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 from hypothesis import strategies as st
 
-from fastlane._proto import admin_pb2, common_pb2, jobs_pb2, runs_pb2, workers_pb2
+from fastlane._proto import admin_pb2, common_pb2, jobs_pb2, runs_pb2, workers_pb2, workflows_pb2
 
 # The job type the recording worker handles: jobs of this type really run.
 LIVE_JOB_TYPE = "e2e"
@@ -169,6 +170,7 @@ class Memory:
     runs: list[tuple[str, str]] = field(default_factory=list)  # (tenant, run_id)
     page_tokens: list[str] = field(default_factory=list)
     live_jobs: list[str] = field(default_factory=list)  # job ids of valid jobs that fire on the recorder
+    workflow_runs: list[str] = field(default_factory=list)
     storms_left: int = 4  # always-failing jobs with 100+ attempts: heavy, so only a few per run
     _names: itertools.count = field(default_factory=itertools.count)
 
@@ -186,6 +188,8 @@ class Memory:
 
     def learn(self, response: Message) -> None:
         """Remember the ids and tokens in a successful answer."""
+        if isinstance(response, workflows_pb2.WorkflowRun):
+            self.workflow_runs.append(response.workflow_run_id)
         if isinstance(response, jobs_pb2.CreateJobResponse):
             self._job(response.job)
         elif isinstance(response, common_pb2.Job):
@@ -636,7 +640,68 @@ def api_probes() -> st.SearchStrategy[Probe]:
         list_jobs(), preview_schedule(), preview_schedule(),
         list_runs(), run_ref("GetRun"), run_ref("CancelRun"), run_ref("RetryRun"),
         get_cluster(), create_token(), token_listing(), revoke_token(), set_quota(), get_quota(),
+        create_workflow(), create_workflow(), trigger_workflow(), workflow_run_ref("GetWorkflowRun"),
+        workflow_run_ref("CancelWorkflowRun"), workflow_run_ref("ResumeWorkflowRun"),
     )
+
+
+# -- workflows ---------------------------------------------------------------------------------------
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@st.composite
+def workflow_step(draw: st.DrawFn, names: list[str]) -> dict[str, object]:
+    step: dict[str, object] = {"name": draw(st.sampled_from(names) | strings()), "job_type": "fuzz-wf"}
+    if draw(st.booleans()):
+        step["after"] = draw(st.lists(st.sampled_from(names) | st.fixed_dictionaries(
+            {"step": st.sampled_from(names), "on": st.sampled_from(("on_success", "on_failure", "always", "x"))}),
+            max_size=3))
+    if draw(st.integers(0, 4)) == 0:
+        step["for_each"] = draw(st.sampled_from(("input", "input.items", *names, "nope")) | strings())
+    if draw(st.integers(0, 4)) == 0:
+        step[draw(st.sampled_from(("retry", "timeout_seconds", "priority", "lease_ttl_seconds", "params", "x")))] = \
+            draw(JSON_VALUES)
+    return step
+
+
+@st.composite
+def create_workflow(draw: st.DrawFn) -> Probe:
+    """A definition that is often valid (a small DAG, maybe cyclic or dangling) and sometimes not JSON at all."""
+    names = [f"s{i}" for i in range(draw(st.integers(1, 6)))]
+    document: object = {"name": draw(st.sampled_from(("fuzz-flow", "fuzz-flow-2")) | strings()),
+                        "steps": draw(st.lists(workflow_step(names), min_size=0, max_size=8))}
+    if draw(st.integers(0, 5)) == 0:
+        document = draw(JSON_VALUES)
+    text = orjson.dumps(document).decode() if draw(st.integers(0, 9)) else draw(strings())
+    request = workflows_pb2.CreateWorkflowRequest(tenant=draw(st.sampled_from(("", "default", "fuzz-tenant"))),
+                                                  definition=text)
+    return Probe("WorkflowService", "CreateWorkflow", ("definition",), lambda memory: request)
+
+
+@st.composite
+def trigger_workflow(draw: st.DrawFn) -> Probe:
+    request = workflows_pb2.TriggerWorkflowRequest(
+        name=draw(st.sampled_from(("fuzz-flow", "fuzz-flow-2", "none")) | strings()),
+        input=draw(st.sampled_from((b"", b"{}", b'{"items": [1, 2, 3]}', b"[", b"\xff")) | st.binary(max_size=64)),
+    )
+    return Probe("WorkflowService", "TriggerWorkflow", ("name", "input"), lambda memory: request)
+
+
+@st.composite
+def workflow_run_ref(draw: st.DrawFn, method: str) -> Probe:
+    run_id = _pick(draw, strings(), fuzz_one_in=3)
+    index = draw(st.integers(0, 10**6))
+
+    def build(memory: Memory) -> Message:
+        known = memory.workflow_runs[index % len(memory.workflow_runs)] if memory.workflow_runs else "no-such-run"
+        return workflows_pb2.WorkflowRunRef(workflow_run_id=known if run_id is KNOWN else run_id)  # type: ignore[arg-type]
+
+    return Probe("WorkflowService", method, () if run_id is KNOWN else ("workflow_run_id",), build)
 
 
 # -- the worker stream -----------------------------------------------------------------------------
