@@ -31,6 +31,9 @@ from fastlane.domain.workflows import StepRun, Workflow, WorkflowRun, WorkflowRu
 from fastlane.errors import InvalidState, JobNotFound, NotFound
 from fastlane.storage import codec, common
 
+ADVANCE_BATCH = 50  # workflow runs started or advanced in one transaction
+MAX_CACHED_VERSIONS = 1_000  # parsed workflow versions kept in memory (they never change)
+_VERSIONS: dict[str, Workflow] = {}
 FINAL = sorted(state.value for state in FINAL_RUN_STATES)
 TRIGGER_END = {WorkflowRunState.SUCCEEDED: "succeeded", WorkflowRunState.FAILED: "dead",
                WorkflowRunState.CANCELLED: "cancelled"}
@@ -277,17 +280,19 @@ class WorkflowMethods:
         """Start the workflow runs these runs of workflow jobs stand for (released by the lane on
         their time). A run no longer ``scheduled`` was started already, or cancelled: skipped."""
         changes = WorkflowChanges()
-        for trigger in triggers:
+        ordered = sorted(triggers, key=lambda run: run.run_id)
+        for start in range(0, len(ordered), ADVANCE_BATCH):
             async with self._workflow_tx() as tx:
-                row = await tx.fetchrow(START_TRIGGER, trigger.run_id)
-                if row is None:
-                    continue
-                started = codec.build_run(row)
-                latest = await tx.fetchrow(LATEST_OF_JOB, started.job_id)
-                if latest is None:  # its workflow is gone: the run ends with the reason
-                    await tx.fetchrow(END_TRIGGER, started.run_id, "dead", "no workflow has this job")
-                    continue
-                await _start(tx, started, _workflow(latest), changes, self.max_payload)
+                for trigger in ordered[start:start + ADVANCE_BATCH]:
+                    row = await tx.fetchrow(START_TRIGGER, trigger.run_id)
+                    if row is None:
+                        continue
+                    started = codec.build_run(row)
+                    latest = await tx.fetchrow(LATEST_OF_JOB, started.job_id)
+                    if latest is None:  # its workflow is gone: the run ends with the reason
+                        await tx.fetchrow(END_TRIGGER, started.run_id, "dead", "no workflow has this job")
+                        continue
+                    await _start(tx, started, _workflow(latest), changes, self.max_payload)
         return changes
 
     async def _shard_of(self, job_id: str) -> int:
@@ -299,17 +304,21 @@ class WorkflowMethods:
     # -- advancing -----------------------------------------------------------------------------------
 
     async def advance_workflow_runs(self, workflow_run_ids: Collection[str]) -> WorkflowChanges:
-        """Make the steps that became ready, and end the workflow runs that are done."""
+        """Make the steps that became ready, and end the workflow runs that are done: up to
+        :data:`ADVANCE_BATCH` workflow runs a transaction (each locked in id order, so two
+        nodes advancing overlapping batches cannot deadlock)."""
         changes = WorkflowChanges()
-        for workflow_run_id in sorted(set(workflow_run_ids)):
+        ordered = sorted(set(workflow_run_ids))
+        for start in range(0, len(ordered), ADVANCE_BATCH):
             async with self._workflow_tx() as tx:
-                row = await tx.fetchrow(LOCK_WORKFLOW_RUN, workflow_run_id)
-                if row is None:
-                    continue
-                run = _workflow_run(row)
-                if run.state is WorkflowRunState.RUNNING:
-                    workflow = _workflow(await tx.fetchrow(WORKFLOW_BY_ID, run.workflow_id))
-                    await _advance(tx, run, workflow, changes, self.max_payload)
+                for workflow_run_id in ordered[start:start + ADVANCE_BATCH]:
+                    row = await tx.fetchrow(LOCK_WORKFLOW_RUN, workflow_run_id)
+                    if row is None:
+                        continue
+                    run = _workflow_run(row)
+                    if run.state is WorkflowRunState.RUNNING:
+                        workflow = await _workflow_by_id(tx, run.workflow_id)
+                        await _advance(tx, run, workflow, changes, self.max_payload)
         return changes
 
     async def workflow_runs_to_advance(self, shard_ids: Collection[int], limit: int = 1_000) -> list[str]:
@@ -360,7 +369,7 @@ class WorkflowMethods:
             if row is None:
                 raise WorkflowRunNotFound(workflow_run_id)
             run = _workflow_run(row)
-            workflow = _workflow(await tx.fetchrow(WORKFLOW_BY_ID, run.workflow_id))
+            workflow = await _workflow_by_id(tx, run.workflow_id)
             return WorkflowRunDetail(run=run, workflow=workflow, steps=await _step_runs(tx, workflow_run_id))
 
     async def list_workflow_runs(self, tenant: str, name: str, *, limit: int = 100,
@@ -451,7 +460,7 @@ async def _locked(tx: WorkflowTx, tenant: str, workflow_run_id: str) -> tuple[Wo
     if row is None or row["tenant"] != tenant:
         raise WorkflowRunNotFound(workflow_run_id)
     run = _workflow_run(row)
-    return run, _workflow(await tx.fetchrow(WORKFLOW_BY_ID, run.workflow_id))
+    return run, await _workflow_by_id(tx, run.workflow_id)
 
 
 async def _reread(tx: WorkflowTx, workflow_run_id: str) -> WorkflowRun:
@@ -460,10 +469,23 @@ async def _reread(tx: WorkflowTx, workflow_run_id: str) -> WorkflowRun:
     return _workflow_run(row)
 
 
+async def _workflow_by_id(tx: WorkflowTx, workflow_id: str) -> Workflow:
+    """A stored version of a workflow, read and parsed once per process: versions never change."""
+    if (known := _VERSIONS.get(workflow_id)) is not None:
+        return known
+    return _workflow(await tx.fetchrow(WORKFLOW_BY_ID, workflow_id))
+
+
 def _workflow(row: Any) -> Workflow:
+    if (known := _VERSIONS.get(row["workflow_id"])) is not None:
+        return known
+    if len(_VERSIONS) >= MAX_CACHED_VERSIONS:
+        _VERSIONS.pop(next(iter(_VERSIONS)))  # the oldest parsed: a rare reader pays a parse
     spec = wf.parse_definition(row["definition"], tenant=row["tenant"], max_payload=1 << 62)
-    return Workflow(workflow_id=row["workflow_id"], job_id=row["job_id"], version=row["version"], spec=spec,
-                    definition=row["definition"], created_at=row["created_at"])
+    _VERSIONS[row["workflow_id"]] = workflow = Workflow(
+        workflow_id=row["workflow_id"], job_id=row["job_id"], version=row["version"], spec=spec,
+        definition=row["definition"], created_at=row["created_at"])
+    return workflow
 
 
 def _workflow_run(row: Any) -> WorkflowRun:
