@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, fields, replace
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import Any, Final, TypedDict, TypeVar, Unpack
 
 import grpc
-import orjson
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from fastlane._proto import (
@@ -32,7 +31,6 @@ from fastlane._proto import (
     jobs_pb2_grpc,
     runs_pb2,
     runs_pb2_grpc,
-    workflows_pb2,
     workflows_pb2_grpc,
 )
 from fastlane.auth.tls import ClientTls
@@ -40,7 +38,6 @@ from fastlane.config import DEFAULT_SERVER
 from fastlane.domain.access import ApiToken, Role
 from fastlane.domain.audit import DEFAULT_AUDIT_LIMIT, AuditAction, AuditEvent, AuditTarget
 from fastlane.domain.models import (
-    DEFAULT_TENANT,
     Attempt,
     Delivery,
     Job,
@@ -55,17 +52,11 @@ from fastlane.domain.models import (
 )
 from fastlane.domain.quotas import TenantQuota
 from fastlane.domain.records import Page
-from fastlane.domain.workflows import (
-    StepState,
-    StepView,
-    Workflow,
-    WorkflowRun,
-    WorkflowRunState,
-    parse_definition,
-)
+from fastlane.payloads import encode_payload
 from fastlane.rpc import wire
 from fastlane.rpc.channel import load_token, open_channel
 from fastlane.rpc.status import error_from_rpc
+from fastlane.workflow_client import WorkflowCalls
 
 R = TypeVar("R")
 
@@ -114,7 +105,7 @@ class _Stubs:
     health: health_pb2_grpc.HealthStub
 
 
-class Client:
+class Client(WorkflowCalls):
     """A connection to one fastlane daemon, scoped to one tenant.
 
     Use it as an async context manager, or call :meth:`close` when done. The channel is opened
@@ -338,62 +329,6 @@ class Client:
         request = runs_pb2.RunRef(tenant=self.tenant, run_id=run_id)
         return wire.run_from_pb(await self._call(self._connect().runs.RetryRun, request))
 
-    # -- workflows ------------------------------------------------------------------------------
-
-    async def create_workflow(self, definition: Mapping[str, Any] | str) -> tuple[Workflow, bool]:
-        """Store a workflow definition (a JSON document, or the dict it would be) as the
-        workflow's next version; the same definition again returns the latest version unchanged.
-
-        Returns:
-            The workflow version, and True if it is new.
-        """
-        text = definition if isinstance(definition, str) else orjson.dumps(definition).decode()
-        request = workflows_pb2.CreateWorkflowRequest(tenant=self.tenant, definition=text)
-        response = await self._call(self._connect().workflows.CreateWorkflow, request)
-        return _workflow_from_pb(response.workflow), response.created
-
-    async def get_workflow(self, name: str, version: int = 0) -> Workflow:
-        """A version of a workflow (0: the latest)."""
-        request = workflows_pb2.WorkflowRef(tenant=self.tenant, name=name, version=version)
-        return _workflow_from_pb(await self._call(self._connect().workflows.GetWorkflow, request))
-
-    async def list_workflows(self, *, page_size: int = 100, page_token: str = "") -> Page[Workflow]:
-        """The latest version of each workflow, by name."""
-        request = workflows_pb2.ListWorkflowsRequest(tenant=self.tenant, page_size=page_size, page_token=page_token)
-        response = await self._call(self._connect().workflows.ListWorkflows, request)
-        return Page(items=[_workflow_from_pb(w) for w in response.workflows], next_page_token=response.next_page_token)
-
-    async def trigger_workflow(self, name: str, input: Any = None) -> WorkflowRun:  # noqa: A002 - the API's word
-        """Start a run of the workflow's latest version now; ``input`` is sent as JSON."""
-        request = workflows_pb2.TriggerWorkflowRequest(tenant=self.tenant, name=name, input=encode_payload(input))
-        return _workflow_run_from_pb(await self._call(self._connect().workflows.TriggerWorkflow, request))
-
-    async def list_workflow_runs(self, name: str, *, page_size: int = 100, page_token: str = "") -> Page[WorkflowRun]:
-        """The runs of a workflow (every version), newest first."""
-        request = workflows_pb2.ListWorkflowRunsRequest(tenant=self.tenant, name=name, page_size=page_size,
-                                                        page_token=page_token)
-        response = await self._call(self._connect().workflows.ListWorkflowRuns, request)
-        return Page(items=[_workflow_run_from_pb(r) for r in response.runs], next_page_token=response.next_page_token)
-
-    async def get_workflow_run(self, workflow_run_id: str) -> tuple[WorkflowRun, Workflow, list[StepView]]:
-        """A workflow run, the version of the workflow it runs, and each step's state and runs."""
-        request = workflows_pb2.WorkflowRunRef(tenant=self.tenant, workflow_run_id=workflow_run_id)
-        detail = await self._call(self._connect().workflows.GetWorkflowRun, request)
-        steps = [StepView(name=step.name, state=StepState(step.state), run_ids=tuple(step.run_ids),
-                          run_states=tuple(RunState(state) for state in step.run_states), items=len(step.run_ids),
-                          error=step.error or None) for step in detail.steps]
-        return _workflow_run_from_pb(detail.run), _workflow_from_pb(detail.workflow), steps
-
-    async def cancel_workflow_run(self, workflow_run_id: str) -> WorkflowRun:
-        """Cancel a workflow run: queued steps never start, running ones are told to stop."""
-        request = workflows_pb2.WorkflowRunRef(tenant=self.tenant, workflow_run_id=workflow_run_id)
-        return _workflow_run_from_pb(await self._call(self._connect().workflows.CancelWorkflowRun, request))
-
-    async def resume_workflow_run(self, workflow_run_id: str) -> WorkflowRun:
-        """Run a failed or cancelled workflow run on: failed steps again, succeeded ones not."""
-        request = workflows_pb2.WorkflowRunRef(tenant=self.tenant, workflow_run_id=workflow_run_id)
-        return _workflow_run_from_pb(await self._call(self._connect().workflows.ResumeWorkflowRun, request))
-
     # -- the audit trail ------------------------------------------------------------------------
 
     async def list_audit(
@@ -512,31 +447,6 @@ class Client:
         # the model default ("default") lands in the tenant the client was opened for (empty: the
         # token's own, decided by the node).
         return spec if spec.tenant == self.tenant else replace(spec, tenant=self.tenant)
-
-
-def _workflow_from_pb(message: workflows_pb2.Workflow) -> Workflow:
-    spec = parse_definition(message.definition, tenant=message.tenant or DEFAULT_TENANT, max_payload=1 << 62)
-    return Workflow(workflow_id=message.workflow_id, job_id=message.job_id, version=message.version, spec=spec,
-                    definition=message.definition, created_at=wire.epoch_plus(message.created_at))
-
-
-def _workflow_run_from_pb(message: workflows_pb2.WorkflowRun) -> WorkflowRun:
-    return WorkflowRun(
-        workflow_run_id=message.workflow_run_id, tenant=message.tenant, workflow_id="", job_id=message.job_id,
-        workflow_name=message.workflow_name, version=message.version, shard_id=0,
-        state=WorkflowRunState(message.state), input=message.input, error=message.error or None,
-        created_at=wire.epoch_plus(message.created_at), updated_at=wire.epoch_plus(message.created_at),
-        finished_at=wire.instant(message.finished_at, message.HasField("finished_at")),
-    )
-
-
-def encode_payload(payload: Any) -> bytes:
-    """The bytes sent for a payload: bytes as they are, None as nothing, anything else as JSON."""
-    if payload is None:
-        return b""
-    if isinstance(payload, bytes | bytearray | memoryview):
-        return bytes(payload)
-    return orjson.dumps(payload)
 
 
 __all__ = ["Client", "JobOptions", "encode_payload"]

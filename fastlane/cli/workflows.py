@@ -19,7 +19,8 @@ from fastlane.cli.arguments import client_flags, json_flag
 from fastlane.cli.output import print_fields, print_json, print_table
 from fastlane.cli.remote import run_remote
 from fastlane.client import Client
-from fastlane.domain.workflows import EdgeCondition, StepView, Workflow, WorkflowRun, topological
+from fastlane.domain.workflow_definitions import topological
+from fastlane.domain.workflows import EdgeCondition, StepView, Workflow, WorkflowRun
 from fastlane.errors import InvalidArgument
 from fastlane.rpc.wire import rfc3339
 

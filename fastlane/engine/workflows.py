@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 from fastlane.domain.models import Run
+from fastlane.domain.workflows import WORKFLOW_JOB_TYPE
 from fastlane.errors import StorageError, new_error_id
 from fastlane.storage import Store
 from fastlane.storage.workflows import WorkflowChanges
@@ -38,22 +39,32 @@ class RunEvents(Protocol):
 
 
 class WorkflowCoordinator:
-    def __init__(self, store: Store, *, events: RunEvents, owned: Callable[[], Sequence[int]],
-                 sweep_every: float = SWEEP_EVERY) -> None:
+    def __init__(self, store: Store, *, sweep_every: float = SWEEP_EVERY) -> None:
         self._store = store
-        self._events = events
-        self._owned = owned
+        self._events: RunEvents | None = None
+        self._owned: Callable[[], Sequence[int]] = list
         self._sweep_every = sweep_every
         self._starts: dict[str, Run] = {}
         self._advances: set[str] = set()
         self._set_aside: dict[str, str] = {}  # workflow run id -> why (an error id in the log)
         self._wake = asyncio.Event()
 
-    def start(self, triggers: Iterable[Run]) -> None:
-        """Due runs of workflow jobs: start their workflow runs."""
-        for run in triggers:
-            self._starts[run.run_id] = run
+    def bind(self, *, events: RunEvents, owned: Callable[[], Sequence[int]]) -> None:
+        """Where the runs it schedules or cancels go, and which shards this node owns (for the sweep)."""
+        self._events = events
+        self._owned = owned
+
+    def take_starts(self, runs: Iterable[Run]) -> Iterable[Run]:
+        """Of runs the lane released, start the workflow runs of those of workflow jobs (no worker
+        takes them); return the others, for workers. One look at each run's type on the fire path."""
+        runs = list(runs)
+        if not any(run.job_type == WORKFLOW_JOB_TYPE for run in runs):
+            return runs
+        for run in runs:
+            if run.job_type == WORKFLOW_JOB_TYPE:
+                self._starts[run.run_id] = run
         self._wake.set()
+        return [run for run in runs if run.job_type != WORKFLOW_JOB_TYPE]
 
     def ended(self, workflow_run_ids: Iterable[str]) -> None:
         """Step runs of these workflow runs ended: decide what comes next."""
@@ -61,7 +72,8 @@ class WorkflowCoordinator:
         self._wake.set()
 
     def apply(self, changes: WorkflowChanges) -> None:
-        self._events.workflow_changes(changes)
+        if self._events is not None:
+            self._events.workflow_changes(changes)
 
     async def run(self) -> None:
         next_sweep = time.monotonic() + self._sweep_every

@@ -185,27 +185,20 @@ class Node:
         settings, metrics = self.settings, self.metrics
         lane: FastLane | None = None
 
-        workflows: WorkflowCoordinator | None = None
-
         def reschedule(run: Run) -> None:
             if lane is not None:
                 lane.schedule_run(run)
 
-        def start_workflows(triggers: list[Run]) -> None:
-            if workflows is not None:
-                workflows.start(triggers)
-
-        def steps_ended(workflow_run_ids: set[str]) -> None:
-            if workflows is not None:
-                workflows.ended(workflow_run_ids)
-
+        # Dispatch hands it due runs of workflow jobs and hears of step runs ending; it acts on
+        # them through the operations and the shard ownership, bound once those exist.
+        workflows = WorkflowCoordinator(store)
         dispatcher = Dispatcher(store, node_id=settings.node_id, clock=self.clock, metrics=metrics,
                                 max_ready_per_type=settings.max_ready_per_type,
                                 max_ready_bytes_per_type=settings.max_ready_bytes_per_type,
                                 send_ahead=settings.send_ahead, tenant_weights=settings.tenant_weights,
                                 tenant_max_in_flight=settings.tenant_max_in_flight,
                                 priority_reserve=settings.priority_reserve,
-                                reschedule=reschedule, start_workflows=start_workflows, steps_ended=steps_ended)
+                                reschedule=reschedule, workflows=workflows)
 
         def shards_lost(shard_ids: Sequence[int]) -> None:
             if lane is not None:
@@ -230,7 +223,7 @@ class Node:
                         on_stale=ownership.lost, dispatch=dispatcher)
 
         operations = Operations(store, lane=lane, dispatcher=dispatcher)
-        workflows = WorkflowCoordinator(store, events=operations, owned=ownership.owned)
+        workflows.bind(events=operations, owned=ownership.owned)
         follower = ChangeFollower(store, operations=operations, ownership=ownership)
 
         def node_status() -> admin_pb2.NodeStatus:

@@ -23,18 +23,20 @@ from typing import Any, Protocol
 import orjson
 
 from fastlane.clock import from_micros, to_micros
+from fastlane.domain import workflow_definitions as definitions
+from fastlane.domain import workflow_runs as decide
 from fastlane.domain import workflows as wf
 from fastlane.domain.limits import DEFAULT_MAX_PAYLOAD_BYTES
-from fastlane.domain.models import FINAL_RUN_STATES, Job, RetryPolicy, Run, RunState, new_id, shard_of
+from fastlane.domain.models import Job, RetryPolicy, Run, RunState, new_id, shard_of
 from fastlane.domain.records import Page
 from fastlane.domain.workflows import StepRun, Workflow, WorkflowRun, WorkflowRunState, WorkflowSpec
 from fastlane.errors import InvalidState, JobNotFound, NotFound
 from fastlane.storage import codec, common
+from fastlane.storage import workflow_sql as sql
 
 ADVANCE_BATCH = 50  # workflow runs started or advanced in one transaction
 MAX_CACHED_VERSIONS = 1_000  # parsed workflow versions kept in memory (they never change)
 _VERSIONS: dict[str, Workflow] = {}
-FINAL = sorted(state.value for state in FINAL_RUN_STATES)
 TRIGGER_END = {WorkflowRunState.SUCCEEDED: "succeeded", WorkflowRunState.FAILED: "dead",
                WorkflowRunState.CANCELLED: "cancelled"}
 
@@ -90,97 +92,6 @@ class WorkflowTx(Protocol):
         ...
 
 
-# -- SQL -------------------------------------------------------------------------------------------
-
-INSERT_WORKFLOW = """
-    INSERT INTO workflows (workflow_id, tenant, name, version, job_id, definition, created_at)
-    VALUES ($1, $2, $3, $4, $5, $6, {NOW}) RETURNING *
-"""
-LATEST_WORKFLOW = "SELECT * FROM workflows WHERE tenant = $1 AND name = $2 ORDER BY version DESC LIMIT 1"
-WORKFLOW_VERSION = "SELECT * FROM workflows WHERE tenant = $1 AND name = $2 AND version = $3"
-WORKFLOW_BY_ID = "SELECT * FROM workflows WHERE workflow_id = $1"
-LATEST_OF_JOB = "SELECT * FROM workflows WHERE job_id = $1 ORDER BY version DESC LIMIT 1"
-LIST_WORKFLOWS = """
-    SELECT w.* FROM workflows w
-    WHERE w.tenant = $1 AND w.name > $2
-      AND w.version = (SELECT max(v.version) FROM workflows v WHERE v.tenant = w.tenant AND v.name = w.name)
-    ORDER BY w.name LIMIT $3
-"""
-START_TRIGGER = """
-    UPDATE runs SET state = 'running', attempts = attempts + 1, first_attempt_at = coalesce(first_attempt_at, {NOW}),
-                    updated_at = {NOW}
-    WHERE run_id = $1 AND state = 'scheduled' RETURNING *
-"""
-INSERT_TRIGGER = """
-    INSERT INTO runs (run_id, job_id, tenant, job_type, shard_id, scheduled_for, available_at, state, attempts,
-                      payload, priority, manual, delivery, lease_ttl_ms, retry, first_attempt_at, created_at,
-                      updated_at)
-    VALUES ($1, $2, $3, $4, $5, {NOW}, {NOW}, 'running', 1, $6, 0, true, 'at_least_once', 30000, $7, {NOW},
-            {NOW}, {NOW})
-    RETURNING *
-"""
-END_TRIGGER = """
-    UPDATE runs SET state = $2, finished_at = {NOW}, updated_at = {NOW}, last_error = $3, cancel_requested = false
-    WHERE run_id = $1 AND state = 'running' RETURNING *
-"""
-REOPEN_TRIGGER = """
-    UPDATE runs SET state = 'running', finished_at = NULL, updated_at = {NOW}, last_error = NULL
-    WHERE run_id = $1 RETURNING *
-"""
-INSERT_WORKFLOW_RUN = """
-    INSERT INTO workflow_runs (workflow_run_id, tenant, workflow_id, job_id, shard_id, state, input, created_at,
-                               updated_at)
-    VALUES ($1, $2, $3, $4, $5, 'running', $6, {NOW}, {NOW})
-    ON CONFLICT DO NOTHING RETURNING *
-"""
-WORKFLOW_RUN_COLUMNS = """
-    SELECT r.*, w.name AS workflow_name, w.version FROM workflow_runs r JOIN workflows w ON w.workflow_id = r.workflow_id
-"""
-LOCK_WORKFLOW_RUN = WORKFLOW_RUN_COLUMNS + " WHERE r.workflow_run_id = $1 {LOCK}"
-GET_WORKFLOW_RUN = WORKFLOW_RUN_COLUMNS + " WHERE r.workflow_run_id = $1 AND r.tenant = $2"
-LIST_WORKFLOW_RUNS = WORKFLOW_RUN_COLUMNS + """
-    WHERE r.tenant = $1 AND r.job_id = $2
-      AND (CAST($3 AS text) IS NULL OR r.created_at < $4 OR (r.created_at = $4 AND r.workflow_run_id < $3))
-    ORDER BY r.created_at DESC, r.workflow_run_id DESC LIMIT $5
-"""
-UPDATE_WORKFLOW_RUN = """
-    UPDATE workflow_runs SET state = $2, settled = $3, ended_seen = $4, error = $5, updated_at = {NOW},
-                             finished_at = CASE WHEN $2 = 'running' THEN NULL ELSE {NOW} END
-    WHERE workflow_run_id = $1
-"""
-STEP_RUNS = """
-    SELECT run_id, step, item, state, output, last_error FROM runs WHERE workflow_run_id = $1 ORDER BY step, item
-"""
-INSERT_STEP_RUN = """
-    INSERT INTO runs (run_id, job_id, tenant, job_type, shard_id, scheduled_for, available_at, state, payload,
-                      priority, manual, delivery, lease_ttl_ms, timeout_ms, retry, last_error, created_at, updated_at,
-                      finished_at, workflow_run_id, step, item)
-    VALUES ($1, $2, $3, $4, $5, {NOW}, {NOW}, $6, $7, $8, true, 'at_least_once', $9, $10, $11, $12, {NOW}, {NOW},
-            CASE WHEN $6 = 'scheduled' THEN NULL ELSE {NOW} END, $13, $14, $15)
-    ON CONFLICT DO NOTHING RETURNING *
-"""
-CANCEL_QUEUED = """
-    UPDATE runs SET state = 'cancelled', finished_at = {NOW}, updated_at = {NOW}, last_error = $2
-    WHERE run_id = $1 AND state IN ('scheduled', 'buffered') RETURNING *
-"""
-REQUEST_CANCEL = """
-    UPDATE runs SET cancel_requested = true, updated_at = {NOW}
-    WHERE run_id = $1 AND state IN ('dispatched', 'running') RETURNING *
-"""
-RESCHEDULE = """
-    UPDATE runs SET state = 'scheduled', available_at = {NOW}, finished_at = NULL, cancel_requested = false,
-                    last_error = NULL, updated_at = {NOW}
-    WHERE run_id = $1 AND state NOT IN ('scheduled', 'buffered', 'dispatched', 'running', 'succeeded') RETURNING *
-"""
-TO_ADVANCE = f"""
-    SELECT w.workflow_run_id FROM workflow_runs w
-    WHERE w.state = 'running' AND w.shard_id {{IN}}
-      AND w.ended_seen <> (SELECT count(*) FROM runs r WHERE r.workflow_run_id = w.workflow_run_id
-                           AND r.state IN ({", ".join(f"'{state}'" for state in FINAL)}))
-    LIMIT $2
-"""
-
-
 # -- the store's methods ---------------------------------------------------------------------------
 
 
@@ -210,14 +121,14 @@ class WorkflowMethods:
     async def create_workflow(self, spec: WorkflowSpec) -> tuple[Workflow, bool]:
         """Store ``spec`` as the workflow's next version, or return the latest one unchanged if it
         is the same definition (``(workflow, False)``); then bring its schedule's job in line."""
-        definition = wf.definition_document(spec)
+        definition = definitions.definition_document(spec)
         async with self._workflow_tx() as tx:
-            latest = await tx.fetchrow(LATEST_WORKFLOW, spec.tenant, spec.name)
+            latest = await tx.fetchrow(sql.LATEST_WORKFLOW, spec.tenant, spec.name)
             if latest is not None and latest["definition"] == definition:
                 workflow, created = _workflow(latest), False
             else:
                 row = await tx.fetchrow(
-                    INSERT_WORKFLOW, new_id(), spec.tenant, spec.name, 1 if latest is None else latest["version"] + 1,
+                    sql.INSERT_WORKFLOW, new_id(), spec.tenant, spec.name, 1 if latest is None else latest["version"] + 1,
                     new_id() if latest is None else latest["job_id"], definition,
                 )
                 workflow, created = _workflow(row), True
@@ -242,8 +153,8 @@ class WorkflowMethods:
 
     async def get_workflow(self, tenant: str, name: str, version: int | None = None) -> Workflow:
         async with self._workflow_tx(write=False) as tx:
-            row = await (tx.fetchrow(LATEST_WORKFLOW, tenant, name) if version is None
-                         else tx.fetchrow(WORKFLOW_VERSION, tenant, name, version))
+            row = await (tx.fetchrow(sql.LATEST_WORKFLOW, tenant, name) if version is None
+                         else tx.fetchrow(sql.WORKFLOW_VERSION, tenant, name, version))
         if row is None:
             raise WorkflowNotFound(name if version is None else f"{name} version {version}")
         return _workflow(row)
@@ -252,22 +163,22 @@ class WorkflowMethods:
         """The latest version of each of the tenant's workflows, by name."""
         after = codec.decode_page_token(page_token, str)[0] if page_token else ""
         async with self._workflow_tx(write=False) as tx:
-            rows = await tx.fetch(LIST_WORKFLOWS, tenant, after, common.page_limit(limit) + 1)
+            rows = await tx.fetch(sql.LIST_WORKFLOWS, tenant, after, common.page_limit(limit) + 1)
         return common.page_of([_workflow(row) for row in rows], limit, lambda workflow: (workflow.name,))
 
     # -- starting ------------------------------------------------------------------------------------
 
     async def trigger_workflow(self, tenant: str, name: str, input_json: bytes) -> tuple[WorkflowRun, WorkflowChanges]:
         """Start a run of the latest version now with this input (JSON)."""
-        wf.parse_input(input_json, self.max_payload)
+        definitions.parse_input(input_json, self.max_payload)
         async with self._workflow_tx() as tx:
-            row = await tx.fetchrow(LATEST_WORKFLOW, tenant, name)
+            row = await tx.fetchrow(sql.LATEST_WORKFLOW, tenant, name)
             if row is None:
                 raise WorkflowNotFound(name)
             workflow = _workflow(row)
             shard_id = await self._shard_of(workflow.job_id)
             row = await tx.fetchrow(
-                INSERT_TRIGGER, new_id(), workflow.job_id, tenant, wf.WORKFLOW_JOB_TYPE, shard_id, input_json or b"null",
+                sql.INSERT_TRIGGER, new_id(), workflow.job_id, tenant, wf.WORKFLOW_JOB_TYPE, shard_id, input_json or b"null",
                 _retry_json(RetryPolicy(max_attempts=1)),
             )
             assert row is not None, "an INSERT without a conflict clause returns its row"
@@ -284,13 +195,13 @@ class WorkflowMethods:
         for start in range(0, len(ordered), ADVANCE_BATCH):
             async with self._workflow_tx() as tx:
                 for trigger in ordered[start:start + ADVANCE_BATCH]:
-                    row = await tx.fetchrow(START_TRIGGER, trigger.run_id)
+                    row = await tx.fetchrow(sql.START_TRIGGER, trigger.run_id)
                     if row is None:
                         continue
                     started = codec.build_run(row)
-                    latest = await tx.fetchrow(LATEST_OF_JOB, started.job_id)
+                    latest = await tx.fetchrow(sql.LATEST_OF_JOB, started.job_id)
                     if latest is None:  # its workflow is gone: the run ends with the reason
-                        await tx.fetchrow(END_TRIGGER, started.run_id, "dead", "no workflow has this job")
+                        await tx.fetchrow(sql.END_TRIGGER, started.run_id, "dead", "no workflow has this job")
                         continue
                     await _start(tx, started, _workflow(latest), changes, self.max_payload)
         return changes
@@ -312,7 +223,7 @@ class WorkflowMethods:
         for start in range(0, len(ordered), ADVANCE_BATCH):
             async with self._workflow_tx() as tx:
                 for workflow_run_id in ordered[start:start + ADVANCE_BATCH]:
-                    row = await tx.fetchrow(LOCK_WORKFLOW_RUN, workflow_run_id)
+                    row = await tx.fetchrow(sql.LOCK_WORKFLOW_RUN, workflow_run_id)
                     if row is None:
                         continue
                     run = _workflow_run(row)
@@ -327,7 +238,7 @@ class WorkflowMethods:
         if not shard_ids:
             return []
         async with self._workflow_tx(write=False) as tx:
-            rows = await tx.fetch(TO_ADVANCE, list(shard_ids), limit)
+            rows = await tx.fetch(sql.TO_ADVANCE, list(shard_ids), limit)
         return [row["workflow_run_id"] for row in rows]
 
     # -- operations ----------------------------------------------------------------------------------
@@ -340,7 +251,7 @@ class WorkflowMethods:
             run, workflow = await _locked(tx, tenant, workflow_run_id)
             if run.state is WorkflowRunState.RUNNING:
                 steps = await _step_runs(tx, run.workflow_run_id)
-                await _apply(tx, run, wf.plan_cancel(workflow.spec, steps, run.settled), steps, changes)
+                await _apply(tx, run, decide.plan_cancel(workflow.spec, steps, run.settled), steps, changes)
             return await _reread(tx, run.workflow_run_id), changes
 
     async def resume_workflow_run(self, tenant: str, workflow_run_id: str) -> tuple[WorkflowRun, WorkflowChanges]:
@@ -353,19 +264,19 @@ class WorkflowMethods:
                 raise InvalidState("workflow run", workflow_run_id, run.state.value,
                                    "resume (only failed or cancelled workflow runs can be resumed)")
             steps = await _step_runs(tx, run.workflow_run_id)
-            again, kept = wf.resume_targets(workflow.spec, steps, run.settled)
+            again, kept = decide.resume_targets(workflow.spec, steps, run.settled)
             for run_id in again:
-                if (row := await tx.fetchrow(RESCHEDULE, run_id)) is not None:
+                if (row := await tx.fetchrow(sql.RESCHEDULE, run_id)) is not None:
                     changes.scheduled.append(codec.build_run(row))
             await tx.notify(changes.scheduled)
-            await tx.fetchrow(REOPEN_TRIGGER, run.workflow_run_id)
-            await tx.execute(UPDATE_WORKFLOW_RUN, run.workflow_run_id, "running", wf.settled_document(kept), 0, None)
+            await tx.fetchrow(sql.REOPEN_TRIGGER, run.workflow_run_id)
+            await tx.execute(sql.UPDATE_WORKFLOW_RUN, run.workflow_run_id, "running", decide.settled_document(kept), 0, None)
             await _advance(tx, await _reread(tx, run.workflow_run_id), workflow, changes, self.max_payload)
             return await _reread(tx, run.workflow_run_id), changes
 
     async def get_workflow_run(self, tenant: str, workflow_run_id: str) -> WorkflowRunDetail:
         async with self._workflow_tx(write=False) as tx:
-            row = await tx.fetchrow(GET_WORKFLOW_RUN, workflow_run_id, tenant)
+            row = await tx.fetchrow(sql.GET_WORKFLOW_RUN, workflow_run_id, tenant)
             if row is None:
                 raise WorkflowRunNotFound(workflow_run_id)
             run = _workflow_run(row)
@@ -380,10 +291,10 @@ class WorkflowMethods:
             micros, before_id = codec.decode_page_token(page_token, int, str)
             before_time = from_micros(micros)
         async with self._workflow_tx(write=False) as tx:
-            latest = await tx.fetchrow(LATEST_WORKFLOW, tenant, name)
+            latest = await tx.fetchrow(sql.LATEST_WORKFLOW, tenant, name)
             if latest is None:
                 raise WorkflowNotFound(name)
-            rows = await tx.fetch(LIST_WORKFLOW_RUNS, tenant, latest["job_id"], before_id, before_time,
+            rows = await tx.fetch(sql.LIST_WORKFLOW_RUNS, tenant, latest["job_id"], before_id, before_time,
                                   common.page_limit(limit) + 1)
         return common.page_of([_workflow_run(row) for row in rows], limit,
                               lambda run: (to_micros(run.created_at), run.workflow_run_id))
@@ -394,7 +305,7 @@ class WorkflowMethods:
 
 async def _start(tx: WorkflowTx, trigger: Run, workflow: Workflow, changes: WorkflowChanges,
                  max_payload: int) -> WorkflowRun:
-    row = await tx.fetchrow(INSERT_WORKFLOW_RUN, trigger.run_id, trigger.tenant, workflow.workflow_id,
+    row = await tx.fetchrow(sql.INSERT_WORKFLOW_RUN, trigger.run_id, trigger.tenant, workflow.workflow_id,
                             trigger.job_id, trigger.shard_id, trigger.payload or b"null")
     if row is None:  # started before (a resent trigger): nothing more to do
         return await _reread(tx, trigger.run_id)
@@ -407,7 +318,7 @@ async def _advance(tx: WorkflowTx, run: WorkflowRun, workflow: Workflow, changes
                    max_payload: int) -> None:
     while True:
         steps = await _step_runs(tx, run.workflow_run_id)
-        plan = wf.plan_advance(workflow.spec, run, steps, max_payload=max_payload)
+        plan = decide.plan_advance(workflow.spec, run, steps, max_payload=max_payload)
         await _apply(tx, run, plan, steps, changes)
         if all(new.state is RunState.SCHEDULED for new in plan.create):
             return
@@ -421,7 +332,7 @@ async def _apply(tx: WorkflowTx, run: WorkflowRun, plan: wf.AdvancePlan, steps: 
     mine = WorkflowChanges()
     for new in plan.create:
         row = await tx.fetchrow(
-            INSERT_STEP_RUN, new_id(), run.job_id, run.tenant, new.step.job_type, run.shard_id, new.state.value,
+            sql.INSERT_STEP_RUN, new_id(), run.job_id, run.tenant, new.step.job_type, run.shard_id, new.state.value,
             new.payload, new.step.priority, int(new.step.lease_ttl.total_seconds() * 1000),
             None if new.step.timeout is None else int(new.step.timeout.total_seconds() * 1000),
             _retry_json(new.step.retry), new.last_error, run.workflow_run_id, new.step.name, new.item,
@@ -430,16 +341,16 @@ async def _apply(tx: WorkflowTx, run: WorkflowRun, plan: wf.AdvancePlan, steps: 
             mine.scheduled.append(codec.build_run(row))
     for run_id in plan.cancel:
         reason = f"cancelled: {plan.error or 'the workflow run ended'}"[:4_000]
-        if (row := await tx.fetchrow(CANCEL_QUEUED, run_id, reason)) is not None:
+        if (row := await tx.fetchrow(sql.CANCEL_QUEUED, run_id, reason)) is not None:
             mine.cancelled.append(codec.build_run(row))
-        elif (row := await tx.fetchrow(REQUEST_CANCEL, run_id)) is not None:
+        elif (row := await tx.fetchrow(sql.REQUEST_CANCEL, run_id)) is not None:
             mine.cancel_requested.append(codec.build_run(row))
     state = plan.end or run.state
-    await tx.execute(UPDATE_WORKFLOW_RUN, run.workflow_run_id, state.value,
-                     wf.settled_document({**run.settled, **plan.settle}),
+    await tx.execute(sql.UPDATE_WORKFLOW_RUN, run.workflow_run_id, state.value,
+                     decide.settled_document({**run.settled, **plan.settle}),
                      sum(1 for step in steps if step.state.is_final), plan.error if plan.end else run.error)
     if plan.end is not None:
-        await tx.fetchrow(END_TRIGGER, run.workflow_run_id, TRIGGER_END[plan.end], plan.error)
+        await tx.fetchrow(sql.END_TRIGGER, run.workflow_run_id, TRIGGER_END[plan.end], plan.error)
         mine.scheduled += await tx.release_buffered([run.job_id])
     await tx.notify(mine.scheduled + mine.cancelled + mine.cancel_requested)
     changes.add(mine)
@@ -452,11 +363,11 @@ def _retry_json(retry: RetryPolicy) -> str:
 async def _step_runs(tx: WorkflowTx, workflow_run_id: str) -> list[StepRun]:
     return [StepRun(step=row["step"], item=row["item"], run_id=row["run_id"], state=RunState(row["state"]),
                     output=None if row["output"] is None else bytes(row["output"]), last_error=row["last_error"])
-            for row in await tx.fetch(STEP_RUNS, workflow_run_id)]
+            for row in await tx.fetch(sql.STEP_RUNS, workflow_run_id)]
 
 
 async def _locked(tx: WorkflowTx, tenant: str, workflow_run_id: str) -> tuple[WorkflowRun, Workflow]:
-    row = await tx.fetchrow(LOCK_WORKFLOW_RUN, workflow_run_id)
+    row = await tx.fetchrow(sql.LOCK_WORKFLOW_RUN, workflow_run_id)
     if row is None or row["tenant"] != tenant:
         raise WorkflowRunNotFound(workflow_run_id)
     run = _workflow_run(row)
@@ -464,7 +375,7 @@ async def _locked(tx: WorkflowTx, tenant: str, workflow_run_id: str) -> tuple[Wo
 
 
 async def _reread(tx: WorkflowTx, workflow_run_id: str) -> WorkflowRun:
-    row = await tx.fetchrow(LOCK_WORKFLOW_RUN, workflow_run_id)
+    row = await tx.fetchrow(sql.LOCK_WORKFLOW_RUN, workflow_run_id)
     assert row is not None, "read in the transaction that holds it"
     return _workflow_run(row)
 
@@ -473,7 +384,7 @@ async def _workflow_by_id(tx: WorkflowTx, workflow_id: str) -> Workflow:
     """A stored version of a workflow, read and parsed once per process: versions never change."""
     if (known := _VERSIONS.get(workflow_id)) is not None:
         return known
-    return _workflow(await tx.fetchrow(WORKFLOW_BY_ID, workflow_id))
+    return _workflow(await tx.fetchrow(sql.WORKFLOW_BY_ID, workflow_id))
 
 
 def _workflow(row: Any) -> Workflow:
@@ -481,7 +392,7 @@ def _workflow(row: Any) -> Workflow:
         return known
     if len(_VERSIONS) >= MAX_CACHED_VERSIONS:
         _VERSIONS.pop(next(iter(_VERSIONS)))  # the oldest parsed: a rare reader pays a parse
-    spec = wf.parse_definition(row["definition"], tenant=row["tenant"], max_payload=1 << 62)
+    spec = definitions.parse_definition(row["definition"], tenant=row["tenant"], max_payload=1 << 62)
     _VERSIONS[row["workflow_id"]] = workflow = Workflow(
         workflow_id=row["workflow_id"], job_id=row["job_id"], version=row["version"], spec=spec,
         definition=row["definition"], created_at=row["created_at"])
@@ -494,6 +405,6 @@ def _workflow_run(row: Any) -> WorkflowRun:
         workflow_name=row["workflow_name"], version=row["version"], job_id=row["job_id"], shard_id=row["shard_id"],
         state=WorkflowRunState(row["state"]), input=bytes(row["input"]), created_at=row["created_at"],
         updated_at=row["updated_at"], finished_at=row["finished_at"], error=row["error"],
-        settled=wf.settled_from_document(row["settled"]),
+        settled=decide.settled_from_document(row["settled"]),
     )
 

@@ -270,3 +270,33 @@ async def test_the_cluster_lists_a_tenant_only_its_own_workers_and_an_admin_all(
 
 async def _noop(ctx: RunContext) -> None:
     return None
+
+
+async def test_a_tenant_sees_and_steers_no_workflow_or_workflow_run_of_another(secured):
+    node = secured
+    definition = {"name": "billing", "steps": [{"name": "debit", "job_type": "t"}]}
+    async with node.client("client-a") as a, node.client("client-b") as b, node.client("viewer-a") as viewer:
+        theirs, _ = await b.create_workflow(definition)
+        their_run = await b.trigger_workflow("billing", {"iban": "secret"})
+        assert theirs.tenant == "b"
+        not_found = grpc.StatusCode.NOT_FOUND
+        # By name and by id, within a's own tenant: b's workflow and its run do not exist.
+        await refused(a.get_workflow("billing"), not_found)
+        await refused(a.trigger_workflow("billing"), not_found)
+        await refused(a.list_workflow_runs("billing"), not_found)
+        await refused(a.get_workflow_run(their_run.workflow_run_id), not_found)
+        await refused(a.cancel_workflow_run(their_run.workflow_run_id), not_found)
+        await refused(a.resume_workflow_run(their_run.workflow_run_id), not_found)
+        assert (await a.list_workflows()).items == []
+        # a's own workflow of the same name is another workflow, in its own tenant.
+        mine, created = await a.create_workflow(definition)
+        assert created and mine.tenant == "a" and mine.workflow_id != theirs.workflow_id
+        async with node.client("client-a", tenant="b") as a_as_b:
+            await refused(a_as_b.get_workflow_run(their_run.workflow_run_id), grpc.StatusCode.PERMISSION_DENIED)
+            await refused(a_as_b.cancel_workflow_run(their_run.workflow_run_id), grpc.StatusCode.PERMISSION_DENIED)
+        # A viewer reads its tenant's workflow runs but cannot steer them.
+        my_run = await a.trigger_workflow("billing")
+        assert (await viewer.get_workflow_run(my_run.workflow_run_id))[0].tenant == "a"
+        await refused(viewer.cancel_workflow_run(my_run.workflow_run_id), grpc.StatusCode.PERMISSION_DENIED)
+        await refused(viewer.trigger_workflow("billing"), grpc.StatusCode.PERMISSION_DENIED)
+        assert (await b.get_workflow_run(their_run.workflow_run_id))[0].state.value == "running"

@@ -18,12 +18,11 @@ from fastlane.clock import Clock
 from fastlane.config import PriorityReserve
 from fastlane.domain.models import Delivery, Run
 from fastlane.domain.records import KeyCap
-from fastlane.domain.workflows import WORKFLOW_JOB_TYPE
 from fastlane.engine.dispatch.ahead import ClockProbe, SendAhead
 from fastlane.engine.dispatch.capped import KeyGate
 from fastlane.engine.dispatch.confirmed import ConfirmedSender
 from fastlane.engine.dispatch.inflight import InFlight
-from fastlane.engine.dispatch.journal import Journal
+from fastlane.engine.dispatch.journal import Journal, WorkflowHooks
 from fastlane.engine.dispatch.messages import Assign, Assigned, AttemptKey, AttemptRef, Cancel, WorkerSession
 from fastlane.engine.dispatch.parked import ParkedRuns
 from fastlane.engine.dispatch.ready import ReadyQueue
@@ -52,24 +51,17 @@ class Dispatcher:
     """Matches released runs with worker credits and journals every attempt."""
 
     def __init__(
-        self,
-        store: Store,
-        *,
-        node_id: str,
-        clock: Clock,
-        metrics: Metrics,
-        reschedule: Callable[[Run], None],
+        self, store: Store, *, node_id: str, clock: Clock, metrics: Metrics, reschedule: Callable[[Run], None],
         max_ready_per_type: int = DEFAULT_MAX_READY_PER_TYPE,
         max_ready_bytes_per_type: int = DEFAULT_MAX_READY_BYTES_PER_TYPE,
         send_ahead: timedelta = timedelta(0),
         tenant_weights: Mapping[str, int] | None = None,
         tenant_max_in_flight: Mapping[str, int] | None = None,
         priority_reserve: PriorityReserve | None = None,
-        start_workflows: Callable[[list[Run]], None] | None = None,
-        steps_ended: Callable[[set[str]], None] | None = None,
+        workflows: WorkflowHooks | None = None,  # takes due runs of workflow jobs, hears of step runs ended
     ) -> None:
         self._store = store
-        self._start_workflows = start_workflows  # due runs of workflow jobs go there, not to workers
+        self._workflows = workflows
         self._tenant_weights = dict(tenant_weights or {})  # runs per turn of a ready queue (1 if not named)
         self._tenant_caps = dict(tenant_max_in_flight or {})  # attempts in flight per tenant (no cap if not named)
         self._node_id = node_id
@@ -89,7 +81,7 @@ class Dispatcher:
         self._in_flight = InFlight()  # attempts sent, not yet reported
         self._reserve = Reserve(priority_reserve, self._in_flight)  # credits kept for urgent runs
         self._journal = Journal(store, node_id=node_id, metrics=metrics, reschedule=reschedule,
-                                claimed=self._claimed, in_flight=self._in_flight, steps_ended=steps_ended)
+                                claimed=self._claimed, in_flight=self._in_flight, workflows=workflows)
         self._background: set[asyncio.Task[None]] = set()
         self._ahead = SendAhead(send_ahead, clock=clock, metrics=metrics)
         self._gate = KeyGate(offer=lambda runs: self._hand_out(runs, confirm_first=True, reloaded=True, offered=True),
@@ -210,13 +202,8 @@ class Dispatcher:
 
         ``confirm_first``: the runs came from the database, not from this node's own writes,
         so each is sent only once its dispatch has durably taken it from ``scheduled``.
-        Due runs of workflow jobs start their workflow runs instead (no worker takes them).
         """
-        if self._start_workflows is not None:
-            runs = list(runs)
-            if starts := [run for run in runs if run.job_type == WORKFLOW_JOB_TYPE]:
-                self._start_workflows(starts)
-                runs = [run for run in runs if run.job_type != WORKFLOW_JOB_TYPE]
+        runs = self._workflows.take_starts(runs) if self._workflows is not None else runs
         self._hand_out(runs, confirm_first=confirm_first, reloaded=False)
 
     def holds(self, run_id: str) -> bool:

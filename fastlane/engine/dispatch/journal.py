@@ -14,10 +14,10 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from fastlane.domain.models import Attempt, Run, RunState
 from fastlane.engine.dispatch.messages import Acknowledge, AttemptKey, AttemptRef, Cancel, WorkerSession
@@ -54,6 +54,18 @@ class JournalBatch:
 
     def __bool__(self) -> bool:
         return bool(self.dispatches or self.heartbeats or self.results)
+
+
+class WorkflowHooks(Protocol):
+    """The node's workflow coordinator, as dispatch sees it (:mod:`fastlane.engine.workflows`)."""
+
+    def take_starts(self, runs: Iterable[Run]) -> Iterable[Run]:
+        """Start the workflow runs of the due runs of workflow jobs; return the other runs."""
+        ...
+
+    def ended(self, workflow_run_ids: set[str]) -> None:
+        """Step runs of these workflow runs ended."""
+        ...
 
 
 async def write_isolating(
@@ -107,13 +119,13 @@ class Journal:
         reschedule: Callable[[Run], None],
         claimed: set[str],
         in_flight: MutableMapping[AttemptKey, WorkerSession],
-        steps_ended: Callable[[set[str]], None] | None = None,
+        workflows: WorkflowHooks | None = None,
     ) -> None:
         self._store = store
         self._node_id = node_id
         self._metrics = metrics
         self._reschedule = reschedule
-        self._steps_ended = steps_ended  # told the workflow runs whose step runs just ended
+        self._workflows = workflows  # told the workflow runs whose step runs just ended
         self._claimed = claimed
         self._in_flight = in_flight
         self.pending = JournalBatch()
@@ -401,7 +413,7 @@ class Journal:
                 self._reschedule(outcome.run)
             elif state.is_final and (workflow_run_id := outcome.workflow_run_id) is not None:
                 workflows.add(workflow_run_id)
-        if workflows and self._steps_ended is not None:
-            self._steps_ended(workflows)
+        if workflows and self._workflows is not None:
+            self._workflows.ended(workflows)
         for kind, count in counted.items():
             self._metrics.runs.labels(outcome=kind).inc(count)

@@ -39,7 +39,8 @@ from fastlane.domain.limits import (
     MAX_WORKER_CLOCK_UNCERTAINTY,
 )
 from fastlane.domain.models import AttemptOutcome
-from fastlane.domain.workflows import WORKFLOW_JOB_TYPE, output_of
+from fastlane.domain.workflow_definitions import output_of
+from fastlane.domain.workflows import WORKFLOW_JOB_TYPE
 from fastlane.engine.dispatch.ahead import ClockProbe
 from fastlane.engine.dispatch.dispatcher import Dispatcher
 from fastlane.engine.dispatch.messages import Acknowledge, Assign, Cancel, ClockEcho, Outgoing, WorkerSession

@@ -10,6 +10,8 @@ from fastlane.domain import validation
 from fastlane.domain import workflows as wf
 from fastlane.domain.limits import DEFAULT_MAX_PAYLOAD_BYTES
 from fastlane.domain.models import ScheduleKind
+from fastlane.domain.workflow_definitions import parse_definition, parse_input
+from fastlane.domain.workflow_runs import step_views
 from fastlane.engine.operations import Operations
 from fastlane.rpc import wire
 from fastlane.server.guard import rpc, tenant_of
@@ -31,7 +33,7 @@ class WorkflowServicer(workflows_pb2_grpc.WorkflowServiceServicer):
         self, request: pb.CreateWorkflowRequest,
         context: grpc.aio.ServicerContext[pb.CreateWorkflowRequest, pb.CreateWorkflowResponse],
     ) -> pb.CreateWorkflowResponse:
-        spec = wf.parse_definition(request.definition, tenant=tenant_of(request.tenant), max_payload=self._max_payload)
+        spec = parse_definition(request.definition, tenant=tenant_of(request.tenant), max_payload=self._max_payload)
         if self._quotas is not None and spec.schedule is not None:
             await self._quotas.admit_job(spec.tenant, adds_a_run=spec.schedule.kind is ScheduleKind.NOW)
         workflow, created = await self._operations.create_workflow(spec)
@@ -61,7 +63,7 @@ class WorkflowServicer(workflows_pb2_grpc.WorkflowServiceServicer):
         context: grpc.aio.ServicerContext[pb.TriggerWorkflowRequest, pb.WorkflowRun],
     ) -> pb.WorkflowRun:
         tenant = tenant_of(request.tenant)
-        wf.parse_input(request.input, self._max_payload)
+        parse_input(request.input, self._max_payload)
         if self._quotas is not None:
             await self._quotas.admit_run(tenant)
         return workflow_run_to_pb(await self._operations.trigger_workflow(tenant, _name(request.name), request.input))
@@ -123,7 +125,7 @@ def workflow_run_to_pb(run: wf.WorkflowRun) -> pb.WorkflowRun:
 
 
 def detail_to_pb(detail: WorkflowRunDetail) -> pb.WorkflowRunDetail:
-    views = wf.step_views(detail.workflow.spec, detail.steps, detail.run.settled)
+    views = step_views(detail.workflow.spec, detail.steps, detail.run.settled)
     return pb.WorkflowRunDetail(
         run=workflow_run_to_pb(detail.run), workflow=workflow_to_pb(detail.workflow),
         steps=[pb.StepStatus(name=view.name, state=view.state.value, run_ids=view.run_ids, error=view.error or "",
