@@ -147,9 +147,13 @@ class Operations:
         return run
 
     def workflow_changes(self, changes: WorkflowChanges) -> None:
-        """Release the runs a workflow write scheduled; stop those it cancelled."""
+        """Release the runs a workflow write scheduled; stop those it cancelled.
+
+        Released as read back (their dispatch confirmed before they are sent), not fast: the write
+        told every node (NOTIFY), and this node's own change follower may release the same run
+        at the same moment; the database, not memory, must decide which release sends it."""
         for run in changes.scheduled:
-            self.run_scheduled(run)
+            self.run_scheduled(run, recovered=True)
         for run in changes.cancelled:
             self.run_cancelled(run)
         for run in changes.cancel_requested:
