@@ -172,6 +172,14 @@ class Row(Protocol):
     def __getitem__(self, column: str, /) -> Any: ...
 
 
+def optional_column(row: Row, column: str) -> Any:
+    """A column a row may lack (None then): one added by a later schema version."""
+    try:
+        return row[column]
+    except KeyError:
+        return None
+
+
 def build_job(row: Row) -> Job:
     return Job(
         job_id=row["job_id"],
@@ -260,9 +268,11 @@ def build_run(row: Row) -> Run:
         finished_at=row["finished_at"],
         concurrency_key=row["concurrency_key"],
         concurrency_limit=row["concurrency_limit"],
-        workflow_run_id=row["workflow_run_id"],
-        step=row["step"],
-        item=row["item"] or 0,
+        # Optional: these columns came with schema version 14, and a run read from an
+        # older schema (a store mid-upgrade, the migration tests) has none.
+        workflow_run_id=optional_column(row, "workflow_run_id"),
+        step=optional_column(row, "step"),
+        item=optional_column(row, "item") or 0,
     )
 
 

@@ -44,7 +44,7 @@ class ResultOutcome:
     @property
     def workflow_run_id(self) -> str | None:
         """The workflow run of a step run (None for other runs), read without building the run."""
-        return self._run.workflow_run_id if self._run is not None else self._held_row()["workflow_run_id"]
+        return self._run.workflow_run_id if self._run is not None else codec.optional_column(self._held_row(), "workflow_run_id")
 
     def _held_row(self) -> codec.Row:
         assert self._row is not None  # the constructor took one of the two
