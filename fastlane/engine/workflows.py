@@ -1,7 +1,7 @@
 """The workflow coordinator: starts workflow runs on their time and moves them on as steps end.
 
 A workflow's schedule is an ordinary job (job type ``fastlane.workflow``): the lane fires it like
-any other, and the dispatcher hands its due runs here instead of to a worker (:meth:`start`). A
+any other, and the dispatcher hands its due runs here instead of to a worker (:meth:`take_starts`). A
 step run that ends is reported here by the journal once its result is durable (:meth:`ended`).
 Both are done by the store in its own transactions (:mod:`fastlane.storage.workflows`), batched,
 off the fire path; the runs they schedule or cancel go back to the lane and the dispatcher
