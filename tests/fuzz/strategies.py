@@ -858,15 +858,19 @@ def results(draw: st.DrawFn) -> Step:
             field("results.results.finished_at", st.one_of(st.none(), st.just(_now_plus(0))), timestamps()),
             field("results.results.error_traceback", st.sampled_from(("", 'Traceback:\n  File "h.py"\nValueError')),
                   st.one_of(strings(), st.just("\x00\r" + "x" * 70_000))),
+            # A workflow step's output: JSON up to 16 KiB is kept, anything else dropped, never refused.
+            field("results.results.output", st.sampled_from((b"", b'{"ok": true}')),
+                  st.one_of(st.binary(max_size=64), st.just(b'"' + b"x" * 70_000 + b'"'), st.just(b"\xff{"))),
         ))
     freed = field("results.credits", st.sampled_from((0, 0, 1, 5)), int32s())
 
     def build(memory: Memory, assigned: list[workers_pb2.Assignment]) -> workers_pb2.WorkerMessage:
         message = workers_pb2.WorkerMessage(results=workers_pb2.Results(credits=freed))
-        for target, outcome, code, text, started_at, finished_at, traced in reports:
+        for target, outcome, code, text, started_at, finished_at, traced, output in reports:
             run_id, token = target(memory, assigned)
             result = message.results.results.add(run_id=run_id, lease_token=token, outcome=outcome,
-                                                 error_code=code, error_message=text, error_traceback=traced)
+                                                 error_code=code, error_message=text, error_traceback=traced,
+                                                 output=output)
             if started_at is not None:
                 result.started_at.CopyFrom(started_at)
             if finished_at is not None:
