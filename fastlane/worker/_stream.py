@@ -34,19 +34,24 @@ _DEFAULT_HEARTBEAT_INTERVAL = 5.0
 _BACKOFF_START = 0.1
 _BACKOFF_CAP = 2.0
 _REFUSED_RETRY = 30.0  # seconds between attempts while a node refuses this worker's token
-# Results are sent at most this long after their run finished, together (see _flush_results);
-# at once when this many are waiting.
+# Results messages go at most one per RESULT_COALESCE (see _flush_results), so results of runs
+# ending close together share one; at once when this many are waiting.
 RESULT_COALESCE = 0.004
 RESULT_COALESCE_ENOUGH = 256
 
 
-def coalesce_wait(pending: int, node_credits_left: int) -> float:
-    """How long finished results wait to share one message: RESULT_COALESCE, but not at all when
-    many are waiting, or when the node has no credit left for this stream. Then every slot is busy
-    and runs wait at the node for one: a freed slot is worth more at once than a write saved, and
-    holding it made slots free in step (all handlers of a fixed length ending in the same 4 ms,
-    waiting runs going out only in those batches, whatever their priority)."""
-    return 0.0 if pending >= RESULT_COALESCE_ENOUGH or node_credits_left <= 0 else RESULT_COALESCE
+def coalesce_wait(pending: int, node_credits_left: int, since_last_sent: float) -> float:
+    """How long finished results wait to share one message: until RESULT_COALESCE has passed
+    since the last results message, so a result after a quiet spell goes at once (a workflow's
+    next step waits on it) and a busy stream still sends at most one message per RESULT_COALESCE.
+
+    Not at all when many are waiting, or when the node has no credit left for this stream. Then
+    every slot is busy and runs wait at the node for one: a freed slot is worth more at once than
+    a write saved, and holding it made slots free in step (all handlers of a fixed length ending
+    in the same 4 ms, waiting runs going out only in those batches, whatever their priority)."""
+    if pending >= RESULT_COALESCE_ENOUGH or node_credits_left <= 0:
+        return 0.0
+    return max(RESULT_COALESCE - since_last_sent, 0.0)
 _ACCESS_REFUSALS = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED})
 # How gRPC's transport words a failed TLS handshake (its details are the only place it says so).
 _TLS_FAILURE_SIGNS = ("handshake failed", "certificate_verify_failed", "ssl_error")
@@ -360,15 +365,20 @@ class NodeStream:
         await call.done_writing()
 
     async def _flush_results(self, outbound: asyncio.Queue[pb.WorkerMessage | None]) -> None:
-        # Results of runs finishing within RESULT_COALESCE go in one message, with the credits they
-        # free (in a CreditGrant of its own to a node older than Welcome.takes_credits_with_results).
-        # At a steady 1,000 runs/s a message (and a grant) per run made the stream's writes the
-        # largest cost on the worker's loop, the loop that must start held runs on their instant.
+        # Results of runs finishing within RESULT_COALESCE of the last message go in one message,
+        # with the credits they free (in a CreditGrant of its own to a node older than
+        # Welcome.takes_credits_with_results). At a steady 1,000 runs/s a message (and a grant)
+        # per run made the stream's writes the largest cost on the worker's loop, the loop that
+        # must start held runs on their instant.
+        loop = asyncio.get_running_loop()
+        last_sent = -RESULT_COALESCE
         while True:
             await self._runs.results_ready.wait()
             runs = self._runs
-            if wait := coalesce_wait(runs.pending_count, self._concurrency - runs.own_in_flight - runs.pending_credits):
+            credits_left = self._concurrency - runs.own_in_flight - runs.pending_credits
+            if wait := coalesce_wait(runs.pending_count, credits_left, loop.time() - last_sent):
                 await asyncio.sleep(wait)
+            last_sent = loop.time()
             self._runs.results_ready.clear()
             batch, credits = self._runs.take_pending()
             messages = list(result_messages(batch))

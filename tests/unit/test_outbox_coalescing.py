@@ -45,6 +45,16 @@ def test_a_merged_assignment_stops_growing_at_the_cap():
 def test_a_worker_holds_results_to_share_a_message_only_while_the_node_has_credits_for_it():
     from fastlane.worker._stream import RESULT_COALESCE, RESULT_COALESCE_ENOUGH, coalesce_wait
 
-    assert coalesce_wait(pending=1, node_credits_left=5) == RESULT_COALESCE
-    assert coalesce_wait(pending=1, node_credits_left=0) == 0.0  # every slot busy: free one at once
-    assert coalesce_wait(pending=RESULT_COALESCE_ENOUGH, node_credits_left=5) == 0.0
+    just_sent = 0.0
+    assert coalesce_wait(pending=1, node_credits_left=5, since_last_sent=just_sent) == RESULT_COALESCE
+    assert coalesce_wait(pending=1, node_credits_left=0, since_last_sent=just_sent) == 0.0  # every slot busy
+    assert coalesce_wait(pending=RESULT_COALESCE_ENOUGH, node_credits_left=5, since_last_sent=just_sent) == 0.0
+
+
+def test_a_result_after_a_quiet_spell_goes_at_once_and_a_busy_stream_sends_one_message_per_window():
+    from fastlane.worker._stream import RESULT_COALESCE, coalesce_wait
+
+    assert coalesce_wait(pending=1, node_credits_left=5, since_last_sent=RESULT_COALESCE * 10) == 0.0
+    assert coalesce_wait(pending=1, node_credits_left=5, since_last_sent=RESULT_COALESCE) == 0.0
+    waits = coalesce_wait(pending=3, node_credits_left=5, since_last_sent=RESULT_COALESCE / 4)
+    assert abs(waits - RESULT_COALESCE * 3 / 4) < 1e-9
