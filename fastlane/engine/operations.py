@@ -15,6 +15,7 @@ results) goes through none of these steps and is not audited.
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from dataclasses import replace
 
 from fastlane.auth.caller import current_caller
@@ -146,14 +147,16 @@ class Operations:
         await self._audit_workflow_run(AuditAction.RETRIED, run)
         return run
 
-    def workflow_changes(self, changes: WorkflowChanges) -> None:
+    def workflow_changes(self, changes: WorkflowChanges, *, released_here: Collection[int] = ()) -> None:
         """Release the runs a workflow write scheduled; stop those it cancelled.
 
-        Released as read back (their dispatch confirmed before they are sent), not fast: the write
-        told every node (NOTIFY), and this node's own change follower may release the same run
-        at the same moment; the database, not memory, must decide which release sends it."""
+        Runs of ``released_here`` shards go the fast way, as this node's own writes: the write
+        told no node of them, so no other release of them is on its way. The others were
+        announced to every node (NOTIFY), and this node's change follower may release the same
+        run at the same moment: those are released as read back (their dispatch confirmed
+        before they are sent), so the database, not memory, decides which release sends it."""
         for run in changes.scheduled:
-            self.run_scheduled(run, recovered=True)
+            self.run_scheduled(run, recovered=run.shard_id not in released_here)
         for run in changes.cancelled:
             self.run_cancelled(run)
         for run in changes.cancel_requested:

@@ -17,14 +17,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Protocol
 
 from fastlane.domain.models import Run
 from fastlane.domain.workflows import WORKFLOW_JOB_TYPE
 from fastlane.errors import StorageError, new_error_id
 from fastlane.storage import Store
-from fastlane.storage.workflows import WorkflowChanges
+from fastlane.storage.workflows import ADVANCE_BATCH, WorkflowChanges
 
 log = logging.getLogger("fastlane.workflows")
 
@@ -35,7 +35,7 @@ RETRY_PAUSES = (0.05, 0.2, 1.0, 2.0)  # after a storage error, before the work i
 class RunEvents(Protocol):
     """Where the runs a workflow write scheduled or cancelled go (:class:`~fastlane.engine.operations.Operations`)."""
 
-    def workflow_changes(self, changes: WorkflowChanges) -> None: ...
+    def workflow_changes(self, changes: WorkflowChanges, *, released_here: Collection[int] = ()) -> None: ...
 
 
 class WorkflowCoordinator:
@@ -71,9 +71,9 @@ class WorkflowCoordinator:
         self._advances.update(workflow_run_ids)
         self._wake.set()
 
-    def apply(self, changes: WorkflowChanges) -> None:
+    def apply(self, changes: WorkflowChanges, released_here: Collection[int]) -> None:
         if self._events is not None:
-            self._events.workflow_changes(changes)
+            self._events.workflow_changes(changes, released_here=released_here)
 
     async def run(self) -> None:
         next_sweep = time.monotonic() + self._sweep_every
@@ -101,35 +101,39 @@ class WorkflowCoordinator:
                 self._wake.set()
 
     async def _work(self) -> None:
+        """Start and advance what is queued, a batch (one transaction) at a time, each batch's
+        runs released as soon as it commits. The step runs of shards this node owns it releases
+        itself, at once (the store tells no other node of them); see :class:`RunEvents`."""
         while self._starts or self._advances:
-            if starts := list(self._starts.values()):
+            here = frozenset(self._owned())
+            if starts := list(self._starts.values())[:ADVANCE_BATCH]:
                 try:
-                    changes = await self._store.start_workflow_runs(starts)
+                    changes = await self._store.start_workflow_runs(starts, released_here=here)
                 except StorageError:
                     raise
                 except Exception:
-                    changes = await self._one_at_a_time(starts, set())
+                    changes = await self._one_at_a_time(starts, set(), here)
                 else:
                     for run in starts:
                         self._starts.pop(run.run_id, None)
-                self.apply(changes)
-            if advances := set(self._advances):
+                self.apply(changes, here)
+            if advances := set(sorted(self._advances)[:ADVANCE_BATCH]):
                 try:
-                    changes = await self._store.advance_workflow_runs(advances)
+                    changes = await self._store.advance_workflow_runs(advances, released_here=here)
                 except StorageError:
                     raise
                 except Exception:
-                    changes = await self._one_at_a_time([], advances)
+                    changes = await self._one_at_a_time([], advances, here)
                 else:
                     self._advances -= advances
-                self.apply(changes)
+                self.apply(changes, here)
 
-    async def _one_at_a_time(self, starts: list[Run], advances: set[str]) -> WorkflowChanges:
+    async def _one_at_a_time(self, starts: list[Run], advances: set[str], here: frozenset[int]) -> WorkflowChanges:
         changes = WorkflowChanges()
         for run in starts:
             self._starts.pop(run.run_id, None)
             try:
-                changes.add(await self._store.start_workflow_runs([run]))
+                changes.add(await self._store.start_workflow_runs([run], released_here=here))
             except StorageError:
                 self._starts[run.run_id] = run
                 raise
@@ -140,7 +144,7 @@ class WorkflowCoordinator:
         for workflow_run_id in sorted(advances):
             self._advances.discard(workflow_run_id)
             try:
-                changes.add(await self._store.advance_workflow_runs([workflow_run_id]))
+                changes.add(await self._store.advance_workflow_runs([workflow_run_id], released_here=here))
             except StorageError:
                 self._advances.add(workflow_run_id)
                 raise

@@ -371,13 +371,16 @@ class Store(Protocol):
         """Start a run of the workflow's latest version now, with this input (JSON)."""
         ...
 
-    async def start_workflow_runs(self, triggers: Sequence[Run]) -> WorkflowChanges:
+    async def start_workflow_runs(self, triggers: Sequence[Run], *, released_here: Collection[int] = ()) -> WorkflowChanges:
         """Start the workflow runs that these due runs of workflow jobs stand for, each once:
-        a run no longer ``scheduled`` is skipped."""
+        a run no longer ``scheduled`` is skipped. The step runs they schedule in
+        ``released_here`` shards the caller releases itself: no other node is told of them."""
         ...
 
-    async def advance_workflow_runs(self, workflow_run_ids: Collection[str]) -> WorkflowChanges:
-        """Make the steps that became ready, exactly once each, and end the workflow runs that are done."""
+    async def advance_workflow_runs(self, workflow_run_ids: Collection[str], *,
+                                    released_here: Collection[int] = ()) -> WorkflowChanges:
+        """Make the steps that became ready, exactly once each, and end the workflow runs that are
+        done. The runs scheduled in ``released_here`` shards the caller releases itself."""
         ...
 
     async def workflow_runs_to_advance(self, shard_ids: Collection[int], limit: int = 1_000) -> list[str]:

@@ -88,7 +88,8 @@ class WorkflowTx(Protocol):
         ...
 
     async def notify(self, runs: Sequence[Run]) -> None:
-        """Tell the owners of these runs' shards (PostgreSQL: NOTIFY at commit; SQLite: one node)."""
+        """Tell the owners of these runs' shards (PostgreSQL: NOTIFY at commit; SQLite: one node),
+        except of runs the caller releases itself (``released_here``)."""
         ...
 
 
@@ -100,7 +101,10 @@ class WorkflowMethods:
 
     max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES
 
-    def _workflow_tx(self, *, write: bool = True) -> contextlib.AbstractAsyncContextManager[WorkflowTx]:
+    def _workflow_tx(self, *, write: bool = True,
+                     released_here: Collection[int] = ()) -> contextlib.AbstractAsyncContextManager[WorkflowTx]:
+        """A transaction; ``released_here``: shards whose newly scheduled runs the caller releases
+        itself once it commits, so no other node is told of them (and no echo comes back)."""
         raise NotImplementedError
 
     # Implemented by the backend's job methods, used to keep a workflow's schedule job in step.
@@ -187,13 +191,14 @@ class WorkflowMethods:
             started = await _start(tx, trigger, workflow, changes, self.max_payload)
         return started, changes
 
-    async def start_workflow_runs(self, triggers: Sequence[Run]) -> WorkflowChanges:
+    async def start_workflow_runs(self, triggers: Sequence[Run], *, released_here: Collection[int] = ()) -> WorkflowChanges:
         """Start the workflow runs these runs of workflow jobs stand for (released by the lane on
-        their time). A run no longer ``scheduled`` was started already, or cancelled: skipped."""
+        their time). A run no longer ``scheduled`` was started already, or cancelled: skipped.
+        ``released_here``: see :meth:`_workflow_tx`."""
         changes = WorkflowChanges()
         ordered = sorted(triggers, key=lambda run: run.run_id)
         for start in range(0, len(ordered), ADVANCE_BATCH):
-            async with self._workflow_tx() as tx:
+            async with self._workflow_tx(released_here=released_here) as tx:
                 for trigger in ordered[start:start + ADVANCE_BATCH]:
                     row = await tx.fetchrow(sql.START_TRIGGER, trigger.run_id)
                     if row is None:
@@ -214,14 +219,16 @@ class WorkflowMethods:
 
     # -- advancing -----------------------------------------------------------------------------------
 
-    async def advance_workflow_runs(self, workflow_run_ids: Collection[str]) -> WorkflowChanges:
+    async def advance_workflow_runs(self, workflow_run_ids: Collection[str], *,
+                                    released_here: Collection[int] = ()) -> WorkflowChanges:
         """Make the steps that became ready, and end the workflow runs that are done: up to
         :data:`ADVANCE_BATCH` workflow runs a transaction (each locked in id order, so two
-        nodes advancing overlapping batches cannot deadlock)."""
+        nodes advancing overlapping batches cannot deadlock). ``released_here``: see
+        :meth:`_workflow_tx`."""
         changes = WorkflowChanges()
         ordered = sorted(set(workflow_run_ids))
         for start in range(0, len(ordered), ADVANCE_BATCH):
-            async with self._workflow_tx() as tx:
+            async with self._workflow_tx(released_here=released_here) as tx:
                 for workflow_run_id in ordered[start:start + ADVANCE_BATCH]:
                     row = await tx.fetchrow(sql.LOCK_WORKFLOW_RUN, workflow_run_id)
                     if row is None:

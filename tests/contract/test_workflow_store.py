@@ -5,6 +5,7 @@ cancel and resume."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from datetime import UTC, datetime, timedelta
 
 import orjson
@@ -15,7 +16,7 @@ from fastlane.domain.records import AttemptResult, Dispatch
 from fastlane.domain.workflow_definitions import parse_definition
 from fastlane.domain.workflows import WorkflowRunState
 from fastlane.errors import InvalidState
-from fastlane.storage import open_store
+from fastlane.storage import Change, open_store
 from fastlane.storage.base import Store
 
 SHARDS = 4
@@ -137,3 +138,40 @@ async def test_cancel_ends_queued_steps_asks_running_ones_to_stop_and_is_idempot
     assert [r.step for r in what.cancelled] == ["c"] and [r.step for r in what.cancel_requested] == ["b"]
     again, nothing = await store.cancel_workflow_run("default", run.workflow_run_id)
     assert again.state is WorkflowRunState.CANCELLED and not (nothing.cancelled or nothing.cancel_requested)
+
+
+async def test_steps_released_here_are_not_announced_and_the_others_are(store, db_url):
+    """A node that advances a workflow run of a shard it owns releases the new steps itself:
+    announcing them too would bring them back to it through its own change follower, a second
+    release racing the first. Steps of other shards are announced to their owners."""
+    changes: list[Change] = []
+    listening = asyncio.Event()
+
+    def on_change(change: Change) -> None:
+        changes.append(change)
+        listening.set()
+
+    await store.create_workflow(parse_definition(DIAMOND))
+    quiet, quiet_changes = await store.trigger_workflow("default", "diamond", b"")
+    told, told_changes = await store.trigger_workflow("default", "diamond", b"")
+    watcher = asyncio.create_task(store.watch_changes(on_change))
+    try:
+        if not db_url.startswith("sqlite"):
+            await asyncio.wait_for(listening.wait(), 10)  # the listener announces itself once connected
+        for changes_made in (quiet_changes, told_changes):
+            await finish(store, changes_made.scheduled[0].run_id, 1, AttemptOutcome.SUCCEEDED)
+        here = {quiet.shard_id}
+        made_quiet = await store.advance_workflow_runs([quiet.workflow_run_id], released_here=here)
+        made_told = await store.advance_workflow_runs([told.workflow_run_id], released_here=here - {told.shard_id})
+        assert sorted(r.step for r in made_quiet.scheduled) == sorted(r.step for r in made_told.scheduled) == ["b", "c"]
+        announced = {r.run_id for r in made_told.scheduled} if db_url.startswith("postgres") else set()
+        deadline = asyncio.get_running_loop().time() + 10
+        while {c.key for c in changes if c.kind == "run"} < announced:
+            assert asyncio.get_running_loop().time() < deadline, changes
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.2)  # a quiet period: the other steps' notices would have come with those
+        assert not {c.key for c in changes if c.kind == "run"} & {r.run_id for r in made_quiet.scheduled}
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher

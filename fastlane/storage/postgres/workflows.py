@@ -7,7 +7,7 @@ import functools
 from collections.abc import AsyncIterator, Collection, Sequence
 from typing import Any
 
-from fastlane.domain.models import Run
+from fastlane.domain.models import Run, RunState
 from fastlane.domain.records import Change, ChangeKind
 from fastlane.storage.postgres.changes import notify
 from fastlane.storage.postgres.connection import PoolConnection, PostgresConnections
@@ -21,8 +21,9 @@ def _sql(template: str) -> str:
 
 
 class _Tx:
-    def __init__(self, db: PoolConnection) -> None:
+    def __init__(self, db: PoolConnection, released_here: Collection[int]) -> None:
         self._db = db
+        self._released_here = released_here
 
     async def fetch(self, sql: str, *params: Any) -> list[Any]:
         return list(await self._db.fetch(_sql(sql), *params))
@@ -38,13 +39,14 @@ class _Tx:
 
     async def notify(self, runs: Sequence[Run]) -> None:
         for run in runs:
-            await notify(self._db, Change(ChangeKind.RUN, run.shard_id, run.tenant, run.run_id))
+            if run.state is not RunState.SCHEDULED or run.shard_id not in self._released_here:
+                await notify(self._db, Change(ChangeKind.RUN, run.shard_id, run.tenant, run.run_id))
 
 
 class PostgresWorkflows(WorkflowMethods, PostgresConnections):
     """Workflow methods of :class:`~fastlane.storage.postgres.PostgresStore`."""
 
     @contextlib.asynccontextmanager
-    async def _workflow_tx(self, *, write: bool = True) -> AsyncIterator[WorkflowTx]:
+    async def _workflow_tx(self, *, write: bool = True, released_here: Collection[int] = ()) -> AsyncIterator[WorkflowTx]:
         async with self._transaction() if write else self._connection() as db:
-            yield _Tx(db)
+            yield _Tx(db, released_here)

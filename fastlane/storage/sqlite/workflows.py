@@ -62,6 +62,6 @@ class SQLiteWorkflows(WorkflowMethods, SQLiteConnections):
     """Workflow methods of :class:`~fastlane.storage.sqlite.SQLiteStore`."""
 
     @contextlib.asynccontextmanager
-    async def _workflow_tx(self, *, write: bool = True) -> AsyncIterator[WorkflowTx]:
+    async def _workflow_tx(self, *, write: bool = True, released_here: Collection[int] = ()) -> AsyncIterator[WorkflowTx]:
         async with self._transaction() if write else self._read() as db:
             yield _Tx(db)
