@@ -107,14 +107,16 @@ class NodeMessage(_message.Message):
     def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., assignments: _Optional[_Union[Assignments, _Mapping]] = ..., acks: _Optional[_Union[ResultAcks, _Mapping]] = ..., cancel: _Optional[_Union[CancelRuns, _Mapping]] = ..., clock_echo: _Optional[_Union[ClockEcho, _Mapping]] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("node_id", "heartbeat_interval", "takes_credits_with_results")
+    __slots__ = ("node_id", "heartbeat_interval", "takes_credits_with_results", "prompt_results")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     TAKES_CREDITS_WITH_RESULTS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_RESULTS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     heartbeat_interval: _duration_pb2.Duration
     takes_credits_with_results: bool
-    def __init__(self, node_id: _Optional[str] = ..., heartbeat_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., takes_credits_with_results: _Optional[bool] = ...) -> None: ...
+    prompt_results: bool
+    def __init__(self, node_id: _Optional[str] = ..., heartbeat_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., takes_credits_with_results: _Optional[bool] = ..., prompt_results: _Optional[bool] = ...) -> None: ...
 
 class Assignments(_message.Message):
     __slots__ = ("assignments",)

@@ -44,6 +44,9 @@ def coalesce_wait(pending: int, node_credits_left: int, since_last_sent: float) 
     """How long finished results wait to share one message: until RESULT_COALESCE has passed
     since the last results message, so a result after a quiet spell goes at once (a workflow's
     next step waits on it) and a busy stream still sends at most one message per RESULT_COALESCE.
+    A node that does not ask for prompt results (Welcome.prompt_results: its database has one
+    writer, and fewer, fuller writes serve it better) is given ``since_last_sent`` 0: every
+    result waits the whole window.
 
     Not at all when many are waiting, or when the node has no credit left for this stream. Then
     every slot is busy and runs wait at the node for one: a freed slot is worth more at once than
@@ -117,6 +120,7 @@ class NodeStream:
         self._outbound: asyncio.Queue[pb.WorkerMessage | None] | None = None
         self._welcomed = False
         self._credits_with_results = False  # this connection's node takes credits inside Results
+        self._prompt_results = False  # this connection's node wants a result after a quiet spell at once
         self._session_ended = False  # since this stream was made: a connection failed or broke
         self._draining = False
         self._heartbeat_interval = _DEFAULT_HEARTBEAT_INTERVAL
@@ -323,6 +327,7 @@ class NodeStream:
         self._outbound = None
         self._welcomed = False
         self._credits_with_results = False
+        self._prompt_results = False
         self._session_ended = True
         self._runs.settled.set()  # a leaving stream hands its work over once it is down
         waiter, self._next_beat = self._next_beat, None
@@ -376,7 +381,8 @@ class NodeStream:
             await self._runs.results_ready.wait()
             runs = self._runs
             credits_left = self._concurrency - runs.own_in_flight - runs.pending_credits
-            if wait := coalesce_wait(runs.pending_count, credits_left, loop.time() - last_sent):
+            quiet_for = loop.time() - last_sent if self._prompt_results else 0.0
+            if wait := coalesce_wait(runs.pending_count, credits_left, quiet_for):
                 await asyncio.sleep(wait)
             last_sent = loop.time()
             self._runs.results_ready.clear()
@@ -441,6 +447,7 @@ class NodeStream:
             )
         self._welcomed = True
         self._credits_with_results = welcome.takes_credits_with_results
+        self._prompt_results = welcome.prompt_results
         welcomed.set()
 
     def _clock_echo(self, echo: pb.ClockEcho, received_ns: int) -> None:
