@@ -82,8 +82,8 @@ class SessionLimits:
         return cls(idle_in_transaction=ttl / 5, lock_wait=ttl / 4, statement=ttl / 2, call=ttl * 3 / 4)
 
     def server_settings(self) -> dict[str, str]:
-        """The session settings, sent when each connection starts: they are its defaults, which
-        even a ``RESET ALL`` would keep."""
+        """The session settings, sent when each connection starts (so ``RESET ALL``, run by the
+        pool when a connection comes back, keeps them)."""
         return {
             "idle_in_transaction_session_timeout": _milliseconds(self.idle_in_transaction),
             "lock_timeout": _milliseconds(self.lock_wait),
@@ -105,15 +105,6 @@ class SessionLimits:
 
 def _milliseconds(duration: timedelta) -> str:
     return str(max(1, round(duration / timedelta(milliseconds=1))))  # 0 would turn the limit off
-
-
-async def _keep_session(connection: asyncpg.Connection) -> None:
-    """What the pool does to a connection coming back, besides what it always does (roll back a
-    transaction left open, drop listeners): nothing. Its default also runs ``RESET ALL``,
-    ``UNLISTEN *``, ``CLOSE ALL`` and ``pg_advisory_unlock_all()``, a round trip the caller
-    waits for after every transaction, to undo session state this store never makes: its
-    settings are the connection's own (``server_settings``), its advisory locks last a
-    transaction, its cursors live in one, and it listens on a connection of its own."""
 
 
 class PostgresConnections:
@@ -152,7 +143,6 @@ class PostgresConnections:
                     # cast: the stubs spell out every keyword of asyncpg.connect; this passes them on.
                     connect=cast(Any, self._hosts.connect),
                     init=self._identity.check,
-                    reset=_keep_session,
                     # Whole seconds, at least 1: asyncpg reads 0 as "keep for ever".
                     max_cached_statement_lifetime=max(1, round(STATEMENT_LIFETIME.total_seconds())),
                 )
