@@ -252,11 +252,7 @@ class Node:
             health_listen=settings.health_listen,
             jobs=JobServicer(store, operations, max_payload=settings.max_payload_bytes, quotas=quotas),
             runs=RunServicer(store, operations, quotas=quotas),
-            # SQLite's one writer serves the journal and the workflow coordinator in turn: results
-            # that wait the worker's window share its writes (on PostgreSQL, prompt results took
-            # the workflow hand-over p99 from 12-18 ms to 9-10; on SQLite they doubled it).
-            workers=WorkerServicer(dispatcher, node_id=settings.node_id, heartbeat_interval=HEARTBEAT_INTERVAL,
-                                   prompt_results=store.dialect != "sqlite"),
+            workers=WorkerServicer(dispatcher, node_id=settings.node_id, heartbeat_interval=HEARTBEAT_INTERVAL),
             workflows=WorkflowServicer(store, operations, max_payload=settings.max_payload_bytes, quotas=quotas),
             admin=AdminServicer(store, node_status, settings.node_id, live_within=settings.shard_lease_ttl,
                                 quotas=quotas, workers=worker_statuses),

@@ -44,9 +44,8 @@ def coalesce_wait(pending: int, node_credits_left: int, since_last_sent: float) 
     """How long finished results wait to share one message: until RESULT_COALESCE has passed
     since the last results message, so a result after a quiet spell goes at once (a workflow's
     next step waits on it) and a busy stream still sends at most one message per RESULT_COALESCE.
-    A node that does not ask for prompt results (Welcome.prompt_results: its database has one
-    writer, and fewer, fuller writes serve it better) is given ``since_last_sent`` 0: every
-    result waits the whole window.
+    A node that does not ask for prompt results (Welcome.prompt_results unset, as by nodes older
+    than the field) is given ``since_last_sent`` 0: every result waits the whole window.
 
     Not at all when many are waiting, or when the node has no credit left for this stream. Then
     every slot is busy and runs wait at the node for one: a freed slot is worth more at once than
