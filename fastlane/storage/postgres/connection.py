@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -18,8 +17,6 @@ from fastlane.errors import ConfigurationError
 from fastlane.storage.driver_errors import POSTGRES_DRIVER_ERRORS, classify_postgres
 from fastlane.storage.postgres.hosts import HostRotation
 from fastlane.storage.postgres.server_identity import IdentityWatch
-
-logger = logging.getLogger(__name__)
 
 # What the pool lends: a proxy to a connection, with its methods. A string, as asyncpg's class is
 # generic only in its stubs.
@@ -127,7 +124,6 @@ class PostgresConnections:
         self._pool: asyncpg.Pool | None = None
         self._hosts = HostRotation(url)
         self._identity = IdentityWatch()
-        self._releasing: set[asyncio.Task[None]] = set()
 
     @property
     def server_epoch(self) -> int:
@@ -160,37 +156,15 @@ class PostgresConnections:
         StorageError (StorageUnavailable when retrying may work, a timeout included)."""
         pool = await self._open()
         try:
-            connection = await pool.acquire(timeout=self._limits.call_seconds)
+            async with pool.acquire(timeout=self._limits.call_seconds) as connection:
+                try:
+                    yield connection
+                except POSTGRES_DRIVER_ERRORS as error:
+                    # Whatever asyncpg raised (a transaction exit even raises InterfaceError), a
+                    # connection found closed means the database went away.
+                    raise classify_postgres(error, connection_closed=connection.is_closed()) from error
         except POSTGRES_DRIVER_ERRORS as error:
             raise classify_postgres(error, doing="acquiring a connection") from error
-        try:
-            yield connection
-        except POSTGRES_DRIVER_ERRORS as error:
-            # Whatever asyncpg raised (a transaction exit even raises InterfaceError), a
-            # connection found closed means the database went away.
-            raise classify_postgres(error, connection_closed=connection.is_closed()) from error
-        finally:
-            self._release_in_background(pool, connection)
-
-    def _release_in_background(self, pool: asyncpg.Pool, connection: PoolConnection) -> None:
-        """Give ``connection`` back without making its borrower wait for the pool's reset.
-
-        The pool resets a returned connection (``RESET ALL`` and the like: one round trip) before
-        lending it again, and that is what undoes a session setting careless code might make. The
-        borrower has nothing to wait for: its transaction has ended, and the connection is lent
-        again only once reset. Awaited, the round trip sat on every store call (the workflow
-        hand-over's p99, ``fastlane bench workflow --backend postgres``: about 10 ms with it,
-        8.7 without). ``pool.close()`` waits for connections being released, so none is lost.
-        """
-        release = asyncio.get_running_loop().create_task(pool.release(connection))
-        self._releasing.add(release)
-        release.add_done_callback(self._released)
-
-    def _released(self, release: asyncio.Task[None]) -> None:
-        self._releasing.discard(release)
-        if not release.cancelled() and (error := release.exception()) is not None:
-            # The pool has closed the connection and opens a new one when it needs one.
-            logger.debug("a PostgreSQL connection failed its reset and was closed: %r", error)
 
     @contextlib.asynccontextmanager
     async def _transaction(self) -> AsyncIterator[PoolConnection]:
