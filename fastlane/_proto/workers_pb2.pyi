@@ -125,7 +125,7 @@ class Assignments(_message.Message):
     def __init__(self, assignments: _Optional[_Iterable[_Union[Assignment, _Mapping]]] = ...) -> None: ...
 
 class Assignment(_message.Message):
-    __slots__ = ("run_id", "job_id", "job_type", "tenant", "attempt", "payload", "scheduled_for", "idempotency_key", "lease_token", "lease_ttl", "checkpoint", "timeout", "released_at", "start_at")
+    __slots__ = ("run_id", "job_id", "job_type", "tenant", "attempt", "payload", "scheduled_for", "idempotency_key", "lease_token", "lease_ttl", "checkpoint", "timeout", "released_at", "start_at", "awaited")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -140,6 +140,7 @@ class Assignment(_message.Message):
     TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     RELEASED_AT_FIELD_NUMBER: _ClassVar[int]
     START_AT_FIELD_NUMBER: _ClassVar[int]
+    AWAITED_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     job_id: str
     job_type: str
@@ -154,7 +155,8 @@ class Assignment(_message.Message):
     timeout: _duration_pb2.Duration
     released_at: _timestamp_pb2.Timestamp
     start_at: _timestamp_pb2.Timestamp
-    def __init__(self, run_id: _Optional[str] = ..., job_id: _Optional[str] = ..., job_type: _Optional[str] = ..., tenant: _Optional[str] = ..., attempt: _Optional[int] = ..., payload: _Optional[bytes] = ..., scheduled_for: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., lease_token: _Optional[int] = ..., lease_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., checkpoint: _Optional[bytes] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., released_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., start_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    awaited: bool
+    def __init__(self, run_id: _Optional[str] = ..., job_id: _Optional[str] = ..., job_type: _Optional[str] = ..., tenant: _Optional[str] = ..., attempt: _Optional[int] = ..., payload: _Optional[bytes] = ..., scheduled_for: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., lease_token: _Optional[int] = ..., lease_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., checkpoint: _Optional[bytes] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., released_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., start_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., awaited: _Optional[bool] = ...) -> None: ...
 
 class ResultAcks(_message.Message):
     __slots__ = ("acks",)

@@ -204,11 +204,11 @@ class RunSlot:
 
     __slots__ = (
         "stream", "run_id", "lease_token", "start_at_ns", "due_ns", "started_at", "task", "progress",
-        "sent_progress", "checkpoint", "unsent_checkpoint", "stop_reason", "output",
+        "sent_progress", "checkpoint", "unsent_checkpoint", "stop_reason", "output", "awaited",
     )
 
     def __init__(self, stream: RunReporter, run_id: str, lease_token: int, start_at_ns: int | None = None,
-                 due_ns: int | None = None) -> None:
+                 due_ns: int | None = None, *, awaited: bool = False) -> None:
         self.stream = stream
         self.run_id = run_id
         self.lease_token = lease_token
@@ -224,6 +224,7 @@ class RunSlot:
         self.unsent_checkpoint: bytes | None = None
         self.stop_reason: Verdict | None = None  # set when the worker itself cancels the handler
         self.output = b""  # what the handler returned, as JSON (a workflow step's result)
+        self.awaited = awaited  # others wait on its result: sent at once (Assignment.awaited)
 
     @property
     def key(self) -> RunKey:
@@ -299,6 +300,7 @@ class RunBook:
         self.ack_clock = time.monotonic()  # last ack, or when the first unacked result appeared
         self._pending: list[pb.RunResult] = []  # finished, not yet written to the current connection
         self._pending_credits = 0
+        self.pending_awaited = False  # a result others wait on is among the pending
         self._changed: set[RunKey] = set()  # due in the next prompt heartbeat
         self.results_ready = asyncio.Event()
         self.settled = asyncio.Event()  # a run finished, a result was acknowledged, the stream went down
@@ -333,7 +335,8 @@ class RunBook:
                 start_at_ns = held_until(assignment.start_at.ToNanoseconds() - (clock_offset_ns or 0), time.time_ns())
             elif assignment.attempt <= 1 and assignment.HasField("scheduled_for"):
                 due_ns = assignment.scheduled_for.ToNanoseconds() - (clock_offset_ns or 0)
-            slot = RunSlot(reporter, assignment.run_id, assignment.lease_token, start_at_ns, due_ns)
+            slot = RunSlot(reporter, assignment.run_id, assignment.lease_token, start_at_ns, due_ns,
+                           awaited=assignment.awaited)
             self.in_flight[key] = slot
             slot.task = loop.create_task(launch(slot, assignment, received_at), name=f"run:{assignment.run_id}")
 
@@ -349,6 +352,7 @@ class RunBook:
             self.ack_clock = time.monotonic()
         self.unacked[slot.key] = result
         self._pending.append(result)
+        self.pending_awaited |= slot.awaited
         if slot.key in self._adopted:
             self._adopted.discard(slot.key)  # its credit was another node's
         else:
@@ -376,12 +380,13 @@ class RunBook:
         """The results not yet sent and the credits they free; both are then forgotten here."""
         batch, self._pending = self._pending, []
         credits, self._pending_credits = self._pending_credits, 0
+        self.pending_awaited = False
         return batch, credits
 
     def resend_all(self) -> list[pb.RunResult]:
         """For a new connection: every unacknowledged result, and every attempt's full state again."""
         # The Hello's credits already count every finished run, so nothing pending is granted again.
-        self._pending, self._pending_credits = [], 0
+        self._pending, self._pending_credits, self.pending_awaited = [], 0, False
         for slot in self.in_flight.values():
             slot.resync()
         self.ack_clock = time.monotonic()  # everything unacknowledged is about to be sent again
@@ -402,7 +407,7 @@ class RunBook:
         self.in_flight, self.unacked = {}, {}
         self._adopted.clear()
         self._changed.clear()
-        self._pending, self._pending_credits = [], 0
+        self._pending, self._pending_credits, self.pending_awaited = [], 0, False
         self.settled.set()
         return slots, results
 

@@ -40,18 +40,21 @@ RESULT_COALESCE = 0.004
 RESULT_COALESCE_ENOUGH = 256
 
 
-def coalesce_wait(pending: int, node_credits_left: int, since_last_sent: float) -> float:
+def coalesce_wait(pending: int, node_credits_left: int, since_last_sent: float, *, awaited: bool = False) -> float:
     """How long finished results wait to share one message: until RESULT_COALESCE has passed
     since the last results message, so a result after a quiet spell goes at once (a workflow's
     next step waits on it) and a busy stream still sends at most one message per RESULT_COALESCE.
     A node that does not ask for prompt results (Welcome.prompt_results unset, as by nodes older
     than the field) is given ``since_last_sent`` 0: every result waits the whole window.
 
-    Not at all when many are waiting, or when the node has no credit left for this stream. Then
-    every slot is busy and runs wait at the node for one: a freed slot is worth more at once than
-    a write saved, and holding it made slots free in step (all handlers of a fixed length ending
-    in the same 4 ms, waiting runs going out only in those batches, whatever their priority)."""
-    if pending >= RESULT_COALESCE_ENOUGH or node_credits_left <= 0:
+    Not at all when one of them is ``awaited`` (Assignment.awaited: a workflow's next steps wait
+    on it; a window of the leading edge still held two results of parallel steps ending within
+    4 ms of each other, the hand-over's largest tail), when many are waiting, or when the node
+    has no credit left for this stream. Then every slot is busy and runs wait at the node for
+    one: a freed slot is worth more at once than a write saved, and holding it made slots free in
+    step (all handlers of a fixed length ending in the same 4 ms, waiting runs going out only in
+    those batches, whatever their priority)."""
+    if awaited or pending >= RESULT_COALESCE_ENOUGH or node_credits_left <= 0:
         return 0.0
     return max(RESULT_COALESCE - since_last_sent, 0.0)
 _ACCESS_REFUSALS = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED})
@@ -381,7 +384,7 @@ class NodeStream:
             runs = self._runs
             credits_left = self._concurrency - runs.own_in_flight - runs.pending_credits
             quiet_for = loop.time() - last_sent if self._prompt_results else 0.0
-            if wait := coalesce_wait(runs.pending_count, credits_left, quiet_for):
+            if wait := coalesce_wait(runs.pending_count, credits_left, quiet_for, awaited=runs.pending_awaited):
                 await asyncio.sleep(wait)
             last_sent = loop.time()
             self._runs.results_ready.clear()

@@ -298,6 +298,7 @@ def _to_pb(outgoing: Outgoing) -> workers_pb2.NodeMessage:
                 timeout=wire.duration(item.run.timeout),
                 released_at=wire.timestamp(item.released_at),
                 start_at=wire.timestamp(item.start_at) if item.start_at is not None else None,
+                awaited=item.run.workflow_run_id is not None,
             )
             for item in outgoing.runs
         ]))
