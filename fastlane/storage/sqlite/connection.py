@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import os
 import sqlite3
 import sys
@@ -24,7 +23,7 @@ import aiosqlite
 import orjson
 
 from fastlane.clock import from_micros, to_micros
-from fastlane.errors import StorageError, StorageUnavailable
+from fastlane.errors import StorageUnavailable
 from fastlane.storage.driver_errors import SQLITE_DRIVER_ERRORS, classify_sqlite, sqlite_write_fault
 from fastlane.storage.turns import WriteTurns
 
@@ -35,15 +34,6 @@ from fastlane.storage.turns import WriteTurns
 # spread --no-peer --scale 0.3` (SQLite, node and worker on 2 cores), three runs each, alternating:
 # start p99 median 1.14 ms at the same priority, 0.72 ms at +10; `sustained` kept its throughput.
 CONNECTION_THREAD_NICENESS = 10
-
-# How often the write-ahead log is copied back into the database file (a passive checkpoint), at
-# most; only after writes. SQLite would do it itself, on the writer, in the commit that takes the
-# log past 1,000 pages: that commit, and every write queued behind it, then waits the few
-# milliseconds of copying (`fastlane bench workflow`: most of the hand-over's tail on SQLite).
-# Done here on the read connection instead, off the writer's thread; the writer goes on meanwhile.
-CHECKPOINT_EVERY = 1.0
-
-log = logging.getLogger(__name__)
 
 
 def lower_this_threads_priority() -> None:
@@ -77,8 +67,6 @@ class SQLiteConnections:
         self._read_lock = asyncio.Lock()
         self._write_fault: str | None = None
         self._write_fault_changed = asyncio.Event()
-        self._checkpoint: asyncio.Task[None] | None = None
-        self._last_checkpoint = time.monotonic()
 
     @property
     def write_fault(self) -> str | None:
@@ -113,7 +101,6 @@ class SQLiteConnections:
             await connection.execute("SELECT fl_lower_priority()")
             await connection.execute("PRAGMA journal_mode = WAL")
             await connection.execute("PRAGMA synchronous = NORMAL")  # durable in WAL mode except on power loss
-            await connection.execute("PRAGMA wal_autocheckpoint = 0")  # see CHECKPOINT_EVERY
             await connection.execute("PRAGMA busy_timeout = 10000")
         except SQLITE_DRIVER_ERRORS as error:
             if connection is not None:  # half set up: its thread must not linger
@@ -153,28 +140,10 @@ class SQLiteConnections:
                 raise classify_sqlite(error, path=str(self.path)) from error
             if db.total_changes != changes:
                 self._writes(None)
-                self._checkpoint_soon()
             elif self._write_fault is not None:
                 # A transaction that changed nothing commits even on a full disk or a read-only
                 # file: it says nothing about the fault, and the next one opens the file afresh.
                 await self._reopen_all(db)
-
-    def _checkpoint_soon(self) -> None:
-        """Start a checkpoint in the background if none runs and the last began
-        :data:`CHECKPOINT_EVERY` ago."""
-        if self._checkpoint is None and time.monotonic() - self._last_checkpoint >= CHECKPOINT_EVERY:
-            self._last_checkpoint = time.monotonic()
-            self._checkpoint = asyncio.get_running_loop().create_task(self._checkpoint_log())
-
-    async def _checkpoint_log(self) -> None:
-        try:
-            # PASSIVE: copies what no reader still needs, waits for no one; the writer goes on.
-            async with self._read() as db:
-                await db.execute("PRAGMA wal_checkpoint(PASSIVE)")
-        except StorageError as error:  # the next write starts another; the log only grows meanwhile
-            log.warning("checkpointing %s failed (tried again after the next write): %s", self.path, error)
-        finally:
-            self._checkpoint = None
 
     async def _roll_back(self, db: aiosqlite.Connection) -> None:
         """Roll back; a writer that cannot (its file gone, say) is closed, so the next
@@ -219,8 +188,6 @@ class SQLiteConnections:
                 raise classify_sqlite(error, path=str(self.path)) from error
 
     async def close(self) -> None:
-        if self._checkpoint is not None:
-            await asyncio.gather(self._checkpoint, return_exceptions=True)
         for name in ("_writer", "_reader"):
             connection = getattr(self, name)
             setattr(self, name, None)
