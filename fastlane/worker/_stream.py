@@ -44,16 +44,18 @@ def coalesce_wait(pending: int, node_credits_left: int, since_last_sent: float, 
     """How long finished results wait to share one message: until RESULT_COALESCE has passed
     since the last results message, so a result after a quiet spell goes at once (a workflow's
     next step waits on it) and a busy stream still sends at most one message per RESULT_COALESCE.
-    A node that does not ask for prompt results (Welcome.prompt_results unset, as by nodes older
-    than the field) is given ``since_last_sent`` 0: every result waits the whole window.
+    A node that does not ask for prompt results (Welcome.prompt_results: its database has one
+    writer, and fewer, fuller writes serve it better) is given ``since_last_sent`` 0: every
+    result waits the whole window.
 
     Not at all when one of them is ``awaited`` (Assignment.awaited: a workflow's next steps wait
-    on it; a window of the leading edge still held two results of parallel steps ending within
-    4 ms of each other, the hand-over's largest tail), when many are waiting, or when the node
-    has no credit left for this stream. Then every slot is busy and runs wait at the node for
-    one: a freed slot is worth more at once than a write saved, and holding it made slots free in
-    step (all handlers of a fixed length ending in the same 4 ms, waiting runs going out only in
-    those batches, whatever their priority)."""
+    on it; with the leading edge alone, of parallel steps ending within 4 ms of each other the
+    last still waited for the window the first opened, the hand-over's largest tail).
+
+    Nor when many are waiting, or when the node has no credit left for this stream. Then every
+    slot is busy and runs wait at the node for one: a freed slot is worth more at once than a
+    write saved, and holding it made slots free in step (all handlers of a fixed length ending in
+    the same 4 ms, waiting runs going out only in those batches, whatever their priority)."""
     if awaited or pending >= RESULT_COALESCE_ENOUGH or node_credits_left <= 0:
         return 0.0
     return max(RESULT_COALESCE - since_last_sent, 0.0)

@@ -69,10 +69,12 @@ _WORKER_OUTCOMES = {outcome.value: outcome for outcome in (
 
 
 class WorkerServicer(workers_pb2_grpc.WorkerServiceServicer):
-    def __init__(self, dispatcher: Dispatcher, *, node_id: str, heartbeat_interval: timedelta) -> None:
+    def __init__(self, dispatcher: Dispatcher, *, node_id: str, heartbeat_interval: timedelta,
+                 prompt_results: bool = True) -> None:
         self._dispatcher = dispatcher
         self._node_id = node_id
         self._heartbeat_interval = heartbeat_interval
+        self._prompt_results = prompt_results  # told to workers: see Welcome.prompt_results
 
     async def Connect(self, request_iterator: object, context: WorkerContext) -> None:
         first = await context.read()
@@ -93,8 +95,7 @@ class WorkerServicer(workers_pb2_grpc.WorkerServiceServicer):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(error))
         await context.write(workers_pb2.NodeMessage(welcome=workers_pb2.Welcome(
             node_id=self._node_id, heartbeat_interval=wire.duration(self._heartbeat_interval),
-            # Prompt results: a workflow's next step waits on its parent's (Welcome.prompt_results).
-            takes_credits_with_results=True, prompt_results=True)))
+            takes_credits_with_results=True, prompt_results=self._prompt_results)))
         # Under a tenant's token, the worker id is qualified by the tenant: reports are checked by
         # worker id, so a worker of one tenant can never pass for another tenant's worker.
         session = self._dispatcher.connect(qualified_worker_id(hello.worker_id), hello.job_types, hello.credits, tenant)
