@@ -253,8 +253,9 @@ class Node:
             jobs=JobServicer(store, operations, max_payload=settings.max_payload_bytes, quotas=quotas),
             runs=RunServicer(store, operations, quotas=quotas),
             # SQLite's one writer records results: those that wait the worker's window share its
-            # writes (prompt results there cost about 7 % of `sustained`'s recorded runs/s). A
-            # workflow step's result goes at once on either backend (Assignment.awaited).
+            # writes, and fewer, fuller writes serve it better (with prompt results, `sustained`
+            # recorded fewer runs/s in six of nine pairs). A workflow step's result goes at once on
+            # either backend (Assignment.awaited).
             workers=WorkerServicer(dispatcher, node_id=settings.node_id, heartbeat_interval=HEARTBEAT_INTERVAL,
                                    prompt_results=store.dialect != "sqlite"),
             workflows=WorkflowServicer(store, operations, max_payload=settings.max_payload_bytes, quotas=quotas),
