@@ -4,10 +4,14 @@ One real run is made through the store (created, dispatched, finished), and the 
 it ``count`` times in one statement, each copy with its own id, job, shard and instants, ended
 ``age`` ago; its attempt likewise. Copying a real row, column by column as the schema has them,
 keeps the seed valid whatever later migrations add.
+
+The ``console`` scenario copies rows the same way on PostgreSQL, with copies of its own making
+(:func:`one_finished_run`, :func:`insert_copies`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 
 import aiosqlite
@@ -27,7 +31,7 @@ LEASE = timedelta(seconds=30)
 
 async def seed_old_history(url: str, count: int, age: timedelta) -> None:
     """Add ``count`` runs that finished ``age`` ago (and a little more), each with one attempt."""
-    template = await _one_finished_run(url)
+    template = await one_finished_run(url)
     ended = now_utc() - age - timedelta(milliseconds=count)  # the copies end 1 ms apart, the last ``age`` ago
     if url.startswith("sqlite"):
         await _copy_sqlite(url.removeprefix("sqlite:///"), template, count, to_micros(ended))
@@ -53,7 +57,9 @@ async def count_old_runs(url: str) -> int:
         await connection.close()
 
 
-async def _one_finished_run(url: str) -> str:
+async def one_finished_run(url: str) -> str:
+    """Make one run through the store, dispatched and succeeded, and return its id: the template
+    of the copies. Its job (``old-history-template``, default tenant) stays, completed."""
     store = open_store(url, shard_count=SHARDS)
     try:
         await store.migrate()
@@ -83,22 +89,30 @@ def _overrides(instant: str) -> tuple[dict[str, str], dict[str, str]]:
     return runs, attempts
 
 
-def _copy_of(columns: list[str], overrides: dict[str, str]) -> str:
+def _copy_of(columns: list[str], overrides: Mapping[str, str]) -> str:
     return ", ".join(overrides.get(column, f"t.{column}") for column in columns)
 
 
 async def _copy_postgres(db: asyncpg.Connection, template: str, count: int, ended: datetime) -> None:
     run_overrides, attempt_overrides = _overrides("$3::timestamptz + n * interval '1 millisecond'")
-    run_columns, attempt_columns = await _postgres_columns(db, "runs"), await _postgres_columns(db, "attempts")
-    runs, attempts = _copy_of(run_columns, run_overrides), _copy_of(attempt_columns, attempt_overrides)
     async with db.transaction():
-        await db.execute(f"INSERT INTO runs ({', '.join(run_columns)}) SELECT {runs} "
-                         "FROM runs t, generate_series(1, $2::bigint) AS n WHERE t.run_id = $1", template, count, ended)
-        await db.execute(f"INSERT INTO attempts ({', '.join(attempt_columns)}) SELECT {attempts} "
-                         "FROM attempts t, generate_series(1, $2::bigint) AS n WHERE t.run_id = $1",
-                         template, count, ended)
+        await insert_copies(db, "runs", run_overrides, "runs t, generate_series(1, $2::bigint) AS n WHERE t.run_id = $1",
+                            template, count, ended)
+        await insert_copies(db, "attempts", attempt_overrides,
+                            "attempts t, generate_series(1, $2::bigint) AS n WHERE t.run_id = $1", template, count, ended)
     await db.execute("ANALYZE runs")
     await db.execute("ANALYZE attempts")
+
+
+async def insert_copies(db: asyncpg.Connection, table: str, overrides: Mapping[str, str], source: str,
+                        *parameters: object) -> None:
+    """PostgreSQL: ``INSERT INTO table SELECT ... FROM source``, where ``source`` (a FROM clause,
+    with a WHERE if need be) names the template rows ``t`` and what they are copied over; every
+    column is the template's unless ``overrides`` gives an SQL expression for it. The columns are
+    read from the database, so a column a later migration adds is copied too."""
+    columns = await _postgres_columns(db, table)
+    await db.execute(f"INSERT INTO {table} ({', '.join(columns)}) SELECT {_copy_of(columns, overrides)} "
+                     f"FROM {source}", *parameters)
 
 
 async def _postgres_columns(db: asyncpg.Connection, table: str) -> list[str]:

@@ -51,6 +51,11 @@ _FIGURES: tuple[tuple[str, str, str], ...] = (
     ("window_jobs", "jobs due in the window", ""),
     ("jobs_in_window", "jobs the node held in its window, planned or written (metrics)", ""),
     ("stored_jobs", "jobs stored", ""),
+    ("stored_runs", "runs stored", ""),
+    ("heavy_job_runs", "runs of the job whose pages are fetched", ""),
+    ("load_s", "time to load the jobs and runs", "s"),
+    ("requests_per_page", "timed requests per page, after warm-ups", ""),
+    ("token_role", "signed in with a token of role", ""),
     ("rss_before_bytes", "daemon RSS before loading the window", "bytes"),
     ("rss_after_bytes", "daemon RSS after loading the window", "bytes"),
     ("bytes_per_window_job", "memory per in-window job", "bytes"),
@@ -104,7 +109,9 @@ def render_markdown(document: Mapping[str, Any]) -> str:
     if postgres:
         lines.append(f"PostgreSQL: {', '.join(f'{key} {value}' for key, value in postgres.items())}.")
     lines.append("")
-    lines += _results_table(document.get("results") or [])
+    results = document.get("results") or []
+    # Pages fetched (console) have times, not lags: a table of their own instead of the lags'.
+    lines += _pages_table(results) if any("pages" in result for result in results) else _results_table(results)
     ratios = document.get("ratios") or {}
     if ratios:
         lines += ["", "## fastlane : APScheduler (below 1: fastlane is faster)", ""]
@@ -151,6 +158,18 @@ def _results_table(results: Sequence[Mapping[str, Any]]) -> list[str]:
     rows.append("")
     rows.append("Lags in milliseconds from the scheduled instant: start = handler entered (for APScheduler, the job "
                 "function called), delivery = worker received, release = node released.")
+    return rows
+
+
+def _pages_table(results: Sequence[Mapping[str, Any]]) -> list[str]:
+    rows = ["| page | path | p50 ms | p95 ms | max ms | bytes |", "|---|---|---:|---:|---:|---:|"]
+    for result in results:
+        for page in result.get("pages") or ():
+            figures = page.get("ms") or {}
+            rows.append(f"| {page.get('page')} | `{page.get('path')}` | "
+                        + " | ".join(_ms(figures.get(key)) for key in ("p50", "p95", "max"))
+                        + f" | {_count(page.get('bytes'))} |")
+    rows += ["", "Times in milliseconds from sending the request to reading the answer's last byte."]
     return rows
 
 

@@ -41,6 +41,8 @@ KEEPING_HISTORY = "fastlane keeping history"
 TRIMMING_HISTORY = "fastlane trimming history"
 WORKFLOW_HANDOFF_P99_MS = 10.0  # a workflow step starts within this of its parents' end (p99)
 TRIMMING_VS_KEEPING_AT_MOST = 1.1  # trimming old history raises spread's p99 start lag by at most 10 %
+CONSOLE_PAGE_P95_MS = 200.0  # every console page, over 100,000 jobs and 1,000,000 runs
+CONSOLE_RUNS = 1_000_000
 
 
 def result_of(document: Mapping[str, Any], system: str) -> Mapping[str, Any] | None:
@@ -76,6 +78,8 @@ def evaluate(document: Mapping[str, Any]) -> list[Target]:
         return _retention(document)
     if scenario == "workflow":
         return _workflow(fastlane)
+    if scenario == "console":
+        return _console(fastlane)
     return []
 
 
@@ -254,3 +258,20 @@ def _retention(document: Mapping[str, Any]) -> list[Target]:
     return [Target(name=f"spread p99 start lag while trimming old history vs keeping it (≤{TRIMMING_VS_KEEPING_AT_MOST:g}x)",
                    limit=TRIMMING_VS_KEEPING_AT_MOST, op="<=", unit="ratio", measured=measured, applies=applies,
                    note=note)]
+
+
+def _console(fastlane: Mapping[str, Any] | None) -> list[Target]:
+    """Each console page's p95 time to its last byte, one target a page; p50 and max beside it."""
+    if fastlane is None:
+        return [Target(name=f"console pages: p95 (≤{CONSOLE_PAGE_P95_MS:g} ms)", limit=CONSOLE_PAGE_P95_MS, op="<=",
+                       unit="ms", measured=None, note="not measured")]
+    runs = int(fastlane.get("stored_runs", 0))
+    scaled = "" if runs >= CONSOLE_RUNS else f"measured over {runs:,} runs; the target is stated for {CONSOLE_RUNS:,}"
+    targets = []
+    for page in fastlane.get("pages", ()):
+        figures = page.get("ms") or {}
+        note = f"p50 {figures.get('p50')} ms, max {figures.get('max')} ms"
+        targets.append(Target(name=f"console page {page.get('page')}: p95 (≤{CONSOLE_PAGE_P95_MS:g} ms)",
+                              limit=CONSOLE_PAGE_P95_MS, op="<=", unit="ms", measured=lag_of(page, "ms", "p95"),
+                              note="; ".join(filter(None, [note, scaled]))))
+    return targets

@@ -69,6 +69,7 @@ class Settings:
     node_id: str = field(default_factory=default_node_id)
     metrics_listen: str | None = None
     health_listen: str | None = None  # the health service alone, plain gRPC (for probes)
+    console_listen: str | None = None  # the web console (HTTP, or HTTPS with the API's TLS files)
     # Every call but health checks needs an API token (fastlane tokens create).
     auth: bool = False
     # TLS for the API: certificate and key files (re-read when they change), and the CA that
@@ -168,15 +169,15 @@ class Settings:
         return self.tls_cert is not None
 
     def _check_listeners(self) -> None:
-        """Secure by default: the API leaves loopback only with tokens and TLS (tokens would
-        cross the network in clear otherwise), metrics only with tokens on; ``--insecure``
-        overrides both, for development."""
+        """Secure by default: the API and the console leave loopback only with tokens and TLS
+        (tokens would cross the network in clear otherwise), metrics only with tokens on;
+        ``--insecure`` overrides both, for development."""
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ConfigurationError("--tls-cert and --tls-key go together: give both or neither")
         if self.tls_client_ca is not None and self.tls_cert is None:
             raise ConfigurationError("--tls-client-ca (mutual TLS) needs --tls-cert and --tls-key")
         for flag, address in (("--listen", self.listen), ("--metrics", self.metrics_listen),
-                              ("--health", self.health_listen)):
+                              ("--health", self.health_listen), ("--console", self.console_listen)):
             if address is None:
                 continue
             host, _, port = address.rpartition(":")
@@ -186,7 +187,7 @@ class Settings:
             if self.insecure or is_loopback_host(host) or flag == "--health":
                 continue
             missing = [what for what, present in (("--auth", self.auth), ("--tls-cert/--tls-key", self.tls))
-                       if present is False and (flag == "--listen" or what == "--auth")]
+                       if present is False and (flag in ("--listen", "--console") or what == "--auth")]
             if missing:
                 raise ConfigurationError(
                     f"{flag} {address!r} is not a loopback address: it needs {' and '.join(missing)} "

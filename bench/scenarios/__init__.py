@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from fastlane.bench.harness import Bench
 from fastlane.bench.scenarios import (
     concurrency,
+    console,
     cron,
     failover,
     fairness,
@@ -42,4 +43,5 @@ SCENARIOS: dict[str, Scenario] = {
     "concurrency": Scenario(measure=concurrency.concurrency, budget=concurrency.budget),
     "retention": Scenario(measure=retention.retention, budget=retention.budget),
     "workflow": Scenario(measure=workflow.workflow, budget=workflow.budget),
+    "console": Scenario(measure=console.console, budget=console.budget),
 }

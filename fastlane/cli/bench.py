@@ -27,6 +27,7 @@ SCENARIOS: dict[str, str] = {
     "concurrency": "1,000 runs sharing a concurrency key with limit 5, due at once on 3 nodes: the most running at once",
     "retention": "spread twice over 1,000,000 runs 40 days old: p99 start lag while the node trims them vs not",
     "workflow": "1,000 runs of a 10-step DAG: p99 of a parent's end to its child's start (≤ 10 ms)",
+    "console": "100,000 jobs, 1,000,000 runs on PostgreSQL: p50/p95/max of each web console page (p95 ≤ 200 ms)",
 }
 
 EPILOG = "scenarios:\n" + "\n".join(f"  {name:<10} {summary}" for name, summary in SCENARIOS.items()) + """
@@ -52,9 +53,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = EPILOG
     parser.add_argument("scenario", metavar="SCENARIO", choices=tuple(SCENARIOS),
                         help=f"what to measure: {', '.join(SCENARIOS)} (see below)")
-    parser.add_argument("--backend", choices=("sqlite", "postgres"), default="sqlite",
+    parser.add_argument("--backend", choices=("sqlite", "postgres"), default=None,
                         help="fastlane's database: an SQLite file, or a throwaway PostgreSQL cluster started "
-                             "for the run (the peer's SQLAlchemy store uses the same) (default: sqlite)")
+                             "for the run (the peer's SQLAlchemy store uses the same) (default: sqlite; "
+                             "postgres for console, which measures PostgreSQL only)")
     parser.add_argument("--nodes", metavar="N", type=positive_int, default=None,
                         help="fastlane nodes sharing the database; more than 1 needs --backend postgres "
                              "(default: 1, and 3 for failover, which needs at least 3)")
@@ -89,6 +91,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     nodes = args.nodes if args.nodes is not None else (3 if args.scenario == "failover" else 1)
+    args.backend = args.backend or ("postgres" if args.scenario == "console" else "sqlite")  # its default: by scenario
+    if args.scenario == "console" and (args.backend != "postgres" or nodes != 1):
+        raise UsageError("console measures one node on PostgreSQL (its bulk load is PostgreSQL's): "
+                         "use --backend postgres and leave --nodes at 1")
     if args.scenario == "failover" and (args.backend != "postgres" or nodes < 3):
         raise UsageError("failover needs --backend postgres and --nodes 3 or more")
     if nodes > 1 and args.backend != "postgres":

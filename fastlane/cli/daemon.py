@@ -84,6 +84,12 @@ def register(commands: Any) -> None:
         "tells only SERVING or NOT_SERVING); for Kubernetes gRPC probes when the API uses TLS (default: off)",
     )
     serve.add_argument(
+        "--console", metavar="HOST:PORT",
+        help="serve the web console (jobs, runs, workflows, the cluster; sign-in with an API token under --auth) "
+        "on this address, over HTTPS with --tls-cert/--tls-key; port 0 picks a free one, printed at start "
+        "(default: off; a non-loopback address needs --auth and TLS, or --insecure)",
+    )
+    serve.add_argument(
         "--auth", action="store_true",
         help="require an API token (authorization: Bearer ...) on every call but health checks; each caller then "
         "acts for its token's tenant with its token's role. Make the first admin token with "
@@ -307,6 +313,7 @@ def serve_node(args: argparse.Namespace) -> int:
         node_id=args.node_id or default_node_id(),
         metrics_listen=args.metrics,
         health_listen=args.health,
+        console_listen=args.console,
         auth=args.auth,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,

@@ -24,6 +24,8 @@ from fastlane.auth.authenticator import Authenticator
 from fastlane.auth.tls import ServerTls
 from fastlane.clock import Clock, SystemClock
 from fastlane.config import Settings
+from fastlane.console import console_server
+from fastlane.console.server import ConsoleServer
 from fastlane.domain.models import Run, ShardLease
 from fastlane.engine.changes import ChangeFollower
 from fastlane.engine.dispatch.dispatcher import Dispatcher
@@ -80,6 +82,7 @@ class Node:
         self._failure: FastlaneError | None = None  # why the node could not go on, if it could not
         self.port: int | None = None
         self.authenticator: Authenticator | None = None  # with --auth, once running
+        self.console_url: str | None = None  # with --console, once listening
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -245,28 +248,43 @@ class Node:
 
         authenticator = self.authenticator = Authenticator(store) if settings.auth else None
         quotas = QuotaGuard(store, settings.quotas)
+        jobs = JobServicer(store, operations, max_payload=settings.max_payload_bytes, quotas=quotas)
+        runs = RunServicer(store, operations, quotas=quotas)
+        workflow_api = WorkflowServicer(store, operations, max_payload=settings.max_payload_bytes, quotas=quotas)
+        admin = AdminServicer(store, node_status, settings.node_id, live_within=settings.shard_lease_ttl,
+                              quotas=quotas, workers=worker_statuses)
         server = ApiServer(
             settings.listen,
             interceptors=[AccessInterceptor(authenticator)] if authenticator is not None else [],
             tls=self._server_tls(),
             health_listen=settings.health_listen,
-            jobs=JobServicer(store, operations, max_payload=settings.max_payload_bytes, quotas=quotas),
-            runs=RunServicer(store, operations, quotas=quotas),
+            jobs=jobs,
+            runs=runs,
             # SQLite's one writer records results: those that wait the worker's window share its
             # writes, and fewer, fuller writes serve it better (with prompt results, `sustained`
             # recorded fewer runs/s in six of nine pairs). A workflow step's result goes at once on
             # either backend (Assignment.awaited).
             workers=WorkerServicer(dispatcher, node_id=settings.node_id, heartbeat_interval=HEARTBEAT_INTERVAL,
                                    prompt_results=store.dialect != "sqlite"),
-            workflows=WorkflowServicer(store, operations, max_payload=settings.max_payload_bytes, quotas=quotas),
-            admin=AdminServicer(store, node_status, settings.node_id, live_within=settings.shard_lease_ttl,
-                                quotas=quotas, workers=worker_statuses),
+            workflows=workflow_api,
+            admin=admin,
         )
+        console: ConsoleServer | None = None
+        if settings.console_listen is not None:
+            tls_files = (settings.tls_cert, settings.tls_key) if settings.tls_cert and settings.tls_key else None
+            # The console calls the same servicers, in process: the API's rules are its rules.
+            services = {"JobService": jobs, "RunService": runs, "WorkflowService": workflow_api, "AdminService": admin}
+            console, activity = console_server(settings.console_listen, services=services, authenticator=authenticator,
+                                               metrics=metrics, node_id=settings.node_id, tls_files=tls_files)
         self.port = server.port
         if settings.metrics_listen:
             metrics.serve(settings.metrics_listen)
         await server.start()
         log.info("node %s listening on %s (%s)", settings.node_id, settings.listen, _protection(settings))
+        if console is not None:
+            await console.start()
+            self.console_url = console.url
+            log.info("web console on %s", console.url)
         shards_ready = asyncio.Event()
         # The journal is restarted while it has results to record, even while stopping: it
         # returns once drained. Only a drain that cannot finish in time is abandoned.
@@ -283,6 +301,8 @@ class Node:
                 supervise("fast-lane", lane.run)
                 if authenticator is not None:
                     supervise("token-use", lambda: authenticator.run(self._stop))
+                if console is not None:
+                    supervise("console-activity", lambda: activity.run(self._stop))
                 # Measures the loop's own lag until the node stops (it never returns by itself).
                 probe = LoopLagProbe(lag=metrics.loop_lag, stalls=metrics.loop_stalls,
                                      gc_pauses=GcPauses(metrics.gc_pauses), watchdog=True)
@@ -330,6 +350,8 @@ class Node:
                 following.cancel()
                 advancing.cancel()
         finally:
+            if console is not None:
+                await console.stop()
             await server.stop(0)
         log.info("node %s stopped", settings.node_id)
 

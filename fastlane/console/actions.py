@@ -1,0 +1,184 @@
+"""The console's actions: sign-in, and each change to jobs and runs as one API call.
+
+Every action is a POST of a form that carries the session's CSRF token (checked in front, by
+:mod:`.guard`), answered by a redirect to the page that shows its effect (post/redirect/get,
+so a reload never repeats it). A refused call shows the API's own message.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from aiohttp import web
+
+from fastlane._proto import common_pb2, jobs_pb2, runs_pb2, workflows_pb2
+from fastlane.console.forms import KINDS, JobForm
+from fastlane.console.gateway import CallRefused
+from fastlane.console.guard import set_session_cookie
+from fastlane.console.rendering import CONSOLE, caller_of, render, session_of
+from fastlane.console.sessions import COOKIE
+from fastlane.errors import InvalidArgument, StorageUnavailable, Unauthenticated
+from fastlane.rpc import wire
+
+log = logging.getLogger("fastlane.console")
+
+JOB_ACTIONS = {  # path word: (API method, note shown after)
+    "pause": ("JobService/PauseJob", "paused"),
+    "resume": ("JobService/ResumeJob", "resumed"),
+    "trigger": ("JobService/TriggerJob", "triggered"),
+    "delete": ("JobService/DeleteJob", "deleted"),
+}
+RUN_ACTIONS = {"cancel": ("RunService/CancelRun", "cancelled"), "retry": ("RunService/RetryRun", "retried")}
+WORKFLOW_RUN_ACTIONS = {"cancel": ("WorkflowService/CancelWorkflowRun", "cancelled"),
+                        "resume": ("WorkflowService/ResumeWorkflowRun", "resumed-workflow")}
+SIGNIN_REASONS = {"expired": "Your token is no longer valid (revoked or expired): sign in again.",
+                  "signedout": "Signed out."}
+MAX_TOKEN_CHARS = 200
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/signin", signin_page)
+    app.router.add_post("/signin", signin)
+    app.router.add_post("/signout", signout)
+    app.router.add_get("/jobs/new", new_job_page)
+    app.router.add_post("/jobs/new", create_job)
+    app.router.add_get("/jobs/{job_id}/edit", edit_job_page)
+    app.router.add_post("/jobs/{job_id}/edit", update_job)
+    app.router.add_post("/jobs/{job_id}/{action}", job_action)
+    app.router.add_post("/runs/{run_id}/{action}", run_action)
+    app.router.add_post("/workflow-runs/{workflow_run_id}/{action}", workflow_run_action)
+
+
+# -- signing in and out -------------------------------------------------------------------------
+
+
+async def signin_page(request: web.Request, *, error: str = "", status: int = 200) -> web.Response:
+    if request.app[CONSOLE].authenticator is None:
+        raise web.HTTPSeeOther("/")
+    return render(request, "signin.html", status=status, error=error,
+                  reason=SIGNIN_REASONS.get(request.query.get("reason", ""), ""))
+
+
+async def signin(request: web.Request) -> web.StreamResponse:
+    console = request.app[CONSOLE]
+    if console.authenticator is None:
+        raise web.HTTPSeeOther("/")
+    form = await request.post()
+    token = str(form.get("token", "")).strip()
+    if not token or len(token) > MAX_TOKEN_CHARS:
+        return await signin_page(request, error="Paste an API token (fl_<id>_<secret>).", status=400)
+    try:
+        caller = await console.authenticator.authenticate(f"Bearer {token}")
+    except Unauthenticated as error:
+        log.info("console sign-in refused: %s", error)
+        return await signin_page(request, error=str(error), status=401)
+    except StorageUnavailable as error:
+        return await signin_page(request, error=str(error), status=503)
+    log.info("console sign-in of token %s (%s, tenant %s)", caller.token_id, caller.role, caller.tenant)
+    session = console.sessions.start(token)
+    response = web.HTTPSeeOther("/")
+    set_session_cookie(response, console, session)
+    raise response
+
+
+async def signout(request: web.Request) -> web.StreamResponse:
+    request.app[CONSOLE].sessions.end(session_of(request).session_id)
+    response = web.HTTPSeeOther("/signin?reason=signedout")
+    response.del_cookie(COOKIE, path="/")
+    raise response
+
+
+# -- jobs -----------------------------------------------------------------------------------------
+
+
+async def _call(request: web.Request, method: str, message: Any, response_type: type[Any]) -> Any:
+    return await request.app[CONSOLE].gateway.call(caller_of(request), method, message, response_type)
+
+
+def _job_form_page(request: web.Request, form: JobForm, *, job_id: str | None, error: str = "",
+                   status: int = 200) -> web.Response:
+    return render(request, "job_form.html", status=status, form=form, job_id=job_id, error=error, kinds=KINDS)
+
+
+async def new_job_page(request: web.Request) -> web.Response:
+    return _job_form_page(request, JobForm(), job_id=None)
+
+
+async def create_job(request: web.Request) -> web.StreamResponse:
+    fields = {key: str(value) for key, value in (await request.post()).items() if isinstance(value, str)}
+    try:
+        form = JobForm.from_fields(fields)
+        spec = wire.spec_to_pb(form.spec(tenant=""))
+        answer = await _call(request, "JobService/CreateJob", jobs_pb2.CreateJobRequest(spec=spec),
+                             jobs_pb2.CreateJobResponse)
+    except (InvalidArgument, CallRefused) as error:
+        return _refused_form(request, fields, error, job_id=None)
+    raise web.HTTPSeeOther(f"/jobs/{answer.job.job_id}?done=created")
+
+
+async def edit_job_page(request: web.Request) -> web.Response:
+    job_id = request.match_info["job_id"]
+    job = wire.job_from_pb(await _call(request, "JobService/GetJob", jobs_pb2.JobRef(job_id=job_id), common_pb2.Job))
+    return _job_form_page(request, JobForm.from_spec(job.spec), job_id=job_id)
+
+
+async def update_job(request: web.Request) -> web.StreamResponse:
+    job_id = request.match_info["job_id"]
+    fields = {key: str(value) for key, value in (await request.post()).items() if isinstance(value, str)}
+    try:
+        current = wire.job_from_pb(await _call(request, "JobService/GetJob", jobs_pb2.JobRef(job_id=job_id),
+                                               common_pb2.Job))
+        form = JobForm.from_fields(fields)
+        spec = wire.spec_to_pb(form.spec(tenant=current.tenant, based_on=current.spec))
+        await _call(request, "JobService/UpdateJob", jobs_pb2.UpdateJobRequest(job_id=job_id, spec=spec), common_pb2.Job)
+    except (InvalidArgument, CallRefused) as error:
+        return _refused_form(request, fields, error, job_id=job_id)
+    raise web.HTTPSeeOther(f"/jobs/{job_id}?done=updated")
+
+
+def _refused_form(request: web.Request, fields: dict[str, str], error: InvalidArgument | CallRefused,
+                  *, job_id: str | None) -> web.Response:
+    try:
+        form = JobForm.from_fields({key: value[:1000] for key, value in fields.items()})
+    except InvalidArgument:
+        form = JobForm()
+    message = error.message if isinstance(error, CallRefused) else str(error)
+    status = 403 if isinstance(error, CallRefused) and error.code.name == "PERMISSION_DENIED" else 400
+    return _job_form_page(request, form, job_id=job_id, error=message, status=status)
+
+
+async def job_action(request: web.Request) -> web.StreamResponse:
+    job_id, action = request.match_info["job_id"], request.match_info["action"]
+    if action not in JOB_ACTIONS:
+        raise web.HTTPNotFound(text=f"no job action {action!r}")
+    method, done = JOB_ACTIONS[action]
+    response_type = {"delete": jobs_pb2.DeleteJobResponse, "trigger": common_pb2.Run}.get(action, common_pb2.Job)
+    answer = await _call(request, method, jobs_pb2.JobRef(job_id=job_id), response_type)
+    if action == "delete":
+        raise web.HTTPSeeOther("/jobs?done=deleted")
+    if action == "trigger":
+        raise web.HTTPSeeOther(f"/runs/{answer.run_id}?done=triggered")
+    raise web.HTTPSeeOther(f"/jobs/{job_id}?done={done}")
+
+
+# -- runs -----------------------------------------------------------------------------------------
+
+
+async def run_action(request: web.Request) -> web.StreamResponse:
+    run_id, action = request.match_info["run_id"], request.match_info["action"]
+    if action not in RUN_ACTIONS:
+        raise web.HTTPNotFound(text=f"no run action {action!r}")
+    method, done = RUN_ACTIONS[action]
+    await _call(request, method, runs_pb2.RunRef(run_id=run_id), common_pb2.Run)
+    raise web.HTTPSeeOther(f"/runs/{run_id}?done={done}")
+
+
+async def workflow_run_action(request: web.Request) -> web.StreamResponse:
+    workflow_run_id, action = request.match_info["workflow_run_id"], request.match_info["action"]
+    if action not in WORKFLOW_RUN_ACTIONS:
+        raise web.HTTPNotFound(text=f"no workflow run action {action!r}")
+    method, done = WORKFLOW_RUN_ACTIONS[action]
+    await _call(request, method, workflows_pb2.WorkflowRunRef(workflow_run_id=workflow_run_id),
+                workflows_pb2.WorkflowRun)
+    raise web.HTTPSeeOther(f"/workflow-runs/{workflow_run_id}?done={done}")

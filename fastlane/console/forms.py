@@ -1,0 +1,108 @@
+"""The job form: its fields in, a :class:`~fastlane.domain.models.JobSpec` out.
+
+Only turns text into types and says which field is wrong; the bounds of every value are checked
+where every API request's are, by the servicer the form's spec goes to (its one validation point).
+The form covers what people set by hand (name, type, schedule, payload, attempts, priority); an
+edit keeps the job's other settings (policies, timeouts, concurrency) as they are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+
+import orjson
+
+from fastlane.domain import schedules
+from fastlane.domain.models import JobSpec, RetryPolicy, Schedule, ScheduleKind
+from fastlane.errors import InvalidArgument
+
+KINDS = tuple(kind.value for kind in ScheduleKind)
+MAX_FIELD_CHARS = 1_000  # any field but the payload; the API's own limits are far lower for names
+
+
+@dataclass(frozen=True, slots=True)
+class JobForm:
+    """The form's values as text, as shown back to the user after an error."""
+
+    name: str = ""
+    job_type: str = ""
+    schedule: str = "cron"
+    cron: str = ""
+    timezone: str = "UTC"
+    at: str = ""
+    every_seconds: str = ""
+    payload: str = ""
+    max_attempts: str = "3"
+    priority: str = "0"
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[str, str]) -> JobForm:
+        values = {}
+        for spec_field in dataclasses.fields(cls):
+            text = str(fields.get(spec_field.name, "")).strip()
+            if spec_field.name != "payload" and len(text) > MAX_FIELD_CHARS:
+                raise InvalidArgument(spec_field.name, f"is longer than {MAX_FIELD_CHARS} characters")
+            values[spec_field.name] = text
+        return cls(**values)
+
+    @classmethod
+    def from_spec(cls, spec: JobSpec) -> JobForm:
+        s = spec.schedule
+        payload = spec.payload.decode("utf-8", errors="replace") if spec.payload else ""
+        return cls(name=spec.name, job_type=spec.job_type, schedule=s.kind.value, cron=s.cron or "",
+                   timezone=s.timezone, at=s.at.isoformat() if s.at else "",
+                   every_seconds=f"{s.every.total_seconds():g}" if s.every else "", payload=payload,
+                   max_attempts=str(spec.retry.max_attempts), priority=str(spec.priority))
+
+    def spec(self, *, tenant: str, based_on: JobSpec | None = None) -> JobSpec:
+        """The spec the form describes (over ``based_on``'s other settings, for an edit).
+
+        Raises:
+            InvalidArgument: a field cannot be read as its type.
+        """
+        if self.schedule not in KINDS:
+            raise InvalidArgument("schedule", f"must be one of {', '.join(KINDS)}")
+        if self.payload:
+            try:
+                orjson.loads(self.payload)
+            except orjson.JSONDecodeError as error:
+                raise InvalidArgument("payload", f"is not JSON: {error}") from error
+        base = based_on or JobSpec(name=self.name, job_type=self.job_type, schedule=Schedule.now())
+        return dataclasses.replace(
+            base, tenant=tenant, name=self.name, job_type=self.job_type, schedule=self._schedule(base.schedule),
+            payload=self.payload.encode(), priority=_integer("priority", self.priority, 0),
+            retry=dataclasses.replace(base.retry if based_on else RetryPolicy(),
+                                      max_attempts=_integer("max_attempts", self.max_attempts, RetryPolicy().max_attempts)),
+        )
+
+    def _schedule(self, current: Schedule) -> Schedule:
+        kind = ScheduleKind(self.schedule)
+        if kind is ScheduleKind.CRON:
+            return Schedule.cron_expr(self.cron, self.timezone or "UTC")
+        if kind is ScheduleKind.AT:
+            return Schedule.at_instant(schedules.parse_at(self.at))  # ScheduleError names the field
+        if kind is ScheduleKind.INTERVAL:
+            try:
+                seconds = float(self.every_seconds)
+            except ValueError:
+                raise InvalidArgument("every_seconds", "must be a number of seconds") from None
+            if not 0 < seconds < 10 ** 9:  # NaN fails too; the API bounds it more closely
+                raise InvalidArgument("every_seconds", "must be a positive number of seconds")
+            anchor = current.anchor if current.kind is ScheduleKind.INTERVAL else None
+            return Schedule.interval(timedelta(seconds=seconds), anchor)
+        return Schedule.now()
+
+
+def _integer(field: str, text: str, default: int) -> int:
+    if not text:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise InvalidArgument(field, "must be a whole number") from None
+    if abs(value) > 1 << 31:
+        raise InvalidArgument(field, "is out of range")
+    return value

@@ -1,0 +1,190 @@
+"""The console's pages: each one API call or a few, as the caller, rendered on the server.
+
+Lists are pages of the API's own (keyset page tokens, 50 rows): no page reads more than it shows,
+however many jobs and runs the tenant has.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from aiohttp import web
+
+from fastlane._proto import admin_pb2, common_pb2, jobs_pb2, runs_pb2, workflows_pb2
+from fastlane.auth.caller import Caller
+from fastlane.cli.views import attempt_note, describe_schedule, run_duration, run_lag
+from fastlane.console.chart import lag_chart
+from fastlane.console.rendering import CONSOLE, caller_of, render
+from fastlane.domain import schedules
+from fastlane.domain.models import Job, JobState, RunState, ScheduleKind
+from fastlane.rpc import wire
+
+PAGE_SIZE = 50
+ID_CHARS = frozenset("0123456789abcdefABCDEF-")
+PREVIEW_COUNT = 8
+HISTORY_EVENTS = 30
+NOTES = {  # what an action just did, shown once after its redirect (a fixed set: no text from the URL)
+    "created": "Job created.", "updated": "Job updated.", "paused": "Job paused.", "resumed": "Job resumed.",
+    "triggered": "A run of the job was made, due now.", "deleted": "Job deleted.", "cancelled": "Cancellation asked.",
+    "retried": "The run will be tried again now.", "resumed-workflow": "The workflow run goes on.",
+}
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/", overview)
+    app.router.add_get("/jobs", jobs)
+    app.router.add_get("/jobs/{job_id}", job)
+    app.router.add_get("/runs", runs)
+    app.router.add_get("/runs/{run_id}", run)
+    app.router.add_get("/cluster", cluster)
+    app.router.add_get("/workflows", workflows)
+    app.router.add_get("/workflow", workflow)  # ?name=: a name may hold a slash
+    app.router.add_get("/workflow-runs/{workflow_run_id}", workflow_run)
+
+
+async def _call(request: web.Request, method: str, message: Any, response_type: type[Any]) -> Any:
+    return await request.app[CONSOLE].gateway.call(caller_of(request), method, message, response_type)
+
+
+def _note(request: web.Request) -> str | None:
+    return NOTES.get(request.query.get("done", ""))
+
+
+def _visible(caller: Caller, tenant: str) -> bool:
+    return caller.tenant is None or caller.role.value == "admin" or caller.tenant == tenant
+
+
+async def overview(request: web.Request) -> web.Response:
+    console = request.app[CONSOLE]
+    caller = caller_of(request)
+    points = console.activity.points()
+    recent = points[-6:]  # the last minute
+    released = sum(p.released for p in recent)
+    seconds = max((recent[-1].at - recent[0].at).total_seconds(), 1.0) if len(recent) > 1 else 1.0
+    status = await _call(request, "AdminService/GetCluster", admin_pb2.GetClusterRequest(), admin_pb2.ClusterStatus)
+    dead = await _call(request, "RunService/ListRuns",
+                       runs_pb2.ListRunsRequest(states=[RunState.DEAD.value], page_size=PAGE_SIZE), runs_pb2.ListRunsResponse)
+    errored = await _call(request, "JobService/ListJobs",
+                          jobs_pb2.ListJobsRequest(state=JobState.ERRORED.value, page_size=PAGE_SIZE),
+                          jobs_pb2.ListJobsResponse)
+    unserved = sorted((job_type, tenant, int(count)) for (job_type, tenant), count in console.unserved().items()
+                      if count and _visible(caller, tenant))
+    return render(
+        request, "overview.html", chart=lag_chart(points, datetime.now(UTC)), points=points,
+        last=points[-1] if points else None, released_per_second=released / seconds,
+        failed_last_hour=sum(p.failed for p in points),
+        dead=[wire.run_from_pb(m) for m in dead.runs], dead_more=bool(dead.next_page_token),
+        errored=[wire.job_from_pb(m) for m in errored.jobs], errored_more=bool(errored.next_page_token),
+        unserved=unserved, nodes=list(status.nodes), workers=len(status.workers),
+    )
+
+
+async def jobs(request: web.Request) -> web.Response:
+    query = request.query
+    q, state, job_type, token = (query.get(k, "").strip() for k in ("q", "state", "type", "page"))
+    found: list[Job] = []
+    next_token = ""
+    if q:  # a job's name, or the start of its id: one page either way
+        by_name = await _call(request, "JobService/ListJobs", jobs_pb2.ListJobsRequest(name=q, state=state, job_type=job_type),
+                              jobs_pb2.ListJobsResponse)
+        found = [wire.job_from_pb(m) for m in by_name.jobs]
+        if all(c in ID_CHARS for c in q):  # ids are UUIDs
+            by_id = await _call(request, "JobService/ListJobs", jobs_pb2.ListJobsRequest(
+                id_prefix=q, state=state, job_type=job_type, page_size=PAGE_SIZE), jobs_pb2.ListJobsResponse)
+            found += [wire.job_from_pb(m) for m in by_id.jobs if m.job_id not in {j.job_id for j in found}]
+    else:
+        page = await _call(request, "JobService/ListJobs", jobs_pb2.ListJobsRequest(
+            state=state, job_type=job_type, page_size=PAGE_SIZE, page_token=token), jobs_pb2.ListJobsResponse)
+        found, next_token = [wire.job_from_pb(m) for m in page.jobs], page.next_page_token
+    return render(request, "jobs.html", jobs=found, q=q, state=state, job_type=job_type, next_token=next_token,
+                  states=[s.value for s in JobState], describe=describe_schedule, note=_note(request),
+                  first_page=not token)
+
+
+async def job(request: web.Request) -> web.Response:
+    job_id = request.match_info["job_id"]
+    found = wire.job_from_pb(await _call(request, "JobService/GetJob", jobs_pb2.JobRef(job_id=job_id),
+                                         common_pb2.Job))
+    return render(request, "job.html", job=found, describe=describe_schedule, note=_note(request),
+                  fires=await _fire_times(request, found), **await _runs_and_history(request, job_id, "job"))
+
+
+async def _fire_times(request: web.Request, found: Job) -> list[tuple[datetime, str, str | None]]:
+    """The next fire times of an active job, each with its local time and what DST did to it."""
+    if found.state is not JobState.ACTIVE or found.spec.schedule.is_one_shot:
+        return []
+    schedule = found.spec.schedule
+    now = datetime.now(UTC)
+    answer = await _call(request, "JobService/PreviewSchedule", jobs_pb2.PreviewScheduleRequest(
+        schedule=wire.schedule_to_pb(schedule), count=PREVIEW_COUNT), jobs_pb2.PreviewScheduleResponse)
+    instants = [fire.utc.ToDatetime(tzinfo=UTC) for fire in answer.fire_times]
+    notes = schedules.fire_notes(schedule, instants, now)
+    zone = schedule.timezone if schedule.kind is ScheduleKind.CRON else "UTC"
+    return [(at, f"{fire.local} {zone}", note) for at, fire, note in zip(instants, answer.fire_times, notes, strict=True)]
+
+
+async def _runs_and_history(request: web.Request, target_id: str, kind: str) -> dict[str, Any]:
+    context: dict[str, Any] = {}
+    if kind == "job":
+        page = await _call(request, "RunService/ListRuns", runs_pb2.ListRunsRequest(job_id=target_id, page_size=20),
+                           runs_pb2.ListRunsResponse)
+        context.update(runs=[wire.run_from_pb(m) for m in page.runs], runs_more=bool(page.next_page_token),
+                       lag=run_lag, took=run_duration)
+    history = await _call(request, "JobService/ListAudit", jobs_pb2.ListAuditRequest(
+        target_kind=kind, target_id=target_id, limit=HISTORY_EVENTS), jobs_pb2.ListAuditResponse)
+    context["history"] = [{"at": e.at.ToDatetime(tzinfo=UTC), "action": e.action, "target": f"{e.target_kind} {e.target_id}",
+                           "actor": (f"{e.actor} ({e.token_id})" if e.actor else e.token_id) or "unauthenticated",
+                           "detail": e.detail} for e in history.events]
+    return context
+
+
+async def runs(request: web.Request) -> web.Response:
+    query = request.query
+    state, job_id, token = (query.get(k, "").strip() for k in ("state", "job", "page"))
+    page = await _call(request, "RunService/ListRuns", runs_pb2.ListRunsRequest(
+        states=[state] if state else [], job_id=job_id, page_size=PAGE_SIZE, page_token=token), runs_pb2.ListRunsResponse)
+    return render(request, "runs.html", runs=[wire.run_from_pb(m) for m in page.runs], state=state, job_id=job_id,
+                  next_token=page.next_page_token, states=[s.value for s in RunState], lag=run_lag, took=run_duration,
+                  note=_note(request), first_page=not token)
+
+
+async def run(request: web.Request) -> web.Response:
+    run_id = request.match_info["run_id"]
+    detail = await _call(request, "RunService/GetRun", runs_pb2.RunRef(run_id=run_id), runs_pb2.RunDetail)
+    found = wire.run_from_pb(detail.run)
+    attempts = [wire.attempt_from_pb(run_id, m) for m in detail.attempts]
+    return render(request, "run.html", run=found, attempts=attempts, attempt_note=attempt_note, lag=run_lag(found),
+                  took=run_duration(found), note=_note(request), **await _runs_and_history(request, run_id, "run"))
+
+
+async def cluster(request: web.Request) -> web.Response:
+    status = await _call(request, "AdminService/GetCluster", admin_pb2.GetClusterRequest(), admin_pb2.ClusterStatus)
+    return render(request, "cluster.html", cluster=status, database_time=status.database_time.ToDatetime(tzinfo=UTC),
+                  as_time=lambda ts: ts.ToDatetime(tzinfo=UTC))
+
+
+async def workflows(request: web.Request) -> web.Response:
+    token = request.query.get("page", "")
+    page = await _call(request, "WorkflowService/ListWorkflows", workflows_pb2.ListWorkflowsRequest(
+        page_size=PAGE_SIZE, page_token=token), workflows_pb2.ListWorkflowsResponse)
+    return render(request, "workflows.html", workflows=list(page.workflows), next_token=page.next_page_token,
+                  first_page=not token, as_time=lambda ts: ts.ToDatetime(tzinfo=UTC))
+
+
+async def workflow(request: web.Request) -> web.Response:
+    name, token = request.query.get("name", ""), request.query.get("page", "")
+    definition = await _call(request, "WorkflowService/GetWorkflow", workflows_pb2.WorkflowRef(name=name),
+                             workflows_pb2.Workflow)
+    page = await _call(request, "WorkflowService/ListWorkflowRuns", workflows_pb2.ListWorkflowRunsRequest(
+        name=name, page_size=PAGE_SIZE, page_token=token), workflows_pb2.ListWorkflowRunsResponse)
+    return render(request, "workflow.html", workflow=definition, runs=list(page.runs), next_token=page.next_page_token,
+                  first_page=not token, as_time=lambda ts: ts.ToDatetime(tzinfo=UTC), note=_note(request))
+
+
+async def workflow_run(request: web.Request) -> web.Response:
+    detail = await _call(request, "WorkflowService/GetWorkflowRun", workflows_pb2.WorkflowRunRef(
+        workflow_run_id=request.match_info["workflow_run_id"]), workflows_pb2.WorkflowRunDetail)
+    return render(request, "workflow_run.html", detail=detail, as_time=lambda ts: ts.ToDatetime(tzinfo=UTC),
+                  has_finished=detail.run.HasField("finished_at"), note=_note(request))
+

@@ -1,0 +1,80 @@
+"""What every console handler shares: the console's parts, the caller, and rendering a page."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import jinja2
+from aiohttp import web
+
+from fastlane.auth.authenticator import Authenticator
+from fastlane.auth.caller import Caller
+from fastlane.console import formatting
+from fastlane.console.activity import Activity
+from fastlane.console.gateway import CallRefused, Gateway
+from fastlane.console.sessions import Session, Sessions
+
+HERE = Path(__file__).parent
+STATUS_OF_REFUSAL = {
+    grpc.StatusCode.NOT_FOUND: 404, grpc.StatusCode.PERMISSION_DENIED: 403, grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.FAILED_PRECONDITION: 409, grpc.StatusCode.ALREADY_EXISTS: 409,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429, grpc.StatusCode.UNAVAILABLE: 503, grpc.StatusCode.UNAUTHENTICATED: 401,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Console:
+    """What every handler reaches through ``request.app[CONSOLE]``."""
+
+    gateway: Gateway
+    sessions: Sessions
+    authenticator: Authenticator | None  # None: the node requires no tokens
+    activity: Activity
+    node_id: str
+    secure: bool  # served over TLS: the cookie is Secure
+    templates: jinja2.Environment
+    unserved: Callable[[], Mapping[tuple[str, str], float]]  # ready runs no connected worker serves
+
+
+CONSOLE = web.AppKey("console", Console)
+
+
+def caller_of(request: web.Request) -> Caller:
+    caller: Caller = request["caller"]
+    return caller
+
+
+def session_of(request: web.Request) -> Session:
+    session: Session = request["session"]
+    return session
+
+
+def render(request: web.Request, template: str, *, status: int = 200, **context: Any) -> web.Response:
+    """A page, with what every page needs: the caller, the CSRF token, what the caller may do."""
+    console = request.app[CONSOLE]
+    caller = caller_of(request)
+    session: Session | None = request.get("session")
+    html = console.templates.get_template(template).render(
+        caller=caller, csrf=session.csrf if session else "", node_id=console.node_id, path=request.path,
+        may=lambda method: console.gateway.may(caller, method), auth=console.authenticator is not None,
+        **context,
+    )
+    return web.Response(text=html, status=status, content_type="text/html")
+
+
+def refusal_page(request: web.Request, refusal: CallRefused) -> web.Response:
+    status = STATUS_OF_REFUSAL.get(refusal.code, 500)
+    return render(request, "error.html", status=status, message=refusal.message, code=refusal.code.name)
+
+
+def make_templates() -> jinja2.Environment:
+    environment = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True, undefined=jinja2.StrictUndefined,
+        trim_blocks=True, lstrip_blocks=True,
+    )
+    environment.filters.update(formatting.FILTERS)
+    return environment
