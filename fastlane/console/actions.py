@@ -16,7 +16,7 @@ from fastlane._proto import common_pb2, jobs_pb2, runs_pb2, workflows_pb2
 from fastlane.console.forms import KINDS, JobForm
 from fastlane.console.gateway import CallRefused
 from fastlane.console.guard import set_session_cookie
-from fastlane.console.rendering import CONSOLE, caller_of, render, session_of
+from fastlane.console.rendering import CONSOLE, caller_of, render, see_other, session_of
 from fastlane.console.sessions import COOKIE
 from fastlane.errors import InvalidArgument, StorageUnavailable, Unauthenticated
 from fastlane.rpc import wire
@@ -55,7 +55,7 @@ def add_routes(app: web.Application) -> None:
 
 async def signin_page(request: web.Request, *, error: str = "", status: int = 200) -> web.Response:
     if request.app[CONSOLE].authenticator is None:
-        raise web.HTTPSeeOther("/")
+        return see_other("/")
     return render(request, "signin.html", status=status, error=error,
                   reason=SIGNIN_REASONS.get(request.query.get("reason", ""), ""))
 
@@ -63,7 +63,7 @@ async def signin_page(request: web.Request, *, error: str = "", status: int = 20
 async def signin(request: web.Request) -> web.StreamResponse:
     console = request.app[CONSOLE]
     if console.authenticator is None:
-        raise web.HTTPSeeOther("/")
+        return see_other("/")
     form = await request.post()
     token = str(form.get("token", "")).strip()
     if not token or len(token) > MAX_TOKEN_CHARS:
@@ -77,16 +77,16 @@ async def signin(request: web.Request) -> web.StreamResponse:
         return await signin_page(request, error=str(error), status=503)
     log.info("console sign-in of token %s (%s, tenant %s)", caller.token_id, caller.role, caller.tenant)
     session = console.sessions.start(token)
-    response = web.HTTPSeeOther("/")
+    response = see_other("/")
     set_session_cookie(response, console, session)
-    raise response
+    return response
 
 
 async def signout(request: web.Request) -> web.StreamResponse:
     request.app[CONSOLE].sessions.end(session_of(request).session_id)
-    response = web.HTTPSeeOther("/signin?reason=signedout")
+    response = see_other("/signin?reason=signedout")
     response.del_cookie(COOKIE, path="/")
-    raise response
+    return response
 
 
 # -- jobs -----------------------------------------------------------------------------------------
@@ -114,7 +114,7 @@ async def create_job(request: web.Request) -> web.StreamResponse:
                              jobs_pb2.CreateJobResponse)
     except (InvalidArgument, CallRefused) as error:
         return _refused_form(request, fields, error, job_id=None)
-    raise web.HTTPSeeOther(f"/jobs/{answer.job.job_id}?done=created")
+    return see_other(f"/jobs/{answer.job.job_id}?done=created")
 
 
 async def edit_job_page(request: web.Request) -> web.Response:
@@ -134,7 +134,7 @@ async def update_job(request: web.Request) -> web.StreamResponse:
         await _call(request, "JobService/UpdateJob", jobs_pb2.UpdateJobRequest(job_id=job_id, spec=spec), common_pb2.Job)
     except (InvalidArgument, CallRefused) as error:
         return _refused_form(request, fields, error, job_id=job_id)
-    raise web.HTTPSeeOther(f"/jobs/{job_id}?done=updated")
+    return see_other(f"/jobs/{job_id}?done=updated")
 
 
 def _refused_form(request: web.Request, fields: dict[str, str], error: InvalidArgument | CallRefused,
@@ -156,10 +156,10 @@ async def job_action(request: web.Request) -> web.StreamResponse:
     response_type = {"delete": jobs_pb2.DeleteJobResponse, "trigger": common_pb2.Run}.get(action, common_pb2.Job)
     answer = await _call(request, method, jobs_pb2.JobRef(job_id=job_id), response_type)
     if action == "delete":
-        raise web.HTTPSeeOther("/jobs?done=deleted")
+        return see_other("/jobs?done=deleted")
     if action == "trigger":
-        raise web.HTTPSeeOther(f"/runs/{answer.run_id}?done=triggered")
-    raise web.HTTPSeeOther(f"/jobs/{job_id}?done={done}")
+        return see_other(f"/runs/{answer.run_id}?done=triggered")
+    return see_other(f"/jobs/{job_id}?done={done}")
 
 
 # -- runs -----------------------------------------------------------------------------------------
@@ -171,7 +171,7 @@ async def run_action(request: web.Request) -> web.StreamResponse:
         raise web.HTTPNotFound(text=f"no run action {action!r}")
     method, done = RUN_ACTIONS[action]
     await _call(request, method, runs_pb2.RunRef(run_id=run_id), common_pb2.Run)
-    raise web.HTTPSeeOther(f"/runs/{run_id}?done={done}")
+    return see_other(f"/runs/{run_id}?done={done}")
 
 
 async def workflow_run_action(request: web.Request) -> web.StreamResponse:
@@ -181,4 +181,4 @@ async def workflow_run_action(request: web.Request) -> web.StreamResponse:
     method, done = WORKFLOW_RUN_ACTIONS[action]
     await _call(request, method, workflows_pb2.WorkflowRunRef(workflow_run_id=workflow_run_id),
                 workflows_pb2.WorkflowRun)
-    raise web.HTTPSeeOther(f"/workflow-runs/{workflow_run_id}?done={done}")
+    return see_other(f"/workflow-runs/{workflow_run_id}?done={done}")

@@ -17,7 +17,7 @@ from aiohttp import web
 
 from fastlane.auth.caller import ANONYMOUS, Caller
 from fastlane.console.gateway import CallRefused
-from fastlane.console.rendering import CONSOLE, Console, refusal_page, render
+from fastlane.console.rendering import CALLER, CONSOLE, SESSION, Console, refusal_page, render, see_other
 from fastlane.console.sessions import COOKIE, Session
 from fastlane.domain.access import Role
 from fastlane.errors import StorageUnavailable, Unauthenticated, new_error_id
@@ -42,8 +42,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def _signin_redirect(request: web.Request, reason: str = "") -> web.Response:
-    target = "/signin" + (f"?reason={reason}" if reason else "")
-    response = web.HTTPSeeOther(target)
+    response = see_other("/signin" + (f"?reason={reason}" if reason else ""))
     response.del_cookie(COOKIE, path="/")
     return response
 
@@ -58,14 +57,14 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Session, token, CSRF and origin checks, then the handler; security headers on every answer."""
     try:
         response = await _guarded(request, handler)
-    except web.HTTPException as answer:
-        response = answer
+    except web.HTTPException as answer:  # a refusal or not-found raised below: answered as plain text
+        response = web.Response(status=answer.status, text=answer.text or answer.reason)
     except CallRefused as refusal:
         response = refusal_page(request, refusal)
     except Exception:
         error_id = new_error_id()
         log.exception("console page %s failed unexpectedly (error id %s)", request.path, error_id)
-        request.setdefault("caller", SIGNED_OUT)
+        request.setdefault(CALLER, SIGNED_OUT)
         response = render(request, "error.html", status=500, code="INTERNAL",
                           message=f"internal error {error_id}: see the node's log")
     response.headers.update(HEADERS)
@@ -81,25 +80,25 @@ async def _guarded(request: web.Request, handler: Handler) -> web.StreamResponse
     if console.authenticator is None:  # no tokens on this node: every visitor is the anonymous admin
         if session is None:
             session = new_session = console.sessions.start(None)
-        request["caller"] = ANONYMOUS
+        request[CALLER] = ANONYMOUS
     elif request.path in OPEN_PATHS:
-        request["caller"] = SIGNED_OUT
+        request[CALLER] = SIGNED_OUT
     elif session is None or session.token is None:
         if request.method == "POST":
             raise web.HTTPForbidden(text="sign in first")
         return _signin_redirect(request)
     else:
         try:
-            request["caller"] = await console.authenticator.authenticate(f"Bearer {session.token}")
+            request[CALLER] = await console.authenticator.authenticate(f"Bearer {session.token}")
         except Unauthenticated as error:
             log.info("console session of a token no longer valid ended: %s", error)
             console.sessions.end(session.session_id)
             return _signin_redirect(request, "expired")
         except StorageUnavailable as error:
-            request["caller"] = SIGNED_OUT
+            request[CALLER] = SIGNED_OUT
             return render(request, "error.html", status=503, code="UNAVAILABLE", message=str(error))
     if session is not None:
-        request["session"] = session
+        request[SESSION] = session
     if request.method == "POST":
         _check_origin(request)
         if request.path not in OPEN_PATHS:

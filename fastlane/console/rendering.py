@@ -41,23 +41,23 @@ class Console:
 
 
 CONSOLE = web.AppKey("console", Console)
+CALLER = web.RequestKey("caller", Caller)
+SESSION = web.RequestKey("session", Session)
 
 
 def caller_of(request: web.Request) -> Caller:
-    caller: Caller = request["caller"]
-    return caller
+    return request[CALLER]
 
 
 def session_of(request: web.Request) -> Session:
-    session: Session = request["session"]
-    return session
+    return request[SESSION]
 
 
 def render(request: web.Request, template: str, *, status: int = 200, **context: Any) -> web.Response:
     """A page, with what every page needs: the caller, the CSRF token, what the caller may do."""
     console = request.app[CONSOLE]
     caller = caller_of(request)
-    session: Session | None = request.get("session")
+    session = request.get(SESSION)
     html = console.templates.get_template(template).render(
         caller=caller, csrf=session.csrf if session else "", node_id=console.node_id, path=request.path,
         may=lambda method: console.gateway.may(caller, method), auth=console.authenticator is not None,
@@ -69,6 +69,12 @@ def render(request: web.Request, template: str, *, status: int = 200, **context:
 def refusal_page(request: web.Request, refusal: CallRefused) -> web.Response:
     status = STATUS_OF_REFUSAL.get(refusal.code, 500)
     return render(request, "error.html", status=status, message=refusal.message, code=refusal.code.name)
+
+
+def see_other(location: str) -> web.Response:
+    """The redirect after an action (post/redirect/get): a plain response, so a middleware can
+    add headers and cookies to it."""
+    return web.Response(status=303, headers={"Location": location})
 
 
 def make_templates() -> jinja2.Environment:

@@ -1,0 +1,298 @@
+"""The web console over real HTTP, in front of a real node requiring tokens, on both backends.
+
+What the console shows and does is what the API lets the signed-in token see and do: tenants stay
+apart, a viewer cannot act, an action needs the session's CSRF token and this origin, a revoked
+token ends its sessions, and no token secret or payload is ever rendered.
+"""
+
+from __future__ import annotations
+
+import re
+import ssl
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from pathlib import Path
+
+import aiohttp
+import pytest
+from secured_nodes import SecuredNode, secured_node
+from tls_certs import new_authority
+
+from fastlane.domain.models import JobState, RunState, Schedule
+
+HOURLY = Schedule.interval(timedelta(hours=1))
+CSRF = re.compile(r'name="csrf" value="([^"]+)"')
+
+
+class Visitor:
+    """One browser: a cookie jar and the console's address."""
+
+    def __init__(self, base: str, *, ssl_context: ssl.SSLContext | None = None) -> None:
+        self.base = base.rstrip("/")
+        # unsafe: keep cookies of an IP address host (127.0.0.1), as browsers do.
+        self.session = aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True),
+                                             timeout=aiohttp.ClientTimeout(total=20))
+        self.ssl = ssl_context if ssl_context is not None else True
+
+    async def close(self) -> None:
+        await self.session.close()
+
+    async def get(self, path: str) -> tuple[int, str]:
+        async with self.session.get(self.base + path, allow_redirects=False, ssl=self.ssl) as answer:
+            return answer.status, await answer.text()
+
+    async def post(self, path: str, data: dict[str, str], *, csrf: str | None = None,
+                   headers: dict[str, str] | None = None) -> aiohttp.ClientResponse:
+        form = dict(data)
+        if csrf is not None:
+            form["csrf"] = csrf
+        async with self.session.post(self.base + path, data=form, allow_redirects=False, ssl=self.ssl,
+                                     headers=headers or {}) as answer:
+            await answer.read()
+            return answer
+
+    async def signin(self, secret: str) -> aiohttp.ClientResponse:
+        return await self.post("/signin", {"token": secret})
+
+    async def csrf(self) -> str:
+        status, page = await self.get("/jobs/new")
+        assert status == 200, page
+        found = CSRF.search(page)
+        assert found is not None
+        return found.group(1)
+
+
+@pytest.fixture
+async def console(db_url: str, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[SecuredNode]:
+    monkeypatch.delenv("FASTLANE_TOKEN", raising=False)
+    async with secured_node(db_url, console_listen="127.0.0.1:0") as node:
+        yield node
+
+
+@pytest.fixture
+async def visitors(console: SecuredNode) -> AsyncIterator[dict[str, Visitor]]:
+    """A signed-in visitor for each token of the node (and ``nobody``, not signed in)."""
+    url = console.node.console_url
+    assert url is not None
+    made = {who: Visitor(url) for who in ("client-a", "viewer-a", "client-b", "admin", "nobody")}
+    try:
+        for who, visitor in made.items():
+            if who != "nobody":
+                answer = await visitor.signin(console.secrets[who])
+                assert answer.status == 303, who
+        yield made
+    finally:
+        for visitor in made.values():
+            await visitor.close()
+
+
+async def test_pages_need_a_signed_in_token_and_the_cookie_keeps_no_secret(console: SecuredNode):
+    visitor = Visitor(console.node.console_url or "")
+    try:
+        for path in ("/", "/jobs", "/runs", "/cluster", "/workflows", "/jobs/new"):
+            status, _ = await visitor.get(path)
+            assert status == 303, path  # to the sign-in page
+        refused = await visitor.signin("fl_abcdefghijkl_" + "0" * 64)
+        assert refused.status == 401
+        assert not visitor.session.cookie_jar.filter_cookies(visitor.base)  # type: ignore[arg-type]
+        answer = await visitor.signin(console.secrets["client-a"])
+        assert answer.status == 303 and answer.headers["Location"] == "/"
+        cookie = answer.headers["Set-Cookie"]
+        assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Secure" not in cookie  # no TLS here
+        assert console.secrets["client-a"] not in cookie
+        assert "Content-Security-Policy" in answer.headers
+        for path in ("/", "/jobs", "/runs", "/cluster", "/workflows", "/jobs/new"):
+            status, page = await visitor.get(path)
+            assert status == 200, (path, page[:500])
+            assert console.secrets["client-a"] not in page
+            assert console.secrets["client-a"].split("_")[2] not in page  # nor its secret part
+    finally:
+        await visitor.close()
+
+
+async def test_a_job_made_in_the_console_runs_the_api_rules_and_stays_in_its_tenant(
+        console: SecuredNode, visitors: dict[str, Visitor]):
+    a, b, viewer, admin = visitors["client-a"], visitors["client-b"], visitors["viewer-a"], visitors["admin"]
+    made = await a.post("/jobs/new", {"name": "nightly-report", "job_type": "reports", "schedule": "cron",
+                                      "cron": "30 2 * * *", "timezone": "Europe/Berlin",
+                                      "payload": '{"iban": "DE-SECRET-IBAN"}'}, csrf=await a.csrf())
+    assert made.status == 303, made
+    job_id = made.headers["Location"].split("/jobs/")[1].split("?")[0]
+    async with console.client("client-a") as api:
+        job = await api.get_job(job_id)
+    assert job.tenant == "a" and job.spec.schedule.cron == "30 2 * * *" and job.spec.schedule.timezone == "Europe/Berlin"
+
+    status, page = await a.get(f"/jobs/{job_id}")
+    assert status == 200 and "nightly-report" in page and "Europe/Berlin" in page
+    assert "DE-SECRET-IBAN" not in page  # payloads are never rendered
+    assert 'id="pause"' in page and 'id="fire-times"' in page
+    assert "nightly-report" in (await a.get("/jobs"))[1]
+    assert "nightly-report" in (await a.get("/jobs?q=nightly-report"))[1]
+
+    # Another tenant neither sees it nor reaches it by id, and cannot act on it.
+    assert "nightly-report" not in (await b.get("/jobs"))[1]
+    assert "nightly-report" not in (await b.get(f"/jobs?q={job_id[:8]}"))[1]
+    assert (await b.get(f"/jobs/{job_id}"))[0] == 404
+    assert (await b.get(f"/jobs/{job_id}/edit"))[0] == 404
+    for action in ("pause", "delete", "trigger"):
+        assert (await b.post(f"/jobs/{job_id}/{action}", {}, csrf=await b.csrf())).status == 404, action
+    # A viewer of its tenant sees it, is offered no action, and is refused one it forges.
+    status, page = await viewer.get(f"/jobs/{job_id}")
+    assert status == 200 and "nightly-report" in page
+    assert 'id="pause"' not in page and 'id="delete"' not in page and 'id="new-job"' not in (await viewer.get("/jobs"))[1]
+    viewer_csrf = CSRF.search((await viewer.get("/"))[1])
+    assert viewer_csrf is not None
+    assert (await viewer.post(f"/jobs/{job_id}/pause", {}, csrf=viewer_csrf.group(1))).status == 403
+    assert (await viewer.get("/jobs/new"))[0] == 200  # the form shows; creating is refused
+    forged = await viewer.post("/jobs/new", {"name": "viewer-job", "job_type": "t", "schedule": "now"},
+                               csrf=viewer_csrf.group(1))
+    assert forged.status == 403
+    # An admin token acts across tenants through the API; its console pages are its own tenant's.
+    assert (await admin.get("/cluster"))[0] == 200
+    async with console.client("client-a") as api:
+        assert (await api.get_job(job_id)).state is JobState.ACTIVE
+        assert not [j for j in (await api.list_jobs()).items if j.name == "viewer-job"]
+
+    # The owner pauses, resumes, triggers and deletes it; each is in the job's history.
+    csrf = await a.csrf()
+    assert (await a.post(f"/jobs/{job_id}/pause", {}, csrf=csrf)).headers["Location"] == f"/jobs/{job_id}?done=paused"
+    async with console.client("client-a") as api:
+        assert (await api.get_job(job_id)).state is JobState.PAUSED
+    assert (await a.post(f"/jobs/{job_id}/resume", {}, csrf=csrf)).status == 303
+    triggered = await a.post(f"/jobs/{job_id}/trigger", {}, csrf=csrf)
+    run_id = triggered.headers["Location"].split("/runs/")[1].split("?")[0]
+    status, page = await a.get(f"/runs/{run_id}")
+    assert status == 200 and run_id in page
+    assert (await b.get(f"/runs/{run_id}"))[0] == 404
+    assert run_id[:8] not in (await b.get("/runs"))[1]
+    assert (await b.post(f"/runs/{run_id}/cancel", {}, csrf=await b.csrf())).status == 404
+    assert (await a.post(f"/runs/{run_id}/cancel", {}, csrf=csrf)).status == 303
+    async with console.client("client-a") as api:
+        assert (await api.get_run(run_id))[0].state is RunState.CANCELLED
+    status, page = await a.get(f"/jobs/{job_id}")
+    for action in ("paused", "resumed", "triggered"):
+        assert f"<td>{action}</td>" in page, action
+    assert (await a.post(f"/jobs/{job_id}/delete", {}, csrf=csrf)).status == 303
+    assert (await a.get(f"/jobs/{job_id}"))[0] == 404
+
+
+async def test_an_action_needs_this_sessions_csrf_token_and_this_origin(console: SecuredNode,
+                                                                        visitors: dict[str, Visitor]):
+    a, b = visitors["client-a"], visitors["client-b"]
+    async with console.client("client-a") as api:
+        job = await api.create("kept", "t", HOURLY)
+    assert (await a.post(f"/jobs/{job.job_id}/pause", {})).status == 403  # no token
+    assert (await a.post(f"/jobs/{job.job_id}/pause", {}, csrf=await b.csrf())).status == 403  # another session's
+    assert (await a.post(f"/jobs/{job.job_id}/pause", {}, csrf=await a.csrf(),
+                         headers={"Origin": "https://evil.example"})).status == 403
+    assert (await visitors["nobody"].post(f"/jobs/{job.job_id}/pause", {}, csrf="x")).status == 403
+    async with console.client("client-a") as api:
+        assert (await api.get_job(job.job_id)).state is JobState.ACTIVE
+    origin = a.base
+    assert (await a.post(f"/jobs/{job.job_id}/pause", {}, csrf=await a.csrf(), headers={"Origin": origin})).status == 303
+
+
+async def test_a_bad_form_is_shown_again_with_the_apis_reason_and_nothing_is_made(console: SecuredNode,
+                                                                                  visitors: dict[str, Visitor]):
+    a = visitors["client-a"]
+    csrf = await a.csrf()
+    for fields, reason in (
+        ({"name": "x", "job_type": "t", "schedule": "cron", "cron": "99 * * * *"}, "cron"),
+        ({"name": "x", "job_type": "t", "schedule": "cron", "cron": "* * * * *", "timezone": "Mars/Olympus"}, "Mars/Olympus"),
+        ({"name": "x", "job_type": "t", "schedule": "interval", "every_seconds": "soon"}, "every_seconds"),
+        ({"name": "x", "job_type": "t", "schedule": "now", "payload": "{not json"}, "payload"),
+        ({"name": "<script>alert(1)</script>", "job_type": "t", "schedule": "now"}, "name"),
+        ({"name": "x" * 5000, "job_type": "t", "schedule": "now"}, "name"),
+    ):
+        async with a.session.post(a.base + "/jobs/new", data={**fields, "csrf": csrf}, allow_redirects=False) as answer:
+            page = await answer.text()
+        assert answer.status == 400, (fields, page[:300])
+        assert 'id="error"' in page and reason in page.split('id="error"')[1].split("</p>")[0], (reason, page[:600])
+        assert "<script>alert" not in page  # shown back escaped
+    async with console.client("client-a") as api:
+        assert (await api.list_jobs()).items == []
+
+
+async def test_a_revoked_token_ends_its_console_sessions(console: SecuredNode, visitors: dict[str, Visitor]):
+    a = visitors["client-a"]
+    assert (await a.get("/jobs"))[0] == 200
+    async with console.client("admin") as admin:
+        await admin.revoke_token(console.tokens["client-a"].token_id)
+    authenticator = console.node.authenticator
+    assert authenticator is not None
+    authenticator._cache.clear()  # the node's token cache would take up to 2 s to notice
+    status, _ = await a.get("/jobs")
+    assert status == 303
+    status, page = await a.get("/signin?reason=expired")
+    assert status == 200 and "no longer valid" in page
+    assert (await a.signin(console.secrets["client-a"])).status == 401
+
+
+async def test_signing_out_ends_the_session(console: SecuredNode, visitors: dict[str, Visitor]):
+    a = visitors["client-a"]
+    csrf = await a.csrf()
+    answer = await a.post("/signout", {}, csrf=csrf)
+    assert answer.status == 303 and answer.headers["Location"].startswith("/signin")
+    assert (await a.get("/jobs"))[0] == 303
+
+
+async def test_under_tls_the_console_is_https_and_its_cookie_secure(db_url: str, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("FASTLANE_TOKEN", raising=False)
+    ca = new_authority("console test CA")
+    ca.issue_server().write(tmp_path / "server.crt", tmp_path / "server.key")
+    (tmp_path / "ca.crt").write_bytes(ca.cert_pem)
+    from fastlane.auth.tls import ClientTls
+
+    async with secured_node(db_url, console_listen="127.0.0.1:0", tls_cert=tmp_path / "server.crt",
+                            tls_key=tmp_path / "server.key",
+                            client_tls=ClientTls(ca_file=tmp_path / "ca.crt")) as node:
+        url = node.node.console_url or ""
+        assert url.startswith("https://127.0.0.1:")
+        trusted = ssl.create_default_context(cafile=str(tmp_path / "ca.crt"))
+        visitor = Visitor(url, ssl_context=trusted)
+        try:
+            answer = await visitor.signin(node.secrets["client-a"])
+            assert answer.status == 303 and "Secure" in answer.headers["Set-Cookie"]
+            assert (await visitor.get("/jobs"))[0] == 200
+        finally:
+            await visitor.close()
+        plain = Visitor(url.replace("https://", "http://"))
+        try:
+            with pytest.raises(aiohttp.ClientError):
+                await plain.get("/signin")
+        finally:
+            await plain.close()
+
+
+async def test_without_tokens_the_console_opens_without_sign_in(db_url: str):
+    import asyncio
+    import contextlib
+
+    from fastlane.bench.processes import free_port
+    from secured_nodes import ENGINE_SHARDS
+
+    from fastlane.config import Settings
+    from fastlane.server.node import Node
+
+    node = Node(Settings(db_url=db_url, listen=f"127.0.0.1:{free_port()}", node_id="open-node",
+                         shard_count=ENGINE_SHARDS, console_listen="127.0.0.1:0"))
+    task = asyncio.create_task(node.run())
+    try:
+        async with asyncio.timeout(30):
+            await node.ready.wait()
+        visitor = Visitor(node.console_url or "")
+        try:
+            status, page = await visitor.get("/")
+            assert status == 200 and "authentication off" in page
+            assert (await visitor.get("/signin"))[0] == 303
+            made = await visitor.post("/jobs/new", {"name": "open", "job_type": "t", "schedule": "interval",
+                                                    "every_seconds": "60"}, csrf=await visitor.csrf())
+            assert made.status == 303
+            assert (await visitor.post("/jobs/new", {"name": "open2", "job_type": "t", "schedule": "now"})).status == 403
+        finally:
+            await visitor.close()
+    finally:
+        node.request_stop()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(task, 20)
