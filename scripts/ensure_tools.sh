@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Tools the test suite needs besides Python packages: promtool, to check and unit-test the alert
-# rules in deploy/prometheus. Where none is on PATH or in DIR (the first argument, default
+# Tools the test suite needs besides Python packages: Chromium and ChromeDriver, for the web
+# console's browser tests (Debian's chromium and chromium-driver, installed system-wide: a browser
+# cannot be unpacked into a folder), and promtool, to check and unit-test the alert rules in
+# deploy/prometheus. Where none is on PATH or in DIR (the first argument, default
 # .venv/bin), the distribution's prometheus package is downloaded and only its promtool binary
 # extracted into DIR: nothing is installed system-wide and no Prometheus server is set up. Needs
 # apt-get (Debian, Ubuntu); elsewhere this says what to install and fails, so the suite never
@@ -8,6 +10,23 @@
 set -euo pipefail
 
 into="${1:-.venv/bin}"
+as_root=()
+[ "$(id -u)" -eq 0 ] || as_root=(sudo -n)
+
+if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
+    if ! command -v apt-get >/dev/null 2>&1; then
+        echo "Chromium and ChromeDriver are missing: install them (/usr/bin/chromium, /usr/bin/chromedriver) for the console's browser tests" >&2
+        exit 1
+    fi
+    echo "installing Chromium and ChromeDriver (the distribution's packages), for the console's browser tests" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    if ! "${as_root[@]}" apt-get install -y -q --no-install-recommends chromium chromium-driver >/dev/null 2>&1; then
+        "${as_root[@]}" apt-get update -q >/dev/null
+        "${as_root[@]}" apt-get install -y -q --no-install-recommends chromium chromium-driver >/dev/null
+    fi
+    /usr/bin/chromedriver --version >/dev/null
+fi
+
 if command -v promtool >/dev/null 2>&1 || [ -x "$into/promtool" ]; then
     exit 0
 fi
@@ -21,8 +40,6 @@ trap 'rm -rf "$scratch"' EXIT
 # A machine whose package lists were never fetched finds no package: fetch them (as root, or
 # through sudo without a password), then try again.
 if ! (cd "$scratch" && apt-get download -q prometheus >/dev/null 2>&1); then
-    as_root=()
-    [ "$(id -u)" -eq 0 ] || as_root=(sudo -n)
     "${as_root[@]}" apt-get update -q >/dev/null
     (cd "$scratch" && apt-get download -q prometheus >/dev/null 2>&1)
 fi

@@ -22,6 +22,7 @@ from fastlane.metrics import Metrics
 
 SAMPLE_SECONDS = 10.0
 KEEP_SECONDS = 3600.0
+LIVE_TAIL_MIN_SECONDS = 1.0  # a shorter tail would be mostly noise
 FINISHED = ("succeeded", "dead", "lost", "cancelled")  # outcomes of fastlane_runs_total that end a run
 FAILED = ("retry", "dead", "lost")  # attempts that failed: retried, or the run's last
 
@@ -76,6 +77,9 @@ class Activity:
 
     def sample(self) -> None:
         """Take one sample now."""
+        self._samples.append(self._read())
+
+    def _read(self) -> _Sample:
         buckets: list[tuple[float, float]] = []
         for family in self._metrics.trigger_lag.collect():
             for sample in family.samples:
@@ -86,11 +90,11 @@ class Activity:
             for sample in family.samples:
                 if sample.name.endswith("_total"):
                     outcomes[sample.labels["outcome"]] = sample.value
-        self._samples.append(_Sample(
+        return _Sample(
             at=self._wall(), buckets=tuple(sorted(buckets)),
             finished=sum(outcomes.get(name, 0.0) for name in FINISHED),
             failed=sum(outcomes.get(name, 0.0) for name in FAILED),
-        ))
+        )
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Sample every few seconds until ``stopping`` is set."""
@@ -101,8 +105,13 @@ class Activity:
                     await stopping.wait()
 
     def points(self) -> list[Point]:
-        """The chart's points, oldest first: one per interval between samples."""
+        """The chart's points, oldest first: one per interval between samples, and the last
+        from the latest sample to now (read now, not kept), so the page is never a sample late."""
         samples = list(self._samples)
+        if samples:
+            now = self._read()
+            if now.at - samples[-1].at >= LIVE_TAIL_MIN_SECONDS:
+                samples.append(now)
         points = []
         for before, after in zip(samples, samples[1:], strict=False):
             delta = tuple((bound, count - earlier) for (bound, count), (_, earlier) in

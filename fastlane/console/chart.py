@@ -58,6 +58,9 @@ def lag_chart(points: Sequence[Point], now: datetime) -> Markup:
     for name, series in (("p99", [(p.at, p.p99_ms) for p in recent]), ("p50", [(p.at, p.p50_ms) for p in recent])):
         for line in lines(series):
             parts.append(f'<polyline class="{name}" points="{escape(line)}"/>')
+        for at, ms in series:  # a lone point draws no line: each point is also a dot
+            if ms is not None:
+                parts.append(f'<circle class="{name}" cx="{x(at):.1f}" cy="{y(ms):.1f}" r="2"/>')
     if not any(p.released for p in recent):
         parts.append(f'<text class="axis" x="{LEFT + plot_w / 2:.0f}" y="{TOP + plot_h / 2:.0f}" '
                      'text-anchor="middle">no run released on its time in the last hour</text>')

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from selenium import webdriver
@@ -19,6 +20,14 @@ CHROMEDRIVER = os.environ.get("FASTLANE_CHROMEDRIVER", "/usr/bin/chromedriver")
 # Where the tests leave their screenshots: the README's pictures are made with
 # FASTLANE_SCREENSHOTS=docs/console (make screenshots); otherwise a temporary directory.
 SCREENSHOTS_ENV = "FASTLANE_SCREENSHOTS"
+
+
+@dataclass
+class ConsoleNode:
+    """A running node's console address, and the secret of each token made for the test."""
+
+    url: str
+    secrets: dict[str, str] = field(default_factory=dict)
 
 
 def missing() -> str | None:
