@@ -20,6 +20,7 @@ from fastlane.domain.models import JobSpec, RetryPolicy, Schedule, ScheduleKind
 from fastlane.errors import InvalidArgument
 
 KINDS = tuple(kind.value for kind in ScheduleKind)
+MAX_SECONDS = 1e10  # within what a timedelta holds; the API's own bound is lower
 MAX_FIELD_CHARS = 1_000  # any field but the payload; the API's own limits are far lower for names
 
 
@@ -54,7 +55,7 @@ class JobForm:
         payload = spec.payload.decode("utf-8", errors="replace") if spec.payload else ""
         return cls(name=spec.name, job_type=spec.job_type, schedule=s.kind.value, cron=s.cron or "",
                    timezone=s.timezone, at=s.at.isoformat() if s.at else "",
-                   every_seconds=f"{s.every.total_seconds():g}" if s.every else "", payload=payload,
+                   every_seconds=_seconds_text(s.every) if s.every else "", payload=payload,
                    max_attempts=str(spec.retry.max_attempts), priority=str(spec.priority))
 
     def spec(self, *, tenant: str, based_on: JobSpec | None = None) -> JobSpec:
@@ -89,11 +90,17 @@ class JobForm:
                 seconds = float(self.every_seconds)
             except ValueError:
                 raise InvalidArgument("every_seconds", "must be a number of seconds") from None
-            if not 0 < seconds < 10 ** 9:  # NaN fails too; the API bounds it more closely
+            if not 0 < seconds < MAX_SECONDS:  # NaN fails too; the API bounds it more closely
                 raise InvalidArgument("every_seconds", "must be a positive number of seconds")
             anchor = current.anchor if current.kind is ScheduleKind.INTERVAL else None
             return Schedule.interval(timedelta(seconds=seconds), anchor)
         return Schedule.now()
+
+
+def _seconds_text(every: timedelta) -> str:
+    """Seconds as text that reads back to the same value (``:g`` would round 1234567 s)."""
+    seconds = every.total_seconds()
+    return str(int(seconds)) if seconds.is_integer() else repr(seconds)
 
 
 def _integer(field: str, text: str, default: int) -> int:
