@@ -213,12 +213,14 @@ class Client(WorkflowCalls):
         include_payload: bool = False,
         name: str | None = None,
         id_prefix: str | None = None,
+        name_prefix: str | None = None,
     ) -> Page[Job]:
         """One page of the tenant's jobs; pass ``next_page_token`` back for the next one.
 
         Jobs come without their payload unless ``include_payload`` (``get_job`` always has it).
         ``name`` finds the job of that name (a page of one, or empty); ``id_prefix`` the jobs
-        whose id starts with it, in id order (one page only).
+        whose id starts with it, in id order, and ``name_prefix`` those whose name does, in name
+        order (one page only, either).
         """
         request = jobs_pb2.ListJobsRequest(
             tenant=self.tenant,
@@ -229,6 +231,7 @@ class Client(WorkflowCalls):
             include_payload=include_payload,
             name=name or "",
             id_prefix=id_prefix or "",
+            name_prefix=name_prefix or "",
         )
         response = await self._call(self._connect().jobs.ListJobs, request)
         return Page(items=[wire.job_from_pb(job) for job in response.jobs], next_page_token=response.next_page_token)

@@ -26,7 +26,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from fastlane._proto import common_pb2 as fastlane_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x66\x61stlane/v1/jobs.proto\x12\x0b\x66\x61stlane.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18\x66\x61stlane/v1/common.proto\"(\n\x06JobRef\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\"6\n\x10\x43reateJobRequest\x12\"\n\x04spec\x18\x01 \x01(\x0b\x32\x14.fastlane.v1.JobSpec\"C\n\x11\x43reateJobResponse\x12\x1d\n\x03job\x18\x01 \x01(\x0b\x32\x10.fastlane.v1.Job\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\xa3\x01\n\x0fListJobsRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x10\n\x08job_type\x18\x03 \x01(\t\x12\x11\n\tpage_size\x18\x04 \x01(\x05\x12\x12\n\npage_token\x18\x05 \x01(\t\x12\x17\n\x0finclude_payload\x18\x06 \x01(\x08\x12\x0c\n\x04name\x18\x07 \x01(\t\x12\x11\n\tid_prefix\x18\x08 \x01(\t\"K\n\x10ListJobsResponse\x12\x1e\n\x04jobs\x18\x01 \x03(\x0b\x32\x10.fastlane.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"F\n\x10UpdateJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\"\n\x04spec\x18\x02 \x01(\x0b\x32\x14.fastlane.v1.JobSpec\"\x13\n\x11\x44\x65leteJobResponse\"{\n\x16PreviewScheduleRequest\x12\'\n\x08schedule\x18\x01 \x01(\x0b\x32\x15.fastlane.v1.Schedule\x12)\n\x05\x61\x66ter\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x63ount\x18\x03 \x01(\x05\"B\n\x08\x46ireTime\x12\'\n\x03utc\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05local\x18\x02 \x01(\t\"D\n\x17PreviewScheduleResponse\x12)\n\nfire_times\x18\x01 \x03(\x0b\x32\x15.fastlane.v1.FireTime\"Y\n\x10ListAuditRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x13\n\x0btarget_kind\x18\x02 \x01(\t\x12\x11\n\ttarget_id\x18\x03 \x01(\t\x12\r\n\x05limit\x18\x04 \x01(\x05\"\xcf\x01\n\nAuditEvent\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\x03\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12&\n\x02\x61t\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06\x61\x63tion\x18\x04 \x01(\t\x12\x13\n\x0btarget_kind\x18\x05 \x01(\t\x12\x11\n\ttarget_id\x18\x06 \x01(\t\x12\x0e\n\x06job_id\x18\x07 \x01(\t\x12\x10\n\x08token_id\x18\x08 \x01(\t\x12\r\n\x05\x61\x63tor\x18\t \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\n \x01(\t\"<\n\x11ListAuditResponse\x12\'\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x17.fastlane.v1.AuditEvent2\x98\x05\n\nJobService\x12J\n\tCreateJob\x12\x1d.fastlane.v1.CreateJobRequest\x1a\x1e.fastlane.v1.CreateJobResponse\x12/\n\x06GetJob\x12\x13.fastlane.v1.JobRef\x1a\x10.fastlane.v1.Job\x12G\n\x08ListJobs\x12\x1c.fastlane.v1.ListJobsRequest\x1a\x1d.fastlane.v1.ListJobsResponse\x12<\n\tUpdateJob\x12\x1d.fastlane.v1.UpdateJobRequest\x1a\x10.fastlane.v1.Job\x12\x31\n\x08PauseJob\x12\x13.fastlane.v1.JobRef\x1a\x10.fastlane.v1.Job\x12\x32\n\tResumeJob\x12\x13.fastlane.v1.JobRef\x1a\x10.fastlane.v1.Job\x12@\n\tDeleteJob\x12\x13.fastlane.v1.JobRef\x1a\x1e.fastlane.v1.DeleteJobResponse\x12\x33\n\nTriggerJob\x12\x13.fastlane.v1.JobRef\x1a\x10.fastlane.v1.Run\x12\\\n\x0fPreviewSchedule\x12#.fastlane.v1.PreviewScheduleRequest\x1a$.fastlane.v1.PreviewScheduleResponse\x12J\n\tListAudit\x12\x1d.fastlane.v1.ListAuditRequest\x1a\x1e.fastlane.v1.ListAuditResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x66\x61stlane/v1/jobs.proto\x12\x0b\x66\x61stlane.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18\x66\x61stlane/v1/common.proto\"(\n\x06JobRef\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\"6\n\x10\x43reateJobRequest\x12\"\n\x04spec\x18\x01 \x01(\x0b\x32\x14.fastlane.v1.JobSpec\"C\n\x11\x43reateJobResponse\x12\x1d\n\x03job\x18\x01 \x01(\x0b\x32\x10.fastlane.v1.Job\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\xb8\x01\n\x0fListJobsRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x10\n\x08job_type\x18\x03 \x01(\t\x12\x11\n\tpage_size\x18\x04 \x01(\x05\x12\x12\n\npage_token\x18\x05 \x01(\t\x12\x17\n\x0finclude_payload\x18\x06 \x01(\x08\x12\x0c\n\x04name\x18\x07 \x01(\t\x12\x11\n\tid_prefix\x18\x08 \x01(\t\x12\x13\n\x0bname_prefix\x18\t \x01(\t\"K\n\x10ListJobsResponse\x12\x1e\n\x04jobs\x18\x01 \x03(\x0b\x32\x10.fastlane.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"F\n\x10UpdateJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\"\n\x04spec\x18\x02 \x01(\x0b\x32\x14.fastlane.v1.JobSpec\"\x13\n\x11\x44\x65leteJobResponse\"{\n\x16PreviewScheduleRequest\x12\'\n\x08schedule\x18\x01 \x01(\x0b\x32\x15.fastlane.v1.Schedule\x12)\n\x05\x61\x66ter\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x63ount\x18\x03 \x01(\x05\"B\n\x08\x46ireTime\x12\'\n\x03utc\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05local\x18\x02 \x01(\t\"D\n\x17PreviewScheduleResponse\x12)\n\nfire_times\x18\x01 \x03(\x0b\x32\x15.fastlane.v1.FireTime\"Y\n\x10ListAuditRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x13\n\x0btarget_kind\x18\x02 \x01(\t\x12\x11\n\ttarget_id\x18\x03 \x01(\t\x12\r\n\x05limit\x18\x04 \x01(\x05\"\xcf\x01\n\nAuditEvent\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\x03\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12&\n\x02\x61t\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06\x61\x63tion\x18\x04 \x01(\t\x12\x13\n\x0btarget_kind\x18\x05 \x01(\t\x12\x11\n\ttarget_id\x18\x06 \x01(\t\x12\x0e\n\x06job_id\x18\x07 \x01(\t\x12\x10\n\x08token_id\x18\x08 \x01(\t\x12\r\n\x05\x61\x63tor\x18\t \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\n \x01(\t\"<\n\x11ListAuditResponse\x12\'\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x17.fastlane.v1.AuditEvent2\x98\x05\n\nJobService\x12J\n\tCreateJob\x12\x1d.fastlane.v1.CreateJobRequest\x1a\x1e.fastlane.v1.CreateJobResponse\x12/\n\x06GetJob\x12\x13.fastlane.v1.JobRef\x1a\x10.fastlane.v1.Job\x12G\n\x08ListJobs\x12\x1c.fastlane.v1.ListJobsRequest\x1a\x1d.fastlane.v1.ListJobsResponse\x12<\n\tUpdateJob\x12\x1d.fastlane.v1.UpdateJobRequest\x1a\x10.fastlane.v1.Job\x12\x31\n\x08PauseJob\x12\x13.fastlane.v1.JobRef\x1a\x10.fastlane.v1.Job\x12\x32\n\tResumeJob\x12\x13.fastlane.v1.JobRef\x1a\x10.fastlane.v1.Job\x12@\n\tDeleteJob\x12\x13.fastlane.v1.JobRef\x1a\x1e.fastlane.v1.DeleteJobResponse\x12\x33\n\nTriggerJob\x12\x13.fastlane.v1.JobRef\x1a\x10.fastlane.v1.Run\x12\\\n\x0fPreviewSchedule\x12#.fastlane.v1.PreviewScheduleRequest\x1a$.fastlane.v1.PreviewScheduleResponse\x12J\n\tListAudit\x12\x1d.fastlane.v1.ListAuditRequest\x1a\x1e.fastlane.v1.ListAuditResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,25 +40,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CREATEJOBRESPONSE']._serialized_start=196
   _globals['_CREATEJOBRESPONSE']._serialized_end=263
   _globals['_LISTJOBSREQUEST']._serialized_start=266
-  _globals['_LISTJOBSREQUEST']._serialized_end=429
-  _globals['_LISTJOBSRESPONSE']._serialized_start=431
-  _globals['_LISTJOBSRESPONSE']._serialized_end=506
-  _globals['_UPDATEJOBREQUEST']._serialized_start=508
-  _globals['_UPDATEJOBREQUEST']._serialized_end=578
-  _globals['_DELETEJOBRESPONSE']._serialized_start=580
-  _globals['_DELETEJOBRESPONSE']._serialized_end=599
-  _globals['_PREVIEWSCHEDULEREQUEST']._serialized_start=601
-  _globals['_PREVIEWSCHEDULEREQUEST']._serialized_end=724
-  _globals['_FIRETIME']._serialized_start=726
-  _globals['_FIRETIME']._serialized_end=792
-  _globals['_PREVIEWSCHEDULERESPONSE']._serialized_start=794
-  _globals['_PREVIEWSCHEDULERESPONSE']._serialized_end=862
-  _globals['_LISTAUDITREQUEST']._serialized_start=864
-  _globals['_LISTAUDITREQUEST']._serialized_end=953
-  _globals['_AUDITEVENT']._serialized_start=956
-  _globals['_AUDITEVENT']._serialized_end=1163
-  _globals['_LISTAUDITRESPONSE']._serialized_start=1165
-  _globals['_LISTAUDITRESPONSE']._serialized_end=1225
-  _globals['_JOBSERVICE']._serialized_start=1228
-  _globals['_JOBSERVICE']._serialized_end=1892
+  _globals['_LISTJOBSREQUEST']._serialized_end=450
+  _globals['_LISTJOBSRESPONSE']._serialized_start=452
+  _globals['_LISTJOBSRESPONSE']._serialized_end=527
+  _globals['_UPDATEJOBREQUEST']._serialized_start=529
+  _globals['_UPDATEJOBREQUEST']._serialized_end=599
+  _globals['_DELETEJOBRESPONSE']._serialized_start=601
+  _globals['_DELETEJOBRESPONSE']._serialized_end=620
+  _globals['_PREVIEWSCHEDULEREQUEST']._serialized_start=622
+  _globals['_PREVIEWSCHEDULEREQUEST']._serialized_end=745
+  _globals['_FIRETIME']._serialized_start=747
+  _globals['_FIRETIME']._serialized_end=813
+  _globals['_PREVIEWSCHEDULERESPONSE']._serialized_start=815
+  _globals['_PREVIEWSCHEDULERESPONSE']._serialized_end=883
+  _globals['_LISTAUDITREQUEST']._serialized_start=885
+  _globals['_LISTAUDITREQUEST']._serialized_end=974
+  _globals['_AUDITEVENT']._serialized_start=977
+  _globals['_AUDITEVENT']._serialized_end=1184
+  _globals['_LISTAUDITRESPONSE']._serialized_start=1186
+  _globals['_LISTAUDITRESPONSE']._serialized_end=1246
+  _globals['_JOBSERVICE']._serialized_start=1249
+  _globals['_JOBSERVICE']._serialized_end=1913
 # @@protoc_insertion_point(module_scope)

@@ -33,7 +33,7 @@ class CreateJobResponse(_message.Message):
     def __init__(self, job: _Optional[_Union[_common_pb2.Job, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
-    __slots__ = ("tenant", "state", "job_type", "page_size", "page_token", "include_payload", "name", "id_prefix")
+    __slots__ = ("tenant", "state", "job_type", "page_size", "page_token", "include_payload", "name", "id_prefix", "name_prefix")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     JOB_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -42,6 +42,7 @@ class ListJobsRequest(_message.Message):
     INCLUDE_PAYLOAD_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     ID_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    NAME_PREFIX_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     state: str
     job_type: str
@@ -50,7 +51,8 @@ class ListJobsRequest(_message.Message):
     include_payload: bool
     name: str
     id_prefix: str
-    def __init__(self, tenant: _Optional[str] = ..., state: _Optional[str] = ..., job_type: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., include_payload: _Optional[bool] = ..., name: _Optional[str] = ..., id_prefix: _Optional[str] = ...) -> None: ...
+    name_prefix: str
+    def __init__(self, tenant: _Optional[str] = ..., state: _Optional[str] = ..., job_type: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., include_payload: _Optional[bool] = ..., name: _Optional[str] = ..., id_prefix: _Optional[str] = ..., name_prefix: _Optional[str] = ...) -> None: ...
 
 class ListJobsResponse(_message.Message):
     __slots__ = ("jobs", "next_page_token")

@@ -9,12 +9,14 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+import grpc
 from aiohttp import web
 
 from fastlane._proto import admin_pb2, common_pb2, jobs_pb2, runs_pb2, workflows_pb2
 from fastlane.auth.caller import Caller
 from fastlane.cli.views import attempt_note, describe_schedule, run_duration, run_lag
 from fastlane.console.chart import lag_chart
+from fastlane.console.gateway import CallRefused
 from fastlane.console.rendering import CONSOLE, caller_of, render
 from fastlane.domain import schedules
 from fastlane.domain.models import Job, JobState, RunState, ScheduleKind
@@ -85,10 +87,14 @@ async def jobs(request: web.Request) -> web.Response:
     q, state, job_type, token = (query.get(k, "").strip() for k in ("q", "state", "type", "page"))
     found: list[Job] = []
     next_token = ""
-    if q:  # a job's name, or the start of its id: one page either way
-        by_name = await _call(request, "JobService/ListJobs", jobs_pb2.ListJobsRequest(name=q, state=state, job_type=job_type),
-                              jobs_pb2.ListJobsResponse)
-        found = [wire.job_from_pb(m) for m in by_name.jobs]
+    if q:  # the start of a name, or of an id: one page either way
+        try:
+            by_name = await _call(request, "JobService/ListJobs", jobs_pb2.ListJobsRequest(
+                name_prefix=q, state=state, job_type=job_type, page_size=PAGE_SIZE), jobs_pb2.ListJobsResponse)
+            found = [wire.job_from_pb(m) for m in by_name.jobs]
+        except CallRefused as refusal:  # not the start of any valid name: no job's
+            if refusal.code is not grpc.StatusCode.INVALID_ARGUMENT:
+                raise
         if all(c in ID_CHARS for c in q):  # ids are UUIDs
             by_id = await _call(request, "JobService/ListJobs", jobs_pb2.ListJobsRequest(
                 id_prefix=q, state=state, job_type=job_type, page_size=PAGE_SIZE), jobs_pb2.ListJobsResponse)

@@ -220,6 +220,11 @@ class Store(Protocol):
         """Up to ``limit`` of the tenant's jobs whose id starts with ``prefix``, in id order."""
         ...
 
+    async def jobs_by_name_prefix(self, tenant: str, prefix: str, limit: int) -> list[Job]:
+        """Up to ``limit`` of the tenant's jobs whose name starts with ``prefix``, in the names'
+        byte order (the console's search)."""
+        ...
+
     # -- shards ---------------------------------------------------------------------------------
 
     async def acquire_shards(

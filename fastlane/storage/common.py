@@ -204,8 +204,8 @@ def plan_materialisation(
 
 def id_prefix_range(prefix: str) -> tuple[str, str]:
     """``[low, high)`` holding every id that starts with ``prefix`` in the ids' order (ids are
-    UUIDs: hex digits and hyphens, ordered alike by byte and by any locale's collation); callers
-    still keep only the ids that start with it."""
+    UUIDs: hex digits and hyphens, ordered alike by byte and by any locale's collation), or every
+    name in the names' byte order; callers still keep only those that start with it."""
     last = ord(prefix[-1])
     return prefix, prefix[:-1] + (chr(last + 1) if last < 0x10FFFF else prefix[-1] * 2)
 

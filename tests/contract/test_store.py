@@ -168,6 +168,27 @@ async def test_jobs_and_runs_are_found_by_the_start_of_their_id_within_the_tenan
     assert await store.runs_by_id_prefix("default", "zzzz", 10) == []
 
 
+async def test_jobs_are_found_by_the_start_of_their_name_in_byte_order_within_the_tenant(store):
+    # Names a locale's collation orders apart from their bytes ("a-b" after "ab" in en_US), and
+    # characters that are wildcards elsewhere (a "." or "_" is no pattern here).
+    names = ["ab", "a-b", "a-c", "a.b", "a", "b-a", "A-b", "a-b-2"]
+    for name in names:
+        await store.create_job(spec(name))
+    await store.create_job(replace(spec("a-b-other"), tenant="other-tenant"))
+
+    async def found(prefix: str, limit: int = 100) -> list[str]:
+        return [job.name for job in await store.jobs_by_name_prefix("default", prefix, limit)]
+
+    assert await found("a-") == ["a-b", "a-b-2", "a-c"]
+    assert await found("a") == sorted(name for name in names if name.startswith("a"))
+    assert await found("a.") == ["a.b"]
+    assert await found("A") == ["A-b"]
+    assert await found("a-b") == ["a-b", "a-b-2"]
+    assert await found("a", limit=2) == ["a", "a-b"]
+    assert await found("zz") == []
+    assert [job.name for job in await store.jobs_by_name_prefix("other-tenant", "a-", 10)] == ["a-b-other"]
+
+
 async def test_update_job_recomputes_next_fire_only_when_the_schedule_changes(store):
     job, _ = await store.create_job(spec())
     same_schedule = await store.update_job("default", job.job_id, spec(payload=b"{}"))

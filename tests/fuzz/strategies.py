@@ -484,6 +484,9 @@ def list_jobs(draw: st.DrawFn) -> Probe:
     if draw(st.booleans()):
         request.id_prefix = draw(st.one_of(strings(), st.sampled_from(("0", "0d43", "\U0010ffff", "-"))))
         fields.append("id_prefix")
+    if draw(st.booleans()):
+        request.name_prefix = draw(st.one_of(strings(), st.sampled_from(("c", "canar", "-", ".", "%", "_", "a" * 201))))
+        fields.append("name_prefix")
     token = _pick(draw, st.one_of(st.sampled_from(PAGE_TOKEN_EDGES), strings()), fuzz_one_in=2)
     index = draw(st.integers(0, 10**6))
     # A token handed out for another listing or other filters is a fuzzed value too.

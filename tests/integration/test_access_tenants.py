@@ -64,6 +64,8 @@ async def test_a_client_of_one_tenant_sees_and_touches_nothing_of_another(secure
         assert (await a.list_runs(job_id=theirs.job_id)).items == []
         assert (await a.list_jobs(name="payroll")).items == []  # nor by its name
         assert (await a.list_jobs(id_prefix=theirs.job_id[:8])).items == []  # nor by the start of its id
+        assert (await a.list_jobs(name_prefix="pay")).items == []  # nor of its name
+        assert [job.name for job in (await b.list_jobs(name_prefix="pay")).items] == ["payroll"]
         assert (await a.list_runs(id_prefix=their_run.run_id[:8])).items == []
 
         # A spec naming tenant b, sent by a's client, is refused too.

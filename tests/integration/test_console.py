@@ -127,11 +127,15 @@ async def test_a_job_made_in_the_console_runs_the_api_rules_and_stays_in_its_ten
     assert "DE-SECRET-IBAN" not in page  # payloads are never rendered
     assert 'id="pause"' in page and 'id="fire-times"' in page
     assert "nightly-report" in (await a.get("/jobs"))[1]
-    assert "nightly-report" in (await a.get("/jobs?q=nightly-report"))[1]
+    assert "nightly-report" in (await a.get("/jobs?q=nightly"))[1]  # the start of its name
+    assert "nightly-report" in (await a.get(f"/jobs?q={job_id[:6]}"))[1]  # or of its id
+    assert "nightly-report" not in (await a.get("/jobs?q=daily"))[1]
+    assert (await a.get("/jobs?q=%3Cscript%3E"))[0] == 200  # no name starts so: nothing found
 
     # Another tenant neither sees it nor reaches it by id, and cannot act on it.
     assert "nightly-report" not in (await b.get("/jobs"))[1]
     assert "nightly-report" not in (await b.get(f"/jobs?q={job_id[:8]}"))[1]
+    assert "nightly-report" not in (await b.get("/jobs?q=nightly"))[1]
     assert (await b.get(f"/jobs/{job_id}"))[0] == 404
     assert (await b.get(f"/jobs/{job_id}/edit"))[0] == 404
     for action in ("pause", "delete", "trigger"):

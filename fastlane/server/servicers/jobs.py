@@ -68,9 +68,16 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
         job_type = validation.name("job_type", request.job_type) if request.job_type else None
         name = validation.name("name", request.name) if request.name else None
         tenant, limit = tenant_of(request.tenant), validation.page_size(request.page_size)
-        if request.id_prefix:  # one page, in id order: for finding a job by the start of its id
-            prefix = validation.identifier("id_prefix", request.id_prefix)
-            found = [job for job in await self._store.jobs_by_id_prefix(tenant, prefix, limit)
+        if request.id_prefix and request.name_prefix:
+            raise InvalidArgument("name_prefix", "give id_prefix or name_prefix, not both")
+        if request.id_prefix or request.name_prefix:  # one page, in id or name order: finding a job
+            if request.id_prefix:
+                prefix = validation.identifier("id_prefix", request.id_prefix)
+                candidates = await self._store.jobs_by_id_prefix(tenant, prefix, limit)
+            else:  # a prefix of a valid name is one
+                prefix = validation.name("name_prefix", request.name_prefix)
+                candidates = await self._store.jobs_by_name_prefix(tenant, prefix, limit)
+            found = [job for job in candidates
                      if (state is None or job.state is state) and (job_type is None or job.job_type == job_type)
                      and (name is None or job.name == name)]
             page = Page(items=found)

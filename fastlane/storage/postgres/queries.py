@@ -45,6 +45,12 @@ INSERT_JOB = """
 JOB_BY_NAME = "SELECT * FROM jobs WHERE tenant = $1 AND name = $2"
 # Ids in [low, high): those starting with a prefix (common.id_prefix_range), through the primary key.
 JOBS_BY_ID_RANGE = "SELECT * FROM jobs WHERE job_id >= $1 AND job_id < $2 AND tenant = $3 ORDER BY job_id LIMIT $4"
+# Names in [low, high) in byte order ("C"), through jobs_by_name_bytes (migration 15): a locale's
+# collation would order "a-b" after "ab" and a prefix would not be one range of it.
+JOBS_BY_NAME_RANGE = (
+    'SELECT * FROM jobs WHERE tenant = $1 AND name COLLATE "C" >= $2 AND name COLLATE "C" < $3 '
+    'ORDER BY name COLLATE "C" LIMIT $4'
+)
 RUNS_BY_ID_RANGE = "SELECT * FROM runs WHERE run_id >= $1 AND run_id < $2 AND tenant = $3 ORDER BY run_id LIMIT $4"
 GET_JOB = "SELECT * FROM jobs WHERE job_id = $1 AND tenant = $2"
 LOCK_JOB = "SELECT * FROM jobs WHERE job_id = $1 AND tenant = $2 FOR UPDATE"

@@ -43,6 +43,8 @@ INSERT_JOB = """
 JOB_BY_NAME = "SELECT * FROM jobs WHERE tenant = ? AND name = ?"
 # Ids in [low, high): those starting with a prefix (common.id_prefix_range), through the primary key.
 JOBS_BY_ID_RANGE = "SELECT * FROM jobs WHERE job_id >= ? AND job_id < ? AND tenant = ? ORDER BY job_id LIMIT ?"
+# Names in [low, high), through the (tenant, name) unique index: SQLite compares text bytewise.
+JOBS_BY_NAME_RANGE = "SELECT * FROM jobs WHERE tenant = ? AND name >= ? AND name < ? ORDER BY name LIMIT ?"
 RUNS_BY_ID_RANGE = "SELECT * FROM runs WHERE run_id >= ? AND run_id < ? AND tenant = ? ORDER BY run_id LIMIT ?"
 GET_JOB = "SELECT * FROM jobs WHERE job_id = ? AND tenant = ?"
 # A job read to be changed: SQLite's writer lock (BEGIN IMMEDIATE) already keeps every other

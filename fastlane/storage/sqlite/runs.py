@@ -186,6 +186,12 @@ class SQLiteRuns(SQLiteConnections):
             rows = await fetch_all(db, queries.JOBS_BY_ID_RANGE, (low, high, tenant, common.page_limit(limit)))
         return common.with_id_prefix([codec.build_job(row) for row in rows], prefix, lambda job: job.job_id).items
 
+    async def jobs_by_name_prefix(self, tenant: str, prefix: str, limit: int) -> list[Job]:
+        low, high = common.id_prefix_range(prefix)
+        async with self._read() as db:
+            rows = await fetch_all(db, queries.JOBS_BY_NAME_RANGE, (tenant, low, high, common.page_limit(limit)))
+        return common.with_id_prefix([codec.build_job(row) for row in rows], prefix, lambda job: job.name).items
+
     async def list_attempts(self, run_id: str) -> list[Attempt]:
         async with self._read() as db:
             rows = await fetch_all(db, queries.LIST_ATTEMPTS, (run_id,))
