@@ -16,7 +16,7 @@ from fastlane._proto import common_pb2, jobs_pb2, runs_pb2, workflows_pb2
 from fastlane.console.forms import KINDS, JobForm
 from fastlane.console.gateway import CallRefused
 from fastlane.console.guard import set_session_cookie
-from fastlane.console.rendering import CONSOLE, caller_of, render, see_other, session_of
+from fastlane.console.rendering import CONSOLE, STATUS_OF_REFUSAL, caller_of, render, see_other, session_of
 from fastlane.console.sessions import COOKIE
 from fastlane.errors import InvalidArgument, StorageUnavailable, Unauthenticated
 from fastlane.rpc import wire
@@ -144,7 +144,7 @@ def _refused_form(request: web.Request, fields: dict[str, str], error: InvalidAr
     except InvalidArgument:
         form = JobForm()
     message = error.message if isinstance(error, CallRefused) else str(error)
-    status = 403 if isinstance(error, CallRefused) and error.code.name == "PERMISSION_DENIED" else 400
+    status = STATUS_OF_REFUSAL.get(error.code, 400) if isinstance(error, CallRefused) else 400
     return _job_form_page(request, form, job_id=job_id, error=message, status=status)
 
 

@@ -18,7 +18,7 @@ import pytest
 from secured_nodes import SecuredNode, secured_node
 from tls_certs import new_authority
 
-from fastlane.domain.models import JobState, RunState, Schedule
+from fastlane.domain.models import JobState, OverlapPolicy, RunState, Schedule
 
 HOURLY = Schedule.interval(timedelta(hours=1))
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
@@ -300,3 +300,46 @@ async def test_without_tokens_the_console_opens_without_sign_in(db_url: str):
         node.request_stop()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(task, 20)
+
+
+async def test_a_job_is_edited_from_its_form_and_keeps_what_the_form_does_not_show(console: SecuredNode,
+                                                                                    visitors: dict[str, Visitor]):
+    a, b = visitors["client-a"], visitors["client-b"]
+    async with console.client("client-a") as api:
+        job = await api.create("rollup", "t", Schedule.cron_expr("0 * * * *", "UTC"), overlap=OverlapPolicy.SKIP)
+    status, page = await a.get(f"/jobs/{job.job_id}/edit")
+    assert status == 200 and 'value="0 * * * *"' in page
+    form = {"name": "rollup", "job_type": "t", "schedule": "cron", "cron": "15 3 * * *", "timezone": "Asia/Tokyo",
+            "max_attempts": "7", "priority": "5"}
+    edited = await a.post(f"/jobs/{job.job_id}/edit", form, csrf=await a.csrf())
+    assert edited.status == 303 and edited.headers["Location"] == f"/jobs/{job.job_id}?done=updated"
+    async with console.client("client-a") as api:
+        changed = await api.get_job(job.job_id)
+    assert changed.spec.schedule.cron == "15 3 * * *" and changed.spec.schedule.timezone == "Asia/Tokyo"
+    assert changed.spec.retry.max_attempts == 7 and changed.spec.priority == 5 and changed.version == job.version + 1
+    assert changed.spec.overlap is OverlapPolicy.SKIP  # not on the form: kept
+    assert (await b.post(f"/jobs/{job.job_id}/edit", form, csrf=await b.csrf())).status == 404  # not b's job
+
+
+async def test_workflow_pages_show_a_tenants_workflows_and_their_runs_only(console: SecuredNode,
+                                                                          visitors: dict[str, Visitor]):
+    a, b = visitors["client-a"], visitors["client-b"]
+    definition = {"name": "month-end/close", "steps": [{"name": "debit", "job_type": "t"},
+                                                       {"name": "report", "job_type": "t", "after": ["debit"]}]}
+    async with console.client("client-a") as api:
+        await api.create_workflow(definition)
+        run = await api.trigger_workflow("month-end/close", {"month": "2026-11"})
+    status, page = await a.get("/workflows")
+    assert status == 200 and "month-end/close" in page
+    status, page = await a.get("/workflow?name=month-end%2Fclose")
+    assert status == 200 and run.workflow_run_id[:8] in page
+    status, page = await a.get(f"/workflow-runs/{run.workflow_run_id}")
+    assert status == 200 and "debit" in page and "report" in page
+    assert "month-end/close" not in (await b.get("/workflows"))[1]
+    assert (await b.get("/workflow?name=month-end%2Fclose"))[0] == 404
+    assert (await b.get(f"/workflow-runs/{run.workflow_run_id}"))[0] == 404
+    cancelled = await b.post(f"/workflow-runs/{run.workflow_run_id}/cancel", {}, csrf=await b.csrf())
+    assert cancelled.status == 404
+    assert (await a.post(f"/workflow-runs/{run.workflow_run_id}/cancel", {}, csrf=await a.csrf())).status == 303
+    async with console.client("client-a") as api:
+        assert (await api.get_workflow_run(run.workflow_run_id))[0].state == "cancelled"

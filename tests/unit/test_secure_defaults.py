@@ -20,6 +20,8 @@ CERT, KEY, CA = Path("cert.pem"), Path("key.pem"), Path("ca.pem")
     (dict(listen="0.0.0.0:7070", auth=True), "--tls-cert/--tls-key"),
     (dict(listen="0.0.0.0:7070", tls_cert=CERT, tls_key=KEY), "--auth"),
     (dict(metrics_listen="0.0.0.0:9090"), "--auth"),
+    (dict(console_listen="0.0.0.0:8080"), "--auth and --tls-cert/--tls-key"),
+    (dict(console_listen="0.0.0.0:8080", auth=True), "--tls-cert/--tls-key"),
 ])
 def test_a_public_address_needs_tokens_and_tls_or_insecure(settings, missing):
     with pytest.raises(ConfigurationError) as refused:
@@ -35,6 +37,8 @@ def test_a_public_address_needs_tokens_and_tls_or_insecure(settings, missing):
     dict(listen="127.0.0.1:7070"),  # loopback: a development node needs nothing
     dict(metrics_listen="0.0.0.0:9090", auth=True),
     dict(health_listen="0.0.0.0:7071"),  # health tells SERVING or not, nothing else
+    dict(console_listen="127.0.0.1:8080"),  # the console on loopback, like the API
+    dict(console_listen="0.0.0.0:8080", auth=True, tls_cert=CERT, tls_key=KEY),
 ])
 def test_what_a_node_may_listen_on(settings):
     Settings(**settings)
