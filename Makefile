@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 BASE   := $(VENV)/.installed-base
 
-.PHONY: install demo test test-fast typecheck lint chaos proto proto-check bench-spread bench-burst clean tools
+.PHONY: install demo test test-fast typecheck lint chaos proto proto-check bench-spread bench-burst clean tools screenshots
 
 # The package alone (what the demo needs), then the test and benchmark extras on top.
 $(BASE): pyproject.toml
@@ -51,6 +51,10 @@ test-fast: $(STAMP) tools
 ## chaos: only the long failure-injection tests
 chaos: $(STAMP)
 	$(BIN)/python -m pytest -m chaos
+
+## screenshots: the README's pictures of the web console, taken by its browser test into docs/console
+screenshots: $(STAMP) tools
+	FASTLANE_SCREENSHOTS=docs/console $(BIN)/python -m pytest tests/browser -q
 
 ## proto: regenerate fastlane/_proto from proto/
 proto: $(STAMP)

@@ -48,6 +48,7 @@ def _free_port() -> int:
 async def _demo(workdir: Path, duration: float) -> int:
     address = f"127.0.0.1:{_free_port()}"
     metrics = f"127.0.0.1:{_free_port()}"
+    console = f"127.0.0.1:{_free_port()}"
     db_url = f"sqlite:///{workdir / 'demo.db'}"
     daemon_log = open(workdir / "daemon.log", "ab")  # noqa: SIM115 - closed in finally
     children: list[subprocess.Popen[bytes]] = []
@@ -59,9 +60,11 @@ async def _demo(workdir: Path, duration: float) -> int:
         if main is not None:
             loop.add_signal_handler(signum, main.cancel)
     try:
-        print(f"starting a daemon on {address} (database {db_url}, metrics http://{metrics}/metrics)")
+        print(f"starting a daemon on {address} (database {db_url}, metrics http://{metrics}/metrics, "
+              f"web console http://{console}/)")
         children.append(subprocess.Popen(
-            [sys.executable, "-m", "fastlane", "serve", "--db", db_url, "--listen", address, "--metrics", metrics],
+            [sys.executable, "-m", "fastlane", "serve", "--db", db_url, "--listen", address, "--metrics", metrics,
+             "--console", console],
             stdout=daemon_log, stderr=subprocess.STDOUT,
             # Sessions of their own: a Ctrl-C at the terminal reaches the demo only, which still
             # reads the history from the daemon before it stops the daemon and the worker.

@@ -49,8 +49,9 @@ RUNS_OVER = timedelta(days=7)  # the runs' instants spread over the last week (i
 # Names as people give them: job n is "{area}-{verb}-{n // combinations:05d}", and its type "{area}.{verb}".
 AREAS = ("billing", "reports", "sync", "mail", "etl", "cleanup")
 VERBS = ("invoice", "export", "pull", "digest")
-# The jobs page's search box takes a job's whole name, or the start of its id (a UUID): both are
-# timed, the id with this many characters, which about 1 job in 4,096 shares (~20 at full scale).
+# The jobs page's search box takes the start of a name or of an id (a UUID): a whole name, the
+# start that a sixth of the jobs share ("billing-", a page of 50 of ~15,000) and an id's first
+# characters, which about 1 job in 4,096 shares (~20 at full scale), are each timed.
 ID_PREFIX_LENGTH = 3
 JOB_BATCH = 20_000
 RUN_BATCH = 100_000
@@ -308,12 +309,14 @@ async def _pages(http: aiohttp.ClientSession, base: str, cookie: str, loaded: Lo
         ("overview", "/"),
         ("jobs", "/jobs"),
         ("jobs by name", f"/jobs?q={quote(loaded.heavy_name)}"),
+        ("jobs by name prefix", f"/jobs?q={AREAS[0]}-"),
         ("jobs by id prefix", f"/jobs?q={loaded.heavy_job[:ID_PREFIX_LENGTH]}"),
         ("paused jobs", "/jobs?state=paused"),
         ("jobs, second page", urljoin(f"{base}/jobs", finder.href)),
         ("job with ~1 % of the runs", f"/jobs/{loaded.heavy_job}"),
         ("runs", "/runs"),
         ("dead runs", "/runs?state=dead"),
+        ("lost runs (there are none)", "/runs?state=lost"),
         ("runs of that job", f"/runs?job={loaded.heavy_job}"),
         ("run", f"/runs/{loaded.run_id}"),
         ("cluster", "/cluster"),
