@@ -99,7 +99,7 @@ async def materialise_job(store, leases, job_id: str):
 
 
 async def test_migrate_is_idempotent_and_creates_the_shards(store):
-    assert await store.migrate() == 14  # 0014: workflows
+    assert await store.migrate() == 15  # 0015: jobs found by the start of their name
     shards = await store.list_shards()
     assert [shard.shard_id for shard in shards] == list(range(SHARDS))
     assert all(shard.owner == "" and shard.token == 0 for shard in shards)
