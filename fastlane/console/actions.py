@@ -8,7 +8,6 @@ so a reload never repeats it). A refused call shows the API's own message.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from aiohttp import web
 
@@ -16,7 +15,7 @@ from fastlane._proto import common_pb2, jobs_pb2, runs_pb2, workflows_pb2
 from fastlane.console.forms import KINDS, JobForm
 from fastlane.console.gateway import CallRefused
 from fastlane.console.guard import set_session_cookie
-from fastlane.console.rendering import CONSOLE, STATUS_OF_REFUSAL, caller_of, render, see_other, session_of
+from fastlane.console.rendering import CONSOLE, STATUS_OF_REFUSAL, call_api, render, see_other, session_of
 from fastlane.console.sessions import COOKIE
 from fastlane.errors import InvalidArgument, StorageUnavailable, Unauthenticated
 from fastlane.rpc import wire
@@ -92,9 +91,6 @@ async def signout(request: web.Request) -> web.StreamResponse:
 # -- jobs -----------------------------------------------------------------------------------------
 
 
-async def _call(request: web.Request, method: str, message: Any, response_type: type[Any]) -> Any:
-    return await request.app[CONSOLE].gateway.call(caller_of(request), method, message, response_type)
-
 
 def _job_form_page(request: web.Request, form: JobForm, *, job_id: str | None, error: str = "",
                    status: int = 200) -> web.Response:
@@ -110,7 +106,7 @@ async def create_job(request: web.Request) -> web.StreamResponse:
     try:
         form = JobForm.from_fields(fields)
         spec = wire.spec_to_pb(form.spec(tenant=""))
-        answer = await _call(request, "JobService/CreateJob", jobs_pb2.CreateJobRequest(spec=spec),
+        answer = await call_api(request, "JobService/CreateJob", jobs_pb2.CreateJobRequest(spec=spec),
                              jobs_pb2.CreateJobResponse)
     except (InvalidArgument, CallRefused) as error:
         return _refused_form(request, fields, error, job_id=None)
@@ -119,7 +115,7 @@ async def create_job(request: web.Request) -> web.StreamResponse:
 
 async def edit_job_page(request: web.Request) -> web.Response:
     job_id = request.match_info["job_id"]
-    job = wire.job_from_pb(await _call(request, "JobService/GetJob", jobs_pb2.JobRef(job_id=job_id), common_pb2.Job))
+    job = wire.job_from_pb(await call_api(request, "JobService/GetJob", jobs_pb2.JobRef(job_id=job_id), common_pb2.Job))
     return _job_form_page(request, JobForm.from_spec(job.spec), job_id=job_id)
 
 
@@ -127,11 +123,11 @@ async def update_job(request: web.Request) -> web.StreamResponse:
     job_id = request.match_info["job_id"]
     fields = {key: str(value) for key, value in (await request.post()).items() if isinstance(value, str)}
     try:
-        current = wire.job_from_pb(await _call(request, "JobService/GetJob", jobs_pb2.JobRef(job_id=job_id),
+        current = wire.job_from_pb(await call_api(request, "JobService/GetJob", jobs_pb2.JobRef(job_id=job_id),
                                                common_pb2.Job))
         form = JobForm.from_fields(fields)
         spec = wire.spec_to_pb(form.spec(tenant=current.tenant, based_on=current.spec))
-        await _call(request, "JobService/UpdateJob", jobs_pb2.UpdateJobRequest(job_id=job_id, spec=spec), common_pb2.Job)
+        await call_api(request, "JobService/UpdateJob", jobs_pb2.UpdateJobRequest(job_id=job_id, spec=spec), common_pb2.Job)
     except (InvalidArgument, CallRefused) as error:
         return _refused_form(request, fields, error, job_id=job_id)
     return see_other(f"/jobs/{job_id}?done=updated")
@@ -154,7 +150,7 @@ async def job_action(request: web.Request) -> web.StreamResponse:
         raise web.HTTPNotFound(text=f"no job action {action!r}")
     method, done = JOB_ACTIONS[action]
     response_type = {"delete": jobs_pb2.DeleteJobResponse, "trigger": common_pb2.Run}.get(action, common_pb2.Job)
-    answer = await _call(request, method, jobs_pb2.JobRef(job_id=job_id), response_type)
+    answer = await call_api(request, method, jobs_pb2.JobRef(job_id=job_id), response_type)
     if action == "delete":
         return see_other("/jobs?done=deleted")
     if action == "trigger":
@@ -170,7 +166,7 @@ async def run_action(request: web.Request) -> web.StreamResponse:
     if action not in RUN_ACTIONS:
         raise web.HTTPNotFound(text=f"no run action {action!r}")
     method, done = RUN_ACTIONS[action]
-    await _call(request, method, runs_pb2.RunRef(run_id=run_id), common_pb2.Run)
+    await call_api(request, method, runs_pb2.RunRef(run_id=run_id), common_pb2.Run)
     return see_other(f"/runs/{run_id}?done={done}")
 
 
@@ -179,6 +175,6 @@ async def workflow_run_action(request: web.Request) -> web.StreamResponse:
     if action not in WORKFLOW_RUN_ACTIONS:
         raise web.HTTPNotFound(text=f"no workflow run action {action!r}")
     method, done = WORKFLOW_RUN_ACTIONS[action]
-    await _call(request, method, workflows_pb2.WorkflowRunRef(workflow_run_id=workflow_run_id),
+    await call_api(request, method, workflows_pb2.WorkflowRunRef(workflow_run_id=workflow_run_id),
                 workflows_pb2.WorkflowRun)
     return see_other(f"/workflow-runs/{workflow_run_id}?done={done}")

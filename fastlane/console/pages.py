@@ -17,7 +17,7 @@ from fastlane.auth.caller import Caller
 from fastlane.cli.views import attempt_note, describe_schedule, run_duration, run_lag
 from fastlane.console.chart import lag_chart
 from fastlane.console.gateway import CallRefused
-from fastlane.console.rendering import CONSOLE, caller_of, render
+from fastlane.console.rendering import CONSOLE, call_api, caller_of, render
 from fastlane.domain import schedules
 from fastlane.domain.models import Job, JobState, RunState, ScheduleKind
 from fastlane.rpc import wire
@@ -45,9 +45,6 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/workflow-runs/{workflow_run_id}", workflow_run)
 
 
-async def _call(request: web.Request, method: str, message: Any, response_type: type[Any]) -> Any:
-    return await request.app[CONSOLE].gateway.call(caller_of(request), method, message, response_type)
-
 
 def _note(request: web.Request) -> str | None:
     return NOTES.get(request.query.get("done", ""))
@@ -64,10 +61,10 @@ async def overview(request: web.Request) -> web.Response:
     recent = points[-6:]  # the last minute
     released = sum(p.released for p in recent)
     seconds = max((recent[-1].at - recent[0].at).total_seconds(), 1.0) if len(recent) > 1 else 1.0
-    status = await _call(request, "AdminService/GetCluster", admin_pb2.GetClusterRequest(), admin_pb2.ClusterStatus)
-    dead = await _call(request, "RunService/ListRuns",
+    status = await call_api(request, "AdminService/GetCluster", admin_pb2.GetClusterRequest(), admin_pb2.ClusterStatus)
+    dead = await call_api(request, "RunService/ListRuns",
                        runs_pb2.ListRunsRequest(states=[RunState.DEAD.value], page_size=PAGE_SIZE), runs_pb2.ListRunsResponse)
-    errored = await _call(request, "JobService/ListJobs",
+    errored = await call_api(request, "JobService/ListJobs",
                           jobs_pb2.ListJobsRequest(state=JobState.ERRORED.value, page_size=PAGE_SIZE),
                           jobs_pb2.ListJobsResponse)
     unserved = sorted((job_type, tenant, int(count)) for (job_type, tenant), count in console.unserved().items()
@@ -89,18 +86,18 @@ async def jobs(request: web.Request) -> web.Response:
     next_token = ""
     if q:  # the start of a name, or of an id: one page either way
         try:
-            by_name = await _call(request, "JobService/ListJobs", jobs_pb2.ListJobsRequest(
+            by_name = await call_api(request, "JobService/ListJobs", jobs_pb2.ListJobsRequest(
                 name_prefix=q, state=state, job_type=job_type, page_size=PAGE_SIZE), jobs_pb2.ListJobsResponse)
             found = [wire.job_from_pb(m) for m in by_name.jobs]
         except CallRefused as refusal:  # not the start of any valid name: no job's
             if refusal.code is not grpc.StatusCode.INVALID_ARGUMENT:
                 raise
         if all(c in ID_CHARS for c in q):  # ids are UUIDs
-            by_id = await _call(request, "JobService/ListJobs", jobs_pb2.ListJobsRequest(
+            by_id = await call_api(request, "JobService/ListJobs", jobs_pb2.ListJobsRequest(
                 id_prefix=q, state=state, job_type=job_type, page_size=PAGE_SIZE), jobs_pb2.ListJobsResponse)
             found += [wire.job_from_pb(m) for m in by_id.jobs if m.job_id not in {j.job_id for j in found}]
     else:
-        page = await _call(request, "JobService/ListJobs", jobs_pb2.ListJobsRequest(
+        page = await call_api(request, "JobService/ListJobs", jobs_pb2.ListJobsRequest(
             state=state, job_type=job_type, page_size=PAGE_SIZE, page_token=token), jobs_pb2.ListJobsResponse)
         found, next_token = [wire.job_from_pb(m) for m in page.jobs], page.next_page_token
     return render(request, "jobs.html", jobs=found, q=q, state=state, job_type=job_type, next_token=next_token,
@@ -110,7 +107,7 @@ async def jobs(request: web.Request) -> web.Response:
 
 async def job(request: web.Request) -> web.Response:
     job_id = request.match_info["job_id"]
-    found = wire.job_from_pb(await _call(request, "JobService/GetJob", jobs_pb2.JobRef(job_id=job_id),
+    found = wire.job_from_pb(await call_api(request, "JobService/GetJob", jobs_pb2.JobRef(job_id=job_id),
                                          common_pb2.Job))
     return render(request, "job.html", job=found, describe=describe_schedule, note=_note(request),
                   fires=await _fire_times(request, found), **await _runs_and_history(request, job_id, "job"))
@@ -122,7 +119,7 @@ async def _fire_times(request: web.Request, found: Job) -> list[tuple[datetime, 
         return []
     schedule = found.spec.schedule
     now = datetime.now(UTC)
-    answer = await _call(request, "JobService/PreviewSchedule", jobs_pb2.PreviewScheduleRequest(
+    answer = await call_api(request, "JobService/PreviewSchedule", jobs_pb2.PreviewScheduleRequest(
         schedule=wire.schedule_to_pb(schedule), count=PREVIEW_COUNT), jobs_pb2.PreviewScheduleResponse)
     instants = [fire.utc.ToDatetime(tzinfo=UTC) for fire in answer.fire_times]
     notes = schedules.fire_notes(schedule, instants, now)
@@ -133,11 +130,11 @@ async def _fire_times(request: web.Request, found: Job) -> list[tuple[datetime, 
 async def _runs_and_history(request: web.Request, target_id: str, kind: str) -> dict[str, Any]:
     context: dict[str, Any] = {}
     if kind == "job":
-        page = await _call(request, "RunService/ListRuns", runs_pb2.ListRunsRequest(job_id=target_id, page_size=20),
+        page = await call_api(request, "RunService/ListRuns", runs_pb2.ListRunsRequest(job_id=target_id, page_size=20),
                            runs_pb2.ListRunsResponse)
         context.update(runs=[wire.run_from_pb(m) for m in page.runs], runs_more=bool(page.next_page_token),
                        lag=run_lag, took=run_duration)
-    history = await _call(request, "JobService/ListAudit", jobs_pb2.ListAuditRequest(
+    history = await call_api(request, "JobService/ListAudit", jobs_pb2.ListAuditRequest(
         target_kind=kind, target_id=target_id, limit=HISTORY_EVENTS), jobs_pb2.ListAuditResponse)
     context["history"] = [{"at": e.at.ToDatetime(tzinfo=UTC), "action": e.action, "target": f"{e.target_kind} {e.target_id}",
                            "actor": (f"{e.actor} ({e.token_id})" if e.actor else e.token_id) or "unauthenticated",
@@ -148,7 +145,7 @@ async def _runs_and_history(request: web.Request, target_id: str, kind: str) -> 
 async def runs(request: web.Request) -> web.Response:
     query = request.query
     state, job_id, token = (query.get(k, "").strip() for k in ("state", "job", "page"))
-    page = await _call(request, "RunService/ListRuns", runs_pb2.ListRunsRequest(
+    page = await call_api(request, "RunService/ListRuns", runs_pb2.ListRunsRequest(
         states=[state] if state else [], job_id=job_id, page_size=PAGE_SIZE, page_token=token), runs_pb2.ListRunsResponse)
     return render(request, "runs.html", runs=[wire.run_from_pb(m) for m in page.runs], state=state, job_id=job_id,
                   next_token=page.next_page_token, states=[s.value for s in RunState], lag=run_lag, took=run_duration,
@@ -157,7 +154,7 @@ async def runs(request: web.Request) -> web.Response:
 
 async def run(request: web.Request) -> web.Response:
     run_id = request.match_info["run_id"]
-    detail = await _call(request, "RunService/GetRun", runs_pb2.RunRef(run_id=run_id), runs_pb2.RunDetail)
+    detail = await call_api(request, "RunService/GetRun", runs_pb2.RunRef(run_id=run_id), runs_pb2.RunDetail)
     found = wire.run_from_pb(detail.run)
     attempts = [wire.attempt_from_pb(run_id, m) for m in detail.attempts]
     return render(request, "run.html", run=found, attempts=attempts, attempt_note=attempt_note, lag=run_lag(found),
@@ -165,14 +162,14 @@ async def run(request: web.Request) -> web.Response:
 
 
 async def cluster(request: web.Request) -> web.Response:
-    status = await _call(request, "AdminService/GetCluster", admin_pb2.GetClusterRequest(), admin_pb2.ClusterStatus)
+    status = await call_api(request, "AdminService/GetCluster", admin_pb2.GetClusterRequest(), admin_pb2.ClusterStatus)
     return render(request, "cluster.html", cluster=status, database_time=status.database_time.ToDatetime(tzinfo=UTC),
                   as_time=lambda ts: ts.ToDatetime(tzinfo=UTC))
 
 
 async def workflows(request: web.Request) -> web.Response:
     token = request.query.get("page", "")
-    page = await _call(request, "WorkflowService/ListWorkflows", workflows_pb2.ListWorkflowsRequest(
+    page = await call_api(request, "WorkflowService/ListWorkflows", workflows_pb2.ListWorkflowsRequest(
         page_size=PAGE_SIZE, page_token=token), workflows_pb2.ListWorkflowsResponse)
     return render(request, "workflows.html", workflows=list(page.workflows), next_token=page.next_page_token,
                   first_page=not token, as_time=lambda ts: ts.ToDatetime(tzinfo=UTC))
@@ -180,16 +177,16 @@ async def workflows(request: web.Request) -> web.Response:
 
 async def workflow(request: web.Request) -> web.Response:
     name, token = request.query.get("name", ""), request.query.get("page", "")
-    definition = await _call(request, "WorkflowService/GetWorkflow", workflows_pb2.WorkflowRef(name=name),
+    definition = await call_api(request, "WorkflowService/GetWorkflow", workflows_pb2.WorkflowRef(name=name),
                              workflows_pb2.Workflow)
-    page = await _call(request, "WorkflowService/ListWorkflowRuns", workflows_pb2.ListWorkflowRunsRequest(
+    page = await call_api(request, "WorkflowService/ListWorkflowRuns", workflows_pb2.ListWorkflowRunsRequest(
         name=name, page_size=PAGE_SIZE, page_token=token), workflows_pb2.ListWorkflowRunsResponse)
     return render(request, "workflow.html", workflow=definition, runs=list(page.runs), next_token=page.next_page_token,
                   first_page=not token, as_time=lambda ts: ts.ToDatetime(tzinfo=UTC), note=_note(request))
 
 
 async def workflow_run(request: web.Request) -> web.Response:
-    detail = await _call(request, "WorkflowService/GetWorkflowRun", workflows_pb2.WorkflowRunRef(
+    detail = await call_api(request, "WorkflowService/GetWorkflowRun", workflows_pb2.WorkflowRunRef(
         workflow_run_id=request.match_info["workflow_run_id"]), workflows_pb2.WorkflowRunDetail)
     return render(request, "workflow_run.html", detail=detail, as_time=lambda ts: ts.ToDatetime(tzinfo=UTC),
                   has_finished=detail.run.HasField("finished_at"), note=_note(request))

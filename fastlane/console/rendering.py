@@ -53,6 +53,11 @@ def session_of(request: web.Request) -> Session:
     return request[SESSION]
 
 
+async def call_api(request: web.Request, method: str, message: Any, response_type: type[Any]) -> Any:
+    """Call the API's ``method`` (``"Service/Method"``) as the request's caller (see :class:`Gateway`)."""
+    return await request.app[CONSOLE].gateway.call(caller_of(request), method, message, response_type)
+
+
 def render(request: web.Request, template: str, *, status: int = 200, **context: Any) -> web.Response:
     """A page, with what every page needs: the caller, the CSRF token, what the caller may do."""
     console = request.app[CONSOLE]
