@@ -107,7 +107,7 @@ async def create_job(request: web.Request) -> web.StreamResponse:
         form = JobForm.from_fields(fields)
         spec = wire.spec_to_pb(form.spec(tenant=""))
         answer = await call_api(request, "JobService/CreateJob", jobs_pb2.CreateJobRequest(spec=spec),
-                             jobs_pb2.CreateJobResponse)
+                                jobs_pb2.CreateJobResponse)
     except (InvalidArgument, CallRefused) as error:
         return _refused_form(request, fields, error, job_id=None)
     return see_other(f"/jobs/{answer.job.job_id}?done=created")
@@ -124,7 +124,7 @@ async def update_job(request: web.Request) -> web.StreamResponse:
     fields = {key: str(value) for key, value in (await request.post()).items() if isinstance(value, str)}
     try:
         current = wire.job_from_pb(await call_api(request, "JobService/GetJob", jobs_pb2.JobRef(job_id=job_id),
-                                               common_pb2.Job))
+                                                  common_pb2.Job))
         form = JobForm.from_fields(fields)
         spec = wire.spec_to_pb(form.spec(tenant=current.tenant, based_on=current.spec))
         await call_api(request, "JobService/UpdateJob", jobs_pb2.UpdateJobRequest(job_id=job_id, spec=spec), common_pb2.Job)
@@ -176,5 +176,5 @@ async def workflow_run_action(request: web.Request) -> web.StreamResponse:
         raise web.HTTPNotFound(text=f"no workflow run action {action!r}")
     method, done = WORKFLOW_RUN_ACTIONS[action]
     await call_api(request, method, workflows_pb2.WorkflowRunRef(workflow_run_id=workflow_run_id),
-                workflows_pb2.WorkflowRun)
+                   workflows_pb2.WorkflowRun)
     return see_other(f"/workflow-runs/{workflow_run_id}?done={done}")

@@ -45,6 +45,7 @@ class Point:
     failed: int
     p50_ms: float | None  # None: nothing was released in it
     p99_ms: float | None
+    seconds: float = SAMPLE_SECONDS  # how long it is
 
 
 def quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float | None:
@@ -124,5 +125,6 @@ class Activity:
                 finished_per_second=(after.finished - before.finished) / seconds,
                 failed=int(after.failed - before.failed),
                 p50_ms=None if p50 is None else p50 * 1000, p99_ms=None if p99 is None else p99 * 1000,
+                seconds=seconds,
             ))
         return points

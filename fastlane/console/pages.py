@@ -19,6 +19,7 @@ from fastlane.console.chart import lag_chart
 from fastlane.console.gateway import CallRefused
 from fastlane.console.rendering import CONSOLE, call_api, caller_of, render
 from fastlane.domain import schedules
+from fastlane.domain.access import Role
 from fastlane.domain.models import Job, JobState, RunState, ScheduleKind
 from fastlane.rpc import wire
 
@@ -45,33 +46,34 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/workflow-runs/{workflow_run_id}", workflow_run)
 
 
-
 def _note(request: web.Request) -> str | None:
     return NOTES.get(request.query.get("done", ""))
 
 
 def _visible(caller: Caller, tenant: str) -> bool:
-    return caller.tenant is None or caller.role.value == "admin" or caller.tenant == tenant
+    """Whether a tenant's figures are the caller's to see: as the API shows workers (an admin sees all)."""
+    return caller.tenant is None or caller.role is Role.ADMIN or caller.tenant == tenant
 
 
 async def overview(request: web.Request) -> web.Response:
     console = request.app[CONSOLE]
     caller = caller_of(request)
     points = console.activity.points()
-    recent = points[-6:]  # the last minute
-    released = sum(p.released for p in recent)
-    seconds = max((recent[-1].at - recent[0].at).total_seconds(), 1.0) if len(recent) > 1 else 1.0
+    recent = points[-6:]  # about the last minute
+    seconds = sum(p.seconds for p in recent)
+    released_per_second = sum(p.released for p in recent) / seconds if seconds else 0.0
     status = await call_api(request, "AdminService/GetCluster", admin_pb2.GetClusterRequest(), admin_pb2.ClusterStatus)
     dead = await call_api(request, "RunService/ListRuns",
-                       runs_pb2.ListRunsRequest(states=[RunState.DEAD.value], page_size=PAGE_SIZE), runs_pb2.ListRunsResponse)
+                          runs_pb2.ListRunsRequest(states=[RunState.DEAD.value], page_size=PAGE_SIZE),
+                          runs_pb2.ListRunsResponse)
     errored = await call_api(request, "JobService/ListJobs",
-                          jobs_pb2.ListJobsRequest(state=JobState.ERRORED.value, page_size=PAGE_SIZE),
-                          jobs_pb2.ListJobsResponse)
+                             jobs_pb2.ListJobsRequest(state=JobState.ERRORED.value, page_size=PAGE_SIZE),
+                             jobs_pb2.ListJobsResponse)
     unserved = sorted((job_type, tenant, int(count)) for (job_type, tenant), count in console.unserved().items()
                       if count and _visible(caller, tenant))
     return render(
         request, "overview.html", chart=lag_chart(points, datetime.now(UTC)), points=points,
-        last=points[-1] if points else None, released_per_second=released / seconds,
+        last=points[-1] if points else None, released_per_second=released_per_second,
         failed_last_hour=sum(p.failed for p in points),
         dead=[wire.run_from_pb(m) for m in dead.runs], dead_more=bool(dead.next_page_token),
         errored=[wire.job_from_pb(m) for m in errored.jobs], errored_more=bool(errored.next_page_token),
@@ -108,7 +110,7 @@ async def jobs(request: web.Request) -> web.Response:
 async def job(request: web.Request) -> web.Response:
     job_id = request.match_info["job_id"]
     found = wire.job_from_pb(await call_api(request, "JobService/GetJob", jobs_pb2.JobRef(job_id=job_id),
-                                         common_pb2.Job))
+                                            common_pb2.Job))
     return render(request, "job.html", job=found, describe=describe_schedule, note=_note(request),
                   fires=await _fire_times(request, found), **await _runs_and_history(request, job_id, "job"))
 
@@ -131,9 +133,8 @@ async def _runs_and_history(request: web.Request, target_id: str, kind: str) -> 
     context: dict[str, Any] = {}
     if kind == "job":
         page = await call_api(request, "RunService/ListRuns", runs_pb2.ListRunsRequest(job_id=target_id, page_size=20),
-                           runs_pb2.ListRunsResponse)
-        context.update(runs=[wire.run_from_pb(m) for m in page.runs], runs_more=bool(page.next_page_token),
-                       lag=run_lag, took=run_duration)
+                              runs_pb2.ListRunsResponse)
+        context.update(runs=[wire.run_from_pb(m) for m in page.runs], lag=run_lag, took=run_duration)
     history = await call_api(request, "JobService/ListAudit", jobs_pb2.ListAuditRequest(
         target_kind=kind, target_id=target_id, limit=HISTORY_EVENTS), jobs_pb2.ListAuditResponse)
     context["history"] = [{"at": e.at.ToDatetime(tzinfo=UTC), "action": e.action, "target": f"{e.target_kind} {e.target_id}",
@@ -178,7 +179,7 @@ async def workflows(request: web.Request) -> web.Response:
 async def workflow(request: web.Request) -> web.Response:
     name, token = request.query.get("name", ""), request.query.get("page", "")
     definition = await call_api(request, "WorkflowService/GetWorkflow", workflows_pb2.WorkflowRef(name=name),
-                             workflows_pb2.Workflow)
+                                workflows_pb2.Workflow)
     page = await call_api(request, "WorkflowService/ListWorkflowRuns", workflows_pb2.ListWorkflowRunsRequest(
         name=name, page_size=PAGE_SIZE, page_token=token), workflows_pb2.ListWorkflowRunsResponse)
     return render(request, "workflow.html", workflow=definition, runs=list(page.runs), next_token=page.next_page_token,
