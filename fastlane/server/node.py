@@ -281,15 +281,15 @@ class Node:
             metrics.serve(settings.metrics_listen)
         await server.start()
         log.info("node %s listening on %s (%s)", settings.node_id, settings.listen, _protection(settings))
-        if console is not None:
-            await console.start()
-            self.console_url = console.url
-            log.info("web console on %s", console.url)
         shards_ready = asyncio.Event()
         # The journal is restarted while it has results to record, even while stopping: it
         # returns once drained. Only a drain that cannot finish in time is abandoned.
         journal_abandoned = asyncio.Event()
         try:
+            if console is not None:  # inside the try: a console that cannot listen stops the API too
+                await console.start()
+                self.console_url = console.url
+                log.info("web console on %s", console.url)
             async with asyncio.TaskGroup() as group:
 
                 def supervise(

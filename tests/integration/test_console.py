@@ -7,6 +7,7 @@ token ends its sessions, and no token secret or payload is ever rendered.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import ssl
 from collections.abc import AsyncIterator
@@ -343,3 +344,25 @@ async def test_workflow_pages_show_a_tenants_workflows_and_their_runs_only(conso
     assert (await a.post(f"/workflow-runs/{run.workflow_run_id}/cancel", {}, csrf=await a.csrf())).status == 303
     async with console.client("client-a") as api:
         assert (await api.get_workflow_run(run.workflow_run_id))[0].state == "cancelled"
+
+
+async def test_a_console_address_in_use_stops_the_node_with_a_reason_and_frees_the_api(db_url: str):
+    import socket
+
+    from fastlane.bench.processes import free_port
+    from secured_nodes import ENGINE_SHARDS
+
+    from fastlane.config import Settings
+    from fastlane.errors import ConfigurationError
+    from fastlane.server.node import Node
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        api_port = free_port()
+        node = Node(Settings(db_url=db_url, listen=f"127.0.0.1:{api_port}", shard_count=ENGINE_SHARDS,
+                             console_listen=f"127.0.0.1:{taken.getsockname()[1]}"))
+        with pytest.raises(ConfigurationError, match="--console .*cannot listen"):
+            await asyncio.wait_for(node.run(), 30)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", api_port))  # the API's port was let go
