@@ -8,7 +8,9 @@ token ends its sessions, and no token secret or payload is ever rendered.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
+import socket
 import ssl
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -16,10 +18,15 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from secured_nodes import SecuredNode, secured_node
+from fastlane.bench.processes import free_port
+from secured_nodes import ENGINE_SHARDS, SecuredNode, secured_node
 from tls_certs import new_authority
 
+from fastlane.auth.tls import ClientTls
+from fastlane.config import Settings
 from fastlane.domain.models import JobState, OverlapPolicy, RunState, Schedule
+from fastlane.errors import ConfigurationError
+from fastlane.server.node import Node
 
 HOURLY = Schedule.interval(timedelta(hours=1))
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
@@ -247,8 +254,6 @@ async def test_under_tls_the_console_is_https_and_its_cookie_secure(db_url: str,
     ca = new_authority("console test CA")
     ca.issue_server().write(tmp_path / "server.crt", tmp_path / "server.key")
     (tmp_path / "ca.crt").write_bytes(ca.cert_pem)
-    from fastlane.auth.tls import ClientTls
-
     async with secured_node(db_url, console_listen="127.0.0.1:0", tls_cert=tmp_path / "server.crt",
                             tls_key=tmp_path / "server.key",
                             client_tls=ClientTls(ca_file=tmp_path / "ca.crt")) as node:
@@ -271,15 +276,6 @@ async def test_under_tls_the_console_is_https_and_its_cookie_secure(db_url: str,
 
 
 async def test_without_tokens_the_console_opens_without_sign_in(db_url: str):
-    import asyncio
-    import contextlib
-
-    from fastlane.bench.processes import free_port
-    from secured_nodes import ENGINE_SHARDS
-
-    from fastlane.config import Settings
-    from fastlane.server.node import Node
-
     node = Node(Settings(db_url=db_url, listen=f"127.0.0.1:{free_port()}", node_id="open-node",
                          shard_count=ENGINE_SHARDS, console_listen="127.0.0.1:0"))
     task = asyncio.create_task(node.run())
@@ -347,15 +343,6 @@ async def test_workflow_pages_show_a_tenants_workflows_and_their_runs_only(conso
 
 
 async def test_a_console_address_in_use_stops_the_node_with_a_reason_and_frees_the_api(db_url: str):
-    import socket
-
-    from fastlane.bench.processes import free_port
-    from secured_nodes import ENGINE_SHARDS
-
-    from fastlane.config import Settings
-    from fastlane.errors import ConfigurationError
-    from fastlane.server.node import Node
-
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
