@@ -111,12 +111,16 @@ async def job(request: web.Request) -> web.Response:
     job_id = request.match_info["job_id"]
     found = wire.job_from_pb(await call_api(request, "JobService/GetJob", jobs_pb2.JobRef(job_id=job_id),
                                             common_pb2.Job))
+    schedule = found.spec.schedule
     return render(request, "job.html", job=found, describe=describe_schedule, note=_note(request),
-                  fires=await _fire_times(request, found), **await _runs_and_history(request, job_id, "job"))
+                  fires=await _fire_times(request, found),
+                  fire_zone=schedule.timezone if schedule.kind is ScheduleKind.CRON else "UTC",
+                  **await _runs_and_history(request, job_id, "job"))
 
 
 async def _fire_times(request: web.Request, found: Job) -> list[tuple[datetime, str, str | None]]:
-    """The next fire times of an active job, each with its local time and what DST did to it."""
+    """The next fire times of an active job, each with its local time (with the zone's
+    abbreviation, EST or EDT, so a DST change shows) and what DST did to it."""
     if found.state is not JobState.ACTIVE or found.spec.schedule.is_one_shot:
         return []
     schedule = found.spec.schedule
@@ -126,7 +130,7 @@ async def _fire_times(request: web.Request, found: Job) -> list[tuple[datetime, 
     instants = [fire.utc.ToDatetime(tzinfo=UTC) for fire in answer.fire_times]
     notes = schedules.fire_notes(schedule, instants, now)
     zone = schedule.timezone if schedule.kind is ScheduleKind.CRON else "UTC"
-    return [(at, f"{fire.local} {zone}", note) for at, fire, note in zip(instants, answer.fire_times, notes, strict=True)]
+    return [(at, f"{schedules.local_time(at, zone):%Y-%m-%d %H:%M:%S %Z}", note) for at, note in zip(instants, notes, strict=True)]
 
 
 async def _runs_and_history(request: web.Request, target_id: str, kind: str) -> dict[str, Any]:

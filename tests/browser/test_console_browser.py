@@ -59,6 +59,14 @@ def fill(browser: webdriver.Chrome, fields: dict[str, str]) -> None:
             element.send_keys(value)
 
 
+def screenshot(browser: webdriver.Chrome, path: Path) -> None:
+    """The whole page, not only the window: the window grows to the page's height for the picture."""
+    height = browser.execute_script("return document.documentElement.scrollHeight")
+    browser.set_window_size(1360, min(max(int(height), 900), 2400))
+    browser.save_screenshot(str(path))
+    browser.set_window_size(1360, 900)
+
+
 def run_states(browser: webdriver.Chrome, table_id: str) -> list[str]:
     rows = browser.find_elements(By.CSS_SELECTOR, f"#{table_id} tr[data-state]")
     return [row.get_attribute("data-state") or "" for row in rows]
@@ -84,7 +92,7 @@ def test_a_user_steers_jobs_and_runs_from_the_browser(console_node: ConsoleNode,
     browser.execute_script("window.notReloaded = true;")
     eventually("three succeeded runs, live", lambda: run_states(browser, "job-runs").count("succeeded") >= 3)
     assert browser.execute_script("return window.notReloaded === true;")
-    browser.save_screenshot(str(screenshots / "job.png"))
+    screenshot(browser, screenshots / "job.png")
 
     # Pause, then resume.
     browser.find_element(By.ID, "pause").click()
@@ -108,13 +116,13 @@ def test_a_user_steers_jobs_and_runs_from_the_browser(console_node: ConsoleNode,
     assert "card declined" in browser.find_element(By.ID, "attempts").text
     eventually("dead again", lambda: browser.find_element(By.ID, "run-state").text == "dead")
     browser.find_elements(By.CSS_SELECTOR, "#attempts details")[-1].click()  # open the last traceback
-    browser.save_screenshot(str(screenshots / "run.png"))
+    screenshot(browser, screenshots / "run.png")
 
     browser.get(node.url + "/jobs")
-    browser.save_screenshot(str(screenshots / "jobs.png"))
+    screenshot(browser, screenshots / "jobs.png")
     browser.get(node.url + "/")
     eventually("the overview's chart", lambda: browser.find_elements(By.CSS_SELECTOR, "svg.chart"))
-    browser.save_screenshot(str(screenshots / "overview.png"))
+    screenshot(browser, screenshots / "overview.png")
 
     # A viewer sees the job but is offered no action, and a forged action is refused.
     sign_in(browser, node, "victor")
@@ -137,5 +145,5 @@ def test_a_user_steers_jobs_and_runs_from_the_browser(console_node: ConsoleNode,
     browser.get(job_url)
     assert "not found" in browser.find_element(By.ID, "error").text.lower()
     browser.get(node.url + "/cluster")
-    browser.save_screenshot(str(screenshots / "cluster-other-tenant.png"))
+    screenshot(browser, screenshots / "cluster-other-tenant.png")
     assert "acme" not in browser.find_element(By.ID, "workers").text  # acme's worker is not shown to others

@@ -133,7 +133,13 @@ async def test_a_job_made_in_the_console_runs_the_api_rules_and_stays_in_its_ten
     status, page = await a.get(f"/jobs/{job_id}")
     assert status == 200 and "nightly-report" in page and "Europe/Berlin" in page
     assert "DE-SECRET-IBAN" not in page  # payloads are never rendered
-    assert 'id="pause"' in page and 'id="fire-times"' in page
+    assert 'id="pause"' in page and 'id="fire-times"' in page and "CET" in page  # Berlin's winter time
+    # Where daylight saving moves a fire time, the page says so: 02:30 on 2027-03-14 does not exist
+    # in New York (clocks jump from 02:00 to 03:00).
+    async with console.client("client-a") as api:
+        spring = await api.create("spring-forward", "t", Schedule.cron_expr("30 2 14 3 *", "America/New_York"))
+    status, page = await a.get(f"/jobs/{spring.job_id}")
+    assert status == 200 and "2027-03-14 03:00:00 EDT" in page and "fell in the gap" in page
     assert "nightly-report" in (await a.get("/jobs"))[1]
     assert "nightly-report" in (await a.get("/jobs?q=nightly"))[1]  # the start of its name
     assert "nightly-report" in (await a.get(f"/jobs?q={job_id[:6]}"))[1]  # or of its id
