@@ -19,7 +19,7 @@ def duration(value: timedelta | None) -> str:
     if value is None:
         return "—"
     seconds = value.total_seconds()
-    sign, seconds = ("-" if seconds < 0 else ""), abs(seconds)
+    sign, seconds = ("-" if seconds < -0.00005 else ""), abs(seconds)  # no "-0.0 ms"
     if seconds < 1:
         return f"{sign}{seconds * 1000:.1f} ms"
     if seconds < 60:
