@@ -3,7 +3,6 @@ a real worker process, and headless Chromium; all on 127.0.0.1, all stopped at t
 
 from __future__ import annotations
 
-import asyncio
 import os
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -47,7 +46,6 @@ async def console_node(tmp_path: Path) -> AsyncIterator[ConsoleNode]:
     finally:
         worker.stop()
         node.stop()
-        await asyncio.sleep(0)
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ taken here (``make screenshots``).
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -18,7 +17,7 @@ from browser_support import ConsoleNode
 from selenium import webdriver
 from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.ui import Select
+from selenium.webdriver.support.ui import Select, WebDriverWait
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
@@ -26,19 +25,12 @@ WAIT = 30.0
 T = TypeVar("T")
 
 
-def eventually(what: str, probe: Callable[[], T | None], timeout: float = WAIT) -> T:
-    """Poll ``probe`` until it returns something truthy (elements go stale as live regions refresh)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            found = probe()
-        except (NoSuchElementException, StaleElementReferenceException):
-            found = None
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
+def eventually(browser: webdriver.Chrome, what: str, probe: Callable[[], T | None], timeout: float = WAIT) -> T:
+    """Selenium's own wait on ``probe`` until it returns something truthy, with a deadline (elements
+    go stale as live regions refresh: those are looked up again)."""
+    wait = WebDriverWait(browser, timeout, ignored_exceptions=(NoSuchElementException, StaleElementReferenceException))
+    found: T = wait.until(lambda _: probe(), message=f"timed out waiting for {what}")
+    return found
 
 
 def sign_in(browser: webdriver.Chrome, node: ConsoleNode, who: str) -> None:
@@ -47,7 +39,7 @@ def sign_in(browser: webdriver.Chrome, node: ConsoleNode, who: str) -> None:
     assert browser.current_url.endswith("/signin"), browser.current_url
     browser.find_element(By.ID, "token").send_keys(node.secrets[who])
     browser.find_element(By.ID, "signin").click()
-    eventually(f"{who} signed in", lambda: browser.find_elements(By.ID, "signout"))
+    eventually(browser, f"{who} signed in", lambda: browser.find_elements(By.ID, "signout"))
 
 
 def fill(browser: webdriver.Chrome, fields: dict[str, str]) -> None:
@@ -84,7 +76,7 @@ def test_a_user_steers_jobs_and_runs_from_the_browser(console_node: ConsoleNode,
     fill(browser, {"name": "billing-close", "job_type": "console.ok", "schedule": "cron",
                    "cron": "*/2 * * * * *", "timezone": "America/New_York", "payload": '{"ledger": "eu"}'})
     browser.find_element(By.ID, "save").click()
-    eventually("the job page", lambda: "billing-close" in browser.find_element(By.TAG_NAME, "h1").text)
+    eventually(browser, "the job page", lambda: "billing-close" in browser.find_element(By.TAG_NAME, "h1").text)
     assert browser.find_element(By.ID, "note").text == "Job created."
     fire_times = browser.find_element(By.ID, "fire-times").text
     assert "AMERICA/NEW_YORK" in fire_times and re.search(r"\d\d:\d\d:\d\d E[SD]T", fire_times), fire_times
@@ -92,38 +84,38 @@ def test_a_user_steers_jobs_and_runs_from_the_browser(console_node: ConsoleNode,
 
     # Runs appear and succeed while the page stays loaded: the live region refreshes itself.
     browser.execute_script("window.notReloaded = true;")
-    eventually("three succeeded runs, live", lambda: run_states(browser, "job-runs").count("succeeded") >= 3)
+    eventually(browser, "three succeeded runs, live", lambda: run_states(browser, "job-runs").count("succeeded") >= 3)
     assert browser.execute_script("return window.notReloaded === true;")
     screenshot(browser, screenshots / "job.png")
 
     # Pause, then resume.
     browser.find_element(By.ID, "pause").click()
-    eventually("paused", lambda: browser.find_element(By.ID, "job-state").text == "paused")
+    eventually(browser, "paused", lambda: browser.find_element(By.ID, "job-state").text == "paused")
     browser.find_element(By.ID, "resume").click()
-    eventually("active again", lambda: browser.find_element(By.ID, "job-state").text == "active")
+    eventually(browser, "active again", lambda: browser.find_element(By.ID, "job-state").text == "active")
 
     # A job whose handler always raises: its run dies, and is retried from the runs page.
     browser.get(node.url + "/jobs/new")
     fill(browser, {"name": "charge-card", "job_type": "console.fail", "schedule": "now", "max_attempts": "1"})
     browser.find_element(By.ID, "save").click()
-    eventually("the failing job's page", lambda: "charge-card" in browser.find_element(By.TAG_NAME, "h1").text)
-    eventually("its run dead", lambda: "dead" in run_states(browser, "job-runs"))
+    eventually(browser, "the failing job's page", lambda: "charge-card" in browser.find_element(By.TAG_NAME, "h1").text)
+    eventually(browser, "its run dead", lambda: "dead" in run_states(browser, "job-runs"))
     browser.get(node.url + "/runs?state=dead")
-    dead = eventually("the dead run listed", lambda: browser.find_elements(By.CSS_SELECTOR, "#runs tr[data-state=dead]"))
+    dead = eventually(browser, "the dead run listed", lambda: browser.find_elements(By.CSS_SELECTOR, "#runs tr[data-state=dead]"))
     assert len(dead) == 1
     dead[0].find_element(By.CSS_SELECTOR, "button.retry").click()
-    eventually("the run page after retry", lambda: browser.find_element(By.ID, "note").text.startswith("The run will"))
-    eventually("a second attempt, with its traceback",
+    eventually(browser, "the run page after retry", lambda: browser.find_element(By.ID, "note").text.startswith("The run will"))
+    eventually(browser, "a second attempt, with its traceback",
                lambda: len(browser.find_elements(By.CSS_SELECTOR, "#attempts tr.traceback")) == 2)
     assert "card declined" in browser.find_element(By.ID, "attempts").text
-    eventually("dead again", lambda: browser.find_element(By.ID, "run-state").text == "dead")
+    eventually(browser, "dead again", lambda: browser.find_element(By.ID, "run-state").text == "dead")
     browser.find_elements(By.CSS_SELECTOR, "#attempts details")[-1].click()  # open the last traceback
     screenshot(browser, screenshots / "run.png")
 
     browser.get(node.url + "/jobs")
     screenshot(browser, screenshots / "jobs.png")
     browser.get(node.url + "/")
-    eventually("the overview's chart", lambda: browser.find_elements(By.CSS_SELECTOR, "svg.chart"))
+    eventually(browser, "the overview's chart", lambda: browser.find_elements(By.CSS_SELECTOR, "svg.chart"))
     screenshot(browser, screenshots / "overview.png")
 
     # A viewer sees the job but is offered no action, and a forged action is refused.
