@@ -17,6 +17,7 @@ import signal
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from fastlane._proto import admin_pb2
 from fastlane.aio import first_of
@@ -24,8 +25,6 @@ from fastlane.auth.authenticator import Authenticator
 from fastlane.auth.tls import ServerTls
 from fastlane.clock import Clock, SystemClock
 from fastlane.config import Settings
-from fastlane.console import console_server
-from fastlane.console.server import ConsoleServer
 from fastlane.domain.models import Run, ShardLease
 from fastlane.engine.changes import ChangeFollower
 from fastlane.engine.dispatch.dispatcher import Dispatcher
@@ -49,6 +48,9 @@ from fastlane.stalls import GcPauses, LoopLagProbe
 from fastlane.storage import Store, open_store, redacted_url
 from fastlane.storage.sqlite import SQLiteStore
 from fastlane.supervise import Backoff, LoopGaveUp, supervised
+
+if TYPE_CHECKING:
+    from fastlane.console.server import ConsoleServer
 
 log = logging.getLogger("fastlane.node")
 
@@ -271,6 +273,9 @@ class Node:
         )
         console: ConsoleServer | None = None
         if settings.console_listen is not None:
+            # Imported only for a node that serves it: aiohttp and Jinja2 add about 12 MB to a node.
+            from fastlane.console import console_server
+
             tls_files = (settings.tls_cert, settings.tls_key) if settings.tls_cert and settings.tls_key else None
             # The console calls the same servicers, in process: the API's rules are its rules.
             services = {"JobService": jobs, "RunService": runs, "WorkflowService": workflow_api, "AdminService": admin}
