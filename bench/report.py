@@ -63,6 +63,8 @@ _FIGURES: tuple[tuple[str, str, str], ...] = (
     ("rebuild_log_s", "rebuild: shards acquired to 'window rebuilt' (log)", "s"),
     ("rebuild_jobs", "jobs in the rebuilt window (log)", ""),
     ("rebuild_runs", "runs written ahead, loaded by the rebuild (log)", ""),
+    ("rss_due_runs_bytes", "RSS of the rebuilt node once every run waits in its ready queue", "bytes"),
+    ("bytes_per_due_run", "memory per run written and waiting (no worker), over the RSS at rest", "bytes"),
     ("cron", "cron expression", ""),
     ("firings", "firings measured", ""),
     ("expected", "runs expected", ""),

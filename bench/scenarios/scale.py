@@ -17,6 +17,11 @@ instant D, spread over one second, created last. Then, with no worker:
    (``rebuild_s``; it includes interpreter start-up); the log's "acquired N shards" to "window
    rebuilt" is the load alone (``rebuild_log_s``), and the jobs and runs it loaded are
    ``rebuild_jobs`` and ``rebuild_runs`` (the runs written ahead of the crowd are loaded as runs).
+3. Memory per written run: that new node goes on past D. With no worker every run, once written
+   and released, waits in the ready queue; when all of them do, its RSS less the first node's RSS
+   at rest (the same daemon with an empty window), over the runs, is ``bytes_per_due_run``: what a
+   crowd costs the node once it is all runs (how much of it is runs when the memory of step 1 is
+   read depends on how fast the machine writes: a slower one writes the crowd earlier).
 
 Scaled: ``1,000,000 x scale`` stored jobs, ``100,000 x scale`` of them in the window.
 """
@@ -57,7 +62,8 @@ LOAD_DEADLINE_S = 20.0  # from the window reaching D to the node holding every j
 
 
 def budget(bench: Bench) -> float:
-    return START_ALLOWANCE_S * 3 + bench.scaled(STORED_JOBS, 100) * CREATE_WORST_S + ENTER_LEAD.total_seconds()
+    return (START_ALLOWANCE_S * 3 + bench.scaled(STORED_JOBS, 100) * CREATE_WORST_S + ENTER_LEAD.total_seconds()
+            + LOAD_DEADLINE_S)  # the wait for the due runs
 
 
 async def scale(bench: Bench) -> list[dict[str, object]]:
@@ -79,7 +85,8 @@ async def scale(bench: Bench) -> list[dict[str, object]]:
     figures: dict[str, object] = {"stored_jobs": stored, "window_jobs": window_jobs,
                                   "insert_s": round(created.seconds + created_window.seconds, 2)}
     figures.update(await _memory(bench, url, due, window_jobs))
-    figures.update(await _rebuild(bench, url, window_jobs))
+    at_rest = figures.get("rss_before_bytes")
+    figures.update(await _rebuild(bench, url, window_jobs, due, at_rest if isinstance(at_rest, int) else None))
     empty = percentiles([])
     return [{"system": "fastlane", "scenario": bench.scenario, "backend": bench.backend, "jobs": stored,
              "delivered": 0, "duplicates": 0, "start_lag_ms": empty, "delivery_lag_ms": empty,
@@ -120,13 +127,16 @@ async def _memory(bench: Bench, url: str, due: datetime, window_jobs: int) -> di
     return figures
 
 
-async def _rebuild(bench: Bench, url: str, window_jobs: int) -> dict[str, object]:
+async def _rebuild(
+    bench: Bench, url: str, window_jobs: int, due: datetime, at_rest: int | None
+) -> dict[str, object]:
     async with FastlaneCluster(bench, url, workers=0, label="fastlane-rebuild") as cluster:
         await cluster.start(with_workers=False)
         assert cluster.started_at is not None and cluster.ready_at is not None
         rebuild_s = (cluster.ready_at - cluster.started_at).total_seconds()
         log_path = cluster.daemons[0].log_path
-    figures: dict[str, object] = {"rebuild_s": round(rebuild_s, 3)}
+        due_runs = await _due_runs_memory(bench, cluster, due, window_jobs, at_rest)
+    figures: dict[str, object] = {"rebuild_s": round(rebuild_s, 3), **due_runs}
     acquired, rebuilt, loaded = _rebuild_events(log_path)
     if acquired and rebuilt:
         figures["rebuild_log_s"] = round((rebuilt - acquired).total_seconds(), 3)
@@ -135,6 +145,32 @@ async def _rebuild(bench: Bench, url: str, window_jobs: int) -> dict[str, object
         figures["rebuild_jobs"], figures["rebuild_runs"] = jobs, runs
         if jobs + runs < window_jobs:
             bench.note(f"the rebuilt window held {jobs:,} jobs and {runs:,} runs, not {window_jobs:,}")
+    return figures
+
+
+async def _due_runs_memory(
+    bench: Bench, cluster: FastlaneCluster, due: datetime, window_jobs: int, at_rest: int | None
+) -> dict[str, object]:
+    """Once every run of the crowd waits in the ready queue (there is no worker): the node's RSS."""
+    await sleep_until(due + timedelta(seconds=1), bench.progress, "waiting for the instant to pass")
+    bench.progress.phase("waiting for every run to be written and released")
+    deadline = Deadline(LOAD_DEADLINE_S)
+    ready = 0.0
+    while not deadline.expired:
+        ready = await cluster.metric_total(READY)
+        bench.progress.update(int(ready), window_jobs)
+        if ready >= window_jobs:
+            break
+        await asyncio.sleep(0.1)
+    bench.progress.end()
+    if ready < window_jobs:
+        bench.note(f"only {ready:,.0f} of {window_jobs:,} runs reached the ready queue in time")
+        return {}
+    await asyncio.sleep(0.5)  # as for the jobs: let the last batch finish allocating
+    rss = current_rss(cluster.daemons[0].pid)
+    figures: dict[str, object] = {"rss_due_runs_bytes": rss}
+    if rss is not None and at_rest is not None:
+        figures["bytes_per_due_run"] = round((rss - at_rest) / window_jobs, 1)
     return figures
 
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-import itertools
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -138,13 +137,15 @@ class FastLane:
         self._owned_shards = shards.owned
         self._on_stale = on_stale
         self._dispatch = dispatch
-        self._seq = itertools.count()
-        # (available_at, sequence, run, recovered): a recovered run came back from the database
-        # rather than from this node's own write, so its dispatch is confirmed before sending.
-        self._releasing: list[tuple[datetime, int, Run, bool]] = []
+        # (available_at, run_id, run): the id breaks ties without a sequence number, which would
+        # be one more object per run, and the lane holds runs by the hundred thousand.
+        self._releasing: list[tuple[datetime, str, Run]] = []
         # Entries of the same form past their offer to be sent ahead, waiting for their instant.
-        self._holding: list[tuple[datetime, int, Run, bool]] = []
+        self._holding: list[tuple[datetime, str, Run]] = []
         self._releasing_ids: set[str] = set()  # the runs in either heap
+        # The runs among them that came back from the database rather than from this node's own
+        # write: their dispatch is confirmed before sending.
+        self._recovered: set[str] = set()
         self._catching_up: set[str] = set()  # the runs among them that were late when scheduled
         self._release_wake = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -202,7 +203,9 @@ class FastLane:
         self._releasing_ids.add(run.run_id)
         if run.available_at < self._clock.now() - CATCH_UP_AFTER:
             self._catching_up.add(run.run_id)
-        heapq.heappush(self._releasing, (run.available_at, next(self._seq), run, recovered))
+        if recovered:
+            self._recovered.add(run.run_id)
+        heapq.heappush(self._releasing, (run.available_at, run.run_id, run))
         if self._releasing[0][2] is run:
             self._release_wake.set()
 
@@ -226,6 +229,7 @@ class FastLane:
         self._releasing_ids.update(entry[2].run_id for entry in self._releasing)
         self._releasing_ids.update(entry[2].run_id for entry in self._holding)
         self._catching_up &= self._releasing_ids
+        self._recovered &= self._releasing_ids
 
     # -- loops ----------------------------------------------------------------------------------
 
@@ -266,12 +270,15 @@ class FastLane:
             limit = self._settings.max_batch
             while len(due) + len(recovered) < limit:
                 if self._releasing and self._releasing[0][0] <= now:
-                    _, _, run, from_database = heapq.heappop(self._releasing)
+                    run = heapq.heappop(self._releasing)[2]
                 elif self._holding and self._holding[0][0] <= now:
-                    _, _, run, from_database = heapq.heappop(self._holding)
+                    run = heapq.heappop(self._holding)[2]
                 else:
                     break
                 self._releasing_ids.discard(run.run_id)
+                from_database = run.run_id in self._recovered
+                if from_database:
+                    self._recovered.discard(run.run_id)
                 if self._fence(run.shard_id) is not None:
                     (recovered if from_database else due).append(run)
                 else:
@@ -312,11 +319,12 @@ class FastLane:
             if not self._releasing or self._releasing[0][0] > horizon:
                 break
             entry = heapq.heappop(self._releasing)
-            run, from_database = entry[2], entry[3]
+            run = entry[2]
             if self._fence(run.shard_id) is None:
                 self._releasing_ids.discard(run.run_id)
                 self._catching_up.discard(run.run_id)
-            elif from_database:
+                self._recovered.discard(run.run_id)
+            elif run.run_id in self._recovered:
                 heapq.heappush(self._holding, entry)  # confirmed first, on its instant
             else:
                 offered.append(run)
@@ -324,7 +332,7 @@ class FastLane:
             return
         left = self._dispatch.offer_ahead(offered)
         for run in left:
-            heapq.heappush(self._holding, (run.available_at, next(self._seq), run, False))
+            heapq.heappush(self._holding, (run.available_at, run.run_id, run))
         kept = {run.run_id for run in left}
         trigger_lag = self._metrics.trigger_lag
         for run in offered:

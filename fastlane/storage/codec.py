@@ -8,6 +8,7 @@ Both backends use this module, so they store byte-identical documents.
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -237,15 +238,33 @@ def run_state(row: Row) -> RunState:
     return _RUN_STATES[row["state"]]
 
 
-def build_run(row: Row) -> Run:
+def build_run(row: Row, previous: Run | None = None, job_ids: Mapping[str, str] | None = None) -> Run:
+    """The run of ``row``, holding equal values once where it cheaply can (see :func:`build_runs`):
+    ``previous`` is the run built before it in the same batch, ``job_ids`` the job ids already held.
+    A driver makes a new object of every value of every row, and the fast lane holds runs by the
+    hundred thousand before their instant."""
+    job_type, tenant = queue_of(row["job_type"], row["tenant"])  # a node sees a handful
+    job_id = row["job_id"]
+    if job_ids is not None:
+        job_id = job_ids.get(job_id, job_id)
+    scheduled_for = row["scheduled_for"]
+    available_at = row["available_at"]
+    if available_at == scheduled_for:  # until it is retried
+        available_at = scheduled_for
+    created_at = row["created_at"]
+    if previous is not None and created_at == previous.created_at:  # one statement's rows
+        created_at = previous.created_at
+    updated_at = row["updated_at"]
+    if updated_at == created_at:  # until it is dispatched
+        updated_at = created_at
     return Run(
         run_id=row["run_id"],
-        job_id=row["job_id"],
-        tenant=row["tenant"],
-        job_type=row["job_type"],
+        job_id=job_id,
+        tenant=tenant,
+        job_type=job_type,
         shard_id=row["shard_id"],
-        scheduled_for=row["scheduled_for"],
-        available_at=row["available_at"],
+        scheduled_for=scheduled_for,
+        available_at=available_at,
         state=_RUN_STATES[row["state"]],
         attempts=row["attempts"],
         payload=bytes(row["payload"]),
@@ -260,11 +279,11 @@ def build_run(row: Row) -> Run:
         lease_token=row["lease_token"],
         lease_expires_at=row["lease_expires_at"],
         worker_id=row["worker_id"],
-        progress=row["progress"],
+        progress=row["progress"] or 0.0,  # the constant: one object for every run not started
         checkpoint=None if row["checkpoint"] is None else bytes(row["checkpoint"]),
         last_error=row["last_error"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
+        created_at=created_at,
+        updated_at=updated_at,
         finished_at=row["finished_at"],
         concurrency_key=row["concurrency_key"],
         concurrency_limit=row["concurrency_limit"],
@@ -274,6 +293,21 @@ def build_run(row: Row) -> Run:
         step=optional_column(row, "step"),
         item=optional_column(row, "item") or 0,
     )
+
+
+def build_runs(rows: Iterable[Row], *, job_ids: Iterable[str] = ()) -> list[Run]:
+    """The runs of a batch of rows (a write-ahead's inserted runs, a rebuild's chunk), equal values
+    held once: a batch's rows share their statement's ``created_at`` (and ``updated_at``, until
+    dispatched), a run's ``available_at`` is its ``scheduled_for`` (until retried), its tenant and
+    job type are those of every run of its queue, and ``job_ids`` are the ids the window already
+    holds (a recurring job's run shares its planned job's id). About 300 bytes a run less."""
+    held = {job_id: job_id for job_id in job_ids}
+    runs: list[Run] = []
+    previous: Run | None = None
+    for row in rows:
+        previous = build_run(row, previous, held)
+        runs.append(previous)
+    return runs
 
 
 def build_listed_run(row: Row) -> Run:

@@ -325,6 +325,27 @@ async def test_one_stale_fence_refuses_the_whole_batch(store, second_store):
     assert (await store.list_runs("default")).items == []
 
 
+async def test_a_batch_of_written_runs_holds_equal_values_once(store):
+    """The fast lane holds written runs by the hundred thousand: a batch's runs share their
+    transaction's created_at, each its scheduled time as available_at, and the window's job ids."""
+    leases = await own_all(store)
+    jobs, shards = await due_jobs_over_shards(store, "shared")
+    now = await store.db_now()
+    occurrences = [plan_occurrence(DueJob.of(job), now, now) for job in jobs]
+    runs = (await store.materialise_runs([leases[s] for s in shards], occurrences)).runs
+    assert len(runs) == len(jobs)
+    first = runs[0]
+    job_id_held = {o.job_id: o.job_id for o in occurrences}
+    for run in runs:
+        assert run.job_id is job_id_held[run.job_id]
+        assert run.available_at is run.scheduled_for
+        assert run.created_at is first.created_at and run.updated_at is first.created_at
+        assert run.tenant is first.tenant and run.job_type is first.job_type
+    pending = await store.pending_runs(shards, now + timedelta(hours=1))
+    assert len(pending) == len(runs)
+    assert all(run.available_at is run.scheduled_for and run.tenant is first.tenant for run in pending)
+
+
 async def test_a_lease_past_its_expiry_cannot_materialise_runs(store):
     """Owner and token still match, but the lease ran out by the database clock: refused, as in a
     batch with a live lease beside it."""

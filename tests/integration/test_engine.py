@@ -12,7 +12,7 @@ import pytest
 
 from fastlane.clock import SystemClock
 from fastlane.config import Settings
-from fastlane.domain.models import JobSpec, Run, Schedule
+from fastlane.domain.models import Delivery, JobSpec, Run, RunState, Schedule
 from fastlane.engine.dispatch import Assign, Dispatcher
 from fastlane.engine.lane import FastLane
 from fastlane.engine.shards import ShardOwnership
@@ -28,10 +28,14 @@ class RecordingDispatch:
 
     def __init__(self) -> None:
         self.released: list[Run] = []
+        self.confirmed_first: set[str] = set()  # runs released to be confirmed in the database first
         self.arrived = asyncio.Event()
 
     def release(self, runs: Iterable[Run], *, confirm_first: bool = False) -> None:
+        runs = list(runs)
         self.released.extend(runs)
+        if confirm_first:
+            self.confirmed_first.update(run.run_id for run in runs)
         self.arrived.set()
 
     def cancel(self, runs: Iterable[Run]) -> None:
@@ -201,6 +205,28 @@ async def test_a_run_released_twice_is_sent_once(store):
     finally:
         dispatcher.stop()
         await asyncio.wait_for(journal, 5)
+
+
+async def test_runs_recovered_from_the_database_are_released_to_be_confirmed_first(store):
+    """Only the runs read back from the database (not this node's own writes) go to the dispatcher
+    with confirm_first, also when runs of both kinds fall due at the same instant."""
+    dispatch = RecordingDispatch()
+    engine = await start_engine(store, dispatch)
+    lane = engine[0]
+    try:
+        instant = datetime.now(UTC) + timedelta(milliseconds=100)
+        runs = [Run(run_id=f"run-{index}", job_id=f"job-{index}", tenant="default", job_type="t", shard_id=index % SHARDS,
+                    scheduled_for=instant, available_at=instant, state=RunState.SCHEDULED, attempts=0, payload=b"",
+                    priority=0, manual=False, delivery=Delivery.AT_LEAST_ONCE, lease_ttl=timedelta(seconds=30),
+                    created_at=instant, updated_at=instant) for index in range(6)]
+        for index, run in enumerate(runs):
+            lane.schedule_run(run, recovered=index % 2 == 1)
+        await until(lambda: len(dispatch.released) == len(runs))
+        assert {run.run_id for run in dispatch.released} == {run.run_id for run in runs}
+        assert dispatch.confirmed_first == {"run-1", "run-3", "run-5"}
+        assert lane.size == 0
+    finally:
+        await stop_engine(*engine)
 
 
 async def test_a_window_larger_than_one_page_is_loaded_whole(store, monkeypatch):

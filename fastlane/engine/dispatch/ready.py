@@ -32,6 +32,7 @@ import heapq
 import itertools
 from collections import deque
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from typing import Generic, Protocol, TypeVar
 
 from fastlane.domain.limits import MAX_PRIORITY, MIN_PRIORITY
@@ -101,7 +102,9 @@ class ReadyQueue(Generic[W]):
         self._turn_left = 0  # runs the first tenant may still take in its current turn
         self._order = itertools.count()  # ties: first queued, first out
         self._size = 0
-        self._due: dict[str, list[tuple[float, int]]] = {}  # per tenant: (due, order) of its runs
+        # Per tenant: (due, order) of its runs; the run's own datetime rather than a float made
+        # for it, one object less per waiting run.
+        self._due: dict[str, list[tuple[datetime, int]]] = {}
         self._taken: set[int] = set()  # orders taken out but still in a _due heap below its top
 
     def __len__(self) -> int:
@@ -126,12 +129,11 @@ class ReadyQueue(Generic[W]):
     def oldest_dues(self) -> dict[str, float]:
         """The due time (epoch seconds) of each tenant's oldest waiting run; read by the metrics
         thread, which only reads: the loop thread keeps each heap's top a waiting run."""
-        return {tenant: heap[0][0] for tenant, heap in list(self._due.items()) if heap}
+        return {tenant: heap[0][0].timestamp() for tenant, heap in list(self._due.items()) if heap}
 
     def append(self, waiting: W) -> None:
         run = waiting.run
-        due = run.available_at.timestamp()
-        key = due * AGING_PER_SECOND - run.priority
+        key = run.available_at.timestamp() * AGING_PER_SECOND - run.priority
         runs = self._heaps.get(run.tenant)
         if runs is None:
             runs = self._heaps[run.tenant] = _TenantRuns()
@@ -140,7 +142,7 @@ class ReadyQueue(Generic[W]):
         order = next(self._order)
         urgent = self._urgent_priority is not None and run.priority >= self._urgent_priority
         heapq.heappush(runs.urgent if urgent else runs.ordinary, (key, order, waiting))
-        heapq.heappush(self._due[run.tenant], (due, order))
+        heapq.heappush(self._due[run.tenant], (run.available_at, order))
         self._size += 1
 
     def pop(self, tenant: str | None = None, blocked: Blocked | None = None, *, urgent_only: bool = False) -> W | None:
@@ -201,7 +203,7 @@ class ReadyQueue(Generic[W]):
                 heap[:] = [entry for entry in heap if not matches(entry[2])]
                 heapq.heapify(heap)
             self._taken.difference_update(order for _, order in self._due[tenant])
-            self._due[tenant] = [(entry[2].run.available_at.timestamp(), entry[1]) for entry in runs.entries()]
+            self._due[tenant] = [(entry[2].run.available_at, entry[1]) for entry in runs.entries()]
             heapq.heapify(self._due[tenant])
         self._size -= len(removed)
         return removed

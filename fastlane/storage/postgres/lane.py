@@ -74,7 +74,7 @@ class PostgresLane(PostgresConnections):
                 [r.run_id for r in plan.rows], [r.job_id for r in plan.rows], [r.scheduled_for for r in plan.rows],
                 [r.state for r in plan.rows], [r.last_error for r in plan.rows],
             )
-        runs = [codec.build_run(row) for row in rows]
+        runs = codec.build_runs(rows, job_ids=(o.job_id for o in occurrences))
         return Materialised(runs=common.scheduled_in_order(runs), advanced=frozenset(overlap_of),
                             cancelling=cancelling, changed=changed, skipped=common.skipped_by_policy(runs))
 
@@ -87,7 +87,7 @@ class PostgresLane(PostgresConnections):
             runs: list[Run] = []
             for chunk in common.chunks(wanted, common.PENDING_CHUNK):
                 # Built chunk by chunk: the next query lets the event loop run between them.
-                runs += map(codec.build_run, await db.fetch(queries.PENDING_RUNS, chunk))
+                runs += codec.build_runs(await db.fetch(queries.PENDING_RUNS, chunk))
         return sorted(runs, key=lambda run: run.available_at)
 
     async def requeue_expired(self, fence: ShardLease) -> list[Run]:

@@ -127,6 +127,8 @@ REQUEST_CANCEL_FOR_OVERLAP = (
     "UPDATE runs SET cancel_requested = true, last_error = $2, updated_at = clock_timestamp() "
     "WHERE run_id = ANY($1::text[]) RETURNING *"
 )
+# One time for the statement (not clock_timestamp()): its runs share one created_at, held once in
+# memory (codec.build_runs).
 INSERT_RUNS = """
     INSERT INTO runs (run_id, job_id, tenant, job_type, shard_id, scheduled_for, available_at, state,
                       payload, priority, manual, delivery, lease_ttl_ms, timeout_ms, retry,
@@ -135,8 +137,8 @@ INSERT_RUNS = """
            o.state, j.payload, j.priority, false, j.policies->>'delivery',
            ((j.policies->>'lease_ttl')::float8 * 1000)::bigint,
            ((j.policies->>'timeout')::float8 * 1000)::bigint, j.policies->'retry',
-           clock_timestamp(), clock_timestamp(),
-           CASE WHEN o.state = 'skipped' THEN clock_timestamp() END, o.last_error,
+           statement_timestamp(), statement_timestamp(),
+           CASE WHEN o.state = 'skipped' THEN statement_timestamp() END, o.last_error,
            j.policies->>'concurrency_key', (j.policies->>'concurrency_limit')::integer
     FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::text[], $5::text[])
          AS o(run_id, job_id, scheduled_for, state, last_error)

@@ -89,7 +89,7 @@ class SQLiteLane(SQLiteConnections):
                 (json_array((r.run_id, r.job_id, to_micros(r.scheduled_for), r.state, r.last_error)
                             for r in plan.rows),),
             )
-        runs = [codec.build_run(row) for row in rows]
+        runs = codec.build_runs(rows, job_ids=(o.job_id for o in occurrences))
         return Materialised(runs=common.scheduled_in_order(runs), advanced=frozenset(overlap_of),
                             cancelling=cancelling, changed=changed, skipped=common.skipped_by_policy(runs))
 
@@ -102,7 +102,7 @@ class SQLiteLane(SQLiteConnections):
             runs: list[Run] = []
             for chunk in common.chunks(wanted, common.PENDING_CHUNK):
                 # Built chunk by chunk: the next query lets the event loop run between them.
-                runs += map(codec.build_run, await fetch_all(db, queries.PENDING_RUNS, (json_array(chunk),)))
+                runs += codec.build_runs(await fetch_all(db, queries.PENDING_RUNS, (json_array(chunk),)))
         return sorted(runs, key=lambda run: run.available_at)
 
     async def requeue_expired(self, fence: ShardLease) -> list[Run]:

@@ -123,6 +123,8 @@ REQUEST_CANCEL_FOR_OVERLAP = (
     f"UPDATE runs SET cancel_requested = 1, last_error = ?, updated_at = {NOW} "
     "WHERE run_id IN (SELECT value FROM json_each(?)) RETURNING *"
 )
+# Now read once for the statement (``t``): its runs share one created_at, held once in memory
+# (codec.build_runs).
 INSERT_RUNS = f"""
     INSERT INTO runs (run_id, job_id, tenant, job_type, shard_id, scheduled_for, available_at, state,
                       payload, priority, manual, delivery, lease_ttl_ms, timeout_ms, retry,
@@ -131,14 +133,15 @@ INSERT_RUNS = f"""
            o.state, j.payload, j.priority, 0, json_extract(j.policies, '$.delivery'),
            CAST(json_extract(j.policies, '$.lease_ttl') * 1000 AS INTEGER),
            CAST(json_extract(j.policies, '$.timeout') * 1000 AS INTEGER),
-           json_extract(j.policies, '$.retry'), {NOW}, {NOW},
-           CASE WHEN o.state = 'skipped' THEN {NOW} END, o.last_error,
+           json_extract(j.policies, '$.retry'), t.now, t.now,
+           CASE WHEN o.state = 'skipped' THEN t.now END, o.last_error,
            json_extract(j.policies, '$.concurrency_key'), json_extract(j.policies, '$.concurrency_limit')
     FROM (SELECT json_extract(value, '$[0]') AS run_id, json_extract(value, '$[1]') AS job_id,
                  json_extract(value, '$[2]') AS scheduled_for, json_extract(value, '$[3]') AS state,
                  json_extract(value, '$[4]') AS last_error
           FROM json_each(?)) AS o
     JOIN jobs j ON j.job_id = o.job_id
+    CROSS JOIN (SELECT {NOW} AS now) AS t
     WHERE true
     ON CONFLICT (job_id, scheduled_for, (CASE WHEN manual THEN run_id ELSE '' END)) DO NOTHING  -- runs_of_job
     RETURNING *
