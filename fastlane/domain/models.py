@@ -293,6 +293,12 @@ class DueJob:
         return DueJob(job.job_id, job.shard_id, job.next_fire_at, Timing.of(job.spec), queue_of(job.spec.job_type, job.tenant),
                       job.spec.priority)
 
+    def __lt__(self, other: DueJob) -> bool:
+        # The window's heap orders (fire time, job id, job): two entries tie only when one is a
+        # dead plan of the same job (removed, then planned again for the same time). Their order
+        # does not matter, since the write-ahead tells the live one by identity.
+        return False
+
 
 @functools.lru_cache(maxsize=4096)
 def queue_of(job_type: str, tenant: str) -> tuple[str, str]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-import itertools
 import logging
 import math
 import time
@@ -112,9 +111,11 @@ class WriteAhead:
         self._urgent_priority = reserve.priority if reserve is not None else math.inf
         self._over_max_backlog: frozenset[tuple[str, str]] = frozenset()
         self._stopping = stopping
-        self._seq = itertools.count()
-        self._planned: list[tuple[datetime, int, DueJob]] = []
-        self._planned_at: dict[str, datetime] = {}  # the one live heap entry per job
+        # (fire time, job id, job): no sequence number to break ties, which would be one more
+        # object per job, and the window holds jobs by the hundred thousand. A job's entry is live
+        # while it is the job's entry in _planned_at; the others are dead and skipped when popped.
+        self._planned: list[tuple[datetime, str, DueJob]] = []
+        self._planned_at: dict[str, DueJob] = {}  # the one live heap entry per job
         self._planned_per_slot: Counter[int] = Counter()  # heap entries (live or dead) by fire slot
         # Due jobs taken from the heap while their queue was over its backlog, by queue and job id
         # in the order they fell due: unwritten (unchanged in the database) until the queue has
@@ -168,7 +169,7 @@ class WriteAhead:
         self._planned = [entry for entry in self._planned if entry[2].shard_id not in lost]
         heapq.heapify(self._planned)
         self._planned_per_slot = Counter(_slot(at) for at, _, _ in self._planned)
-        self._planned_at = {job.job_id: at for at, _, job in self._planned if self._planned_at.get(job.job_id) == at}
+        self._planned_at = {job.job_id: job for _, _, job in self._planned if self._planned_at.get(job.job_id) is job}
         for jobs in self._held.values():
             for job_id in [job_id for job_id, job in jobs.items() if job.shard_id in lost]:
                 del jobs[job_id]
@@ -198,11 +199,12 @@ class WriteAhead:
 
     def _plan(self, job: DueJob) -> None:
         fire_at = job.next_fire_at
-        if self._planned_at.get(job.job_id) == fire_at:
+        live = self._planned_at.get(job.job_id)
+        if live is not None and live.next_fire_at == fire_at:
             return
         slot = _slot(fire_at)  # first: a fire time the heap cannot order raises before any change
-        self._planned_at[job.job_id] = fire_at
-        heapq.heappush(self._planned, (fire_at, next(self._seq), job))
+        self._planned_at[job.job_id] = job
+        heapq.heappush(self._planned, (fire_at, job.job_id, job))
         self._planned_per_slot[slot] += 1
         if self._planned[0][2] is job:
             self._plan_wake.set()
@@ -285,7 +287,7 @@ class WriteAhead:
         while self._planned and self._planned[0][0] <= cutoff and len(batch) < self._settings.max_batch:
             fire_at, _, job = heapq.heappop(self._planned)
             self._uncount(fire_at)
-            if self._planned_at.get(job.job_id) == fire_at:
+            if self._planned_at.get(job.job_id) is job:
                 del self._planned_at[job.job_id]
                 if (self._given_back.pop(job.job_id, None) is None and job.queue in holding
                         and (job.priority < self._urgent_priority or job.queue in self._over_max_backlog)):
@@ -406,7 +408,7 @@ class WriteAhead:
             planned = self._planned_at.get(job.job_id)
             # A plan at or before the occurrence just written is stale (the database has moved
             # past it); a later one came from a newer change and wins.
-            if planned is None or planned <= occurrence.expected_next_fire_at:
+            if planned is None or planned.next_fire_at <= occurrence.expected_next_fire_at:
                 self._plan(DueJob(job.job_id, job.shard_id, upcoming, job.timing, job.queue, job.priority))
 
 

@@ -248,3 +248,20 @@ async def test_a_held_job_read_again_as_urgent_leaves_the_line():
     await ahead.plan_loaded([_due("job", NOISY, 900, priority=500)])  # its priority raised elsewhere
     assert ahead.held == 0
     assert [job.job_id for job in ahead._pop_planned(T, ahead._look_at_backlogs(0.0))] == ["job"]
+
+
+async def test_a_job_removed_and_planned_again_for_the_same_time_is_written_once_as_planned_last():
+    """The removed plan stays in the heap, dead, beside the new one with the same fire time and job
+    id: the two tie, and the live one is the one taken (its new priority), once."""
+    ahead = _held_write_ahead(ManualClock(T), {}, limit=10)
+    ahead._plan(_due("job", QUIET, 100, priority=0))
+    ahead.job_removed("job")
+    again = _due("job", QUIET, 100, priority=5)
+    ahead._plan(again)
+    ahead._plan(_due("other", QUIET, 100))
+    assert ahead.size == 2
+    taken = ahead._pop_planned(T, frozenset())
+    assert sorted(job.job_id for job in taken) == ["job", "other"]
+    assert [job for job in taken if job.job_id == "job"] == [again]
+    assert [job for job in taken if job.job_id == "job"][0] is again
+    assert ahead.size == 0 and ahead._pop_planned(T, frozenset()) == []
