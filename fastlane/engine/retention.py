@@ -38,11 +38,6 @@ from fastlane.supervise import Backoff
 
 log = logging.getLogger("fastlane.retention")
 
-# Runs per transaction. SQLite has one writer, which a batch holds while it deletes: on a file of
-# a million runs 200 took 8 to 35 ms idle (the longer ones checkpoint the WAL) and about 80 ms
-# under spread's load, and batches of 500 delayed runs due meanwhile by up to 100 ms; so 100.
-# PostgreSQL locks only the rows it deletes: writers of other rows go on.
-BATCH_SIZE = {"sqlite": 100, "postgres": 1_000}
 PAUSE_PER_BATCH_TIME = 9.0
 MIN_PAUSE = 0.005  # seconds between full batches, however fast they were
 IDLE_INTERVAL = 60.0  # seconds between looks once nothing is old enough

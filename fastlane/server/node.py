@@ -30,8 +30,8 @@ from fastlane.engine.changes import ChangeFollower
 from fastlane.engine.dispatch.dispatcher import Dispatcher
 from fastlane.engine.lane import FastLane
 from fastlane.engine.operations import Operations
-from fastlane.engine.retention import BATCH_SIZE, HistoryTrimmer
 from fastlane.engine.retention import LOOP_NAME as TRIM_LOOP
+from fastlane.engine.retention import HistoryTrimmer
 from fastlane.engine.shards import ShardOwnership
 from fastlane.engine.workflows import WorkflowCoordinator
 from fastlane.errors import FastlaneError, StorageUnavailable
@@ -46,7 +46,6 @@ from fastlane.server.servicers.workers import WorkerServicer
 from fastlane.server.servicers.workflows import WorkflowServicer
 from fastlane.stalls import GcPauses, LoopLagProbe
 from fastlane.storage import Store, open_store, redacted_url
-from fastlane.storage.sqlite import SQLiteStore
 from fastlane.supervise import Backoff, LoopGaveUp, supervised
 
 if TYPE_CHECKING:
@@ -137,7 +136,7 @@ class Node:
         leases, and fires nothing) says NOT_SERVING until it can again; so does one whose
         SQLite file cannot be written (a full disk, a read-only file), at once and with one
         ERROR line naming the cause. Restartable: it says the current state first."""
-        faults = store if isinstance(store, SQLiteStore) else None
+        faults = store if store.capabilities.write_faults else None
         fault = faults.write_fault if faults is not None else None
         reachable = ownership.healthy
         await self._set_health(server, reachable=reachable, fault=fault)
@@ -262,12 +261,11 @@ class Node:
             health_listen=settings.health_listen,
             jobs=jobs,
             runs=runs,
-            # SQLite's one writer records results: those that wait the worker's window share its
-            # writes, and fewer, fuller writes serve it better (with prompt results, `sustained`
-            # recorded fewer runs/s in six of nine pairs). A workflow step's result goes at once on
-            # either backend (Assignment.awaited).
+            # Where one writer records results, those that wait the worker's window share its
+            # writes, and fewer, fuller writes serve it better. A workflow step's result goes at
+            # once on every backend (Assignment.awaited).
             workers=WorkerServicer(dispatcher, node_id=settings.node_id, heartbeat_interval=HEARTBEAT_INTERVAL,
-                                   prompt_results=store.dialect != "sqlite"),
+                                   prompt_results=store.capabilities.prompt_results),
             workflows=workflow_api,
             admin=admin,
         )
@@ -319,7 +317,7 @@ class Node:
                 if settings.history_retention is not None:
                     trimmer = HistoryTrimmer(store, retention=settings.history_retention, owned_shards=ownership.owned,
                                              metrics=metrics, stopping=self._stop,
-                                             batch_size=BATCH_SIZE[store.dialect])
+                                             batch_size=store.capabilities.trim_batch)
                     supervise(TRIM_LOOP, trimmer.run)
                 await first_of(shards_ready, self._stop)
                 if not self._stop.is_set():

@@ -21,6 +21,7 @@ from fastlane.domain.records import AttemptResult, CappedDispatches, Change, Dis
 from fastlane.domain.workflows import Workflow, WorkflowRun, WorkflowSpec
 from fastlane.storage.late_reports import ReporterOf
 from fastlane.storage.results import Cancellation, Materialised, ResultOutcome, TrimmedHistory
+from fastlane.storage.store.database import Capabilities
 from fastlane.storage.workflows import WorkflowChanges, WorkflowRunDetail
 
 DEFAULT_SHARD_COUNT = 64
@@ -30,7 +31,21 @@ class Store(Protocol):
     """Durable state of a fastlane cluster. All datetimes are aware UTC."""
 
     url: str
-    dialect: str  # "sqlite" or "postgres"
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What this backend can and cannot do: what callers ask instead of which database it is."""
+        ...
+
+    @property
+    def write_fault(self) -> str | None:
+        """What keeps every write from committing, with its fix ("the disk holding ... is full"),
+        or None once one commits again; always None unless ``capabilities.write_faults``."""
+        ...
+
+    async def write_fault_changed(self, fault: str | None) -> None:
+        """Return once :attr:`write_fault` differs from ``fault``."""
+        ...
 
     # -- lifecycle ------------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from fastlane.domain.models import JobSpec, Schedule
 from fastlane.errors import InvalidArgument, StorageError
 from fastlane.storage import open_store
 from fastlane.storage.migrations import migrations_for
+from fastlane.storage.store import SQLStore
 
 SHARDS = 4
 JOB, RUN = "job-0001", "run-0001"
@@ -204,7 +205,7 @@ async def test_a_database_at_version_4_with_tokens_migrates_and_keeps_them(db_ur
     store = open_store(db_url, shard_count=SHARDS)
     latest = migrations_for(store.dialect)[-1].version  # 5 adds the audit trail; later ones may follow
     # As in test_token_store: the store's migrate() is made to see only the first four migrations.
-    store_module = sys.modules[type(store).__module__]
+    store_module = sys.modules[SQLStore.__module__]
     monkeypatch.setattr(store_module, "migrations_for", lambda dialect: migrations_for(dialect)[:4])
     try:
         assert await store.migrate() == 4

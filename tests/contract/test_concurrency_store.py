@@ -14,6 +14,7 @@ from fastlane.domain.records import KeyCap
 from fastlane.storage import AttemptResult, Dispatch, open_store
 from fastlane.storage.base import Store
 from fastlane.storage.migrations import migrations_for
+from fastlane.storage.store import SQLStore
 
 SHARDS = 4
 TTL = timedelta(seconds=30)
@@ -49,7 +50,7 @@ def dispatch(run, token: int, cap_limit: int | None = None) -> Dispatch:
 
 async def test_a_database_with_jobs_migrates_and_their_runs_have_no_key(db_url, monkeypatch):
     store = open_store(db_url, shard_count=SHARDS)
-    store_module = sys.modules[type(store).__module__]
+    store_module = sys.modules[SQLStore.__module__]
     monkeypatch.setattr(store_module, "migrations_for", lambda dialect: migrations_for(dialect)[:7])
     try:
         assert await store.migrate() == 7

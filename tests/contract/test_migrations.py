@@ -67,12 +67,12 @@ async def make_due_at(store, job_id: str, at: datetime) -> None:
 
 async def test_a_populated_version_11_database_migrates_with_every_run_where_it_was(db_url, monkeypatch):
     dialect = "sqlite" if db_url.startswith(SQLITE_PREFIX) else "postgres"
-    queries = sqlite_queries if dialect == "sqlite" else postgres_queries
-    store_module = f"fastlane.storage.{dialect}.store"
+    statements = (sqlite_queries if dialect == "sqlite" else postgres_queries).STATEMENTS
+    store_module = "fastlane.storage.store"
 
     # Version 11, and version 11's insert of scheduled runs.
     monkeypatch.setattr(f"{store_module}.migrations_for", lambda name: migrations_for(name)[:11])
-    monkeypatch.setattr(queries, "INSERT_RUNS", queries.INSERT_RUNS.replace(V12_CONFLICT, V11_CONFLICT[dialect]))
+    monkeypatch.setattr(statements, "INSERT_RUNS", statements.INSERT_RUNS.replace(V12_CONFLICT, V11_CONFLICT[dialect]))
     store = open_store(db_url, shard_count=SHARDS)
     try:
         assert await store.migrate() == 11

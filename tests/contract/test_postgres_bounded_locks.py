@@ -23,7 +23,8 @@ from fastlane.storage import AttemptResult, Change, ChangeKind, Dispatch, Store,
 from fastlane.storage.migrations import Migration, migrations_for
 from fastlane.storage.postgres import PostgresStore
 from fastlane.storage.postgres.connection import SessionLimits
-from fastlane.storage.postgres.queries import FENCE, SUCCEED_ATTEMPTS
+from fastlane.storage.postgres.queries import SUCCEED_ATTEMPTS
+from fastlane.storage.store.statements import Statements
 
 pytestmark = pytest.mark.postgres
 
@@ -84,10 +85,10 @@ async def test_a_frozen_owners_shard_is_taken_over_within_a_lease(stores: tuple[
     taken: list[ShardLease] = []
     with pytest.raises(StorageUnavailable) as woke:
         # A connection of the owner's own pool: the session settings a node really has.
-        async with postgres(owner)._connection() as frozen:
+        async with postgres(owner).database._connection() as frozen:
             await frozen.execute("BEGIN")
             # The lock materialise_runs and requeue_expired hold until they commit.
-            assert await frozen.fetch(FENCE, [1], ["node-a"], [lease.token])
+            assert await frozen.fetch(Statements.FENCE, [1], ["node-a"], [lease.token])
             frozen_at = time.monotonic()
             await lease_ran_out(other, lease)
             expired_at = time.monotonic()
@@ -124,7 +125,7 @@ async def test_a_takeover_that_cannot_get_the_row_in_time_leaves_it_to_the_next_
     stubborn = await asyncpg.connect(pg_dsn)
     try:
         async with stubborn.transaction():
-            assert await stubborn.fetch(FENCE, [1], ["node-a"], [held.token])
+            assert await stubborn.fetch(Statements.FENCE, [1], ["node-a"], [held.token])
             await lease_ran_out(other, held)
             started = time.monotonic()
             taken = await other.acquire_shards("node-b", LEASE, limit=2, shard_ids=[1, 2])
@@ -143,7 +144,7 @@ async def test_a_statement_longer_than_statement_timeout_is_storage_unavailable(
     owner, _ = stores
     started = time.monotonic()
     with pytest.raises(StorageUnavailable) as raised:
-        async with postgres(owner)._connection() as db:
+        async with postgres(owner).database._connection() as db:
             await db.execute(f"SELECT pg_sleep({LIMITS.statement.total_seconds() + 1})")
     assert isinstance(raised.value.__cause__, asyncpg.exceptions.QueryCanceledError)
     assert time.monotonic() - started < LIMITS.call_seconds
@@ -174,7 +175,7 @@ async def test_waiting_for_a_pooled_connection_is_bounded_and_storage_unavailabl
     store = PostgresStore(pg_dsn, shard_count=4, pool_size=1, lease_ttl=LEASE)
     try:
         await store.migrate()
-        async with store._connection():  # the only connection, lent out
+        async with store.database._connection():  # the only connection, lent out
             started = time.monotonic()
             with pytest.raises(StorageUnavailable) as raised:
                 await store.db_now()
@@ -199,7 +200,7 @@ async def test_migrations_run_without_the_statement_and_lock_limits(
         # Waits for a lock longer than lock_timeout.
         Migration(len(real) + 2, "waits", f"SELECT pg_advisory_xact_lock({key})"),
     ]
-    monkeypatch.setattr("fastlane.storage.postgres.store.migrations_for", lambda dialect: real + slow)
+    monkeypatch.setattr("fastlane.storage.store.migrations_for", lambda dialect: real + slow)
     store = PostgresStore(pg_dsn, shard_count=4, lease_ttl=lease)
     holder = await asyncpg.connect(pg_dsn)
     try:
@@ -215,7 +216,7 @@ async def test_migrations_run_without_the_statement_and_lock_limits(
         await holder.execute("SELECT pg_advisory_unlock($1)", key)
         assert await asyncio.wait_for(migrating, 10) == len(real) + 2
         # The pool's sessions keep their limits.
-        async with store._connection() as db:
+        async with store.database._connection() as db:
             assert await db.fetchval("SHOW statement_timeout") == "500ms"
     finally:
         await holder.close()
@@ -227,13 +228,13 @@ async def test_every_pooled_connection_carries_the_session_limits(pg_dsn: str) -
     query = "SELECT name, setting FROM pg_settings WHERE name = ANY($1::text[]) ORDER BY name"
     expected = {"idle_in_transaction_session_timeout": "600", "lock_timeout": "750", "statement_timeout": "1500"}
     try:
-        async with store._connection() as db:
+        async with store.database._connection() as db:
             first_pid = await db.fetchval("SELECT pg_backend_pid()")
             assert dict(await db.fetch(query, list(SETTINGS))) == expected
             await db.execute("SET statement_timeout = 0")  # as careless code might
         # The pool resets a connection it gets back (RESET ALL): the limits come back with it,
         # as they are the session's own defaults, set when it connected.
-        async with store._connection() as db:
+        async with store.database._connection() as db:
             assert await db.fetchval("SELECT pg_backend_pid()") == first_pid
             assert dict(await db.fetch(query, list(SETTINGS))) == expected
     finally:
@@ -250,12 +251,12 @@ async def test_a_pooled_connection_prepares_its_statements_again_after_their_lif
     query = "SELECT $1::integer + 1"
     prepared_as = "SELECT name FROM pg_prepared_statements WHERE statement = $1"
     try:
-        async with store._connection() as db:
+        async with store.database._connection() as db:
             assert await db.fetchval(query, 1) == 2
             (first,) = [row["name"] for row in await db.fetch(prepared_as, query)]
         deadline = time.monotonic() + 10
         while True:
-            async with store._connection() as db:
+            async with store.database._connection() as db:
                 assert await db.fetchval(query, 1) == 2
                 names = {row["name"] for row in await db.fetch(prepared_as, query)}
             if names and first not in names:  # (between the old one's close and the new prepare: none)
@@ -300,13 +301,13 @@ async def test_a_populated_database_migrates_to_vacuuming_its_churning_tables_of
     their rows change (PostgreSQL's defaults wait for a fifth and a tenth), also on a database
     that already holds jobs and runs."""
     store = open_store(pg_dsn, shard_count=4)
-    monkeypatch.setattr("fastlane.storage.postgres.store.migrations_for", lambda dialect: migrations_for(dialect)[:9])
+    monkeypatch.setattr("fastlane.storage.store.migrations_for", lambda dialect: migrations_for(dialect)[:9])
     reader = await asyncpg.connect(pg_dsn)
     try:
         assert await store.migrate() == 9
         job, _ = await store.create_job(JobSpec(name="old", job_type="t", schedule=Schedule.cron_expr("* * * * *")))
         await store.create_manual_run("default", job.job_id)
-        monkeypatch.setattr("fastlane.storage.postgres.store.migrations_for", lambda dialect: migrations_for(dialect)[:10])
+        monkeypatch.setattr("fastlane.storage.store.migrations_for", lambda dialect: migrations_for(dialect)[:10])
         assert await store.migrate() == 10
         options = {row["relname"]: set(row["reloptions"] or ()) for row in await reader.fetch(
             "SELECT relname, reloptions FROM pg_class WHERE relname IN ('runs', 'attempts', 'jobs')")}
@@ -325,7 +326,7 @@ async def test_a_populated_database_migrates_to_attempts_with_one_index(pg_dsn: 
     attempts in flight; a result then finds its attempt by the primary key, and its update (no
     indexed column changed, room in the page) is heap-only."""
     store = open_store(pg_dsn, shard_count=4)
-    monkeypatch.setattr("fastlane.storage.postgres.store.migrations_for", lambda dialect: migrations_for(dialect)[:10])
+    monkeypatch.setattr("fastlane.storage.store.migrations_for", lambda dialect: migrations_for(dialect)[:10])
     reader = await asyncpg.connect(pg_dsn)
     try:
         assert await store.migrate() == 10
@@ -336,7 +337,7 @@ async def test_a_populated_database_migrates_to_attempts_with_one_index(pg_dsn: 
             run_id=run.run_id, lease_token=77, worker_id="w", node_id="node-a", lease_ttl=timedelta(seconds=30),
             dispatched_at=datetime.now(UTC))])
         assert leases and attempt.lease_token == 77
-        monkeypatch.setattr("fastlane.storage.postgres.store.migrations_for", lambda dialect: migrations_for(dialect)[:11])
+        monkeypatch.setattr("fastlane.storage.store.migrations_for", lambda dialect: migrations_for(dialect)[:11])
         assert await store.migrate() == 11
         indexes = {row["indexname"] for row in await reader.fetch("SELECT indexname FROM pg_indexes WHERE tablename = 'attempts'")}
         assert indexes == {"attempts_pkey"}

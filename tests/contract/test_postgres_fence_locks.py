@@ -14,7 +14,9 @@ import asyncpg
 import pytest
 
 from fastlane.storage import open_store
-from fastlane.storage.postgres.queries import FENCE as _FENCE
+from fastlane.storage.store.statements import Statements
+
+_FENCE = Statements.FENCE
 
 pytestmark = pytest.mark.postgres
 

@@ -862,8 +862,8 @@ async def test_due_jobs_page_by_fire_time_then_id(store):
 
 @pytest.mark.postgres
 async def test_a_manual_run_of_a_job_deleted_meanwhile_is_job_not_found(pg_dsn, monkeypatch):
-    # PostgreSQL reads the job, then inserts its run: a delete in between leaves the insert
-    # with nothing to copy. That is a job not found, as on SQLite (one statement there).
+    # The insert copies the job's row: a job deleted before it runs leaves it nothing to copy.
+    # That is a job not found.
     from fastlane.storage.postgres import queries
 
     store = open_store(pg_dsn, shard_count=SHARDS)
@@ -871,7 +871,7 @@ async def test_a_manual_run_of_a_job_deleted_meanwhile_is_job_not_found(pg_dsn, 
         await store.migrate()
         job, _ = await store.create_job(
             JobSpec(name="gone", job_type="t", schedule=Schedule.interval(timedelta(hours=1))))
-        monkeypatch.setattr(queries, "INSERT_MANUAL_RUN", "SELECT $1::text, $2::text WHERE false")
+        monkeypatch.setattr(queries.STATEMENTS, "INSERT_MANUAL_RUN", "SELECT $1::text, $2::text, $3::text WHERE false")
         with pytest.raises(JobNotFound):
             await store.create_manual_run("default", job.job_id)
     finally:

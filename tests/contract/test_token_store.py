@@ -13,6 +13,7 @@ from fastlane.domain.models import JobSpec, Schedule
 from fastlane.errors import Conflict, InvalidArgument, StorageError, TokenNotFound
 from fastlane.storage import open_store
 from fastlane.storage.migrations import migrations_for
+from fastlane.storage.store import SQLStore
 
 SHARDS = 4
 # A stored hash is bytes of any value: NUL first (a text column would cut it or refuse it) and
@@ -217,7 +218,7 @@ async def test_a_database_at_version_3_with_jobs_migrates_to_version_5(db_url, m
     store = open_store(db_url, shard_count=SHARDS)
     # The store's migrate() reads the migrations through its own module's name for them: there,
     # it is made to see only the first three, as a node of the previous release would.
-    store_module = sys.modules[type(store).__module__]
+    store_module = sys.modules[SQLStore.__module__]
     monkeypatch.setattr(store_module, "migrations_for", lambda dialect: migrations_for(dialect)[:3])
     try:
         assert await store.migrate() == 3

@@ -97,10 +97,10 @@ async def test_a_job_stored_before_the_supported_range_does_not_stop_the_lane(st
 async def _force_next_fire_at(store, job_id: str, when: datetime) -> None:  # type: ignore[no-untyped-def]
     """Write a value the API would refuse, as an older version could have stored it."""
     if type(store).__name__ == "PostgresStore":
-        async with store._connection() as db:
+        async with store.database._connection() as db:
             await db.execute("UPDATE jobs SET next_fire_at = $2 WHERE job_id = $1", job_id, when)
     else:
         from fastlane.clock import to_micros
 
-        async with store._transaction() as db:
+        async with store.database._transaction() as db:
             await db.execute("UPDATE jobs SET next_fire_at = ? WHERE job_id = ?", (to_micros(when), job_id))

@@ -25,7 +25,7 @@ async def statements_to_materialise(store, jobs, leases) -> list[str]:
     occurrences = [plan_occurrence(DueJob.of(job), now, now) for job in jobs]
     fences = [leases[shard] for shard in sorted({job.shard_id for job in jobs})]
     ran: list[str] = []
-    writer = store._writer  # the store's one write connection, opened by the writes before this
+    writer = store.database._writer  # the store's one write connection, opened by the writes before this
     await writer.set_trace_callback(ran.append)
     try:
         written = await store.materialise_runs(fences, occurrences)

@@ -72,7 +72,7 @@ async def test_a_connection_killed_inside_a_transaction_is_storage_unavailable(p
 @pytest.mark.postgres
 async def test_a_statement_error_is_a_permanent_storage_error(postgres_store):
     with pytest.raises(StorageError) as raised:
-        async with postgres_store._connection() as db:
+        async with postgres_store.database._connection() as db:
             await db.execute("SELECT * FROM no_such_table")
     assert not isinstance(raised.value, StorageUnavailable)
     assert isinstance(raised.value.__cause__, asyncpg.UndefinedTableError)
@@ -122,7 +122,7 @@ async def test_sqlite_a_missing_table_is_permanent_and_the_store_goes_on(tmp_pat
     await store.migrate()
     try:
         with pytest.raises(StorageError) as raised:
-            async with store._transaction() as db:
+            async with store.database._transaction() as db:
                 await db.execute("INSERT INTO no_such_table VALUES (1)")
         assert not isinstance(raised.value, StorageUnavailable)
         assert isinstance(raised.value.__cause__, sqlite3.OperationalError)

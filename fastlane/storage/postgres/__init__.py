@@ -1,11 +1,36 @@
 """The PostgreSQL backend (asyncpg): production and multi-node.
 
-``store`` holds :class:`PostgresStore` (lifecycle and jobs), built from the mixins of ``lane``
-(the fast lane), ``runs``, ``shards`` (leases and membership), ``changes`` (LISTEN/NOTIFY),
-``tokens`` (API tokens) and ``audit`` (the audit trail) over ``connection``; ``queries`` holds the dialect's named SQL, under
-the same names as the SQLite backend's.
+Only what PostgreSQL does differently from the one store (:mod:`fastlane.storage.store`): its pool
+(``connection``, with the session limits that keep a node's locks from outliving its leases, and
+``hosts`` and ``server_identity`` for failover), its transactions (``tx``), its change watch
+(``changes``: LISTEN/NOTIFY), and its own SQL (``queries``).
 """
 
-from fastlane.storage.postgres.store import PostgresStore
+from __future__ import annotations
 
-__all__ = ["PostgresStore"]
+import random
+from datetime import timedelta
+
+from fastlane.storage.postgres.connection import DEFAULT_LEASE_TTL
+from fastlane.storage.postgres.database import PostgresDatabase
+from fastlane.storage.store import SQLStore
+
+__all__ = ["PostgresDatabase", "PostgresStore"]
+
+
+class PostgresStore(SQLStore):
+    """The store on PostgreSQL through an asyncpg pool."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        shard_count: int,
+        pool_size: int = 10,
+        rng: random.Random | None = None,
+        lease_ttl: timedelta = DEFAULT_LEASE_TTL,
+    ) -> None:
+        """``lease_ttl`` is the nodes' shard lease TTL: the session limits of every connection
+        derive from it (see :class:`~fastlane.storage.postgres.connection.SessionLimits`)."""
+        super().__init__(PostgresDatabase(url, pool_size=pool_size, lease_ttl=lease_ttl, rng=rng),
+                         shard_count=shard_count, rng=rng)

@@ -16,24 +16,19 @@ from fastlane.errors import StorageUnavailable
 from fastlane.storage import common
 from fastlane.storage.driver_errors import POSTGRES_DRIVER_ERRORS, classify_postgres
 from fastlane.storage.postgres import queries
-from fastlane.storage.postgres.connection import PoolConnection, SessionLimits
+from fastlane.storage.postgres.connection import SessionLimits
 from fastlane.storage.postgres.hosts import HostRotation
+from fastlane.storage.postgres.tx import CHANGES_CHANNEL
 from fastlane.supervise import Backoff
 
 log = logging.getLogger("fastlane.storage.postgres")
 
-CHANGES_CHANNEL = "fastlane_changes"
 LISTENER_PING = 10.0  # seconds between liveness checks of the LISTEN connection
 LISTENER_BACKOFF = Backoff(first=0.1, cap=2.0)  # between attempts to LISTEN again
 
 
-async def notify(db: PoolConnection, change: Change) -> None:
-    """Tell every node of a change; PostgreSQL delivers it only if this transaction commits."""
-    await db.execute(queries.NOTIFY, CHANGES_CHANNEL, common.encode_change(change))
-
-
 class PostgresChanges:
-    """The change watch of :class:`~fastlane.storage.postgres.PostgresStore`."""
+    """The change watch of :class:`~fastlane.storage.postgres.database.PostgresDatabase`."""
 
     url: str
     _rng: random.Random

@@ -1,203 +1,24 @@
-"""The PostgreSQL dialect's named statements (statements only: the store shapes their parameters).
+"""The PostgreSQL dialect's own SQL: the store's statements are written in PostgreSQL's SQL
+already (:mod:`fastlane.storage.store.statements`); here are those of its procedures (``tx``), its
+migrations and its change notifications.
 
-Names match :mod:`fastlane.storage.sqlite.queries` wherever a statement does the same job, so
-the two dialects read side by side. Batches are set-based: one statement over ``unnest`` arrays
-per batch, never a statement per row. Leases are judged by ``clock_timestamp()`` (the database
-clock at the moment of the statement, not the start of the transaction).
-
-Queries over runs not yet ended say ``finished_at IS NULL`` as well as their states: the
-indexes of such runs are partial on it (schema version 13), and a planner uses a partial
-index only for a query that implies its predicate.
+Batches are set-based: one statement over ``unnest`` arrays per batch, never a statement per row.
+Leases are judged by ``clock_timestamp()`` (the database clock at the moment of the statement,
+not the start of the transaction).
 """
 
 from __future__ import annotations
 
-from fastlane.storage.sql import DUE_JOB_SCHEDULE
+from fastlane.storage.store.statements import FINAL, WITH_A_WORKER, Statements, compiled
 
-# -- lifecycle -------------------------------------------------------------------------------------
+STATEMENTS = compiled(Statements, lambda sql: sql)
 
-DB_NOW = "SELECT clock_timestamp()"
 LOCK_MIGRATIONS = "SELECT pg_advisory_xact_lock($1)"
-META_TABLE_EXISTS = "SELECT to_regclass('fastlane_meta') IS NOT NULL"
-SCHEMA_VERSION = "SELECT value FROM fastlane_meta WHERE key = 'schema_version'"
-SET_SCHEMA_VERSION = (
-    "INSERT INTO fastlane_meta VALUES ('schema_version', $1) "
-    "ON CONFLICT (key) DO UPDATE SET value = excluded.value"
-)
-INIT_SHARD_COUNT = "INSERT INTO fastlane_meta VALUES ('shard_count', $1) ON CONFLICT (key) DO NOTHING"
-SHARD_COUNT = "SELECT value FROM fastlane_meta WHERE key = 'shard_count'"
-CREATE_SHARDS = "INSERT INTO shards (shard_id) SELECT generate_series(0, $1 - 1) ON CONFLICT DO NOTHING"
-
-# -- changes ---------------------------------------------------------------------------------------
-
+MIGRATION_LOCK = 7_236_001  # pg_advisory_xact_lock key: one migrator at a time across nodes
 NOTIFY = "SELECT pg_notify($1, $2)"
 PING = "SELECT 1"
 
-# -- jobs ------------------------------------------------------------------------------------------
-
-INSERT_JOB = """
-    INSERT INTO jobs (job_id, tenant, name, job_type, shard_id, state, next_fire_at, priority,
-                      payload, policies, created_at, updated_at)
-    VALUES ($1, $2, $3, $4, $5, 'active', $6, $7, $8, $9::jsonb, $10, $10)
-    ON CONFLICT (tenant, name) DO NOTHING
-    RETURNING *
-"""
-JOB_BY_NAME = "SELECT * FROM jobs WHERE tenant = $1 AND name = $2"
-# Ids in [low, high): those starting with a prefix (common.id_prefix_range), through the primary key.
-JOBS_BY_ID_RANGE = "SELECT * FROM jobs WHERE job_id >= $1 AND job_id < $2 AND tenant = $3 ORDER BY job_id LIMIT $4"
-# Names in [low, high) in byte order ("C"), through jobs_by_name_bytes (migration 15): a locale's
-# collation would order "a-b" after "ab" and a prefix would not be one range of it.
-JOBS_BY_NAME_RANGE = (
-    'SELECT * FROM jobs WHERE tenant = $1 AND name COLLATE "C" >= $2 AND name COLLATE "C" < $3 '
-    'ORDER BY name COLLATE "C" LIMIT $4'
-)
-RUNS_BY_ID_RANGE = "SELECT * FROM runs WHERE run_id >= $1 AND run_id < $2 AND tenant = $3 ORDER BY run_id LIMIT $4"
-GET_JOB = "SELECT * FROM jobs WHERE job_id = $1 AND tenant = $2"
-LOCK_JOB = "SELECT * FROM jobs WHERE job_id = $1 AND tenant = $2 FOR UPDATE"
-LIST_JOBS = """
-    SELECT * FROM jobs
-    WHERE tenant = $1 AND job_id > $2
-      AND ($3::text IS NULL OR state = $3) AND ($4::text IS NULL OR job_type = $4)
-    ORDER BY job_id LIMIT $5
-"""
-UPDATE_JOB = """
-    UPDATE jobs SET job_type = $3, priority = $4, payload = $5, policies = $6::jsonb,
-                    next_fire_at = $7, state = $8, version = version + 1, updated_at = $9
-    WHERE job_id = $1 AND tenant = $2
-    RETURNING *
-"""
-SET_JOB_ASIDE = (
-    "UPDATE jobs SET state = $2, error = $3, version = version + 1, updated_at = clock_timestamp() "
-    "WHERE job_id = $1 RETURNING *"
-)
-COUNT_JOBS = "SELECT count(*) FROM jobs WHERE state = $1"
-CHANGE_JOB_STATE = (
-    "UPDATE jobs SET state = $2, error = NULL, version = version + 1, updated_at = clock_timestamp() "
-    "WHERE job_id = $1 RETURNING *"
-)
-DELETE_JOB = "DELETE FROM jobs WHERE job_id = $1 AND tenant = $2 RETURNING shard_id"
-CANCEL_RUNS_OF_DELETED_JOB = (
-    "UPDATE runs SET state = 'cancelled', finished_at = clock_timestamp(), updated_at = clock_timestamp(), "
-    "last_error = 'job deleted' WHERE job_id = $1 AND state IN ('scheduled', 'buffered') AND finished_at IS NULL"
-)
-
-# -- the fast lane ---------------------------------------------------------------------------------
-
-LOAD_DUE_JOBS = f"""
-    SELECT job_id, shard_id, next_fire_at,
-           {DUE_JOB_SCHEDULE.format(kind="policies->'schedule'->>'kind'", schedule="policies->'schedule'")},
-           policies->'misfire', job_type, tenant, priority
-    FROM jobs
-    WHERE state = 'active' AND shard_id = ANY($1::int[]) AND next_fire_at < $2
-      AND ($3::timestamptz IS NULL OR next_fire_at >= $3)
-      AND ($5::timestamptz IS NULL OR (next_fire_at, job_id) > ($5, $6))
-    ORDER BY next_fire_at, job_id LIMIT $4
-"""
-
-# Locks the fenced shard rows FOR KEY SHARE: a takeover (which locks the row FOR UPDATE) waits
-# for this transaction, so the fence holds until commit; the owner's own lease renewal (a plain
-# UPDATE, a weaker lock) does not, so renewals never queue behind data transactions.
-FENCE = """
-    SELECT s.shard_id FROM shards s
-    JOIN unnest($1::int[], $2::text[], $3::bigint[]) AS f(shard_id, owner, token)
-      ON s.shard_id = f.shard_id AND s.owner = f.owner AND s.token = f.token
-    WHERE s.lease_expires_at > clock_timestamp()
-    FOR KEY SHARE OF s
-"""
-
-ADVANCE_JOBS = """
-    UPDATE jobs j
-    SET next_fire_at = o.next_fire_at, updated_at = clock_timestamp(),
-        state = CASE WHEN o.next_fire_at IS NULL THEN 'completed' ELSE j.state END
-    FROM unnest($1::text[], $2::timestamptz[], $3::timestamptz[]) AS o(job_id, expected, next_fire_at)
-    WHERE j.job_id = o.job_id AND j.next_fire_at = o.expected
-      AND j.state = 'active' AND j.shard_id = ANY($4::int[])
-    RETURNING j.job_id, j.policies->>'overlap' AS overlap
-"""
-JOBS_BY_IDS = "SELECT * FROM jobs WHERE job_id = ANY($1::text[])"
-ACTIVE_RUNS_OF_JOBS = (
-    "SELECT job_id, run_id, state FROM runs WHERE job_id = ANY($1::text[]) AND finished_at IS NULL "
-    "AND state = ANY($2::text[]) FOR UPDATE"
-)
-CANCEL_FOR_OVERLAP = (
-    "UPDATE runs SET state = 'cancelled', finished_at = clock_timestamp(), updated_at = clock_timestamp(), "
-    "last_error = $2 WHERE run_id = ANY($1::text[]) RETURNING *"
-)
-REQUEST_CANCEL_FOR_OVERLAP = (
-    "UPDATE runs SET cancel_requested = true, last_error = $2, updated_at = clock_timestamp() "
-    "WHERE run_id = ANY($1::text[]) RETURNING *"
-)
-# One time for the statement (not clock_timestamp()): its runs share one created_at, held once in
-# memory (codec.build_runs).
-INSERT_RUNS = """
-    INSERT INTO runs (run_id, job_id, tenant, job_type, shard_id, scheduled_for, available_at, state,
-                      payload, priority, manual, delivery, lease_ttl_ms, timeout_ms, retry,
-                      created_at, updated_at, finished_at, last_error, concurrency_key, concurrency_limit)
-    SELECT o.run_id, j.job_id, j.tenant, j.job_type, j.shard_id, o.scheduled_for, o.scheduled_for,
-           o.state, j.payload, j.priority, false, j.policies->>'delivery',
-           ((j.policies->>'lease_ttl')::float8 * 1000)::bigint,
-           ((j.policies->>'timeout')::float8 * 1000)::bigint, j.policies->'retry',
-           statement_timestamp(), statement_timestamp(),
-           CASE WHEN o.state = 'skipped' THEN statement_timestamp() END, o.last_error,
-           j.policies->>'concurrency_key', (j.policies->>'concurrency_limit')::integer
-    FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::text[], $5::text[])
-         AS o(run_id, job_id, scheduled_for, state, last_error)
-    JOIN jobs j ON j.job_id = o.job_id
-    ON CONFLICT (job_id, scheduled_for, (CASE WHEN manual THEN run_id ELSE '' END)) DO NOTHING  -- runs_of_job
-    RETURNING *
-"""
-PENDING_RUN_IDS = (
-    "SELECT run_id FROM runs WHERE state = 'scheduled' AND shard_id = ANY($1::int[]) "
-    "AND finished_at IS NULL AND available_at < $2 ORDER BY available_at"
-)
-PENDING_RUNS = "SELECT * FROM runs WHERE run_id = ANY($1::text[]) AND state = 'scheduled'"
-EXPIRED_RUNS = (
-    "SELECT * FROM runs WHERE shard_id = $1 AND finished_at IS NULL AND state IN ('dispatched', 'running') "
-    "AND lease_expires_at < clock_timestamp() ORDER BY lease_expires_at FOR UPDATE SKIP LOCKED"
-)
-SHARDS_WITH_EXPIRED_LEASES = (
-    "SELECT DISTINCT shard_id FROM runs WHERE state IN ('dispatched', 'running') "
-    "AND shard_id = ANY($1::int[]) AND finished_at IS NULL AND lease_expires_at < clock_timestamp()"
-)
-# Microseconds until the earliest attempt lease of these shards runs out (negative: already out).
-NEXT_LEASE_EXPIRY = (
-    "SELECT (extract(epoch FROM min(lease_expires_at) - clock_timestamp()) * 1000000)::bigint FROM runs "
-    "WHERE state IN ('dispatched', 'running') AND shard_id = ANY($1::int[]) AND finished_at IS NULL"
-)
-
-# -- runs ------------------------------------------------------------------------------------------
-
-JOB_OF_TENANT = "SELECT job_id FROM jobs WHERE job_id = $1 AND tenant = $2"
-INSERT_MANUAL_RUN = """
-    INSERT INTO runs (run_id, job_id, tenant, job_type, shard_id, scheduled_for, available_at, state,
-                      payload, priority, manual, delivery, lease_ttl_ms, timeout_ms, retry,
-                      created_at, updated_at, concurrency_key, concurrency_limit)
-    SELECT $1, j.job_id, j.tenant, j.job_type, j.shard_id, clock_timestamp(), clock_timestamp(),
-           'scheduled', j.payload, j.priority, true, j.policies->>'delivery',
-           ((j.policies->>'lease_ttl')::float8 * 1000)::bigint,
-           ((j.policies->>'timeout')::float8 * 1000)::bigint, j.policies->'retry',
-           clock_timestamp(), clock_timestamp(),
-           j.policies->>'concurrency_key', (j.policies->>'concurrency_limit')::integer
-    FROM jobs j WHERE j.job_id = $2
-    RETURNING *
-"""
-GET_RUN = "SELECT * FROM runs WHERE run_id = $1 AND tenant = $2"
-LOCK_RUN = "SELECT * FROM runs WHERE run_id = $1 AND tenant = $2 FOR UPDATE"
-RUN_STATE = "SELECT state FROM runs WHERE run_id = $1 AND tenant = $2 FOR UPDATE"
-REQUEST_CANCEL = (
-    "UPDATE runs SET cancel_requested = true, updated_at = clock_timestamp() WHERE run_id = $1 "
-    "RETURNING *"
-)
-CANCEL_RUN = (
-    "UPDATE runs SET state = 'cancelled', finished_at = clock_timestamp(), updated_at = clock_timestamp(), "
-    "last_error = $2 WHERE run_id = $1 RETURNING *"
-)
-RETRY_RUN = (
-    "UPDATE runs SET state = 'scheduled', available_at = clock_timestamp(), finished_at = NULL, "
-    "cancel_requested = false, updated_at = clock_timestamp() WHERE run_id = $1 RETURNING *"
-)
-# The runs dispatched and their attempts inserted in one statement (SQLite: DISPATCH_RUNS, then
-# INSERT_ATTEMPTS).
+# The runs dispatched and their attempts inserted in one statement.
 DISPATCH_RUNS = """
     WITH started AS (
         UPDATE runs r
@@ -214,21 +35,14 @@ DISPATCH_RUNS = """
     SELECT run_id, attempts, lease_token, worker_id, node_id, 'pending', dispatched_at FROM started
     RETURNING *
 """
-# Capped dispatches (Store.record_capped_dispatches): a transaction-scoped lock per key, taken in
-# sorted order (PostgreSQL evaluates the volatile lock function after the sort), then the count.
+# Capped dispatches: a transaction-scoped lock per key, taken in sorted order (PostgreSQL
+# evaluates the volatile lock function after the sort), then the count.
 KEY_LOCK_SPACE = 7_236_002  # the first key of pg_advisory_xact_lock(int, int); the migrator uses 7_236_001
 LOCK_CONCURRENCY_KEYS = (
     f"SELECT pg_advisory_xact_lock({KEY_LOCK_SPACE}, hashtext(k.tenant || chr(31) || k.key)) "
     "FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS k(tenant, key, position) ORDER BY k.position"
 )
-SCHEDULED_AMONG = "SELECT run_id FROM runs WHERE run_id = ANY($1::text[]) AND state = 'scheduled'"
-COUNT_ACTIVE_BY_KEY = """
-    SELECT r.tenant, r.concurrency_key, count(*) AS active FROM runs r
-    JOIN unnest($1::text[], $2::text[]) AS k(tenant, key) ON r.tenant = k.tenant AND r.concurrency_key = k.key
-    WHERE r.concurrency_key IS NOT NULL AND r.finished_at IS NULL AND r.state IN ('dispatched', 'running')
-    GROUP BY r.tenant, r.concurrency_key
-"""
-EXTEND_LEASES = """
+EXTEND_LEASES = f"""
     UPDATE runs r
     SET lease_expires_at = clock_timestamp() + r.lease_ttl_ms * interval '1 millisecond',
         progress = coalesce(h.progress, r.progress),
@@ -237,24 +51,18 @@ EXTEND_LEASES = """
         updated_at = clock_timestamp()
     FROM unnest($1::text[], $2::bigint[], $3::real[], $4::bytea[], $5::bool[])
          AS h(run_id, lease_token, progress, checkpoint, started)
-    WHERE r.run_id = h.run_id AND r.lease_token = h.lease_token AND r.state IN ('dispatched', 'running')
-    RETURNING r.run_id, h.started, r.lease_token
+    WHERE r.run_id = h.run_id AND r.lease_token = h.lease_token AND r.state IN ({WITH_A_WORKER})
+    RETURNING r.run_id, r.lease_token
 """
-MARK_ATTEMPTS_STARTED = (
-    "UPDATE attempts a SET started_at = coalesce(a.started_at, clock_timestamp()) "
-    "FROM unnest($1::text[], $2::bigint[]) AS s(run_id, lease_token) "
-    "WHERE a.run_id = s.run_id AND a.lease_token = s.lease_token"
-)
-
 # Successes of current attempts, set-wise: the runs end succeeded, then their attempts say so.
 # A success whose attempt is no longer current matches nothing here and is decided in Python.
 # (Two statements: joining the attempts to the first one's output inside one query lets the
 # planner pick a nested loop over unindexed sets, quadratic in the batch.)
-SUCCEED_RUNS = """
+SUCCEED_RUNS = f"""
     UPDATE runs r SET state = 'succeeded', finished_at = clock_timestamp(), last_error = NULL,
                       lease_token = NULL, lease_expires_at = NULL, updated_at = clock_timestamp()
     FROM unnest($1::text[], $2::bigint[]) AS u(run_id, lease_token)
-    WHERE r.run_id = u.run_id AND r.lease_token = u.lease_token AND r.state IN ('dispatched', 'running')
+    WHERE r.run_id = u.run_id AND r.lease_token = u.lease_token AND r.state IN ({WITH_A_WORKER})
     RETURNING r.*, u.lease_token AS attempt_token
 """
 # Found by primary key: the attempt number is the run's count of attempts, as the dispatch that
@@ -281,195 +89,25 @@ SUCCEED_ATTEMPTS_BY_TOKEN = """
          AS s(run_id, lease_token, error_code, error_message, started_at, finished_at)
     WHERE a.run_id = s.run_id AND a.lease_token = s.lease_token
 """
-RESULT_RUNS = "SELECT * FROM runs WHERE run_id = ANY($1::text[]) ORDER BY run_id FOR UPDATE"
-APPLY_RUN_RESULTS = """
-    UPDATE runs r SET state = u.state, available_at = u.available_at, finished_at = u.finished_at,
-                      last_error = u.last_error, lease_token = NULL, lease_expires_at = NULL,
-                      updated_at = clock_timestamp()
-    FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::timestamptz[], $5::text[])
-         AS u(run_id, state, available_at, finished_at, last_error)
-    WHERE r.run_id = u.run_id
-"""
-APPLY_ATTEMPT_RESULTS = """
-    UPDATE attempts a SET outcome = u.outcome, error_code = u.error_code, error_message = u.error_message,
-                          error_traceback = u.error_traceback,
-                          started_at = coalesce(u.started_at, a.started_at), finished_at = u.finished_at
-    FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::timestamptz[],
-                $7::timestamptz[], $8::text[])
-         AS u(run_id, lease_token, outcome, error_code, error_message, started_at, finished_at, error_traceback)
-    WHERE a.run_id = u.run_id AND a.lease_token = u.lease_token
-      AND (a.outcome IN ('pending', 'lease_expired') OR u.outcome <> 'superseded')
-"""
-# The oldest buffered run of each job that has no other active run left.
-RELEASE_BUFFERED = """
-    UPDATE runs SET state = 'scheduled', available_at = clock_timestamp(), updated_at = clock_timestamp()
-    WHERE state = 'buffered' AND job_id = ANY($1::text[]) AND finished_at IS NULL
-      AND scheduled_for = (SELECT min(b.scheduled_for) FROM runs b
-                           WHERE b.job_id = runs.job_id AND b.finished_at IS NULL AND b.state = 'buffered')
-      AND NOT EXISTS (SELECT 1 FROM runs a WHERE a.job_id = runs.job_id AND a.finished_at IS NULL
-                      AND a.state IN ('scheduled', 'dispatched', 'running'))
-    RETURNING *
-"""
-# With when its first attempt started (its handler was entered), for the start lag `runs list` shows.
-LIST_RUNS = """
-    SELECT runs.*, (SELECT a.started_at FROM attempts a WHERE a.run_id = runs.run_id AND a.started_at IS NOT NULL
-                    ORDER BY a.attempt LIMIT 1) AS first_started_at
-    FROM runs
-    WHERE tenant = $1 AND ($2::text IS NULL OR job_id = $2)
-      AND (cardinality($3::text[]) = 0 OR state = ANY($3::text[]))
-      AND ($4::timestamptz IS NULL OR (scheduled_for, run_id) < ($4, $5))
-    ORDER BY scheduled_for DESC, run_id DESC LIMIT $6
-"""
-LIST_ATTEMPTS = "SELECT * FROM attempts WHERE run_id = $1 ORDER BY attempt"
-# Late reports (fastlane.storage.late_reports): which attempts of these runs have rows, the rows
-# made from the reports, and what they change on their runs and on the runs' other attempts.
-ATTEMPT_KEYS = "SELECT run_id, lease_token FROM attempts WHERE run_id = ANY($1::text[])"
-INSERT_LATE_ATTEMPT = """
-    INSERT INTO attempts (run_id, attempt, lease_token, worker_id, node_id, outcome, dispatched_at, started_at,
-                          finished_at, error_code, error_message, error_traceback, reported_late)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, true)
-"""
-COUNT_LATE_ATTEMPT = """
-    UPDATE runs SET attempts = greatest(attempts, $1), first_attempt_at = coalesce(first_attempt_at, $2),
-                    updated_at = clock_timestamp()
-    WHERE run_id = $3
-"""
-MARK_REDELIVERIES = """
-    UPDATE attempts SET redelivery = true
-    WHERE run_id = $1 AND attempt <> $2 AND NOT reported_late AND (finished_at IS NULL OR finished_at >= $3)
-"""
-
-# -- shards ----------------------------------------------------------------------------------------
-
-# A shard token acquired on timeline t is at least (t - 1) << 32: tokens handed out after a
-# promotion never equal one handed out before it, even when the standby lost the commit of that
-# older token's bump (see server_identity). Timeline 1 adds nothing; 2^31 timelines fit a bigint.
-TOKEN_FLOOR = "((('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint - 1) << 32)"
-
-# Free and expired shards whose rows nobody has locked: nodes acquiring at once split them
-# instead of queueing for one another (SKIP LOCKED).
-ACQUIRE_SHARDS = f"""
-    UPDATE shards SET owner = $1, token = GREATEST(token + 1, {TOKEN_FLOOR}),
-                      lease_expires_at = clock_timestamp() + $2 * interval '1 microsecond'
-    WHERE shard_id IN (
-        SELECT shard_id FROM shards
-        WHERE (owner = '' OR lease_expires_at IS NULL OR lease_expires_at <= clock_timestamp())
-          AND ($4::int[] IS NULL OR shard_id = ANY($4::int[]))
-        ORDER BY shard_id LIMIT $3
-        FOR UPDATE SKIP LOCKED
-    )
-    RETURNING *
-"""
-# Expired shards, waiting (up to lock_timeout) for a row still locked, typically by the FENCE of
-# a transaction its old owner opened before its lease ran out. Rows are locked in shard order; a
-# row taken meanwhile by another node fails the recheck of the lease after the wait and is left.
-ACQUIRE_EXPIRED_SHARDS = f"""
-    UPDATE shards SET owner = $1, token = GREATEST(token + 1, {TOKEN_FLOOR}),
-                      lease_expires_at = clock_timestamp() + $2 * interval '1 microsecond'
-    WHERE shard_id IN (
-        SELECT shard_id FROM shards
-        WHERE owner <> '' AND lease_expires_at <= clock_timestamp()
-          AND ($4::int[] IS NULL OR shard_id = ANY($4::int[]))
-        ORDER BY shard_id LIMIT $3
-        FOR UPDATE
-    )
-    RETURNING *
-"""
-RENEW_SHARDS = """
-    UPDATE shards s SET lease_expires_at = clock_timestamp() + $4 * interval '1 microsecond'
-    FROM unnest($1::int[], $2::bigint[]) AS l(shard_id, token)
-    WHERE s.shard_id = l.shard_id AND s.token = l.token AND s.owner = $3
-      AND s.lease_expires_at > clock_timestamp()
-    RETURNING s.*
-"""
-RELEASE_SHARDS = """
-    UPDATE shards s SET owner = '', lease_expires_at = NULL
-    FROM unnest($1::int[], $2::bigint[]) AS l(shard_id, token)
-    WHERE s.shard_id = l.shard_id AND s.token = l.token AND s.owner = $3
-"""
-LIST_SHARDS = "SELECT * FROM shards ORDER BY shard_id"
-
-# -- membership ------------------------------------------------------------------------------------
-
-# Returns whether the node joined (inserted) rather than beat again (updated).
-HEARTBEAT_NODE = """
-    INSERT INTO nodes (node_id, address, started_at, heartbeat_at, clock_offset_ms, shards_owned,
-                       workers, eligible, note)
-    VALUES ($1, $2, clock_timestamp(), clock_timestamp(), $3, $4, $5, $6, $7)
-    ON CONFLICT (node_id) DO UPDATE
-    SET address = excluded.address, heartbeat_at = excluded.heartbeat_at,
-        clock_offset_ms = excluded.clock_offset_ms, shards_owned = excluded.shards_owned,
-        workers = excluded.workers, eligible = excluded.eligible, note = excluded.note
-    RETURNING xmax = 0
-"""
-LIVE_NODES = (
-    "SELECT * FROM nodes WHERE heartbeat_at > clock_timestamp() - $1 * interval '1 microsecond' "
-    "ORDER BY node_id"
+# Why batches of deletes and not time partitions of run history (dropping a partition is cheaper
+# still): a run is found by its id on every result, heartbeat and ``runs get``, and a partition key
+# would have to join that key; and a partition old enough to drop may still hold a run that is not
+# finished (retrying for days, or held by a paused job), which must be kept. The deletes walk the
+# ``runs_finished`` index from its old end, skip rows another trimmer holds, and take one small
+# transaction per batch, so the fire path's writes never wait long behind them (see ``fastlane
+# bench retention``). At the rates where deleting costs what writing did, partitions would pay,
+# with runs that outlive their partition moved out before it is dropped.
+TRIM_HISTORY = f"""
+WITH doomed AS (
+    SELECT run_id FROM runs
+    WHERE finished_at < $1 AND shard_id = ANY($2::integer[]) AND state IN ({FINAL})
+    ORDER BY finished_at
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+), attempts_gone AS (
+    DELETE FROM attempts a USING doomed d WHERE a.run_id = d.run_id
+), runs_gone AS (
+    DELETE FROM runs r USING doomed d WHERE r.run_id = d.run_id RETURNING 1
 )
-REMOVE_NODE = "DELETE FROM nodes WHERE node_id = $1"
-LIST_NODES = "SELECT * FROM nodes ORDER BY node_id"
-
-# -- API tokens ------------------------------------------------------------------------------------
-
-# created_at is the database clock's; a new token starts unrevoked and unused, whatever its record says.
-INSERT_TOKEN = """
-    INSERT INTO api_tokens (token_id, tenant, role, name, secret_hash, created_at, expires_at)
-    VALUES ($1, $2, $3, $4, $5, clock_timestamp(), $6)
-    ON CONFLICT (token_id) DO NOTHING
-    RETURNING *
+SELECT count(*) FROM runs_gone
 """
-GET_TOKEN = "SELECT * FROM api_tokens WHERE token_id = $1"
-LIST_TOKENS = "SELECT * FROM api_tokens WHERE ($1::text IS NULL OR tenant = $1) ORDER BY created_at, token_id"
-# coalesce: revoking again keeps the first time. A token of another tenant is left alone and
-# returns no row, exactly as an unknown one does.
-REVOKE_TOKEN = """
-    UPDATE api_tokens SET revoked_at = coalesce(revoked_at, clock_timestamp())
-    WHERE token_id = $1 AND ($2::text IS NULL OR tenant = $2)
-    RETURNING *
-"""
-# Only rows whose time moves forward are written: a node reporting late never moves it back.
-TOUCH_TOKENS = """
-    UPDATE api_tokens t SET last_used_at = u.used_at
-    FROM unnest($1::text[], $2::timestamptz[]) AS u(token_id, used_at)
-    WHERE t.token_id = u.token_id AND (t.last_used_at IS NULL OR t.last_used_at < u.used_at)
-"""
-
-# -- the audit trail -------------------------------------------------------------------------------
-
-# A batch in its order (WITH ORDINALITY), so event ids follow it; at is the database clock's.
-INSERT_AUDIT_EVENTS = """
-    INSERT INTO audit_events (tenant, at, action, target_kind, target_id, job_id, token_id, actor, detail)
-    SELECT e.tenant, clock_timestamp(), e.action, e.target_kind, e.target_id, e.job_id, e.token_id, e.actor, e.detail
-    FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[])
-         WITH ORDINALITY AS e(tenant, action, target_kind, target_id, job_id, token_id, actor, detail, position)
-    ORDER BY e.position
-"""
-# A job's history: its own events and its runs' (they carry its id), newest first.
-LIST_JOB_AUDIT = """
-    SELECT * FROM audit_events WHERE tenant = $1 AND job_id = $2
-    ORDER BY at DESC, event_id DESC LIMIT $3
-"""
-LIST_RUN_AUDIT = """
-    SELECT * FROM audit_events WHERE tenant = $1 AND target_kind = 'run' AND target_id = $2
-    ORDER BY at DESC, event_id DESC LIMIT $3
-"""
-
-# -- tenant quotas ---------------------------------------------------------------------------------
-
-COUNT_TENANT_JOBS = "SELECT count(*) FROM jobs WHERE tenant = $1"  # jobs_by_tenant
-# runs_unfinished_by_tenant: a tenant's runs not ended.
-COUNT_WAITING_RUNS = """
-    SELECT count(*) FROM runs
-    WHERE tenant = $1 AND finished_at IS NULL AND state = 'scheduled' AND available_at <= clock_timestamp()
-"""
-LIST_QUOTA_OVERRIDES = "SELECT tenant, max_jobs, job_creations_per_second, max_waiting_runs FROM tenant_quotas"
-SET_QUOTA_OVERRIDE = """
-    INSERT INTO tenant_quotas (tenant, max_jobs, job_creations_per_second, max_waiting_runs, updated_at)
-    VALUES ($1, $2, $3, $4, clock_timestamp())
-    ON CONFLICT (tenant) DO UPDATE SET max_jobs = excluded.max_jobs,
-        job_creations_per_second = excluded.job_creations_per_second,
-        max_waiting_runs = excluded.max_waiting_runs, updated_at = excluded.updated_at
-"""
-DELETE_QUOTA_OVERRIDE = "DELETE FROM tenant_quotas WHERE tenant = $1"
-# A workflow step's output, kept for the steps after it (only results that carry one).
-SET_OUTPUT = "UPDATE runs SET output = $2 WHERE run_id = $1 AND workflow_run_id IS NOT NULL"

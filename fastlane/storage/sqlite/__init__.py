@@ -1,11 +1,23 @@
 """The SQLite backend (aiosqlite, WAL): the embedded default for a single node.
 
-``store`` holds :class:`SQLiteStore` (lifecycle and jobs), built from the mixins of ``lane`` (the
-fast lane), ``runs``, ``shards`` (leases and membership), ``tokens`` (API tokens) and ``audit``
-(the audit trail) over ``connection``; ``queries`` holds the dialect's named SQL, under the same names as the
-PostgreSQL backend's.
+Only what SQLite does differently from the one store (:mod:`fastlane.storage.store`): its
+connections (``connection``: a serialised writer and a reader, write faults named), its
+transactions (``tx``), and its SQL (``queries``: the store's statements translated, a few written
+out). Instants are stored as integer microseconds since the Unix epoch, UTC.
 """
 
-from fastlane.storage.sqlite.store import SQLiteStore
+from __future__ import annotations
 
-__all__ = ["SQLiteStore"]
+import random
+
+from fastlane.storage.sqlite.database import SQLiteDatabase
+from fastlane.storage.store import SQLStore
+
+__all__ = ["SQLiteDatabase", "SQLiteStore"]
+
+
+class SQLiteStore(SQLStore):
+    """The store on one SQLite file."""
+
+    def __init__(self, url: str, *, shard_count: int, rng: random.Random | None = None) -> None:
+        super().__init__(SQLiteDatabase(url), shard_count=shard_count, rng=rng)

@@ -1,9 +1,8 @@
-"""The PostgreSQL store's fast lane: the due-job window, fenced materialisation, pending runs
-and expired attempt leases."""
+"""The store's fast lane: the due-job window, fenced materialisation, pending runs and expired
+attempt leases."""
 
 from __future__ import annotations
 
-import random
 from collections.abc import Collection, Container, Sequence
 from datetime import datetime, timedelta
 
@@ -12,17 +11,13 @@ from fastlane.domain.records import Occurrence
 from fastlane.domain.transitions import OVERLAP_CANCELLED
 from fastlane.errors import StaleFence
 from fastlane.storage import codec, common
-from fastlane.storage.postgres import queries
-from fastlane.storage.postgres.connection import PoolConnection, PostgresConnections
-from fastlane.storage.postgres.runs import apply_results
 from fastlane.storage.results import Materialised
+from fastlane.storage.store.attempts import apply_results
+from fastlane.storage.store.database import Batch, StorePart, Tx
+from fastlane.storage.store.statements import Statements
 
 
-class PostgresLane(PostgresConnections):
-    """Fast-lane methods of :class:`~fastlane.storage.postgres.PostgresStore`."""
-
-    _rng: random.Random
-
+class LaneMethods(StorePart):
     async def load_due_jobs(
         self,
         shard_ids: Collection[int],
@@ -34,45 +29,37 @@ class PostgresLane(PostgresConnections):
     ) -> list[DueJob]:
         after_time, after_id = after_job or (None, "")
         jobs: list[DueJob] = []
-        async with self._transaction() as db:  # a cursor lives in a transaction
-            cursor = await db.cursor(
-                queries.LOAD_DUE_JOBS, list(shard_ids), before, at_or_after, limit, after_time, after_id
-            )
-            while rows := await cursor.fetch(common.DUE_JOBS_CHUNK):
+        async with self._db.read() as tx:
+            chunks = tx.stream(self._q.LOAD_DUE_JOBS, list(shard_ids), before, at_or_after, limit, after_time,
+                               after_id, chunk=common.DUE_JOBS_CHUNK)
+            async for rows in chunks:
                 jobs += [codec.build_due_job(*row) for row in rows]
         return jobs
 
     async def materialise_runs(self, fences: Sequence[ShardLease], occurrences: Sequence[Occurrence]) -> Materialised:
-        async with self._transaction() as db:
-            await check_fences(db, fences)
-            advanced = await db.fetch(
-                queries.ADVANCE_JOBS,
-                [o.job_id for o in occurrences],
-                [o.expected_next_fire_at for o in occurrences],
-                [o.next_fire_at for o in occurrences],
+        q = self._q
+        async with self._db.write() as tx:
+            await check_fences(tx, q, fences)
+            advanced = await tx.fetch(
+                q.ADVANCE_JOBS,
+                Batch(((o.job_id, o.expected_next_fire_at, o.next_fire_at) for o in occurrences), 3),
                 [fence.shard_id for fence in fences],
             )
             overlap_of = {row["job_id"]: row["overlap"] for row in advanced}
             changed = [
                 codec.build_job(row)
-                for row in await db.fetch(
-                    queries.JOBS_BY_IDS, [o.job_id for o in occurrences if o.job_id not in overlap_of]
-                )
+                for row in await tx.fetch(q.JOBS_BY_IDS, [o.job_id for o in occurrences if o.job_id not in overlap_of])
             ] if len(overlap_of) < len(occurrences) else []
             guarded = [job_id for job_id, policy in overlap_of.items() if policy != "allow"]
-            active = []
-            if guarded:
-                active = await db.fetch(queries.ACTIVE_RUNS_OF_JOBS, guarded, list(common.ACTIVE_STATES))
+            active = await tx.fetch(q.ACTIVE_RUNS_OF_JOBS, guarded) if guarded else []
             plan = common.plan_materialisation(
                 occurrences, overlap_of, [(r["job_id"], r["run_id"], r["state"]) for r in active]
             )
-            cancelling = await cancel_for_overlap(db, plan)
+            cancelling = await _cancel_for_overlap(tx, q, plan)
             if not plan.rows:
                 return Materialised(runs=[], advanced=frozenset(overlap_of), cancelling=cancelling, changed=changed)
-            rows = await db.fetch(
-                queries.INSERT_RUNS,
-                [r.run_id for r in plan.rows], [r.job_id for r in plan.rows], [r.scheduled_for for r in plan.rows],
-                [r.state for r in plan.rows], [r.last_error for r in plan.rows],
+            rows = await tx.fetch(
+                q.INSERT_RUNS, Batch(((r.run_id, r.job_id, r.scheduled_for, r.state, r.last_error) for r in plan.rows), 5)
             )
         runs = codec.build_runs(rows, job_ids=(o.job_id for o in occurrences))
         return Materialised(runs=common.scheduled_in_order(runs), advanced=frozenset(overlap_of),
@@ -81,55 +68,51 @@ class PostgresLane(PostgresConnections):
     async def pending_runs(
         self, shard_ids: Collection[int], before: datetime, *, skip: Container[str] = frozenset()
     ) -> list[Run]:
-        async with self._connection() as db:
-            ids = await db.fetch(queries.PENDING_RUN_IDS, list(shard_ids), before)
-            wanted = [run_id for (run_id,) in ids if run_id not in skip]
+        async with self._db.read() as tx:
+            ids = await tx.fetch(self._q.PENDING_RUN_IDS, list(shard_ids), before)
+            wanted = [row["run_id"] for row in ids if row["run_id"] not in skip]
             runs: list[Run] = []
             for chunk in common.chunks(wanted, common.PENDING_CHUNK):
                 # Built chunk by chunk: the next query lets the event loop run between them.
-                runs += codec.build_runs(await db.fetch(queries.PENDING_RUNS, chunk))
+                runs += codec.build_runs(await tx.fetch(self._q.PENDING_RUNS, list(chunk)))
         return sorted(runs, key=lambda run: run.available_at)
 
     async def requeue_expired(self, fence: ShardLease) -> list[Run]:
-        async with self._transaction() as db:
-            await check_fences(db, [fence])
-            rows = await db.fetch(queries.EXPIRED_RUNS, fence.shard_id)
+        async with self._db.write() as tx:
+            await check_fences(tx, self._q, [fence])
+            rows = await tx.fetch(self._q.EXPIRED_RUNS, fence.shard_id)
             if not rows:
                 return []
-            now = await db.fetchval(queries.DB_NOW)
+            now = await tx.now()
             expired = [codec.build_run(row) for row in rows]
             results = common.lease_expired_results(expired, now)
-            outcomes = await apply_results(db, {run.run_id: run for run in expired}, results, now, self._rng)
+            outcomes = await apply_results(tx, self._q, {run.run_id: run for run in expired}, results, now, self._rng)
         return common.rescheduled_runs(outcomes)
 
     async def shards_with_expired_leases(self, shard_ids: Collection[int]) -> list[int]:
-        async with self._connection() as db:
-            rows = await db.fetch(queries.SHARDS_WITH_EXPIRED_LEASES, list(shard_ids))
+        async with self._db.read() as tx:
+            rows = await tx.fetch(self._q.SHARDS_WITH_EXPIRED_LEASES, list(shard_ids))
         return sorted(row["shard_id"] for row in rows)
 
     async def next_lease_expiry(self, shard_ids: Collection[int]) -> timedelta | None:
-        async with self._connection() as db:
-            remaining = await db.fetchval(queries.NEXT_LEASE_EXPIRY, list(shard_ids))
+        async with self._db.read() as tx:
+            remaining = await tx.fetchval(self._q.NEXT_LEASE_EXPIRY, list(shard_ids))
         return None if remaining is None else timedelta(microseconds=remaining)
 
 
-async def check_fences(db: PoolConnection, fences: Sequence[ShardLease]) -> None:
+async def check_fences(tx: Tx, q: Statements, fences: Sequence[ShardLease]) -> None:
     """Raise :class:`~fastlane.errors.StaleFence` unless every lease is still held (see ``FENCE``)."""
-    held = {
-        row["shard_id"]
-        for row in await db.fetch(
-            queries.FENCE, [f.shard_id for f in fences], [f.owner for f in fences], [f.token for f in fences]
-        )
-    }
+    rows = await tx.fetch(q.FENCE, Batch(((f.shard_id, f.owner, f.token) for f in fences), 3))
+    held = {row["shard_id"] for row in rows}
     for fence in fences:
         if fence.shard_id not in held:
             raise StaleFence(fence.shard_id, fence.owner, fence.token)
 
 
-async def cancel_for_overlap(db: PoolConnection, plan: common.MaterialisationPlan) -> list[Run]:
+async def _cancel_for_overlap(tx: Tx, q: Statements, plan: common.MaterialisationPlan) -> list[Run]:
     rows = []
     if plan.cancel_now:
-        rows += await db.fetch(queries.CANCEL_FOR_OVERLAP, plan.cancel_now, OVERLAP_CANCELLED)
+        rows += await tx.fetch(q.CANCEL_FOR_OVERLAP, plan.cancel_now, OVERLAP_CANCELLED)
     if plan.cancel_requested:
-        rows += await db.fetch(queries.REQUEST_CANCEL_FOR_OVERLAP, plan.cancel_requested, OVERLAP_CANCELLED)
+        rows += await tx.fetch(q.REQUEST_CANCEL_FOR_OVERLAP, plan.cancel_requested, OVERLAP_CANCELLED)
     return [codec.build_run(row) for row in rows]

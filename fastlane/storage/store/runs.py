@@ -1,0 +1,112 @@
+"""The store's runs: manual runs, cancel and retry, and the reads of run history."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from fastlane.clock import from_micros
+from fastlane.domain.models import Attempt, Job, Run, RunState, new_id
+from fastlane.domain.records import Change, ChangeKind, Page
+from fastlane.domain.transitions import CANCELLED_BY_REQUEST
+from fastlane.errors import InvalidState, JobNotFound, RunNotFound
+from fastlane.storage import codec, common
+from fastlane.storage.results import Cancellation
+from fastlane.storage.store.attempts import release_buffered
+from fastlane.storage.store.database import StorePart
+
+
+class RunMethods(StorePart):
+    async def create_manual_run(self, tenant: str, job_id: str) -> Run:
+        async with self._db.write() as tx:
+            row = await tx.fetchrow(self._q.INSERT_MANUAL_RUN, new_id(), job_id, tenant)
+            if row is None:
+                raise JobNotFound(job_id)
+            run = codec.build_run(row)
+            await tx.notify(Change(ChangeKind.RUN, run.shard_id, run.tenant, run.run_id))
+        return run
+
+    async def cancel_run(self, tenant: str, run_id: str) -> Cancellation:
+        async with self._db.write() as tx:
+            row = await tx.fetchrow(self._q.LOCK_RUN, run_id, tenant)
+            if row is None:
+                raise RunNotFound(run_id)
+            run = codec.build_run(row)
+            if run.state is RunState.CANCELLED or (run.cancel_requested and run.state in common.WITH_A_WORKER):
+                return Cancellation(run=run, already=True)
+            if run.state in common.WITH_A_WORKER:
+                row = await tx.fetchrow(self._q.REQUEST_CANCEL, run_id)
+                assert row is not None, "LOCK_RUN holds the run (its row lock, or the one writer)"
+                await tx.notify(Change(ChangeKind.RUN, run.shard_id, tenant, run_id))
+                return Cancellation(run=codec.build_run(row))
+            if run.state not in (RunState.SCHEDULED, RunState.BUFFERED):
+                raise InvalidState("run", run_id, run.state.value, "cancel")
+            row = await tx.fetchrow(self._q.CANCEL_RUN, run_id, CANCELLED_BY_REQUEST)
+            assert row is not None, "LOCK_RUN holds the run (its row lock, or the one writer)"
+            released = await release_buffered(tx, self._q, [run.job_id])
+            await tx.notify(Change(ChangeKind.RUN, run.shard_id, tenant, run_id))
+            for other in released:
+                await tx.notify(Change(ChangeKind.RUN, other.shard_id, other.tenant, other.run_id))
+        return Cancellation(run=codec.build_run(row), released=released)
+
+    async def retry_run(self, tenant: str, run_id: str) -> Run:
+        async with self._db.write() as tx:
+            row = await tx.fetchrow(self._q.RUN_STATE, run_id, tenant)
+            if row is None:
+                raise RunNotFound(run_id)
+            if row["state"] not in ("dead", "lost"):
+                raise InvalidState("run", run_id, row["state"], "retry (only dead or lost runs can be replayed)")
+            row = await tx.fetchrow(self._q.RETRY_RUN, run_id)
+            assert row is not None, "RUN_STATE holds the run (its row lock, or the one writer)"
+            run = codec.build_run(row)
+            await tx.notify(Change(ChangeKind.RUN, run.shard_id, run.tenant, run.run_id))
+        return run
+
+    async def get_run(self, tenant: str, run_id: str) -> Run:
+        async with self._db.read() as tx:
+            row = await tx.fetchrow(self._q.GET_RUN, run_id, tenant)
+        if row is None:
+            raise RunNotFound(run_id)
+        return codec.build_run(row)
+
+    async def list_runs(
+        self,
+        tenant: str,
+        *,
+        job_id: str | None = None,
+        states: Collection[RunState] = (),
+        limit: int = 100,
+        page_token: str = "",
+    ) -> Page[Run]:
+        before_time, before_id = None, ""
+        if page_token:
+            micros, before_id = codec.decode_page_token(page_token, int, str)
+            before_time = from_micros(micros)
+        async with self._db.read() as tx:
+            rows = await tx.fetch(
+                self._q.LIST_RUNS,
+                tenant, job_id, [s.value for s in states], before_time, before_id, common.page_limit(limit) + 1,
+            )
+        return common.page_of([codec.build_listed_run(row) for row in rows], limit, common.run_page_key)
+
+    async def runs_by_id_prefix(self, tenant: str, prefix: str, limit: int) -> list[Run]:
+        low, high = common.id_prefix_range(prefix)
+        async with self._db.read() as tx:
+            rows = await tx.fetch(self._q.RUNS_BY_ID_RANGE, low, high, tenant, common.page_limit(limit))
+        return common.with_id_prefix([codec.build_run(row) for row in rows], prefix, lambda run: run.run_id).items
+
+    async def jobs_by_id_prefix(self, tenant: str, prefix: str, limit: int) -> list[Job]:
+        low, high = common.id_prefix_range(prefix)
+        async with self._db.read() as tx:
+            rows = await tx.fetch(self._q.JOBS_BY_ID_RANGE, low, high, tenant, common.page_limit(limit))
+        return common.with_id_prefix([codec.build_job(row) for row in rows], prefix, lambda job: job.job_id).items
+
+    async def jobs_by_name_prefix(self, tenant: str, prefix: str, limit: int) -> list[Job]:
+        low, high = common.id_prefix_range(prefix)
+        async with self._db.read() as tx:
+            rows = await tx.fetch(self._q.JOBS_BY_NAME_RANGE, tenant, low, high, common.page_limit(limit))
+        return common.with_id_prefix([codec.build_job(row) for row in rows], prefix, lambda job: job.name).items
+
+    async def list_attempts(self, run_id: str) -> list[Attempt]:
+        async with self._db.read() as tx:
+            rows = await tx.fetch(self._q.LIST_ATTEMPTS, run_id)
+        return [codec.build_attempt(row) for row in rows]
