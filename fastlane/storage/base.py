@@ -19,9 +19,9 @@ from fastlane.domain.models import Attempt, DueJob, Job, JobSpec, JobState, Node
 from fastlane.domain.quotas import TenantQuota
 from fastlane.domain.records import AttemptResult, CappedDispatches, Change, Dispatch, Heartbeat, Occurrence, Page
 from fastlane.domain.workflows import Workflow, WorkflowRun, WorkflowSpec
+from fastlane.storage.capabilities import Capabilities
 from fastlane.storage.late_reports import ReporterOf
 from fastlane.storage.results import Cancellation, Materialised, ResultOutcome, TrimmedHistory
-from fastlane.storage.store.database import Capabilities
 from fastlane.storage.workflows import WorkflowChanges, WorkflowRunDetail
 
 DEFAULT_SHARD_COUNT = 64

@@ -10,11 +10,12 @@ import random
 from collections.abc import AsyncIterator
 from datetime import timedelta
 
+from fastlane.storage.capabilities import Capabilities
 from fastlane.storage.postgres import queries
 from fastlane.storage.postgres.changes import PostgresChanges
 from fastlane.storage.postgres.connection import DEFAULT_LEASE_TTL, PostgresConnections
 from fastlane.storage.postgres.tx import PostgresTx
-from fastlane.storage.store.database import Capabilities, Tx
+from fastlane.storage.store.database import Tx
 
 CAPABILITIES = Capabilities(one_writer=False, listens=True, prompt_results=True, trim_batch=1_000, write_faults=False)
 

@@ -8,10 +8,11 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 
 from fastlane.domain.records import Change
+from fastlane.storage.capabilities import Capabilities
 from fastlane.storage.sqlite import queries
 from fastlane.storage.sqlite.connection import SQLiteConnections
 from fastlane.storage.sqlite.tx import SQLiteTx
-from fastlane.storage.store.database import Capabilities, Tx
+from fastlane.storage.store.database import Tx
 
 CAPABILITIES = Capabilities(one_writer=True, listens=False, prompt_results=False, trim_batch=100, write_faults=True)
 

@@ -20,9 +20,10 @@ from fastlane.domain.models import Run, RunState
 from fastlane.domain.records import Change, ChangeKind
 from fastlane.errors import ConfigurationError, StorageError, StorageUnavailable
 from fastlane.storage.base import Store
+from fastlane.storage.capabilities import Capabilities
 from fastlane.storage.migrations import migrations_for
 from fastlane.storage.store.attempts import AttemptMethods, release_buffered
-from fastlane.storage.store.database import Capabilities, Database, Tx
+from fastlane.storage.store.database import Database, Tx
 from fastlane.storage.store.jobs import JobMethods
 from fastlane.storage.store.lane import LaneMethods
 from fastlane.storage.store.records import AuditMethods, HistoryMethods, QuotaMethods, TokenMethods
