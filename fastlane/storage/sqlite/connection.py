@@ -225,14 +225,23 @@ def row_dicts(rows: Sequence[sqlite3.Row]) -> list[dict[str, Any]]:
     if not rows:
         return []
     names = rows[0].keys()
-    instants = [index for index, name in enumerate(names) if name in TIME_COLUMNS]
+    return [dict(zip(names, values, strict=True)) for values in with_instants(rows, instant_columns(names))]
+
+
+def instant_columns(names: Sequence[str]) -> list[int]:
+    """Where the instants are among these columns."""
+    return [index for index, name in enumerate(names) if name in TIME_COLUMNS]
+
+
+def with_instants(rows: Iterable[Sequence[Any]], instants: Sequence[int]) -> list[list[Any]]:
+    """Each row's values, its instants (integer microseconds) as aware datetimes."""
     converted = []
     for row in rows:
         values = list(row)
         for index in instants:
             if values[index] is not None:
                 values[index] = from_micros(values[index])
-        converted.append(dict(zip(names, values, strict=True)))
+        converted.append(values)
     return converted
 
 

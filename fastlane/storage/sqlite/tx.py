@@ -20,7 +20,7 @@ from fastlane.domain.records import AttemptResult, Change, Dispatch, Heartbeat
 from fastlane.storage import common
 from fastlane.storage.codec import Row
 from fastlane.storage.sqlite import queries
-from fastlane.storage.sqlite.connection import TIME_COLUMNS, fetch_all, fetch_one, fetch_value
+from fastlane.storage.sqlite.connection import fetch_all, fetch_one, fetch_value, instant_columns, with_instants
 from fastlane.storage.store.database import Batch
 
 
@@ -81,16 +81,9 @@ class SQLiteTx:
 
     async def stream(self, sql: str, *params: Any, chunk: int) -> AsyncIterator[list[tuple[Any, ...]]]:
         async with self._db.execute(sql, _bind(params)) as cursor:
-            instants = [i for i, column in enumerate(cursor.description) if column[0] in TIME_COLUMNS]
+            instants = instant_columns([column[0] for column in cursor.description])
             while rows := await cursor.fetchmany(chunk):
-                converted = []
-                for row in rows:
-                    values = list(row)
-                    for i in instants:
-                        if values[i] is not None:
-                            values[i] = from_micros(values[i])
-                    converted.append(tuple(values))
-                yield converted
+                yield [tuple(values) for values in with_instants(rows, instants)]
 
     async def run_script(self, sql: str) -> None:
         for statement in _statements(sql):
