@@ -25,6 +25,7 @@ from fastlane.cli.views import (
 )
 from fastlane.client import Client
 from fastlane.domain.audit import AuditTarget
+from fastlane.domain.lifecycle import cancel_in_effect
 from fastlane.domain.models import Run, RunState
 from fastlane.rpc.status import RemoteNotFound
 
@@ -217,9 +218,6 @@ def _shown_as(run: Run) -> tuple[str, int, float]:
     return run.state.value, run.attempts, run.progress
 
 
-_WITH_A_WORKER = (RunState.DISPATCHED, RunState.RUNNING)
-
-
 def get_run(args: argparse.Namespace) -> int:
     async def show(client: Client) -> int:
         run, attempts = await client.get_run(await resolve_run(client, args.run_id))
@@ -270,7 +268,7 @@ def get_run(args: argparse.Namespace) -> int:
 def cancel_run(args: argparse.Namespace) -> int:
     async def cancel(client: Client) -> int:
         run, _ = await client.get_run(await resolve_run(client, args.run_id))
-        if run.state is RunState.CANCELLED or (run.cancel_requested and run.state in _WITH_A_WORKER):
+        if cancel_in_effect(run):
             if args.json:
                 print_json(run_view(run))
             else:  # a repeated verb succeeds, and says so

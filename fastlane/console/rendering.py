@@ -17,6 +17,7 @@ from fastlane.console import formatting
 from fastlane.console.activity import Activity
 from fastlane.console.gateway import CallRefused, Gateway
 from fastlane.console.sessions import Session, Sessions
+from fastlane.domain import lifecycle
 
 HERE = Path(__file__).parent
 STATUS_OF_REFUSAL = {
@@ -88,4 +89,9 @@ def make_templates() -> jinja2.Environment:
         trim_blocks=True, lstrip_blocks=True,
     )
     environment.filters.update(formatting.FILTERS)
+    # A button is offered in the states where its call can succeed, as the lifecycle says.
+    environment.globals.update(
+        cancellable=lifecycle.WAITING | lifecycle.WITH_A_WORKER, replayable=lifecycle.REPLAYABLE,
+        pausable=lifecycle.PAUSE_FROM, resumable=lifecycle.RESUME_FROM,
+    )
     return environment

@@ -63,7 +63,7 @@ class RunState(StrEnum):
     @property
     def is_active(self) -> bool:
         """True while the run is buffered, scheduled, dispatched or running (what overlap counts)."""
-        return self in (RunState.BUFFERED, RunState.SCHEDULED, RunState.DISPATCHED, RunState.RUNNING)
+        return self not in FINAL_RUN_STATES
 
 
 FINAL_RUN_STATES = frozenset(

@@ -152,15 +152,6 @@ def decode_spec(
     )
 
 
-def first_difference(a: JobSpec, b: JobSpec) -> str | None:
-    """The name of the first field where two specs differ (for a precise conflict message)."""
-    for name in ("job_type", "schedule", "payload", "priority", "concurrency_key", "concurrency_limit", "retry",
-                 "misfire", "overlap", "delivery", "timeout", "lease_ttl"):
-        if getattr(a, name) != getattr(b, name):
-            return name
-    return None
-
-
 # -- rows to models ----------------------------------------------------------------------------
 # Backends convert their column types (timestamps above all) first, then build models here.
 

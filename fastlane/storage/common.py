@@ -1,35 +1,39 @@
-"""Pieces both backends share: job-spec rules applied at write time, paging, lease batches."""
+"""Pieces both backends share: paging, lease batches, change payloads, and the domain's decisions
+(:mod:`fastlane.domain.lifecycle`, :mod:`~fastlane.domain.transitions`,
+:mod:`~fastlane.domain.run_results`) under the names the backends call them by."""
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 import orjson
 
 from fastlane.clock import to_micros
-from fastlane.domain import validation
+from fastlane.domain import lifecycle, run_results, validation
 from fastlane.domain.audit import MAX_AUDIT_LIMIT, AuditTarget
-from fastlane.domain.models import (
-    FINAL_RUN_STATES,
-    AttemptOutcome,
-    Job,
-    JobSpec,
-    JobState,
-    OverlapPolicy,
-    Run,
-    RunState,
-    ScheduleKind,
-    ShardLease,
-    new_id,
-)
-from fastlane.domain.records import AttemptResult, Change, ChangeKind, Dispatch, Occurrence, Page
-from fastlane.domain.schedules import first_fire
-from fastlane.domain.transitions import after_attempt, resolve_overlap
-from fastlane.errors import InvalidArgument, JobAlreadyExists
+from fastlane.domain.lifecycle import admit_under_caps as admit_under_caps
+from fastlane.domain.lifecycle import anchor_interval as anchor_interval
+from fastlane.domain.lifecycle import capped_keys as capped_keys
+from fastlane.domain.lifecycle import check_update as check_update
+from fastlane.domain.lifecycle import idempotent_create as idempotent_create
+from fastlane.domain.lifecycle import rescheduled as rescheduled
+from fastlane.domain.models import Job, JobState, Run, RunState, ShardLease
+from fastlane.domain.records import AttemptResult, Change, ChangeKind, Page
+from fastlane.domain.run_results import AttemptUpdate as AttemptUpdate
+from fastlane.domain.run_results import first_of_each_attempt as first_of_each_attempt
+from fastlane.domain.run_results import lease_expired_results as lease_expired_results
+from fastlane.domain.run_results import successes_first as successes_first
+from fastlane.domain.transitions import MISFIRE_SKIPPED as MISFIRE_SKIPPED
+from fastlane.domain.transitions import MaterialisationPlan as MaterialisationPlan
+from fastlane.domain.transitions import RunRow as RunRow
+from fastlane.domain.transitions import plan_materialisation as plan_materialisation
+from fastlane.domain.transitions import scheduled_in_order as scheduled_in_order
+from fastlane.domain.transitions import skipped_by_policy as skipped_by_policy
+from fastlane.errors import InvalidArgument
 from fastlane.storage import codec
 from fastlane.storage.results import ResultOutcome
 
@@ -70,7 +74,7 @@ def trim_limit(limit: int) -> int:
     return limit
 
 
-FINAL_STATES_SQL = ", ".join(f"'{state.value}'" for state in sorted(FINAL_RUN_STATES))  # for an IN (...) list
+FINAL_STATES_SQL = lifecycle.sql_list(lifecycle.FINAL)  # for an IN (...) list
 
 
 def page_limit(limit: int) -> int:
@@ -109,97 +113,12 @@ def single_owner(leases: Sequence[ShardLease]) -> str:
     return owners.pop()
 
 
-def anchor_interval(spec: JobSpec, now: datetime) -> JobSpec:
-    """Interval schedules without an anchor count from the moment they are stored."""
-    schedule = spec.schedule
-    if schedule.kind is ScheduleKind.INTERVAL and schedule.anchor is None:
-        return replace(spec, schedule=replace(schedule, anchor=now))
-    return spec
-
-
-def idempotent_create(existing: Job, requested: JobSpec) -> Job:
-    if requested.schedule.kind is ScheduleKind.INTERVAL and requested.schedule.anchor is None:
-        requested = replace(requested, schedule=replace(requested.schedule, anchor=existing.spec.schedule.anchor))
-    differing = codec.first_difference(existing.spec, requested)
-    if differing is not None:
-        raise JobAlreadyExists(requested.tenant, requested.name, differing)
-    return existing
-
-
-def check_update(current: Job, spec: JobSpec) -> None:
-    if spec.tenant != current.tenant:
-        raise InvalidArgument("tenant", "cannot be changed")
-    if spec.name != current.name:
-        raise InvalidArgument("name", f"cannot be changed (is {current.name!r}); create a new job instead")
-
-
-# The states a job may be paused from and resumed from.
-PAUSE_FROM = (JobState.ACTIVE,)
-RESUME_FROM = (JobState.PAUSED, JobState.ERRORED)
-
-
-def rescheduled(current: Job, spec: JobSpec, now: datetime) -> tuple[datetime | None, JobState]:
-    """A changed schedule starts afresh from now; an unchanged one keeps its next fire time."""
-    if spec.schedule == current.spec.schedule:
-        return current.next_fire_at, current.state
-    state = JobState.ACTIVE if current.state is JobState.COMPLETED else current.state
-    return first_fire(spec.schedule, now), state
-
-
-MISFIRE_SKIPPED = "skipped: missed while no node owned the job or it was paused (misfire policy)"
-
-# States of a run a worker has (a cancel of one is a request the worker carries out).
-WITH_A_WORKER = (RunState.DISPATCHED, RunState.RUNNING)
-# States of a job's runs that count for its overlap policy.
-ACTIVE_STATES = ("buffered", "scheduled", "dispatched", "running")
-
-
-@dataclass(frozen=True, slots=True)
-class RunRow:
-    """A run about to be inserted by a materialisation."""
-
-    run_id: str
-    job_id: str
-    scheduled_for: datetime
-    state: str
-    last_error: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class MaterialisationPlan:
-    rows: list[RunRow]
-    cancel_now: list[str]  # runs of a cancel_previous job not yet delivered: cancelled at once
-    cancel_requested: list[str]  # runs of a cancel_previous job with a worker: told to stop
-
-
-def plan_materialisation(
-    occurrences: Sequence[Occurrence],
-    overlap_of: dict[str, str],
-    active_runs: Sequence[tuple[str, str, str]],
-) -> MaterialisationPlan:
-    """Rows to insert for the occurrences of advanced jobs (``overlap_of``: job id → policy).
-
-    ``active_runs`` are ``(job_id, run_id, state)`` of runs still active for those jobs.
-    """
-    active_by_job: dict[str, list[tuple[str, RunState]]] = {}
-    for job_id, run_id, state in active_runs:
-        active_by_job.setdefault(job_id, []).append((run_id, RunState(state)))
-    rows: list[RunRow] = []
-    cancel_now: list[str] = []
-    cancel_requested: list[str] = []
-    for occurrence in occurrences:
-        policy = overlap_of.get(occurrence.job_id)
-        if policy is None:
-            continue  # not advanced: changed or taken meanwhile
-        active = active_by_job.get(occurrence.job_id, [])
-        plan = resolve_overlap(OverlapPolicy(policy), occurrence.fire_times, [state for _, state in active])
-        rows += [RunRow(new_id(), occurrence.job_id, t, state.value, error) for t, state, error in plan.states]
-        rows += [RunRow(new_id(), occurrence.job_id, t, "skipped", MISFIRE_SKIPPED) for t in occurrence.skipped_times]
-        if plan.cancel_previous:
-            for run_id, state in active:
-                delivered = state in (RunState.DISPATCHED, RunState.RUNNING)
-                (cancel_requested if delivered else cancel_now).append(run_id)
-    return MaterialisationPlan(rows=rows, cancel_now=cancel_now, cancel_requested=cancel_requested)
+# The lifecycle's sets as the backends take them today: tuples in value order (a signature types
+# PAUSE_FROM and RESUME_FROM as tuples; ACTIVE_STATES is a parameter of plain strings).
+WITH_A_WORKER = tuple(sorted(lifecycle.WITH_A_WORKER))
+ACTIVE_STATES = tuple(sorted(state.value for state in lifecycle.OVERLAP_ACTIVE))
+PAUSE_FROM = tuple(sorted(lifecycle.PAUSE_FROM))
+RESUME_FROM = tuple(sorted(lifecycle.RESUME_FROM))
 
 
 def id_prefix_range(prefix: str) -> tuple[str, str]:
@@ -221,61 +140,9 @@ def named_job_page(job: Job | None, state: JobState | None, job_type: str | None
     return Page(items=[] if job_type is not None and job.job_type != job_type else [job])
 
 
-def skipped_by_policy(runs: Sequence[Run]) -> dict[str, int]:
-    """How many of the runs a materialisation inserted record a skipped occurrence, by the policy
-    that skipped it (for ``fastlane_occurrences_skipped_total``): ``misfire`` or ``overlap``.
-    Counted from the rows inserted, so an occurrence recorded before is not counted again."""
-    counts: dict[str, int] = {}
-    for run in runs:
-        if run.state is RunState.SKIPPED:
-            policy = "misfire" if run.last_error == MISFIRE_SKIPPED else "overlap"
-            counts[policy] = counts.get(policy, 0) + 1
-    return counts
-
-
-def scheduled_in_order(runs: Sequence[Run]) -> list[Run]:
-    """The runs a materialisation inserted as ``scheduled``, by scheduled time (to dispatch)."""
-    return sorted((run for run in runs if run.state is RunState.SCHEDULED), key=lambda run: run.scheduled_for)
-
-
-def lease_expired_results(expired: Sequence[Run], now: datetime) -> list[AttemptResult]:
-    """The results that end the current attempts of runs whose lease expired."""
-    return [
-        AttemptResult(run_id=run.run_id, lease_token=run.lease_token or 0, outcome=AttemptOutcome.LEASE_EXPIRED,
-                      error_code="lease_expired", error_message=f"worker {run.worker_id} stopped heartbeating",
-                      finished_at=now)
-        for run in expired
-    ]
-
-
 def rescheduled_runs(outcomes: Sequence[ResultOutcome]) -> list[Run]:
     """The runs these outcomes scheduled again (retries of expired attempts)."""
     return [outcome.run for outcome in outcomes if outcome.run.state is RunState.SCHEDULED]
-
-
-def first_of_each_attempt(results: Sequence[AttemptResult]) -> list[AttemptResult]:
-    """One result per attempt: a worker that reconnects resends results, and a batch can hold
-    both copies. The first one counts; applying both would let the copy supersede the original."""
-    seen: set[tuple[str, int]] = set()
-    unique = []
-    for result in results:
-        key = (result.run_id, result.lease_token)
-        if key not in seen:
-            seen.add(key)
-            unique.append(result)
-    return unique
-
-
-def successes_first(results: Sequence[AttemptResult]) -> tuple[list[AttemptResult], list[AttemptResult]]:
-    """The first result of each attempt, split into successes and the rest.
-
-    A success of the current attempt ends its run the same way whatever the run holds, so the
-    stores apply successes in one set-based statement without reading the runs first; what it
-    does not apply (a stale attempt) goes through :func:`decide_results` with the rest."""
-    unique = first_of_each_attempt(results)
-    successes = [r for r in unique if r.outcome is AttemptOutcome.SUCCEEDED]
-    others = [r for r in unique if r.outcome is not AttemptOutcome.SUCCEEDED]
-    return successes, others
 
 
 def encode_change(change: Change) -> str:
@@ -291,16 +158,9 @@ def decode_change(payload: str) -> Change | None:
 
 
 @dataclass(frozen=True, slots=True)
-class AttemptUpdate:
-    """How one attempt's row ends: ``outcome`` is ``superseded`` for a stale result."""
-
-    result: AttemptResult
-    outcome: AttemptOutcome
-    finished_at: datetime
-
-
-@dataclass(frozen=True, slots=True)
 class ResultDecisions:
+    """:class:`fastlane.domain.run_results.ResultDecisions`, each verdict as the outcome a store returns."""
+
     outcomes: list[ResultOutcome]
     runs: list[Run]  # runs whose state changed, as they are now
     attempts: list[AttemptUpdate]
@@ -308,65 +168,16 @@ class ResultDecisions:
     @property
     def finished_jobs(self) -> set[str]:
         """Jobs with a run that just ended: a buffered run of theirs may start now."""
-        return {run.job_id for run in self.runs if run.state.is_final}
+        return run_results.finished_jobs(self.runs)
 
 
 def decide_results(
     runs: dict[str, Run], results: Sequence[AttemptResult], now: datetime, rng: random.Random
 ) -> ResultDecisions:
-    """What reported results do to their runs (read in the caller's transaction).
-
-    Only the result of a run's current attempt (same lease token, still dispatched or running)
-    changes the run; any other is recorded on its attempt as superseded.
-    """
-    outcomes: list[ResultOutcome] = []
-    changed: list[Run] = []
-    attempts: list[AttemptUpdate] = []
-    for result in first_of_each_attempt(results):
-        run = runs.get(result.run_id)
-        if run is None:
-            continue
-        current = run.lease_token == result.lease_token and run.state in (RunState.DISPATCHED, RunState.RUNNING)
-        outcome = result.outcome if current else AttemptOutcome.SUPERSEDED
-        attempts.append(AttemptUpdate(result, outcome, result.finished_at or now))
-        if not current:
-            outcomes.append(ResultOutcome(run=run, accepted=False))
-            continue
-        transition = after_attempt(run, result.outcome, error=result.error_message, now=now, rng=rng)
-        run = replace(
-            run, state=transition.state, available_at=transition.available_at, finished_at=transition.finished_at,
-            last_error=transition.last_error, lease_token=None, lease_expires_at=None, updated_at=now,
-        )
-        runs[run.run_id] = run  # a second result for this run in the batch sees it as it is now
-        changed.append(run)
-        outcomes.append(ResultOutcome(run=run, accepted=True))
-    return ResultDecisions(outcomes=outcomes, runs=changed, attempts=attempts)
-
-
-def admit_under_caps(
-    dispatches: Sequence[Dispatch], scheduled: Collection[str], active: Mapping[tuple[str, str], int]
-) -> tuple[list[Dispatch], list[str]]:
-    """Split capped dispatches of runs still ``scheduled`` into those their key has room for
-    (``active``: runs of each (tenant, key) dispatched or running now) and the run ids held back,
-    in the order given; dispatches of runs no longer scheduled are in neither."""
-    taken = dict(active)
-    admitted: list[Dispatch] = []
-    held: list[str] = []
-    for dispatch in dispatches:
-        if dispatch.run_id not in scheduled:
-            continue
-        if dispatch.cap is None:
-            admitted.append(dispatch)
-            continue
-        key = (dispatch.cap.tenant, dispatch.cap.key)
-        if taken.get(key, 0) < dispatch.cap.limit:
-            taken[key] = taken.get(key, 0) + 1
-            admitted.append(dispatch)
-        else:
-            held.append(dispatch.run_id)
-    return admitted, held
-
-
-def capped_keys(dispatches: Sequence[Dispatch]) -> list[tuple[str, str]]:
-    """The distinct (tenant, key) of these dispatches, sorted: locks taken in one order cannot deadlock."""
-    return sorted({(d.cap.tenant, d.cap.key) for d in dispatches if d.cap is not None})
+    """:func:`fastlane.domain.run_results.decide_results`, with its verdicts as result outcomes."""
+    decided = run_results.decide_results(runs, results, now, rng)
+    return ResultDecisions(
+        outcomes=[ResultOutcome(run=run, accepted=accepted) for run, accepted in decided.verdicts],
+        runs=decided.runs,
+        attempts=decided.attempts,
+    )

@@ -6,9 +6,11 @@ clock), ``{LOCK}`` (``FOR UPDATE`` or nothing) and ``{IN}`` (membership in a lis
 
 from __future__ import annotations
 
-from fastlane.domain.models import FINAL_RUN_STATES
+from fastlane.domain.lifecycle import FINAL, RERUNNABLE, WAITING, WITH_A_WORKER, sql_list
+from fastlane.domain.models import RunState
 
-FINAL = sorted(state.value for state in FINAL_RUN_STATES)
+# Every state but those a step may be run again from, as the NOT IN list of RESCHEDULE.
+_NOT_RERUNNABLE = sql_list(frozenset(RunState) - RERUNNABLE)
 
 
 INSERT_WORKFLOW = """
@@ -78,23 +80,23 @@ INSERT_STEP_RUN = """
             CASE WHEN $6 = 'scheduled' THEN NULL ELSE {NOW} END, $13, $14, $15)
     ON CONFLICT DO NOTHING RETURNING *
 """
-CANCEL_QUEUED = """
-    UPDATE runs SET state = 'cancelled', finished_at = {NOW}, updated_at = {NOW}, last_error = $2
-    WHERE run_id = $1 AND state IN ('scheduled', 'buffered') RETURNING *
+CANCEL_QUEUED = f"""
+    UPDATE runs SET state = 'cancelled', finished_at = {{NOW}}, updated_at = {{NOW}}, last_error = $2
+    WHERE run_id = $1 AND state IN ({sql_list(WAITING)}) RETURNING *
 """
-REQUEST_CANCEL = """
-    UPDATE runs SET cancel_requested = true, updated_at = {NOW}
-    WHERE run_id = $1 AND state IN ('dispatched', 'running') RETURNING *
+REQUEST_CANCEL = f"""
+    UPDATE runs SET cancel_requested = true, updated_at = {{NOW}}
+    WHERE run_id = $1 AND state IN ({sql_list(WITH_A_WORKER)}) RETURNING *
 """
-RESCHEDULE = """
-    UPDATE runs SET state = 'scheduled', available_at = {NOW}, finished_at = NULL, cancel_requested = false,
-                    last_error = NULL, updated_at = {NOW}
-    WHERE run_id = $1 AND state NOT IN ('scheduled', 'buffered', 'dispatched', 'running', 'succeeded') RETURNING *
+RESCHEDULE = f"""
+    UPDATE runs SET state = 'scheduled', available_at = {{NOW}}, finished_at = NULL, cancel_requested = false,
+                    last_error = NULL, updated_at = {{NOW}}
+    WHERE run_id = $1 AND state NOT IN ({_NOT_RERUNNABLE}) RETURNING *
 """
 TO_ADVANCE = f"""
     SELECT w.workflow_run_id FROM workflow_runs w
     WHERE w.state = 'running' AND w.shard_id {{IN}}
       AND w.ended_seen <> (SELECT count(*) FROM runs r WHERE r.workflow_run_id = w.workflow_run_id
-                           AND r.state IN ({", ".join(f"'{state}'" for state in FINAL)}))
+                           AND r.state IN ({sql_list(FINAL)}))
     LIMIT $2
 """

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import orjson
 
 from fastlane.clock import from_micros, to_micros
+from fastlane.domain import lifecycle
 from fastlane.domain import workflow_definitions as definitions
 from fastlane.domain import workflow_runs as decide
 from fastlane.domain import workflows as wf
@@ -152,7 +153,7 @@ class WorkflowMethods:
                 await self.delete_job(workflow.tenant, workflow.job_id)
         elif job is None:
             await self.create_job(job_spec, job_id=workflow.job_id)
-        elif codec.first_difference(job.spec, job_spec) is not None:
+        elif lifecycle.first_difference(job.spec, job_spec) is not None:
             await self.update_job(workflow.tenant, workflow.job_id, job_spec)
 
     async def get_workflow(self, tenant: str, name: str, version: int | None = None) -> Workflow:

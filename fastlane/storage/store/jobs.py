@@ -3,11 +3,12 @@ set aside and delete; each change another node must hear of is notified inside i
 
 from __future__ import annotations
 
+from fastlane.domain import lifecycle
 from fastlane.domain.models import Job, JobSpec, JobState, new_id, shard_of
 from fastlane.domain.records import Change, ChangeKind, Page
 from fastlane.domain.schedules import first_fire
 from fastlane.domain.validation import validate_spec
-from fastlane.errors import InvalidState, JobNotFound
+from fastlane.errors import JobNotFound
 from fastlane.storage import codec, common
 from fastlane.storage.store.database import StorePart, Tx
 
@@ -87,10 +88,10 @@ class JobMethods(StorePart):
         return job
 
     async def pause_job(self, tenant: str, job_id: str) -> Job:
-        return await self._change_state(tenant, job_id, common.PAUSE_FROM, JobState.PAUSED, "pause")
+        return await self._change_state(tenant, job_id, JobState.PAUSED, "pause")
 
     async def resume_job(self, tenant: str, job_id: str) -> Job:
-        return await self._change_state(tenant, job_id, common.RESUME_FROM, JobState.ACTIVE, "resume")
+        return await self._change_state(tenant, job_id, JobState.ACTIVE, "resume")
 
     async def set_job_aside(self, job_id: str, reason: str) -> None:
         async with self._db.write() as tx:
@@ -102,17 +103,13 @@ class JobMethods(StorePart):
         async with self._db.read() as tx:
             return int(await tx.fetchval(self._q.COUNT_JOBS, state.value))
 
-    async def _change_state(
-        self, tenant: str, job_id: str, sources: tuple[JobState, ...], target: JobState, verb: str
-    ) -> Job:
+    async def _change_state(self, tenant: str, job_id: str, target: JobState, verb: str) -> Job:
         async with self._db.write() as tx:
             row = await tx.fetchrow(self._q.LOCK_JOB, job_id, tenant)
             if row is None:
                 raise JobNotFound(job_id)
-            if row["state"] == target.value:
+            if not lifecycle.job_state_change(job_id, row["state"], target, verb):
                 return codec.build_job(row)
-            if row["state"] not in sources:
-                raise InvalidState("job", job_id, row["state"], verb)
             row = await tx.fetchrow(self._q.CHANGE_JOB_STATE, job_id, target.value)
             assert row is not None, "LOCK_JOB holds the job (its row lock, or the one writer)"
             job = codec.build_job(row)

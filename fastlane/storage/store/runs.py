@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from fastlane.clock import from_micros
+from fastlane.domain import lifecycle
+from fastlane.domain.lifecycle import CancelDecision
 from fastlane.domain.models import Attempt, Job, Run, RunState, new_id
 from fastlane.domain.records import Change, ChangeKind, Page
 from fastlane.domain.transitions import CANCELLED_BY_REQUEST
-from fastlane.errors import InvalidState, JobNotFound, RunNotFound
+from fastlane.errors import JobNotFound, RunNotFound
 from fastlane.storage import codec, common
 from fastlane.storage.results import Cancellation
 from fastlane.storage.store.attempts import release_buffered
@@ -31,15 +33,14 @@ class RunMethods(StorePart):
             if row is None:
                 raise RunNotFound(run_id)
             run = codec.build_run(row)
-            if run.state is RunState.CANCELLED or (run.cancel_requested and run.state in common.WITH_A_WORKER):
+            decision = lifecycle.cancel_decision(run)
+            if decision is CancelDecision.ALREADY:
                 return Cancellation(run=run, already=True)
-            if run.state in common.WITH_A_WORKER:
+            if decision is CancelDecision.REQUEST:
                 row = await tx.fetchrow(self._q.REQUEST_CANCEL, run_id)
                 assert row is not None, "LOCK_RUN holds the run (its row lock, or the one writer)"
                 await tx.notify(Change(ChangeKind.RUN, run.shard_id, tenant, run_id))
                 return Cancellation(run=codec.build_run(row))
-            if run.state not in (RunState.SCHEDULED, RunState.BUFFERED):
-                raise InvalidState("run", run_id, run.state.value, "cancel")
             row = await tx.fetchrow(self._q.CANCEL_RUN, run_id, CANCELLED_BY_REQUEST)
             assert row is not None, "LOCK_RUN holds the run (its row lock, or the one writer)"
             released = await release_buffered(tx, self._q, [run.job_id])
@@ -53,8 +54,7 @@ class RunMethods(StorePart):
             row = await tx.fetchrow(self._q.RUN_STATE, run_id, tenant)
             if row is None:
                 raise RunNotFound(run_id)
-            if row["state"] not in ("dead", "lost"):
-                raise InvalidState("run", run_id, row["state"], "retry (only dead or lost runs can be replayed)")
+            lifecycle.check_replayable(run_id, row["state"])
             row = await tx.fetchrow(self._q.RETRY_RUN, run_id)
             assert row is not None, "RUN_STATE holds the run (its row lock, or the one writer)"
             run = codec.build_run(row)

@@ -15,21 +15,22 @@ implies its predicate.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
-from fastlane.domain.models import FINAL_RUN_STATES, RunState
-from fastlane.storage import common
+from fastlane.domain.lifecycle import FINAL as FINAL_SET
+from fastlane.domain.lifecycle import OVERLAP_ACTIVE as OVERLAP_ACTIVE_SET
+from fastlane.domain.lifecycle import WAITING as WAITING_SET
+from fastlane.domain.lifecycle import WITH_A_WORKER as WITH_A_WORKER_SET
+from fastlane.domain.lifecycle import sql_list
+from fastlane.domain.models import RunState
 
-
-def sql_list(states: Iterable[RunState]) -> str:
-    """Run states as the items of an SQL ``IN (...)`` list."""
-    return ", ".join(f"'{state.value}'" for state in sorted(states, key=lambda state: state.value))
-
-
-WITH_A_WORKER = sql_list(common.WITH_A_WORKER)
-OVERLAP_ACTIVE = sql_list(RunState(state) for state in common.ACTIVE_STATES)
-WAITING = sql_list((RunState.SCHEDULED, RunState.BUFFERED))
-FINAL = sql_list(FINAL_RUN_STATES)
+# The named state sets of fastlane.domain.lifecycle, as SQL lists.
+WITH_A_WORKER = sql_list(WITH_A_WORKER_SET)
+OVERLAP_ACTIVE = sql_list(OVERLAP_ACTIVE_SET)
+WAITING = sql_list(WAITING_SET)
+FINAL = sql_list(FINAL_SET)
+# A job's runs that keep its oldest buffered run waiting.
+AHEAD_OF_THE_BUFFER = sql_list(OVERLAP_ACTIVE_SET - {RunState.BUFFERED})
 # The window's columns: the schedule only for recurring jobs (a one-shot has no next occurrence,
 # and leaving its instant out lets every one-shot with the same misfire policy share one Timing).
 DUE_JOB_SCHEDULE = "CASE WHEN {kind} IN ('now', 'at') THEN NULL ELSE {schedule} END"
@@ -261,7 +262,7 @@ class Statements:
           AND scheduled_for = (SELECT min(b.scheduled_for) FROM runs b
                                WHERE b.job_id = runs.job_id AND b.finished_at IS NULL AND b.state = 'buffered')
           AND NOT EXISTS (SELECT 1 FROM runs a WHERE a.job_id = runs.job_id AND a.finished_at IS NULL
-                          AND a.state IN ({sql_list(RunState(s) for s in common.ACTIVE_STATES if s != 'buffered')}))
+                          AND a.state IN ({AHEAD_OF_THE_BUFFER}))
         RETURNING *
     """
     # With when its first attempt started (its handler was entered), for the start lag `runs list` shows.
