@@ -8,6 +8,7 @@ that asks for ``pg_dsn`` gets a fresh, empty database of its own.
 
 from __future__ import annotations
 
+import functools
 import signal
 import uuid
 
@@ -18,6 +19,8 @@ from fastlane.bench.pgcluster import (
     drop_database,
     dsn_from_env,
 )
+
+from fastlane.storage import open_store
 
 
 @pytest.fixture(autouse=True)
@@ -74,3 +77,13 @@ def db_url(request):
     if request.param == "postgres":
         return request.getfixturevalue("pg_dsn")
     raise ValueError(f"unknown db_url backend {request.param!r}")
+
+
+@pytest.fixture
+def make_store(db_url):
+    """A factory of stores on the test's database, once per backend: the contract suite
+    (``tests/contract``) makes every store it tests through it, so a backend that can give a
+    store for a fresh database (a URL :func:`fastlane.storage.open_store` knows, or any callable
+    taking ``shard_count`` and returning a :class:`~fastlane.storage.Store`) runs the whole suite
+    by adding a parameter to ``db_url``."""
+    return functools.partial(open_store, db_url)

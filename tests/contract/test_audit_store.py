@@ -1,4 +1,4 @@
-"""The Store contract for the audit trail: every test runs against SQLite and PostgreSQL (``db_url``)."""
+"""The Store contract for the audit trail: every test runs against each backend (``make_store``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from fastlane.domain.audit import MAX_AUDIT_DETAIL, AuditAction, AuditEvent, Aud
 from fastlane.domain.limits import MAX_NAME_LENGTH
 from fastlane.domain.models import JobSpec, Schedule
 from fastlane.errors import InvalidArgument, StorageError
-from fastlane.storage import open_store
 from fastlane.storage.migrations import migrations_for
 from fastlane.storage.store import SQLStore
 
@@ -22,8 +21,8 @@ JOB, RUN = "job-0001", "run-0001"
 
 
 @pytest.fixture
-async def store(db_url):
-    store = open_store(db_url, shard_count=SHARDS)
+async def store(make_store):
+    store = make_store(shard_count=SHARDS)
     await store.migrate()
     yield store
     await store.close()
@@ -201,8 +200,8 @@ async def test_list_refuses_a_bad_kind_id_or_limit(store, arguments, field):
 # -- migration -------------------------------------------------------------------------------------
 
 
-async def test_a_database_at_version_4_with_tokens_migrates_and_keeps_them(db_url, monkeypatch):
-    store = open_store(db_url, shard_count=SHARDS)
+async def test_a_database_at_version_4_with_tokens_migrates_and_keeps_them(make_store, monkeypatch):
+    store = make_store(shard_count=SHARDS)
     latest = migrations_for(store.dialect)[-1].version  # 5 adds the audit trail; later ones may follow
     # As in test_token_store: the store's migrate() is made to see only the first four migrations.
     store_module = sys.modules[SQLStore.__module__]

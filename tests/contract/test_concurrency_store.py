@@ -11,7 +11,7 @@ import pytest
 
 from fastlane.domain.models import AttemptOutcome, JobSpec, RetryPolicy, RunState, Schedule
 from fastlane.domain.records import KeyCap
-from fastlane.storage import AttemptResult, Dispatch, open_store
+from fastlane.storage import AttemptResult, Dispatch
 from fastlane.storage.base import Store
 from fastlane.storage.migrations import migrations_for
 from fastlane.storage.store import SQLStore
@@ -21,8 +21,8 @@ TTL = timedelta(seconds=30)
 
 
 @pytest.fixture
-async def store(db_url):
-    store = open_store(db_url, shard_count=SHARDS)
+async def store(make_store):
+    store = make_store(shard_count=SHARDS)
     await store.migrate()
     yield store
     await store.close()
@@ -48,8 +48,8 @@ def dispatch(run, token: int, cap_limit: int | None = None) -> Dispatch:
                     cap=KeyCap(run.tenant, run.concurrency_key, cap_limit or run.concurrency_limit))
 
 
-async def test_a_database_with_jobs_migrates_and_their_runs_have_no_key(db_url, monkeypatch):
-    store = open_store(db_url, shard_count=SHARDS)
+async def test_a_database_with_jobs_migrates_and_their_runs_have_no_key(make_store, monkeypatch):
+    store = make_store(shard_count=SHARDS)
     store_module = sys.modules[SQLStore.__module__]
     monkeypatch.setattr(store_module, "migrations_for", lambda dialect: migrations_for(dialect)[:7])
     try:
@@ -108,9 +108,9 @@ async def test_the_same_key_in_another_tenant_is_another_cap(store):
     assert {a.run_id for a in outcome.attempts} == {ours.run_id, theirs.run_id}
 
 
-async def test_two_nodes_racing_never_start_more_than_the_limit(store, db_url):
+async def test_two_nodes_racing_never_start_more_than_the_limit(store, make_store):
     runs = await keyed_runs(store, 12, limit=3)
-    others = [open_store(db_url, shard_count=SHARDS) for _ in range(2)]
+    others = [make_store(shard_count=SHARDS) for _ in range(2)]
     try:
         # Each node offers runs of its own shards, four each: three starts in all, not nine.
         outcomes = await asyncio.gather(*(

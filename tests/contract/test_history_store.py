@@ -9,7 +9,7 @@ import pytest
 from fastlane.domain.models import AttemptOutcome, DueJob, JobSpec, RunState, Schedule
 from fastlane.domain.policies import plan_occurrence
 from fastlane.errors import InvalidArgument, RunNotFound
-from fastlane.storage import AttemptResult, Dispatch, open_store
+from fastlane.storage import AttemptResult, Dispatch
 from fastlane.storage.late_reports import Reporter
 
 SHARDS = 4
@@ -18,8 +18,8 @@ NOW = datetime.now(UTC)
 
 
 @pytest.fixture
-async def store(db_url):
-    store = open_store(db_url, shard_count=SHARDS)
+async def store(make_store):
+    store = make_store(shard_count=SHARDS)
     await store.migrate()
     await store.acquire_shards("node-a", TTL, limit=SHARDS)  # as the node whose runs these are
     yield store

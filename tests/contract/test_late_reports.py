@@ -13,14 +13,14 @@ import pytest
 from test_store import NOW, TTL, lease_expired, scheduled_run
 
 from fastlane.domain.models import AttemptOutcome, RetryPolicy, RunState
-from fastlane.storage import AttemptResult, Dispatch, Reporter, open_store
+from fastlane.storage import AttemptResult, Dispatch, Reporter
 
 SHARDS = 4
 
 
 @pytest.fixture
-async def store(db_url):
-    store = open_store(db_url, shard_count=SHARDS)
+async def store(make_store):
+    store = make_store(shard_count=SHARDS)
     await store.migrate()
     yield store
     await store.close()

@@ -65,7 +65,7 @@ async def make_due_at(store, job_id: str, at: datetime) -> None:
     await store.update_job("default", job_id, replace(current.spec, schedule=Schedule.at_instant(at)))
 
 
-async def test_a_populated_version_11_database_migrates_with_every_run_where_it_was(db_url, monkeypatch):
+async def test_a_populated_version_11_database_migrates_with_every_run_where_it_was(db_url, make_store, monkeypatch):
     dialect = "sqlite" if db_url.startswith(SQLITE_PREFIX) else "postgres"
     statements = (sqlite_queries if dialect == "sqlite" else postgres_queries).STATEMENTS
     store_module = "fastlane.storage.store"
@@ -73,7 +73,7 @@ async def test_a_populated_version_11_database_migrates_with_every_run_where_it_
     # Version 11, and version 11's insert of scheduled runs.
     monkeypatch.setattr(f"{store_module}.migrations_for", lambda name: migrations_for(name)[:11])
     monkeypatch.setattr(statements, "INSERT_RUNS", statements.INSERT_RUNS.replace(V12_CONFLICT, V11_CONFLICT[dialect]))
-    store = open_store(db_url, shard_count=SHARDS)
+    store = make_store(shard_count=SHARDS)
     try:
         assert await store.migrate() == 11
         leases = {lease.shard_id: lease for lease in await store.acquire_shards("node-a", TTL, limit=SHARDS)}
@@ -93,7 +93,7 @@ async def test_a_populated_version_11_database_migrates_with_every_run_where_it_
         await store.close()
     monkeypatch.undo()
 
-    store = open_store(db_url, shard_count=SHARDS)
+    store = make_store(shard_count=SHARDS)
     try:
         assert await store.migrate() == len(migrations_for(dialect))
         indexes = await run_indexes(db_url)

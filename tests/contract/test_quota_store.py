@@ -9,14 +9,13 @@ import pytest
 from fastlane.domain.models import JobSpec, Schedule
 from fastlane.domain.quotas import TenantQuota
 from fastlane.errors import InvalidArgument
-from fastlane.storage import open_store
 
 HOURLY = Schedule.interval(timedelta(hours=1))
 
 
 @pytest.fixture
-async def store(db_url):
-    store = open_store(db_url, shard_count=4)
+async def store(make_store):
+    store = make_store(shard_count=4)
     await store.migrate()
     yield store
     await store.close()

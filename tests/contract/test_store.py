@@ -1,4 +1,4 @@
-"""The Store contract: every test runs against SQLite and PostgreSQL (the ``db_url`` fixture)."""
+"""The Store contract: every test runs against each backend (the ``make_store`` fixture)."""
 
 from __future__ import annotations
 
@@ -48,17 +48,17 @@ NOW = datetime.now(UTC)
 
 
 @pytest.fixture
-async def store(db_url):
-    store = open_store(db_url, shard_count=SHARDS)
+async def store(make_store):
+    store = make_store(shard_count=SHARDS)
     await store.migrate()
     yield store
     await store.close()
 
 
 @pytest.fixture
-async def second_store(db_url, store):
+async def second_store(make_store, store):
     """Another store on the same database: another connection, as another node would have."""
-    other = open_store(db_url, shard_count=SHARDS)
+    other = make_store(shard_count=SHARDS)
     yield other
     await other.close()
 

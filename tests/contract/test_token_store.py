@@ -1,4 +1,4 @@
-"""The Store contract for API tokens: every test runs against SQLite and PostgreSQL (``db_url``)."""
+"""The Store contract for API tokens: every test runs against each backend (``make_store``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import pytest
 from fastlane.domain.access import ApiToken, Role
 from fastlane.domain.models import JobSpec, Schedule
 from fastlane.errors import Conflict, InvalidArgument, StorageError, TokenNotFound
-from fastlane.storage import open_store
 from fastlane.storage.migrations import migrations_for
 from fastlane.storage.store import SQLStore
 
@@ -25,8 +24,8 @@ USED = datetime(2030, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
 
 
 @pytest.fixture
-async def store(db_url):
-    store = open_store(db_url, shard_count=SHARDS)
+async def store(make_store):
+    store = make_store(shard_count=SHARDS)
     await store.migrate()
     yield store
     await store.close()
@@ -214,8 +213,8 @@ async def test_touch_keeps_the_latest_use_and_ignores_unknown_tokens(store):
 # -- migration -------------------------------------------------------------------------------------
 
 
-async def test_a_database_at_version_3_with_jobs_migrates_to_version_5(db_url, monkeypatch):
-    store = open_store(db_url, shard_count=SHARDS)
+async def test_a_database_at_version_3_with_jobs_migrates_to_version_5(db_url, make_store, monkeypatch):
+    store = make_store(shard_count=SHARDS)
     # The store's migrate() reads the migrations through its own module's name for them: there,
     # it is made to see only the first three, as a node of the previous release would.
     store_module = sys.modules[SQLStore.__module__]

@@ -16,7 +16,7 @@ from fastlane.domain.records import AttemptResult, Dispatch
 from fastlane.domain.workflow_definitions import parse_definition
 from fastlane.domain.workflows import WorkflowRunState
 from fastlane.errors import InvalidState
-from fastlane.storage import Change, open_store
+from fastlane.storage import Change
 from fastlane.storage.base import Store
 
 SHARDS = 4
@@ -27,8 +27,8 @@ DIAMOND = {"name": "diamond", "steps": [
 
 
 @pytest.fixture
-async def store(db_url):
-    store = open_store(db_url, shard_count=SHARDS)
+async def store(make_store):
+    store = make_store(shard_count=SHARDS)
     await store.migrate()
     yield store
     await store.close()
@@ -60,13 +60,13 @@ async def test_a_changed_definition_is_a_new_version_and_the_same_one_is_not(sto
     assert (await store.get_workflow("default", "diamond", 1)).spec.failure_policy.value == "fail_fast"
 
 
-async def test_steps_are_made_once_however_often_and_by_however_many_stores_a_run_is_advanced(store, db_url):
+async def test_steps_are_made_once_however_often_and_by_however_many_stores_a_run_is_advanced(store, make_store):
     await store.create_workflow(parse_definition(DIAMOND))
     run, changes = await store.trigger_workflow("default", "diamond", b'{"n": 1}')
     assert [r.step for r in changes.scheduled] == ["a"]
     a = changes.scheduled[0]
     await finish(store, a.run_id, 1, AttemptOutcome.SUCCEEDED, {"from": "a"})
-    others = [open_store(db_url, shard_count=SHARDS) for _ in range(2)]
+    others = [make_store(shard_count=SHARDS) for _ in range(2)]
     try:
         results = await asyncio.gather(*(s.advance_workflow_runs([run.workflow_run_id]) for s in [store, *others]),
                                        store.advance_workflow_runs([run.workflow_run_id]))
@@ -156,7 +156,7 @@ async def test_steps_released_here_are_not_announced_and_the_others_are(store, d
     told, told_changes = await store.trigger_workflow("default", "diamond", b"")
     watcher = asyncio.create_task(store.watch_changes(on_change))
     try:
-        if not db_url.startswith("sqlite"):
+        if store.capabilities.listens:
             await asyncio.wait_for(listening.wait(), 10)  # the listener announces itself once connected
         for changes_made in (quiet_changes, told_changes):
             await finish(store, changes_made.scheduled[0].run_id, 1, AttemptOutcome.SUCCEEDED)
@@ -164,7 +164,7 @@ async def test_steps_released_here_are_not_announced_and_the_others_are(store, d
         made_quiet = await store.advance_workflow_runs([quiet.workflow_run_id], released_here=here)
         made_told = await store.advance_workflow_runs([told.workflow_run_id], released_here=here - {told.shard_id})
         assert sorted(r.step for r in made_quiet.scheduled) == sorted(r.step for r in made_told.scheduled) == ["b", "c"]
-        announced = {r.run_id for r in made_told.scheduled} if db_url.startswith("postgres") else set()
+        announced = {r.run_id for r in made_told.scheduled} if store.capabilities.listens else set()
         deadline = asyncio.get_running_loop().time() + 10
         while {c.key for c in changes if c.kind == "run"} < announced:
             assert asyncio.get_running_loop().time() < deadline, changes
