@@ -29,6 +29,9 @@ WITH_A_WORKER = sql_list(WITH_A_WORKER_SET)
 OVERLAP_ACTIVE = sql_list(OVERLAP_ACTIVE_SET)
 WAITING = sql_list(WAITING_SET)
 FINAL = sql_list(FINAL_SET)
+# The token a shard acquired on timeline t takes, at least (t - 1) << 32: see ACQUIRE_SHARDS.
+TOKEN_FLOOR = ("GREATEST(token + 1, ((('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint - 1)"
+               " << 32))")
 # A job's runs that keep its oldest buffered run waiting.
 AHEAD_OF_THE_BUFFER = sql_list(OVERLAP_ACTIVE_SET - {RunState.BUFFERED})
 # The window's columns: the schedule only for recurring jobs (a one-shot has no next occurrence,
@@ -302,10 +305,9 @@ class Statements:
     # promotion never equal one handed out before it, even when the standby lost the commit of
     # that older token's bump (see postgres.server_identity). Free and expired shards whose rows
     # nobody has locked: nodes acquiring at once split them instead of queueing (SKIP LOCKED).
-    ACQUIRE_SHARDS = """
+    ACQUIRE_SHARDS = f"""
         UPDATE shards SET owner = $1,
-                          token = GREATEST(token + 1, ((('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))
-                                                        ::bit(32)::bigint - 1) << 32)),
+                          token = {TOKEN_FLOOR},
                           lease_expires_at = clock_timestamp() + $2 * interval '1 microsecond'
         WHERE shard_id IN (
             SELECT shard_id FROM shards
@@ -320,10 +322,9 @@ class Statements:
     # a transaction its old owner opened before its lease ran out. Rows are locked in shard order; a
     # row taken meanwhile by another node fails the recheck of the lease after the wait and is
     # left. Only where rows are locked (not Capabilities.one_writer).
-    ACQUIRE_EXPIRED_SHARDS = """
+    ACQUIRE_EXPIRED_SHARDS = f"""
         UPDATE shards SET owner = $1,
-                          token = GREATEST(token + 1, ((('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))
-                                                        ::bit(32)::bigint - 1) << 32)),
+                          token = {TOKEN_FLOOR},
                           lease_expires_at = clock_timestamp() + $2 * interval '1 microsecond'
         WHERE shard_id IN (
             SELECT shard_id FROM shards
