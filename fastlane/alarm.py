@@ -1,4 +1,4 @@
-"""One-shot alarms at instants of the wall clock that wake an event loop on time.
+"""One-shot alarms at instants of a clock that wake an event loop on time.
 
 A worker's held run must start on its instant, not a millisecond later, and a node releases runs
 on theirs. The event loop's own timers cannot do that: uvloop's (libuv's) count whole
@@ -14,7 +14,10 @@ through ``ctypes``; where that is not possible (another OS, a libc without it), 
 does the job, a millisecond or so less precise.
 
 Both kinds are armed for one instant at a time (setting again replaces) and call ``ring`` on the
-loop when it has come; neither rings early.
+loop when it has come; neither rings early. An instant is given on the caller's clock (the node's
+corrected clock, a worker's wall clock) and turned into a deadline of the monotonic clock when the
+alarm is set: a step of the wall clock afterwards (a clock set by hand, a VM resumed) moves no
+deadline, so it can make nothing ring early.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from typing import Protocol
 
 log = logging.getLogger("fastlane.alarm")
 
-_CLOCK_REALTIME = 0  # the instants are wall-clock times: time.time_ns()
+_CLOCK_MONOTONIC = 1  # deadlines are of time.monotonic_ns(), which no step of the wall clock moves
 _TFD_CLOEXEC = 0o2000000
 _TFD_NONBLOCK = 0o4000
 _TFD_TIMER_ABSTIME = 1
@@ -39,7 +42,7 @@ MIN_LOOP_WAIT = 0.001  # seconds: uvloop runs a wait under half a millisecond at
 
 class Alarm(Protocol):
     def set(self, instant_ns: int) -> None:
-        """Ring at ``instant_ns`` (wall clock), replacing any instant set before."""
+        """Ring at ``instant_ns`` (of the alarm's clock), replacing any instant set before."""
 
     def clear(self) -> None:
         """Do not ring until set again."""
@@ -59,18 +62,21 @@ class _Itimerspec(ctypes.Structure):
 class KernelAlarm:
     """An alarm on a Linux ``timerfd`` that the loop watches as a reader."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, ring: Callable[[], None], libc: ctypes.CDLL) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, ring: Callable[[], None], libc: ctypes.CDLL,
+                 now_ns: Callable[[], int] = time.time_ns) -> None:
         self._loop = loop
         self._ring = ring
+        self._now_ns = now_ns
         self._settime = libc.timerfd_settime
-        fd = libc.timerfd_create(_CLOCK_REALTIME, _TFD_NONBLOCK | _TFD_CLOEXEC)
+        fd = libc.timerfd_create(_CLOCK_MONOTONIC, _TFD_NONBLOCK | _TFD_CLOEXEC)
         if fd < 0:
             raise OSError(ctypes.get_errno(), "timerfd_create failed")
         self._fd: int | None = fd
         loop.add_reader(fd, self._readable)
 
     def set(self, instant_ns: int) -> None:
-        self._arm(max(instant_ns, 1))  # an all-zero value would disarm it
+        deadline = time.monotonic_ns() + (instant_ns - self._now_ns())
+        self._arm(max(deadline, 1))  # an all-zero value would disarm it
 
     def clear(self) -> None:
         self._arm(0)
@@ -151,13 +157,18 @@ _LIBC = _libc_with_timerfd()
 
 def open_alarm(
     loop: asyncio.AbstractEventLoop, ring: Callable[[], None], *, now_ns: Callable[[], int] = time.time_ns,
-    precise: bool = True,
+    precise: bool = True, real_time: bool | None = None,
 ) -> Alarm:
     """The most precise alarm this platform offers (a ``timerfd`` on Linux), ringing ``ring`` on
-    ``loop``. A clock other than the wall clock (tests) or ``precise=False`` gets the loop's timer."""
-    if precise and _LIBC is not None and now_ns is time.time_ns:
+    ``loop`` at instants of ``now_ns``'s clock. The kernel's alarm needs a clock that advances as
+    real time does: the wall clock, or ``real_time=True`` for another that does (one corrected by
+    an offset). Any other clock (a test's, moved by hand) or ``precise=False`` gets the loop's
+    timer, which asks ``now_ns`` again when it fires."""
+    if real_time is None:
+        real_time = now_ns is time.time_ns
+    if precise and real_time and _LIBC is not None:
         try:
-            return KernelAlarm(loop, ring, _LIBC)
+            return KernelAlarm(loop, ring, _LIBC, now_ns)
         except (OSError, NotImplementedError) as exc:  # NotImplementedError: a loop without add_reader
             log.info("no timerfd alarm (%s): waking on the loop's timer, about 1 ms less precise", exc)
     return LoopAlarm(loop, ring, now_ns)

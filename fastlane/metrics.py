@@ -127,7 +127,11 @@ class Metrics:
         self.lease_expiries = Counter("fastlane_lease_expiries_total", "Attempts whose worker lease expired",
                                       registry=registry)
         self.clock_offset = Gauge("fastlane_clock_offset_seconds",
-                                  "Database clock minus this node's clock, measured each lease cycle", registry=registry)
+                                  "Database clock minus this node's wall clock, measured each lease cycle (the node "
+                                  "fires on its wall clock corrected by it)", registry=registry)
+        self.clock_steps = Counter("fastlane_clock_steps_total",
+                                   "Steps of this node's wall clock against its monotonic clock (set by hand, a VM "
+                                   "resumed), each taken back at once and the offset measured again", registry=registry)
         self.materialised = Counter("fastlane_runs_materialised_total", "Runs written ahead of their time",
                                     registry=registry)
         self.skipped = Counter("fastlane_occurrences_skipped_total",

@@ -140,7 +140,8 @@ def register(commands: Any) -> None:
         metavar="MS",
         type=positive_seconds,
         default=defaults.max_clock_offset.total_seconds() * 1000,
-        help="a node whose clock is further than this from the database's owns no shards "
+        help="a node whose wall clock is further than this from the database's owns no shards (within it, "
+        "the node fires on its clock corrected to the database's) "
         f"(default: {defaults.max_clock_offset.total_seconds() * 1000:g})",
     )
     serve.add_argument(

@@ -38,7 +38,7 @@ from datetime import datetime, timedelta
 from typing import Protocol
 
 from fastlane.alarm import Alarm, open_alarm
-from fastlane.clock import Clock, SystemClock, to_micros
+from fastlane.clock import Clock, CorrectedClock, SystemClock, to_micros
 from fastlane.config import Settings
 from fastlane.domain.models import DueJob, Job, JobState, Run, ShardLease
 from fastlane.engine.waits import pause
@@ -254,9 +254,13 @@ class FastLane:
         bench fairness`) this loop spun between instants: the loop thread was 90 % busy for the
         flood's first 1.2 s, about half of it here, and every other thread that needs the GIL
         (SQLite's writer) waited for it while the spinning thread gave it up and took it back."""
-        # The wall clock gets the kernel's timer; a clock a test injects, the loop's.
-        now_ns = time.time_ns if isinstance(self._clock, SystemClock) else self._now_ns
-        alarm = open_alarm(asyncio.get_running_loop(), self._release_wake.set, now_ns=now_ns)
+        # A clock that follows real time (the wall clock, or the node's corrected to the
+        # database's) gets the kernel's timer; a clock a test injects, the loop's.
+        if isinstance(self._clock, CorrectedClock):
+            now_ns, real_time = self._clock.now_ns, True
+        else:
+            now_ns, real_time = (time.time_ns, True) if isinstance(self._clock, SystemClock) else (self._now_ns, False)
+        alarm = open_alarm(asyncio.get_running_loop(), self._release_wake.set, now_ns=now_ns, real_time=real_time)
         try:
             await self._release_on_time(alarm)
         finally:

@@ -35,7 +35,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 
 from fastlane.aio import first_of
-from fastlane.clock import Clock, SystemClock
+from fastlane.clock import Clock, CorrectedClock, SystemClock
 from fastlane.domain.models import NodeInfo, ShardLease
 from fastlane.errors import FastlaneError, StorageError
 from fastlane.metrics import Metrics
@@ -205,16 +205,23 @@ class ShardOwnership:
 
     async def _follow_membership(self) -> None:
         """Measure the clock, heartbeat, and work out this node's fair share."""
-        before = self._clock.now()
+        # Measured against the wall clock as it is: a corrected clock takes the measurement and
+        # fires on it; the bound judges how far the host's own clock is off.
+        corrected = self._clock if isinstance(self._clock, CorrectedClock) else None
+        wall = corrected.wall_now if corrected is not None else self._clock.now
+        steps = corrected.steps if corrected is not None else 0
+        before = wall()
         database_now = await self._store.db_now()
-        after = self._clock.now()
-        self.clock_offset = database_now - (before + (after - before) / 2)
-        self._metrics.clock_offset.set(self.clock_offset.total_seconds())
+        after = wall()
         # The database's time was read somewhere within the round trip, so the offset is known
         # only to within half of it. A busy node can take long to see the answer: that is no
         # reason to give up its shards, so only an offset beyond the bound by more than that
         # uncertainty counts.
         uncertainty = (after - before) / 2
+        self.clock_offset = database_now - (before + uncertainty)
+        if corrected is not None and corrected.steps == steps:  # a step in between spoils the sample
+            corrected.measured(self.clock_offset, uncertainty)
+        self._metrics.clock_offset.set(self.clock_offset.total_seconds())
         eligible = abs(self.clock_offset) - uncertainty <= self._max_clock_offset
         note = "" if eligible else (
             f"clock offset to the database {self.clock_offset.total_seconds() * 1000:+.0f} ms exceeds "
@@ -240,7 +247,7 @@ class ShardOwnership:
         """Note when the next change of ownership can happen, so the next cycle runs right then
         instead of up to a third of a TTL later: when a node that has missed a heartbeat will
         count as gone, or when the lease of a shard held by a gone node runs out."""
-        database_now = self._clock.now() + self.clock_offset
+        database_now = self._clock.now() + self._to_database_time
         interval = self._ttl / 3
         moments = [
             node.heartbeat_at + self._ttl
@@ -258,8 +265,12 @@ class ShardOwnership:
                     or (shard.owner == self._node_id and shard.shard_id not in self._leases)
                 )
             ]
-        # Database time to this node's time: subtract the measured offset.
-        self._next_change_at = min(moments) - self.clock_offset if moments else None
+        self._next_change_at = min(moments) - self._to_database_time if moments else None
+
+    @property
+    def _to_database_time(self) -> timedelta:
+        """What turns this node's clock into the database's: nothing for a corrected clock."""
+        return timedelta(0) if isinstance(self._clock, CorrectedClock) else self.clock_offset
 
     def _until_next_cycle(self, interval: float) -> float:
         if self._next_change_at is None:

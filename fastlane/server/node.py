@@ -23,7 +23,7 @@ from fastlane._proto import admin_pb2
 from fastlane.aio import first_of
 from fastlane.auth.authenticator import Authenticator
 from fastlane.auth.tls import ServerTls
-from fastlane.clock import Clock, SystemClock
+from fastlane.clock import Clock, CorrectedClock
 from fastlane.config import Settings
 from fastlane.domain.models import Run, ShardLease
 from fastlane.engine.changes import ChangeFollower
@@ -76,8 +76,12 @@ class Node:
 
     def __init__(self, settings: Settings, *, clock: Clock | None = None) -> None:
         self.settings = settings
-        self.clock = clock or SystemClock()
+        # By default the node fires on its wall clock corrected to the database's (measured each
+        # lease cycle), so every node fires on the same instant, and a step of the wall clock is
+        # taken back at once (see CorrectedClock).
+        self.clock = clock or CorrectedClock(on_step=self._clock_stepped)
         self.metrics = Metrics()
+        self._ownership: ShardOwnership | None = None
         self.ready = asyncio.Event()
         self._stop = asyncio.Event()
         self._failure: FastlaneError | None = None  # why the node could not go on, if it could not
@@ -130,6 +134,15 @@ class Node:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(delay):
                         await self._stop.wait()
+
+    def _clock_stepped(self, jump_ns: int) -> None:
+        """The wall clock jumped: the corrected clock took it back; count it, say so, and
+        measure the offset to the database again now rather than at the next lease cycle."""
+        self.metrics.clock_steps.inc()
+        log.warning("the wall clock stepped %+.1f ms against the monotonic clock: firing on the clock as it was, "
+                    "measuring the offset to the database again", jump_ns / 1e6)
+        if self._ownership is not None:
+            self._ownership.wake()
 
     async def _report_health(self, server: ApiServer, ownership: ShardOwnership, store: Store) -> None:
         """Readiness follows the database: a node that cannot reach it (so cannot renew its
@@ -223,6 +236,7 @@ class Node:
             on_acquired=shards_acquired, on_lost=shards_lost, address=settings.advertised_address, clock=self.clock,
             max_clock_offset=settings.max_clock_offset, workers=lambda: dispatcher.workers_connected,
         )
+        self._ownership = ownership
         lane = FastLane(store, settings=settings, clock=self.clock, metrics=metrics, shards=ownership,
                         on_stale=ownership.lost, dispatch=dispatcher)
 

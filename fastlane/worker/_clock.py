@@ -62,7 +62,8 @@ class ClockEstimator:
 
     def __init__(self, *, keep: int = SAMPLES_KEPT) -> None:
         self._samples: deque[ClockSample] = deque(maxlen=keep)
-        self._pending: dict[int, int] = {}  # probe id: sent at (worker ns)
+        # probe id: (sent at as stamped on the probe, sent at on the clock as it is now), worker ns
+        self._pending: dict[int, tuple[int, int]] = {}
         self._next_id = 1
         self._best: ClockSample | None = None
 
@@ -99,14 +100,24 @@ class ClockEstimator:
         self._pending.clear()
         self._best = None
 
+    def stepped(self, jump_ns: int) -> None:
+        """This worker's wall clock jumped by ``jump_ns`` (against its monotonic clock): every
+        sample and pending probe moves with it, so the estimate stays right instead of waiting
+        for fresh samples to outvote the old ones."""
+        self._samples = deque((ClockSample(s.offset_ns - jump_ns, s.round_trip_ns) for s in self._samples),
+                              maxlen=self._samples.maxlen)
+        self._pending = {probe_id: (stamped, sent + jump_ns) for probe_id, (stamped, sent) in self._pending.items()}
+        if self._best is not None:
+            self._best = ClockSample(self._best.offset_ns - jump_ns, self._best.round_trip_ns)
+
     def probe(self, now_ns: int) -> pb.ClockProbe:
         """A probe sent at ``now_ns``, carrying the current estimate (the node decides by it)."""
-        for probe_id in [i for i, sent in self._pending.items() if now_ns - sent > MAX_ROUND_TRIP_NS]:
+        for probe_id in [i for i, (_, sent) in self._pending.items() if now_ns - sent > MAX_ROUND_TRIP_NS]:
             del self._pending[probe_id]
         while len(self._pending) >= _MAX_PENDING:
             del self._pending[next(iter(self._pending))]  # the oldest: dicts keep insertion order
         probe_id, self._next_id = self._next_id, self._next_id + 1
-        self._pending[probe_id] = now_ns
+        self._pending[probe_id] = (now_ns, now_ns)
         message = pb.ClockProbe(probe_id=probe_id, sent_at=_timestamp(now_ns))
         if self._best is not None:
             message.uncertainty.CopyFrom(_duration(self._best.round_trip_ns // 2))
@@ -120,10 +131,11 @@ class ClockEstimator:
         not echo the probe's own send time, one without the node's time, and one whose round trip
         is negative (the worker's clock stepped back) or longer than ``MAX_ROUND_TRIP_NS``.
         """
-        sent_ns = self._pending.pop(echo.probe_id, None)
-        if sent_ns is None or not echo.HasField("node_time"):
+        pending = self._pending.pop(echo.probe_id, None)
+        if pending is None or not echo.HasField("node_time"):
             return None
-        if echo.HasField("probe_sent_at") and echo.probe_sent_at.ToNanoseconds() != sent_ns:
+        stamped_ns, sent_ns = pending
+        if echo.HasField("probe_sent_at") and echo.probe_sent_at.ToNanoseconds() != stamped_ns:
             return None
         round_trip = received_ns - sent_ns
         if not 0 <= round_trip <= MAX_ROUND_TRIP_NS:

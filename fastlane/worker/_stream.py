@@ -25,6 +25,7 @@ import grpc
 from fastlane._proto import workers_pb2 as pb
 from fastlane._proto import workers_pb2_grpc as pb_grpc
 from fastlane.domain.models import AttemptOutcome
+from fastlane.clock import StepWatch
 from fastlane.worker._clock import ClockEstimate, ClockEstimator
 from fastlane.worker._runs import Launch, RunBook, RunSlot, Verdict, heartbeat_messages, result_messages
 
@@ -132,6 +133,7 @@ class NodeStream:
         self._refused: str | None = None  # the last stream was refused access: why
         self._tls_failure: str | None = None  # the last connection failed its TLS handshake: why
         self._clock = ClockEstimator()
+        self._steps = StepWatch()
 
     @property
     def connected(self) -> bool:
@@ -364,7 +366,7 @@ class NodeStream:
                 self._runs.cancel(cancel.runs, Verdict(AttemptOutcome.CANCELLED, "", cancel.reason),
                                   unstarted_only=cancel.unstarted_only)
             elif body == "clock_echo":
-                self._clock_echo(message.clock_echo, time.time_ns())
+                self._clock_echo(message.clock_echo, self._wall_ns())
             elif body == "welcome":
                 self._welcome(message.welcome, welcomed)
 
@@ -428,7 +430,7 @@ class NodeStream:
 
     def _send_probe(self) -> None:
         if self._outbound is not None:
-            self._outbound.put_nowait(pb.WorkerMessage(clock_probe=self._clock.probe(time.time_ns())))
+            self._outbound.put_nowait(pb.WorkerMessage(clock_probe=self._clock.probe(self._wall_ns())))
 
     def _queue_beats(self, *, full: bool) -> None:
         slots = self._runs.beats_due(full=full)
@@ -468,7 +470,18 @@ class NodeStream:
     def _start_runs(self, assignments: Iterable[pb.Assignment], received_at: datetime) -> None:
         if self._closing.is_set():
             return  # we said goodbye: the node treats these like runs of a worker that left
+        self._wall_ns()  # a step since the last reading moves the estimate first
         self._runs.start(self, assignments, received_at, self._launch, self._clock.offset_ns)
+
+    def _wall_ns(self) -> int:
+        """The wall clock; a step of it since the last reading (against the monotonic clock)
+        moves the estimate of the node's clock with it, so no held run starts early or late by it."""
+        wall, jump = self._steps.read()
+        if jump:
+            self._clock.stepped(jump)
+            log.warning("this worker's wall clock stepped %+.1f ms: the estimate of %s's clock moved with it",
+                        jump / 1e6, self.address)
+        return wall
 
 
 def _describe(error: BaseException) -> str:

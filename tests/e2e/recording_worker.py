@@ -26,6 +26,7 @@ import asyncio
 import base64
 import os
 import signal
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -55,12 +56,14 @@ def _event(ctx: RunContext, event: str, **fields: Any) -> None:
 @worker.handler("e2e")
 async def record(ctx: RunContext) -> None:
     received = datetime.now(UTC)
+    entered_monotonic_ns = time.monotonic_ns()  # the real time of entry even where the wall clock is shifted
     _record.write(orjson.dumps({
         "run_id": ctx.run_id,
         "job_id": ctx.job_id,
         "attempt": ctx.attempt,
         "scheduled_for": ctx.scheduled_for.isoformat(),
         "received_at": received.isoformat(),  # when the handler started
+        "received_monotonic_ns": entered_monotonic_ns,
         "assignment_received_at": ctx.received_at.isoformat(),  # when the assignment arrived (held until its start)
         "idempotency_key": ctx.idempotency_key,
         "worker_pid": os.getpid(),

@@ -111,3 +111,16 @@ def test_reset_forgets_samples_and_pending_probes() -> None:
     clock.reset()
     assert clock.estimate is None
     assert clock.echo(echo_of(pending, T0), T0 + MS) is None
+
+
+def test_a_step_of_the_workers_clock_moves_the_estimate_and_pending_probes_with_it() -> None:
+    clock = ClockEstimator()
+    round_trip(clock, T0, 1 * MS, node_ahead=10 * MS)
+    round_trip(clock, T0 + 100 * MS, 3 * MS, node_ahead=10 * MS)
+    pending = clock.probe(T0 + 200 * MS)
+    clock.stepped(2_000 * MS)  # the worker's clock jumped 2 s ahead: the node is now 1.99 s behind it
+    assert clock.offset_ns == 10 * MS - 2_000 * MS
+    # The probe sent before the step is echoed after it: still a sample of the new offset.
+    sample = clock.echo(echo_of(pending, T0 + 200 * MS + 10 * MS + 1 * MS), T0 + 2_200 * MS + 2 * MS)
+    assert sample == ClockSample(offset_ns=10 * MS - 2_000 * MS, round_trip_ns=2 * MS)
+    assert clock.offset_ns == 10 * MS - 2_000 * MS

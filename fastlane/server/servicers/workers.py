@@ -128,7 +128,7 @@ class WorkerServicer(workers_pb2_grpc.WorkerServiceServicer):
             elif body == "heartbeats":
                 self._dispatcher.heartbeats(session, heartbeats_of(message.heartbeats))
             elif body == "results":
-                results = results_of(message.results)
+                results = results_of(message.results, worker_offset=session.clock_offset)
                 freed = validation.count("results.credits", message.results.credits, 0, MAX_CREDITS)
                 self._dispatcher.results(session, results)
                 if freed:  # after the results, as when a CreditGrant follows them
@@ -196,8 +196,15 @@ def heartbeats_of(message: workers_pb2.Heartbeats) -> list[Heartbeat]:
     return _each("heartbeats.beats", message.beats, _heartbeat)
 
 
-def results_of(message: workers_pb2.Results) -> list[AttemptResult]:
-    return _each("results.results", message.results, _result)
+def results_of(message: workers_pb2.Results, *, worker_offset: timedelta | None = None) -> list[AttemptResult]:
+    """The results of a batch. The times they report are on the worker's clock; ``worker_offset``
+    (node minus worker, as the worker measured it) puts them on this node's, so history's start
+    lags are real ones whatever the worker's clock says."""
+    offset = worker_offset or _NO_OFFSET
+    return _each("results.results", message.results, lambda result: _result(result, offset))
+
+
+_NO_OFFSET = timedelta(0)
 
 
 def clock_probe_of(probe: workers_pb2.ClockProbe) -> ClockProbe:
@@ -253,7 +260,7 @@ def _heartbeat(beat: workers_pb2.RunHeartbeat) -> Heartbeat:
     )
 
 
-def _result(result: workers_pb2.RunResult) -> AttemptResult:
+def _result(result: workers_pb2.RunResult, offset: timedelta = _NO_OFFSET) -> AttemptResult:
     # A busy worker reports thousands of results a second: empty texts skip their cleaning.
     code, message, traceback = result.error_code, result.error_message, result.error_traceback
     return AttemptResult(
@@ -263,8 +270,9 @@ def _result(result: workers_pb2.RunResult) -> AttemptResult:
         error_code=validation.error_text(code) if code else None,
         error_message=validation.error_text(message) if message else None,
         error_traceback=validation.traceback_text(traceback) if traceback else None,
-        started_at=wire.instant_in("started_at", result.started_at) if result.HasField("started_at") else None,
-        finished_at=wire.instant_in("finished_at", result.finished_at) if result.HasField("finished_at") else None,
+        started_at=wire.instant_in("started_at", result.started_at) + offset if result.HasField("started_at") else None,
+        finished_at=(wire.instant_in("finished_at", result.finished_at) + offset
+                     if result.HasField("finished_at") else None),
         output=output_of(result.output) if result.output else b"",
     )
 
