@@ -48,6 +48,10 @@ class ManualClock:
 STEP_BOUND_NS = 20_000_000
 SLEW_TOLERANCE = 1 / 1_000
 OFFSET_SAMPLES = 8  # measurements of the offset kept; the one with the shortest round trip counts
+# An offset this much beyond its own uncertainty is taken for a real one; a smaller one cannot be
+# told from clocks that agree (NTP keeps hosts well within it), and correcting by it would only add
+# the measurement's noise to every firing.
+OFFSET_DEADBAND_NS = 1_000_000
 
 
 class StepWatch:
@@ -120,9 +124,14 @@ class CorrectedClock:
 
     def measured(self, offset: timedelta, uncertainty: timedelta) -> None:
         """Take one measurement of the offset (reference minus wall clock, right to within
-        ``uncertainty``); the offset in force is that of the most certain of the recent ones."""
+        ``uncertainty``). The most certain of the recent ones counts: within
+        :data:`OFFSET_DEADBAND_NS` of its uncertainty of zero, the clocks agree as far as anyone
+        can tell and the wall clock is used as it is; beyond, the offset in force is the lowest
+        the measurement allows (offset minus uncertainty), so corrected time is never ahead of the
+        reference: a run may start up to twice the uncertainty late, never early."""
         self._samples = [*self._samples[1 - OFFSET_SAMPLES:], (_ns(offset), _ns(uncertainty))]
-        self.offset_ns = min(reversed(self._samples), key=lambda sample: sample[1])[0]
+        best, spread = min(reversed(self._samples), key=lambda sample: sample[1])
+        self.offset_ns = 0 if abs(best) <= spread + OFFSET_DEADBAND_NS else best - spread
 
 
 def _ns(delta: timedelta) -> int:

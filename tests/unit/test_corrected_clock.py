@@ -30,18 +30,28 @@ def test_the_corrected_clock_is_the_wall_clock_plus_the_measured_offset() -> Non
     clock = clocks.clock()
     assert clock.now_ns() == clocks.wall
     clock.measured(timedelta(milliseconds=-300), timedelta(microseconds=50))
-    assert clock.now_ns() == clocks.wall - 300 * MS
-    assert clock.offset == timedelta(milliseconds=-300)
+    # The lowest offset the measurement allows: never ahead of the database, at most 0.1 ms behind.
+    assert clock.now_ns() == clocks.wall - 300 * MS - 50_000
+    assert clock.offset == timedelta(milliseconds=-300, microseconds=-50)
+
+
+def test_an_offset_within_its_uncertainty_and_the_deadband_leaves_the_wall_clock_as_it_is() -> None:
+    clocks = Clocks()
+    clock = clocks.clock()
+    clock.measured(timedelta(microseconds=900), timedelta(microseconds=300))  # cannot be told from 0
+    assert clock.now_ns() == clocks.wall
+    clock.measured(timedelta(microseconds=-1_400), timedelta(microseconds=200))  # now it can: 1.4 > 0.2 + 1
+    assert clock.now_ns() == clocks.wall - 1_600_000
 
 
 def test_the_most_certain_recent_measurement_counts() -> None:
     clock = Clocks().clock()
     clock.measured(timedelta(milliseconds=-300), timedelta(microseconds=40))
     clock.measured(timedelta(milliseconds=-310), timedelta(milliseconds=5))  # a slow round trip
-    assert clock.offset == timedelta(milliseconds=-300)
+    assert clock.offset == timedelta(milliseconds=-300, microseconds=-40)
     for _ in range(8):  # the certain one ages out
         clock.measured(timedelta(milliseconds=-302), timedelta(microseconds=60))
-    assert clock.offset == timedelta(milliseconds=-302)
+    assert clock.offset == timedelta(milliseconds=-302, microseconds=-60)
 
 
 def test_a_forward_step_is_taken_back_so_nothing_looks_due_early() -> None:
@@ -72,8 +82,9 @@ def test_a_step_moves_the_kept_measurements_with_it() -> None:
     clock.measured(timedelta(0), timedelta(microseconds=40))
     clocks.wall += 2_000 * MS
     clock.now_ns()
-    clock.measured(timedelta(milliseconds=-2_000), timedelta(milliseconds=3))  # the new, less certain one agrees
     assert clock.offset == timedelta(milliseconds=-2_000)
+    clock.measured(timedelta(milliseconds=-2_000), timedelta(milliseconds=3))  # the new, less certain one agrees
+    assert clock.offset == timedelta(milliseconds=-2_000, microseconds=-40)  # the moved one still counts
 
 
 def test_drift_within_the_bound_and_slew_over_a_long_wait_is_no_step() -> None:
@@ -93,4 +104,4 @@ def test_the_wall_clock_as_it_is_stays_uncorrected() -> None:
     clock = clocks.clock()
     clock.measured(timedelta(seconds=-5), timedelta(microseconds=10))
     assert clock.now() < clock.wall_now()
-    assert (clock.wall_now() - clock.now()) == timedelta(seconds=5)
+    assert (clock.wall_now() - clock.now()) == timedelta(seconds=5, microseconds=10)
