@@ -65,12 +65,17 @@ class StepWatch:
                  monotonic_ns: Callable[[], int] = time.monotonic_ns) -> None:
         self._wall_ns = wall_ns
         self._monotonic_ns = monotonic_ns
-        self._last_wall = wall_ns()
         self._last_monotonic = monotonic_ns()
+        self._last_wall = wall_ns()
 
     def read(self) -> tuple[int, int]:
         """(the wall clock now, ns; how far it stepped since the last reading, ns, or 0)."""
-        wall, monotonic = self._wall_ns(), self._monotonic_ns()
+        # The wall clock read between two monotonic readings: a thread preempted in between would
+        # otherwise pass the pause for a step. A reading that took too long to bracket judges nothing.
+        before, wall, after = self._monotonic_ns(), self._wall_ns(), self._monotonic_ns()
+        if after - before > STEP_BOUND_NS // 4:
+            return wall, 0
+        monotonic = (before + after) // 2
         elapsed = monotonic - self._last_monotonic
         jump = (wall - self._last_wall) - elapsed
         self._last_wall, self._last_monotonic = wall, monotonic

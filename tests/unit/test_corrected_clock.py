@@ -105,3 +105,15 @@ def test_the_wall_clock_as_it_is_stays_uncorrected() -> None:
     clock.measured(timedelta(seconds=-5), timedelta(microseconds=10))
     assert clock.now() < clock.wall_now()
     assert (clock.wall_now() - clock.now()) == timedelta(seconds=5, microseconds=10)
+
+
+def test_a_reading_the_thread_was_preempted_in_is_no_step() -> None:
+    clocks = Clocks()
+    start_wall, start_monotonic = clocks.wall, clocks.monotonic
+    # Set up at 0; read at 10 ms, but the thread is preempted for 30 ms right after the wall clock.
+    monotonic = iter([start_monotonic, start_monotonic + 10 * MS, start_monotonic + 40 * MS])
+    wall = iter([start_wall, start_wall + 10 * MS])
+    clock = CorrectedClock(wall_ns=lambda: next(wall), monotonic_ns=lambda: next(monotonic),
+                           on_step=clocks.steps.append)
+    assert clock.now_ns() == start_wall + 10 * MS
+    assert clocks.steps == []
