@@ -23,7 +23,7 @@ import time
 
 from fastlane.bench.cpu_wait import CpuWait, record_field
 
-from fastlane.clock import to_micros
+from fastlane.runtime.clock import to_micros
 from fastlane.worker import RunContext, Worker
 
 worker = Worker(concurrency=10)

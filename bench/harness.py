@@ -31,8 +31,8 @@ from fastlane.bench.stats import (
 )
 from fastlane.bench.usage import ProcessMemory
 
-from fastlane.clock import to_micros
 from fastlane.domain.models import DEFAULT_TENANT, Job, JobSpec, Schedule
+from fastlane.runtime.clock import to_micros
 from fastlane.storage import open_store
 
 SHARDS = 64  # the product's default shard count

@@ -18,9 +18,9 @@ import aiosqlite
 import asyncpg
 from fastlane.bench.harness import JOB_TYPE, SHARDS, now_utc
 
-from fastlane.clock import to_micros
 from fastlane.domain.models import AttemptOutcome, DueJob, JobSpec, Schedule
 from fastlane.domain.policies import plan_occurrence
+from fastlane.runtime.clock import to_micros
 from fastlane.storage import AttemptResult, Dispatch, open_store
 
 PREFIX = "old-"  # the ids of the copies: counted after the run, to see how many were trimmed

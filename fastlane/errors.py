@@ -1,18 +1,28 @@
-"""The fastlane error tree.
+"""The errors a user of fastlane may catch; every one derives from :class:`FastlaneError`::
 
-Every error raised on purpose derives from :class:`FastlaneError`. Constructors take the
-identifiers involved and build a message that says what was wrong and what would be right, so the
-API layer can pass ``str(error)`` to a person unchanged.
+    FastlaneError
+    ├── InvalidArgument             a value given here is not acceptable (field and problem)
+    │   └── ScheduleError           a cron expression, instant or interval cannot be understood
+    │       └── UnknownTimeZone     not an IANA time zone name
+    ├── ConfigurationError          a client, worker or daemon set up in a way that cannot work
+    ├── RemoteError                 a daemon refused a call; ``code`` is its gRPC status
+    │   ├── RemoteInvalidArgument   the request was not valid (the message names the field)
+    │   ├── RemoteNotFound          no such job, run, workflow or token in the tenant
+    │   ├── RemoteAlreadyExists     a job of that name exists with another spec
+    │   ├── RemoteUnavailable       the daemon (or its database) cannot be reached now; retry
+    │   ├── RemoteUnauthenticated   no API token, or one unknown, expired or revoked
+    │   └── RemotePermissionDenied  the token's role or tenant does not allow the call
+    ├── RetryableError              raised by a handler: this attempt failed, a later one may not
+    └── PermanentError              raised by a handler: the run can never succeed; no retry
+
+Constructors take the identifiers involved and build a message that says what was wrong and
+what would be right, so ``str(error)`` can be shown to a person unchanged. The errors a node
+raises inside itself live in :mod:`fastlane.domain.errors`.
 """
 
 from __future__ import annotations
 
-import secrets
-
-
-def new_error_id() -> str:
-    """A short id that ties what a caller or a stored record is told to a traceback in the log."""
-    return secrets.token_hex(6)
+import grpc
 
 
 class FastlaneError(Exception):
@@ -46,104 +56,47 @@ class UnknownTimeZone(ScheduleError):
 
 
 class ConfigurationError(FastlaneError):
-    """The daemon or a client was configured in a way that cannot work."""
+    """The daemon, a worker or a client was configured in a way that cannot work."""
 
 
-# -- storage -----------------------------------------------------------------------------------
+# -- refused by a daemon ---------------------------------------------------------------------
 
 
-class StorageError(FastlaneError):
-    """A store operation failed. The driver's exception is kept as ``__cause__``."""
+class RemoteError(FastlaneError):
+    """An error a daemon reported, with its gRPC status code."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        self.code = code
+        self.details = message  # the daemon's own words, without the status name
+        super().__init__(f"{code.name}: {message}")
 
 
-class StorageUnavailable(StorageError):
-    """The database cannot be reached right now; the operation may succeed if retried."""
+class RemoteNotFound(RemoteError):
+    pass
 
 
-class NotFound(StorageError):
-    """The object asked for does not exist (for this tenant)."""
-
-    def __init__(self, kind: str, key: str) -> None:
-        self.kind = kind
-        self.key = key
-        super().__init__(f"{kind} {key!r} not found")
+class RemoteInvalidArgument(RemoteError):
+    pass
 
 
-class JobNotFound(NotFound):
-    def __init__(self, job_id: str) -> None:
-        super().__init__("job", job_id)
+class RemoteAlreadyExists(RemoteError):
+    pass
 
 
-class RunNotFound(NotFound):
-    def __init__(self, run_id: str) -> None:
-        super().__init__("run", run_id)
+class RemoteUnavailable(RemoteError):
+    pass
 
 
-class TokenNotFound(NotFound):
-    def __init__(self, token_id: str) -> None:
-        super().__init__("token", token_id)
+class RemoteUnauthenticated(RemoteError):
+    """The node requires an API token and got none, or refused the one it got (unknown, revoked,
+    expired): retrying with the same token will not help."""
 
 
-class Conflict(StorageError):
-    """The change contradicts the current state (a name already taken with another spec, say)."""
+class RemotePermissionDenied(RemoteError):
+    """The token is valid, but its role or tenant does not allow this call."""
 
 
-class JobAlreadyExists(Conflict):
-    def __init__(self, tenant: str, name: str, differing_field: str) -> None:
-        self.tenant = tenant
-        self.name = name
-        super().__init__(
-            f"a job named {name!r} already exists in tenant {tenant!r} with a different "
-            f"{differing_field}; choose another name or update the existing job (fastlane jobs update)"
-        )
-
-
-class InvalidState(Conflict):
-    """The object is in a state where the requested change makes no sense."""
-
-    def __init__(self, kind: str, key: str, state: str, wanted: str) -> None:
-        super().__init__(f"{kind} {key!r} is {state}; cannot {wanted}")
-
-
-# -- access ------------------------------------------------------------------------------------
-
-
-class Unauthenticated(FastlaneError):
-    """The caller did not prove who it is: no token, or one unknown, expired or revoked."""
-
-
-class PermissionDenied(FastlaneError):
-    """The caller is known but may not do this (its role, or another tenant)."""
-
-
-class QuotaExceeded(FastlaneError):
-    """A tenant's quota would be exceeded; the message names the quota and its limit."""
-
-
-# -- fencing -----------------------------------------------------------------------------------
-
-
-class StaleFence(FastlaneError):
-    """A write on behalf of a shard was refused: this node no longer holds the shard's lease.
-
-    The node must drop everything it holds for that shard and fire nothing more for it.
-    """
-
-    def __init__(self, shard_id: int, owner: str, token: int) -> None:
-        self.shard_id = shard_id
-        self.owner = owner
-        self.token = token
-        super().__init__(
-            f"shard {shard_id}: lease of {owner!r} with token {token} is no longer valid "
-            "(taken over, released or expired by the database clock)"
-        )
-
-
-# -- workers -----------------------------------------------------------------------------------
-
-
-class WorkerProtocolError(FastlaneError):
-    """A worker stream broke the protocol (no hello first, credits below zero, ...)."""
+# -- raised by handlers ----------------------------------------------------------------------
 
 
 class RetryableError(FastlaneError):

@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from fastlane.auth import secrets
 from fastlane.auth.caller import Caller
 from fastlane.domain.access import ApiToken
-from fastlane.errors import StorageError, StorageUnavailable, Unauthenticated
+from fastlane.domain.errors import StorageError, StorageUnavailable, Unauthenticated
 from fastlane.storage import Store
 
 log = logging.getLogger("fastlane.auth")

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from fastlane.domain import validation
 from fastlane.domain.access import Role
+from fastlane.domain.errors import PermissionDenied
 from fastlane.domain.models import DEFAULT_TENANT
-from fastlane.errors import PermissionDenied
 
 # Worker ids are qualified by the tenant of the worker's token with this separator, which a tenant
 # name cannot contain: two tenants' workers never share an id, so one cannot report for another.

@@ -33,7 +33,6 @@ from fastlane.cli.arguments import (
     whole_number_from_0_up_to,
     whole_number_up_to,
 )
-from fastlane.config import DEFAULT_DB_URL, DEFAULT_QUOTAS, DEFAULT_SERVER, Settings, default_node_id
 from fastlane.domain.limits import (
     MAX_BACKLOG,
     MAX_BACKLOG_SECONDS,
@@ -45,6 +44,8 @@ from fastlane.domain.limits import (
     PAYLOAD_CEILING_BYTES,
 )
 from fastlane.domain.quotas import TenantQuota
+from fastlane.rpc.channel import DEFAULT_SERVER
+from fastlane.server.settings import DEFAULT_DB_URL, DEFAULT_QUOTAS, Settings, default_node_id
 from fastlane.storage import DEFAULT_SHARD_COUNT, open_store, redacted_url
 
 
@@ -353,8 +354,8 @@ def run_worker(args: argparse.Namespace) -> int:
     module, _, attribute = args.target.partition(":")
     if not module or not attribute:
         raise UsageError(f"worker target {args.target!r} must be MODULE:ATTR, e.g. myapp.tasks:worker")
-    from fastlane import logs
     from fastlane.rpc.channel import load_token
+    from fastlane.runtime import logs
     from fastlane.worker import run_worker_cli
 
     # Connections to nodes coming and going are worth seeing; runs are never logged at INFO.

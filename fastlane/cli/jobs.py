@@ -46,8 +46,7 @@ from fastlane.domain.models import (
 )
 from fastlane.domain.schedules import fire_notes, local_time, preview
 from fastlane.domain.validation import validate_spec
-from fastlane.errors import InvalidArgument
-from fastlane.rpc.status import RemoteError
+from fastlane.errors import InvalidArgument, RemoteError
 from fastlane.rpc.wire import rfc3339
 
 

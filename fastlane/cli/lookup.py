@@ -9,8 +9,7 @@ from fastlane.client import Client
 from fastlane.domain import validation
 from fastlane.domain.models import Job
 from fastlane.domain.records import Page
-from fastlane.errors import FastlaneError, InvalidArgument
-from fastlane.rpc.status import RemoteNotFound
+from fastlane.errors import FastlaneError, InvalidArgument, RemoteNotFound
 
 T = TypeVar("T")
 

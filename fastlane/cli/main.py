@@ -21,8 +21,7 @@ import grpc
 
 from fastlane.cli import cluster, completion, daemon, jobs, quotas, runs, tokens, workflows
 from fastlane.cli.arguments import TOKEN_ENV, UsageError, default_server
-from fastlane.errors import FastlaneError
-from fastlane.rpc.status import RemoteError
+from fastlane.errors import FastlaneError, RemoteError
 
 EXIT_OK = 0
 EXIT_ERROR = 1

@@ -27,7 +27,7 @@ from fastlane.client import Client
 from fastlane.domain.audit import AuditTarget
 from fastlane.domain.lifecycle import cancel_in_effect
 from fastlane.domain.models import Run, RunState
-from fastlane.rpc.status import RemoteNotFound
+from fastlane.errors import RemoteNotFound
 
 # Long error texts would stretch every row of the table; `runs get` shows them whole.
 TABLE_ERROR_WIDTH = 60

@@ -14,13 +14,13 @@ from typing import Any
 import grpc
 import orjson
 
-from fastlane._proto import admin_pb2
 from fastlane.cli.output import note, print_table
 from fastlane.client import Client
 from fastlane.domain.audit import DEFAULT_AUDIT_LIMIT, AuditEvent, AuditTarget
+from fastlane.domain.cluster import ClusterStatus
 from fastlane.domain.models import Attempt, Job, Run, Schedule, ScheduleKind
-from fastlane.rpc.status import RemoteError
-from fastlane.rpc.wire import instant, rfc3339
+from fastlane.errors import RemoteError
+from fastlane.rpc.wire import rfc3339
 
 
 def seconds(delta: timedelta | None) -> float | None:
@@ -285,18 +285,14 @@ def print_history(history: list[AuditEvent] | None, *, targets: bool) -> None:
 
 
 
-def _pb_instant(message: Any, name: str) -> str | None:
-    return rfc3339(instant(getattr(message, name), message.HasField(name)))
-
-
 def _seconds_between(start: datetime | None, end: datetime | None) -> float | None:
     return None if start is None or end is None else round((end - start).total_seconds(), 3)
 
 
-def cluster_view(status: admin_pb2.ClusterStatus) -> dict[str, Any]:
+def cluster_view(status: ClusterStatus) -> dict[str, Any]:
     """Nodes and shards. Heartbeat ages and lease times count from the database's clock, which
     every node's clock is measured against, not from this machine's."""
-    now = instant(status.database_time, status.HasField("database_time"))
+    now = status.database_time
     return {
         "database_time": rfc3339(now),
         "nodes": [
@@ -309,10 +305,8 @@ def cluster_view(status: admin_pb2.ClusterStatus) -> dict[str, Any]:
                 "shards_owned": node.shards_owned,
                 "workers_connected": node.workers_connected,
                 "clock_offset_ms": node.clock_offset_ms,
-                "heartbeat_at": _pb_instant(node, "heartbeat_at"),
-                "heartbeat_age_seconds": _seconds_between(
-                    instant(node.heartbeat_at, node.HasField("heartbeat_at")), now
-                ),
+                "heartbeat_at": rfc3339(node.heartbeat_at),
+                "heartbeat_age_seconds": _seconds_between(node.heartbeat_at, now),
                 "note": node.note or None,
                 "heap_size": node.heap_size,
                 "ready_runs": node.ready_runs,
@@ -324,11 +318,9 @@ def cluster_view(status: admin_pb2.ClusterStatus) -> dict[str, Any]:
                 "shard_id": shard.shard_id,
                 "owner": shard.owner or None,
                 "token": shard.token,
-                "lease_expires_at": _pb_instant(shard, "lease_expires_at"),
+                "lease_expires_at": rfc3339(shard.lease_expires_at),
                 # Negative once the lease has run out and no node has renewed it.
-                "lease_expires_in_seconds": _seconds_between(
-                    now, instant(shard.lease_expires_at, shard.HasField("lease_expires_at"))
-                ),
+                "lease_expires_in_seconds": _seconds_between(now, shard.lease_expires_at),
             }
             for shard in status.shards
         ],

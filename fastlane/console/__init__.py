@@ -15,7 +15,7 @@ from fastlane.console.gateway import Gateway
 from fastlane.console.rendering import Console, make_templates
 from fastlane.console.server import ConsoleServer
 from fastlane.console.sessions import Sessions
-from fastlane.metrics import Metrics
+from fastlane.runtime.metrics import Metrics
 
 
 def console_server(listen: str, *, services: dict[str, object], authenticator: Authenticator | None,

@@ -17,7 +17,8 @@ from fastlane.console.gateway import CallRefused
 from fastlane.console.guard import set_session_cookie
 from fastlane.console.rendering import CONSOLE, STATUS_OF_REFUSAL, call_api, render, see_other, session_of
 from fastlane.console.sessions import COOKIE
-from fastlane.errors import InvalidArgument, StorageUnavailable, Unauthenticated
+from fastlane.domain.errors import StorageUnavailable, Unauthenticated
+from fastlane.errors import InvalidArgument
 from fastlane.rpc import wire
 
 log = logging.getLogger("fastlane.console")

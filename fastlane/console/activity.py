@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from fastlane.metrics import Metrics
+from fastlane.runtime.metrics import Metrics
 
 SAMPLE_SECONDS = 10.0
 KEEP_SECONDS = 3600.0

@@ -20,7 +20,7 @@ from fastlane.console.gateway import CallRefused
 from fastlane.console.rendering import CALLER, CONSOLE, SESSION, Console, refusal_page, render, see_other
 from fastlane.console.sessions import COOKIE, Session
 from fastlane.domain.access import Role
-from fastlane.errors import StorageUnavailable, Unauthenticated, new_error_id
+from fastlane.domain.errors import StorageUnavailable, Unauthenticated, new_error_id
 
 log = logging.getLogger("fastlane.console")
 

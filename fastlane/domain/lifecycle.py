@@ -22,10 +22,11 @@ from datetime import datetime
 from enum import Enum, StrEnum
 from typing import TypeVar
 
+from fastlane.domain.errors import InvalidState, JobAlreadyExists
 from fastlane.domain.models import FINAL_RUN_STATES, Job, JobSpec, JobState, Run, RunState, ScheduleKind
 from fastlane.domain.records import Dispatch
 from fastlane.domain.schedules import first_fire
-from fastlane.errors import InvalidArgument, InvalidState, JobAlreadyExists
+from fastlane.errors import InvalidArgument
 
 # -- named sets of states --------------------------------------------------------------------------
 

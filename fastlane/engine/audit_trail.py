@@ -17,7 +17,7 @@ import asyncio
 import logging
 
 from fastlane.domain.audit import AuditEvent
-from fastlane.errors import StorageUnavailable
+from fastlane.domain.errors import StorageUnavailable
 from fastlane.storage import Store
 
 log = logging.getLogger("fastlane.audit")

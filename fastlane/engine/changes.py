@@ -13,9 +13,9 @@ import asyncio
 import logging
 from typing import Protocol
 
+from fastlane.domain.errors import NotFound, StorageError
 from fastlane.domain.models import RunState, ShardLease
 from fastlane.engine.operations import Operations
-from fastlane.errors import NotFound, StorageError
 from fastlane.storage import Change, ChangeKind, Store
 
 log = logging.getLogger("fastlane.changes")

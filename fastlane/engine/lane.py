@@ -37,14 +37,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Protocol
 
-from fastlane.alarm import Alarm, open_alarm
-from fastlane.clock import Clock, CorrectedClock, SystemClock, to_micros
-from fastlane.config import Settings
+from fastlane.domain.errors import StaleFence, StorageError
 from fastlane.domain.models import DueJob, Job, JobState, Run, ShardLease
 from fastlane.engine.waits import pause
 from fastlane.engine.write_ahead import FAR_FUTURE, ShardStale, WriteAhead
-from fastlane.errors import StaleFence, StorageError
-from fastlane.metrics import Metrics
+from fastlane.runtime.alarm import Alarm, open_alarm
+from fastlane.runtime.clock import Clock, CorrectedClock, SystemClock, to_micros
+from fastlane.runtime.metrics import Metrics
+from fastlane.server.settings import Settings
 from fastlane.storage import Store
 
 # Runs are offered ahead once the earliest is this share of the lead less than the lead away, with
@@ -248,7 +248,7 @@ class FastLane:
     async def _timer_loop(self) -> None:
         """Release each run at its instant; offer runs due within the lead to be sent ahead.
 
-        It sleeps on an alarm (:mod:`fastlane.alarm`: a kernel timer on Linux), not on the loop's
+        It sleeps on an alarm (:mod:`fastlane.runtime.alarm`: a kernel timer on Linux), not on the loop's
         timer: that one runs a wait shorter than half a millisecond at once, so with runs due every
         half millisecond (a tenant's flood of 2,000 a second, held behind its cap in `fastlane
         bench fairness`) this loop spun between instants: the loop thread was 90 % busy for the

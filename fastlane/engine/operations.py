@@ -20,12 +20,12 @@ from dataclasses import replace
 
 from fastlane.auth.caller import current_caller
 from fastlane.domain.audit import AuditAction, AuditEvent, AuditTarget
+from fastlane.domain.errors import JobNotFound
 from fastlane.domain.models import Job, JobSpec, Run, RunState
 from fastlane.domain.workflows import WORKFLOW_JOB_TYPE, Workflow, WorkflowRun, WorkflowSpec
 from fastlane.engine.audit_trail import AuditTrail
 from fastlane.engine.dispatch.dispatcher import Dispatcher
 from fastlane.engine.lane import FastLane
-from fastlane.errors import JobNotFound
 from fastlane.storage import Store
 from fastlane.storage.workflows import WorkflowChanges
 

@@ -29,12 +29,12 @@ import logging
 from collections.abc import Callable, Collection
 from datetime import timedelta
 
+from fastlane.domain.errors import StorageUnavailable
 from fastlane.engine.waits import pause
-from fastlane.errors import StorageUnavailable
-from fastlane.metrics import Metrics
+from fastlane.runtime.metrics import Metrics
+from fastlane.runtime.supervise import Backoff
 from fastlane.storage import Store
 from fastlane.storage.results import TrimmedHistory
-from fastlane.supervise import Backoff
 
 log = logging.getLogger("fastlane.retention")
 

@@ -34,13 +34,14 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 
-from fastlane.aio import first_of
-from fastlane.clock import Clock, CorrectedClock, SystemClock
+from fastlane.domain.errors import StorageError
 from fastlane.domain.models import NodeInfo, ShardLease
-from fastlane.errors import FastlaneError, StorageError
-from fastlane.metrics import Metrics
+from fastlane.errors import FastlaneError
+from fastlane.runtime.aio import first_of
+from fastlane.runtime.clock import Clock, CorrectedClock, SystemClock
+from fastlane.runtime.metrics import Metrics
+from fastlane.runtime.supervise import Backoff
 from fastlane.storage import Store
-from fastlane.supervise import Backoff
 
 log = logging.getLogger("fastlane.shards")
 

@@ -20,9 +20,9 @@ import time
 from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Protocol
 
+from fastlane.domain.errors import StorageError, new_error_id
 from fastlane.domain.models import Run
 from fastlane.domain.workflows import WORKFLOW_JOB_TYPE
-from fastlane.errors import StorageError, new_error_id
 from fastlane.storage import Store
 from fastlane.storage.workflows import ADVANCE_BATCH, WorkflowChanges
 

@@ -20,15 +20,15 @@ from collections import Counter, OrderedDict, defaultdict, deque
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 
-from fastlane.clock import EPOCH, Clock
-from fastlane.config import Settings
+from fastlane.domain.errors import StaleFence, StorageError, StorageUnavailable, new_error_id
 from fastlane.domain.limits import FIRST_INSTANT, MAX_ERROR_TEXT
 from fastlane.domain.models import DueJob, Job, JobState, Run, ShardLease
 from fastlane.domain.policies import plan_occurrence
 from fastlane.engine.backlog import BacklogLimits
 from fastlane.engine.waits import pause, sleep_until_woken
-from fastlane.errors import StaleFence, StorageError, StorageUnavailable, new_error_id
-from fastlane.metrics import Metrics
+from fastlane.runtime.clock import EPOCH, Clock
+from fastlane.runtime.metrics import Metrics
+from fastlane.server.settings import Settings
 from fastlane.storage import Occurrence, Store
 
 log = logging.getLogger("fastlane.lane")

@@ -16,6 +16,7 @@ class per kind, sharing :class:`_BearerToken`.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Mapping, Sequence
@@ -25,11 +26,12 @@ from typing import Any, Final, TypeVar
 import grpc
 
 from fastlane.auth.tls import ClientTls, channel_credentials
-from fastlane.config import is_loopback_host
 from fastlane.errors import ConfigurationError
 
 log = logging.getLogger("fastlane.rpc")
 
+DEFAULT_PORT: Final = 7070
+DEFAULT_SERVER: Final = f"127.0.0.1:{DEFAULT_PORT}"  # where a client looks for a node by default
 TOKEN_ENV: Final = "FASTLANE_TOKEN"
 TOKEN_FILE_FLAG: Final = "--token-file"
 AUTHORIZATION: Final = "authorization"
@@ -210,3 +212,14 @@ def _is_loopback(target: str) -> bool:
 
 
 __all__ = ["TOKEN_ENV", "load_token", "open_channel"]
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether ``host`` (a name or an address, IPv6 with or without brackets) is this machine."""
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

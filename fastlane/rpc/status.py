@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import grpc
 
-from fastlane.errors import (
-    ConfigurationError,
+from fastlane.domain.errors import (
     Conflict,
-    FastlaneError,
-    InvalidArgument,
     InvalidState,
     JobAlreadyExists,
     NotFound,
@@ -17,6 +14,18 @@ from fastlane.errors import (
     StaleFence,
     StorageUnavailable,
     Unauthenticated,
+)
+from fastlane.errors import (
+    ConfigurationError,
+    FastlaneError,
+    InvalidArgument,
+    RemoteAlreadyExists,
+    RemoteError,
+    RemoteInvalidArgument,
+    RemoteNotFound,
+    RemotePermissionDenied,
+    RemoteUnauthenticated,
+    RemoteUnavailable,
 )
 
 # Most specific first: the first matching class decides.
@@ -40,40 +49,6 @@ def status_of(error: FastlaneError) -> grpc.StatusCode:
         if isinstance(error, kind):
             return code
     return grpc.StatusCode.INTERNAL
-
-
-class RemoteError(FastlaneError):
-    """An error a daemon reported, with its gRPC status code."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        self.code = code
-        self.details = message  # the daemon's own words, without the status name
-        super().__init__(f"{code.name}: {message}")
-
-
-class RemoteNotFound(RemoteError):
-    pass
-
-
-class RemoteInvalidArgument(RemoteError):
-    pass
-
-
-class RemoteAlreadyExists(RemoteError):
-    pass
-
-
-class RemoteUnavailable(RemoteError):
-    pass
-
-
-class RemoteUnauthenticated(RemoteError):
-    """The node requires an API token and got none, or refused the one it got (unknown, revoked,
-    expired): retrying with the same token will not help."""
-
-
-class RemotePermissionDenied(RemoteError):
-    """The token is valid, but its role or tenant does not allow this call."""
 
 
 _FROM_STATUS: dict[grpc.StatusCode, type[RemoteError]] = {

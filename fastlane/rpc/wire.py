@@ -19,7 +19,6 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from fastlane._proto import admin_pb2
 from fastlane._proto import common_pb2 as pb
-from fastlane.clock import EPOCH
 from fastlane.domain import validation
 from fastlane.domain.access import ApiToken, Role
 from fastlane.domain.limits import MAX_CRON_LENGTH, MAX_TIMEZONE_LENGTH
@@ -42,6 +41,7 @@ from fastlane.domain.models import (
 )
 from fastlane.domain.quotas import TenantQuota
 from fastlane.errors import InvalidArgument
+from fastlane.runtime.clock import EPOCH
 
 E = TypeVar("E", bound=StrEnum)
 _Default = TypeVar("_Default", timedelta, None)  # a field with a default never comes back None

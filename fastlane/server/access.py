@@ -27,7 +27,8 @@ import grpc
 from fastlane.auth import roles
 from fastlane.auth.authenticator import CACHE_SECONDS, Authenticator
 from fastlane.auth.caller import Caller, current_caller
-from fastlane.errors import FastlaneError, PermissionDenied
+from fastlane.domain.errors import PermissionDenied
+from fastlane.errors import FastlaneError
 from fastlane.rpc.status import status_of
 
 log = logging.getLogger("fastlane.auth")

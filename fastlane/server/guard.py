@@ -16,7 +16,8 @@ from typing import TypeVar
 import grpc
 
 from fastlane.auth.caller import acting_tenant
-from fastlane.errors import FastlaneError, new_error_id
+from fastlane.domain.errors import new_error_id
+from fastlane.errors import FastlaneError
 from fastlane.rpc.status import status_of
 
 log = logging.getLogger("fastlane.api")

@@ -20,11 +20,9 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from fastlane._proto import admin_pb2
-from fastlane.aio import first_of
 from fastlane.auth.authenticator import Authenticator
 from fastlane.auth.tls import ServerTls
-from fastlane.clock import Clock, CorrectedClock
-from fastlane.config import Settings
+from fastlane.domain.errors import StorageUnavailable
 from fastlane.domain.models import Run, ShardLease
 from fastlane.engine.changes import ChangeFollower
 from fastlane.engine.dispatch.dispatcher import Dispatcher
@@ -34,8 +32,12 @@ from fastlane.engine.retention import LOOP_NAME as TRIM_LOOP
 from fastlane.engine.retention import HistoryTrimmer
 from fastlane.engine.shards import ShardOwnership
 from fastlane.engine.workflows import WorkflowCoordinator
-from fastlane.errors import FastlaneError, StorageUnavailable
-from fastlane.metrics import Metrics
+from fastlane.errors import FastlaneError
+from fastlane.runtime.aio import first_of
+from fastlane.runtime.clock import Clock, CorrectedClock
+from fastlane.runtime.metrics import Metrics
+from fastlane.runtime.stalls import GcPauses, LoopLagProbe
+from fastlane.runtime.supervise import Backoff, LoopGaveUp, supervised
 from fastlane.server.access import AccessInterceptor
 from fastlane.server.grpc_server import ApiServer
 from fastlane.server.quotas import QuotaGuard
@@ -44,9 +46,8 @@ from fastlane.server.servicers.jobs import JobServicer
 from fastlane.server.servicers.runs import RunServicer
 from fastlane.server.servicers.workers import WorkerServicer
 from fastlane.server.servicers.workflows import WorkflowServicer
-from fastlane.stalls import GcPauses, LoopLagProbe
+from fastlane.server.settings import Settings
 from fastlane.storage import Store, open_store, redacted_url
-from fastlane.supervise import Backoff, LoopGaveUp, supervised
 
 if TYPE_CHECKING:
     from fastlane.console.server import ConsoleServer
@@ -375,8 +376,8 @@ class Node:
 
 def serve(settings: Settings, *, log_format: str | None = None) -> int:
     """Run a node in this process until SIGTERM/SIGINT; the exit code of the daemon. ``log_format``:
-    ``json`` or ``text`` (None: as :func:`fastlane.logs.configure` decides)."""
-    from fastlane import logs
+    ``json`` or ``text`` (None: as :func:`fastlane.runtime.logs.configure` decides)."""
+    from fastlane.runtime import logs
 
     logs.configure(os.environ.get("FASTLANE_LOG_LEVEL", "INFO"), json=None if log_format is None else log_format == "json")
     with contextlib.suppress(ImportError):

@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from fastlane.domain.errors import QuotaExceeded
 from fastlane.domain.quotas import TenantQuota
-from fastlane.errors import QuotaExceeded
 from fastlane.storage import Store
 
 OVERRIDES_TTL_SECONDS = 5.0

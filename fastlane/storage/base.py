@@ -4,7 +4,7 @@ Methods speak the domain (materialise runs, acquire shards, record results), nev
 Writes made on behalf of a shard take the caller's :class:`~fastlane.domain.models.ShardLease` as a
 *fence*: they happen only if, inside the same transaction and judged by the database clock, the
 lease is still the caller's with the same token. Otherwise they write nothing and raise
-:class:`~fastlane.errors.StaleFence`.
+:class:`~fastlane.domain.errors.StaleFence`.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ class Store(Protocol):
         """Create a job, idempotent on ``(tenant, name)``.
 
         Returns ``(job, True)`` when created, ``(existing, False)`` when a job of that name exists
-        with the same spec, and raises :class:`~fastlane.errors.JobAlreadyExists` when it exists
+        with the same spec, and raises :class:`~fastlane.domain.errors.JobAlreadyExists` when it exists
         with a different one.
         """
         ...
@@ -181,7 +181,7 @@ class Store(Protocol):
         marked ``cancel_requested`` (its worker is told to stop, and it will not be retried).
         A run already cancelled, or whose cancel is requested, is returned as it is (``already``):
         cancelling is idempotent.
-        Raises :class:`~fastlane.errors.InvalidState` for a run that finished otherwise."""
+        Raises :class:`~fastlane.domain.errors.InvalidState` for a run that finished otherwise."""
         ...
 
     async def retry_run(self, tenant: str, run_id: str) -> Run:
@@ -291,7 +291,7 @@ class Store(Protocol):
         ``created_at`` is the database clock's, whatever the record carries; a new token starts
         unrevoked and unused (the record's ``revoked_at`` and ``last_used_at`` are not stored).
         Raises :class:`~fastlane.errors.InvalidArgument` for a bad id, tenant, name or expiry,
-        and :class:`~fastlane.errors.Conflict` when the id is taken.
+        and :class:`~fastlane.domain.errors.Conflict` when the id is taken.
         """
         ...
 
@@ -305,7 +305,7 @@ class Store(Protocol):
 
     async def revoke_token(self, token_id: str, *, tenant: str | None = None) -> ApiToken:
         """Revoke a token as of the database clock and return it; revoking it again keeps the
-        first time. Raises :class:`~fastlane.errors.TokenNotFound` for an unknown id and, when
+        first time. Raises :class:`~fastlane.domain.errors.TokenNotFound` for an unknown id and, when
         ``tenant`` is given, for a token of another tenant (whose existence is never revealed).
         """
         ...

@@ -12,7 +12,6 @@ from typing import Any, TypeVar
 
 import orjson
 
-from fastlane.clock import to_micros
 from fastlane.domain import lifecycle, run_results, validation
 from fastlane.domain.audit import MAX_AUDIT_LIMIT, AuditTarget
 from fastlane.domain.lifecycle import admit_under_caps as admit_under_caps
@@ -34,6 +33,7 @@ from fastlane.domain.transitions import plan_materialisation as plan_materialisa
 from fastlane.domain.transitions import scheduled_in_order as scheduled_in_order
 from fastlane.domain.transitions import skipped_by_policy as skipped_by_policy
 from fastlane.errors import InvalidArgument
+from fastlane.runtime.clock import to_micros
 from fastlane.storage import codec
 from fastlane.storage.results import ResultOutcome
 

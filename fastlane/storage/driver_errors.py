@@ -14,7 +14,7 @@ import sqlite3
 
 import asyncpg
 
-from fastlane.errors import StorageError, StorageUnavailable
+from fastlane.domain.errors import StorageError, StorageUnavailable
 
 # -- PostgreSQL ------------------------------------------------------------------------------------
 

@@ -22,16 +22,16 @@ from typing import Any, Protocol
 
 import orjson
 
-from fastlane.clock import from_micros, to_micros
 from fastlane.domain import lifecycle
 from fastlane.domain import workflow_definitions as definitions
 from fastlane.domain import workflow_runs as decide
 from fastlane.domain import workflows as wf
+from fastlane.domain.errors import InvalidState, JobNotFound, NotFound
 from fastlane.domain.limits import DEFAULT_MAX_PAYLOAD_BYTES
 from fastlane.domain.models import Job, RetryPolicy, Run, RunState, new_id, shard_of
 from fastlane.domain.records import Page
 from fastlane.domain.workflows import StepRun, Workflow, WorkflowRun, WorkflowRunState, WorkflowSpec
-from fastlane.errors import InvalidState, JobNotFound, NotFound
+from fastlane.runtime.clock import from_micros, to_micros
 from fastlane.storage import codec, common
 from fastlane.storage import workflow_sql as sql
 

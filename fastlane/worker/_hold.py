@@ -2,7 +2,7 @@
 
 A node may send a run ahead of its time (``Assignment.start_at``): the worker holds it and starts
 the handler on the instant. :class:`StartTimer` keeps the waiting runs in a heap by instant and
-one alarm (:mod:`fastlane.alarm`: a kernel timer the loop polls, on Linux) set for the
+one alarm (:mod:`fastlane.runtime.alarm`: a kernel timer the loop polls, on Linux) set for the
 earliest; when it rings, every run due by then is woken in that very callback, so they all start
 in the next loop iteration, never one wait after another. There is no task and no thread: a run
 that comes with an earlier instant just sets the alarm again.
@@ -16,7 +16,7 @@ import itertools
 import time
 from collections.abc import Callable
 
-from fastlane.alarm import Alarm, open_alarm
+from fastlane.runtime.alarm import Alarm, open_alarm
 
 
 class StartTimer:

@@ -24,8 +24,8 @@ import grpc
 
 from fastlane._proto import workers_pb2 as pb
 from fastlane._proto import workers_pb2_grpc as pb_grpc
-from fastlane.clock import StepWatch
 from fastlane.domain.models import AttemptOutcome
+from fastlane.runtime.clock import StepWatch
 from fastlane.worker._clock import ClockEstimate, ClockEstimator
 from fastlane.worker._runs import Launch, RunBook, RunSlot, Verdict, heartbeat_messages, result_messages
 

@@ -41,7 +41,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar
 
-from fastlane.clock import from_micros
+from fastlane.runtime.clock import from_micros
 
 if TYPE_CHECKING:
     import aiosqlite

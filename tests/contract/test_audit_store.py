@@ -10,9 +10,10 @@ import pytest
 
 from fastlane.domain.access import ApiToken, Role
 from fastlane.domain.audit import MAX_AUDIT_DETAIL, AuditAction, AuditEvent, AuditTarget
+from fastlane.domain.errors import StorageError
 from fastlane.domain.limits import MAX_NAME_LENGTH
 from fastlane.domain.models import JobSpec, Schedule
-from fastlane.errors import InvalidArgument, StorageError
+from fastlane.errors import InvalidArgument
 from fastlane.storage.migrations import migrations_for
 from fastlane.storage.store import SQLStore
 

@@ -6,9 +6,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from fastlane.domain.errors import RunNotFound
 from fastlane.domain.models import AttemptOutcome, DueJob, JobSpec, RunState, Schedule
 from fastlane.domain.policies import plan_occurrence
-from fastlane.errors import InvalidArgument, RunNotFound
+from fastlane.errors import InvalidArgument
 from fastlane.storage import AttemptResult, Dispatch
 from fastlane.storage.late_reports import Reporter
 

@@ -17,8 +17,8 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 
+from fastlane.domain.errors import StaleFence, StorageUnavailable
 from fastlane.domain.models import AttemptOutcome, JobSpec, Schedule, ShardLease
-from fastlane.errors import StaleFence, StorageUnavailable
 from fastlane.storage import AttemptResult, Change, ChangeKind, Dispatch, Store, open_store
 from fastlane.storage.migrations import Migration, migrations_for
 from fastlane.storage.postgres import PostgresStore

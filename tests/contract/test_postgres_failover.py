@@ -25,7 +25,7 @@ from fastlane.bench.pgcluster import (
     replicated_pair,
 )
 
-from fastlane.errors import StaleFence, StorageUnavailable
+from fastlane.domain.errors import StaleFence, StorageUnavailable
 from fastlane.storage import Store, open_store
 
 pytestmark = pytest.mark.postgres

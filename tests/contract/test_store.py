@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from fastlane.domain.errors import InvalidState, JobAlreadyExists, JobNotFound, RunNotFound, StaleFence
 from fastlane.domain.models import (
     AttemptOutcome,
     Delivery,
@@ -25,14 +26,7 @@ from fastlane.domain.models import (
     ShardLease,
 )
 from fastlane.domain.policies import plan_occurrence
-from fastlane.errors import (
-    InvalidArgument,
-    InvalidState,
-    JobAlreadyExists,
-    JobNotFound,
-    RunNotFound,
-    StaleFence,
-)
+from fastlane.errors import InvalidArgument
 from fastlane.storage import (
     AttemptResult,
     Change,

@@ -9,8 +9,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from fastlane.domain.access import ApiToken, Role
+from fastlane.domain.errors import Conflict, StorageError, TokenNotFound
 from fastlane.domain.models import JobSpec, Schedule
-from fastlane.errors import Conflict, InvalidArgument, StorageError, TokenNotFound
+from fastlane.errors import InvalidArgument
 from fastlane.storage.migrations import migrations_for
 from fastlane.storage.store import SQLStore
 

@@ -11,11 +11,11 @@ from datetime import UTC, datetime, timedelta
 import orjson
 import pytest
 
+from fastlane.domain.errors import InvalidState
 from fastlane.domain.models import AttemptOutcome, RunState
 from fastlane.domain.records import AttemptResult, Dispatch
 from fastlane.domain.workflow_definitions import parse_definition
 from fastlane.domain.workflows import WorkflowRunState
-from fastlane.errors import InvalidState
 from fastlane.storage import Change
 from fastlane.storage.base import Store
 

@@ -33,7 +33,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from fastlane.auth.tls import ClientTls
 from fastlane.client import Client
 from fastlane.domain.models import Schedule
-from fastlane.rpc.status import RemoteError
+from fastlane.errors import RemoteError
 
 # The certificate factory lives with the TLS integration tests; import it from there.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))

@@ -22,8 +22,8 @@ from fastlane.bench.processes import free_port
 from strategies import JOB_STATES, PAGE_TOKEN_EDGES, RUN_STATES, STRING_EDGES
 
 from fastlane.client import Client
-from fastlane.config import Settings
 from fastlane.server.node import Node
+from fastlane.server.settings import Settings
 
 pytestmark = [pytest.mark.fuzz, pytest.mark.e2e, pytest.mark.timeout(300)]
 

@@ -16,9 +16,9 @@ from fastlane.bench.processes import free_port
 from fastlane.auth.issuing import issue_token
 from fastlane.auth.tls import ClientTls
 from fastlane.client import Client
-from fastlane.config import Settings
 from fastlane.domain.access import ApiToken, Role
 from fastlane.server.node import Node
+from fastlane.server.settings import Settings
 from fastlane.storage import Store, open_store
 
 ENGINE_SHARDS = 4  # the shard count of the in-process engines (see test_engine.start_engine)

@@ -16,7 +16,7 @@ from tls_certs import new_authority
 
 from fastlane.auth.tls import ClientTls
 from fastlane.domain.models import RunState, Schedule
-from fastlane.rpc.status import RemoteError
+from fastlane.errors import RemoteError
 from fastlane.worker import RunContext, Worker
 
 WAIT = 20.0

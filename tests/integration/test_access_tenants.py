@@ -16,8 +16,8 @@ import pytest
 from fastlane._proto import workers_pb2 as pb
 from fastlane._proto import workers_pb2_grpc as pb_grpc
 from fastlane.domain.models import JobSpec, RunState, Schedule
+from fastlane.errors import RemoteError
 from fastlane.rpc.channel import open_channel
-from fastlane.rpc.status import RemoteError
 from fastlane.worker import RunContext, Worker
 
 WAIT = 20.0

@@ -22,8 +22,8 @@ from fastlane._proto import admin_pb2, admin_pb2_grpc, common_pb2, jobs_pb2, job
 from fastlane.auth import roles
 from fastlane.domain.access import Role
 from fastlane.domain.models import Schedule
+from fastlane.errors import RemoteError
 from fastlane.rpc.channel import open_channel
-from fastlane.rpc.status import RemoteError
 from fastlane.server.grpc_server import SERVICE_NAMES
 
 WAIT = 15.0

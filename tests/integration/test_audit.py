@@ -23,13 +23,13 @@ from fastlane.bench.processes import free_port
 from fastlane._proto import jobs_pb2, jobs_pb2_grpc
 from fastlane.cli.main import main
 from fastlane.client import Client
-from fastlane.config import Settings
 from fastlane.domain.audit import AuditEvent, AuditTarget
+from fastlane.domain.errors import StorageUnavailable
 from fastlane.domain.models import AttemptOutcome, RetryPolicy, RunState, Schedule
-from fastlane.errors import StorageUnavailable
+from fastlane.errors import RemoteError
 from fastlane.rpc.channel import open_channel
-from fastlane.rpc.status import RemoteError
 from fastlane.server.node import Node
+from fastlane.server.settings import Settings
 from fastlane.storage import AttemptResult, Dispatch
 from fastlane.storage.postgres import PostgresStore
 from fastlane.storage.sqlite import SQLiteStore

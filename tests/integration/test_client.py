@@ -30,6 +30,7 @@ from fastlane._proto import (
 from fastlane.cli.main import main
 from fastlane.cli.runs import RUN_COLUMNS
 from fastlane.client import Client
+from fastlane.domain.errors import JobAlreadyExists, JobNotFound, RunNotFound
 from fastlane.domain.models import (
     Attempt,
     AttemptOutcome,
@@ -47,14 +48,9 @@ from fastlane.domain.models import (
     new_id,
 )
 from fastlane.domain.schedules import first_fire, local_time, preview
-from fastlane.errors import FastlaneError, JobAlreadyExists, JobNotFound, RunNotFound
+from fastlane.errors import FastlaneError, RemoteAlreadyExists, RemoteNotFound, RemoteUnavailable
 from fastlane.rpc import wire
-from fastlane.rpc.status import (
-    RemoteAlreadyExists,
-    RemoteNotFound,
-    RemoteUnavailable,
-    status_of,
-)
+from fastlane.rpc.status import status_of
 
 TENANT = "acme"
 T0 = datetime(2027, 3, 13, 12, 0, tzinfo=UTC)

@@ -23,10 +23,10 @@ from secured_nodes import ENGINE_SHARDS, SecuredNode, secured_node
 from tls_certs import new_authority
 
 from fastlane.auth.tls import ClientTls
-from fastlane.config import Settings
 from fastlane.domain.models import JobState, OverlapPolicy, RunState, Schedule
 from fastlane.errors import ConfigurationError
 from fastlane.server.node import Node
+from fastlane.server.settings import Settings
 
 HOURLY = Schedule.interval(timedelta(hours=1))
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')

@@ -10,14 +10,14 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from fastlane.clock import SystemClock
-from fastlane.config import Settings
+from fastlane.domain.errors import StorageUnavailable
 from fastlane.domain.models import Delivery, JobSpec, Run, RunState, Schedule
 from fastlane.engine.dispatch import Assign, Dispatcher
 from fastlane.engine.lane import FastLane
 from fastlane.engine.shards import ShardOwnership
-from fastlane.errors import StorageUnavailable
-from fastlane.metrics import Metrics
+from fastlane.runtime.clock import SystemClock
+from fastlane.runtime.metrics import Metrics
+from fastlane.server.settings import Settings
 from fastlane.storage import open_store
 
 SHARDS = 4

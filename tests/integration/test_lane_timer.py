@@ -15,12 +15,12 @@ from datetime import UTC, datetime, timedelta
 
 import uvloop
 
-from fastlane.clock import SystemClock
-from fastlane.config import Settings
 from fastlane.domain.models import Delivery, Run, RunState
 from fastlane.engine.dispatch import Dispatcher
 from fastlane.engine.lane import FastLane
-from fastlane.metrics import Metrics
+from fastlane.runtime.clock import SystemClock
+from fastlane.runtime.metrics import Metrics
+from fastlane.server.settings import Settings
 from fastlane.storage import open_store
 
 RUNS = 200

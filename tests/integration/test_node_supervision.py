@@ -12,12 +12,12 @@ from dataclasses import replace
 import pytest
 from fastlane.bench.processes import free_port
 
-from fastlane.config import Settings
 from fastlane.engine.changes import ChangeFollower
 from fastlane.errors import FastlaneError
+from fastlane.runtime.supervise import LoopGaveUp
 from fastlane.server.node import Node
+from fastlane.server.settings import Settings
 from fastlane.storage import open_store
-from fastlane.supervise import LoopGaveUp
 
 
 def settings_for(tmp_path) -> Settings:  # type: ignore[no-untyped-def]
@@ -68,8 +68,8 @@ async def test_a_loop_that_keeps_failing_stops_the_node_with_the_reason(tmp_path
         raise RuntimeError("a bug in the change follower (test)")
 
     monkeypatch.setattr(ChangeFollower, "run", always_fails)
-    monkeypatch.setattr("fastlane.supervise.GIVE_UP_AFTER", 3)
-    monkeypatch.setattr("fastlane.supervise.Backoff.delay", lambda self, failures, rng=None: 0.01)
+    monkeypatch.setattr("fastlane.runtime.supervise.GIVE_UP_AFTER", 3)
+    monkeypatch.setattr("fastlane.runtime.supervise.Backoff.delay", lambda self, failures, rng=None: 0.01)
     node = Node(settings_for(tmp_path))
     async with running(node) as task:
         with pytest.raises(FastlaneError) as stopped:

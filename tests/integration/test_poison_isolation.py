@@ -8,9 +8,9 @@ import pytest
 from test_engine import RecordingDispatch, start_engine, stop_engine, until
 
 from fastlane.domain import policies
+from fastlane.domain.errors import InvalidState, StorageError
 from fastlane.domain.models import JobSpec, JobState, Schedule
 from fastlane.engine import write_ahead as lane_module
-from fastlane.errors import InvalidState, StorageError
 
 
 def interval_job(name: str) -> JobSpec:
@@ -100,7 +100,7 @@ async def _force_next_fire_at(store, job_id: str, when: datetime) -> None:  # ty
         async with store.database._connection() as db:
             await db.execute("UPDATE jobs SET next_fire_at = $2 WHERE job_id = $1", job_id, when)
     else:
-        from fastlane.clock import to_micros
+        from fastlane.runtime.clock import to_micros
 
         async with store.database._transaction() as db:
             await db.execute("UPDATE jobs SET next_fire_at = ? WHERE job_id = ?", (to_micros(when), job_id))

@@ -8,10 +8,10 @@ from datetime import timedelta
 import grpc
 import pytest
 
-from fastlane.config import DEFAULT_QUOTAS
 from fastlane.domain.models import Schedule
 from fastlane.domain.quotas import TenantQuota
-from fastlane.rpc.status import RemoteError
+from fastlane.errors import RemoteError
+from fastlane.server.settings import DEFAULT_QUOTAS
 
 HOURLY = Schedule.interval(timedelta(hours=1))
 

@@ -15,13 +15,13 @@ from datetime import timedelta
 
 import pytest
 
-from fastlane.clock import SystemClock
-from fastlane.config import Settings
 from fastlane.domain.models import AttemptOutcome, JobSpec, MisfirePolicy, RunState, Schedule
 from fastlane.engine.dispatch import Assign, Dispatcher, WorkerSession
 from fastlane.engine.lane import FastLane
 from fastlane.engine.shards import ShardOwnership
-from fastlane.metrics import Metrics
+from fastlane.runtime.clock import SystemClock
+from fastlane.runtime.metrics import Metrics
+from fastlane.server.settings import Settings
 from fastlane.storage import AttemptResult, open_store
 
 SHARDS = 4

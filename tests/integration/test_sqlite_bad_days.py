@@ -29,11 +29,11 @@ from fastlane.bench.processes import free_port
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from fastlane.client import Client
-from fastlane.config import Settings
+from fastlane.domain.errors import StorageUnavailable
 from fastlane.domain.models import JobSpec, JobState, RunState, Schedule
-from fastlane.errors import StorageUnavailable
-from fastlane.rpc.status import RemoteUnavailable
+from fastlane.errors import RemoteUnavailable
 from fastlane.server.node import Node
+from fastlane.server.settings import Settings
 from fastlane.storage.sqlite import SQLiteStore
 from fastlane.worker import RunContext, Worker
 

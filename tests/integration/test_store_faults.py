@@ -11,8 +11,8 @@ from datetime import timedelta
 import asyncpg
 import pytest
 
+from fastlane.domain.errors import StorageError, StorageUnavailable
 from fastlane.domain.models import JobSpec, Schedule
-from fastlane.errors import StorageError, StorageUnavailable
 from fastlane.storage import Change
 from fastlane.storage.postgres import PostgresStore
 from fastlane.storage.sqlite import SQLiteStore

@@ -17,11 +17,11 @@ import pytest
 
 from fastlane._proto import workers_pb2 as pb
 from fastlane._proto import workers_pb2_grpc as pb_grpc
-from fastlane.clock import SystemClock
 from fastlane.domain.limits import MAX_CHECKPOINT_BYTES, MAX_ERROR_TEXT
 from fastlane.domain.models import JobSpec, Run, RunState, Schedule
 from fastlane.engine.dispatch import Dispatcher
-from fastlane.metrics import Metrics
+from fastlane.runtime.clock import SystemClock
+from fastlane.runtime.metrics import Metrics
 from fastlane.server.servicers.workers import WorkerServicer
 from fastlane.storage import open_store
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from fastlane.alarm import KernelAlarm, LoopAlarm, open_alarm
+from fastlane.runtime.alarm import KernelAlarm, LoopAlarm, open_alarm
 
 MS = 1_000_000
 LATE_BOUND_NS = 50 * MS

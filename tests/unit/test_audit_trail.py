@@ -10,8 +10,9 @@ from collections.abc import Sequence
 import pytest
 
 from fastlane.domain.audit import AuditAction, AuditEvent, AuditTarget
+from fastlane.domain.errors import StorageUnavailable
 from fastlane.engine.audit_trail import AuditTrail
-from fastlane.errors import InvalidArgument, StorageUnavailable
+from fastlane.errors import InvalidArgument
 
 
 def event(target_id: str) -> AuditEvent:

@@ -19,8 +19,8 @@ import fastlane.cli.remote
 from fastlane.auth.tls import ClientTls
 from fastlane.cli.main import main
 from fastlane.cli.output import format_fields, format_table
-from fastlane.config import PriorityReserve, Settings
 from fastlane.errors import ConfigurationError
+from fastlane.server.settings import PriorityReserve, Settings
 from fastlane.storage import redacted_url
 
 

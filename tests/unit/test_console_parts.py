@@ -29,7 +29,7 @@ from fastlane.domain.models import (
     Schedule,
 )
 from fastlane.errors import InvalidArgument
-from fastlane.metrics import Metrics
+from fastlane.runtime.metrics import Metrics
 
 INF = math.inf
 T0 = datetime(2027, 3, 14, 7, 0, tzinfo=UTC)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from fastlane.clock import STEP_BOUND_NS, CorrectedClock
+from fastlane.runtime.clock import STEP_BOUND_NS, CorrectedClock
 
 MS = 1_000_000
 

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from fastlane.cli.main import main
-from fastlane.config import Settings
+from fastlane.server.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -502,7 +502,7 @@ def test_fastlane_worker_accepts_the_example_arguments(monkeypatch: pytest.Monke
         return 0
 
     monkeypatch.setattr("fastlane.worker.run_worker_cli", fake_run_worker_cli)
-    monkeypatch.setattr("fastlane.logs.configure", lambda *args, **kwargs: None)
+    monkeypatch.setattr("fastlane.runtime.logs.configure", lambda *args, **kwargs: None)
     argv = worker["command"][1:] + worker["args"]
     assert main(argv) == 0, f"fastlane {' '.join(argv)} was refused"
     assert captured["servers"] == [f"fastlane.{NAMESPACE}.svc.cluster.local:7070"]

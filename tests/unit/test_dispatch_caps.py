@@ -11,14 +11,14 @@ from typing import Any
 
 from test_journal_split import ScriptedStore, drained, run_named, sent
 
-from fastlane.clock import SystemClock
-from fastlane.config import PriorityReserve
 from fastlane.domain.models import AttemptOutcome, Run
 from fastlane.domain.records import CappedDispatches
 from fastlane.engine.dispatch import Assign, Dispatcher
 from fastlane.engine.dispatch.inflight import InFlight
 from fastlane.engine.dispatch.messages import WorkerSession
-from fastlane.metrics import Metrics
+from fastlane.runtime.clock import SystemClock
+from fastlane.runtime.metrics import Metrics
+from fastlane.server.settings import PriorityReserve
 from fastlane.storage import AttemptResult, Dispatch
 
 WAIT = 5.0

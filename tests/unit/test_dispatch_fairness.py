@@ -9,10 +9,10 @@ from datetime import timedelta
 
 from test_journal_split import NOW, ScriptedStore, dispatcher_on, drained, run_named, sent
 
-from fastlane.clock import SystemClock
 from fastlane.domain.models import Run
 from fastlane.engine.dispatch import Assign, Dispatcher
-from fastlane.metrics import Metrics
+from fastlane.runtime.clock import SystemClock
+from fastlane.runtime.metrics import Metrics
 
 
 def run_of(name: str, tenant: str, *, priority: int = 0, due_s: float = 0.0) -> Run:

@@ -10,7 +10,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from fastlane.errors import StorageError, StorageUnavailable
+from fastlane.domain.errors import StorageError, StorageUnavailable
 from fastlane.storage.driver_errors import (
     POSTGRES_DRIVER_ERRORS,
     SQLITE_DRIVER_ERRORS,

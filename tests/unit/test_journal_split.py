@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from fastlane.clock import SystemClock
+from fastlane.domain.errors import StorageError, StorageUnavailable
 from fastlane.domain.models import AttemptOutcome, Delivery, Run, RunState
 from fastlane.engine.dispatch import JOURNAL_STOP_GRACE, MAX_LEASE_TOKEN, Acknowledge, Assign, Cancel, Dispatcher
-from fastlane.errors import StorageError, StorageUnavailable
-from fastlane.metrics import Metrics
+from fastlane.runtime.clock import SystemClock
+from fastlane.runtime.metrics import Metrics
 from fastlane.storage import AttemptResult, Dispatch, Heartbeat
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 from fastlane.domain.models import NodeInfo, ShardLease
 from fastlane.engine.shards import ShardOwnership
-from fastlane.metrics import Metrics
+from fastlane.runtime.metrics import Metrics
 
 SHARDS = 2
 

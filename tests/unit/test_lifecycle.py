@@ -13,9 +13,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from fastlane.domain import lifecycle
+from fastlane.domain.errors import InvalidState, JobAlreadyExists
 from fastlane.domain.lifecycle import CancelDecision, JobEvent, RunEvent
 from fastlane.domain.models import Delivery, Job, JobSpec, JobState, Run, RunState, Schedule
-from fastlane.errors import InvalidArgument, InvalidState, JobAlreadyExists
+from fastlane.errors import InvalidArgument
 
 T0 = datetime(2027, 1, 1, 12, 0, tzinfo=UTC)
 

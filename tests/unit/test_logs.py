@@ -8,7 +8,7 @@ import logging
 import orjson
 import pytest
 
-from fastlane import logs
+from fastlane.runtime import logs
 
 
 class Terminal(io.StringIO):

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from fastlane.metrics import Metrics
+from fastlane.runtime.metrics import Metrics
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "deploy" / "prometheus" / "fastlane-alerts.yaml"

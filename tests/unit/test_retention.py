@@ -9,9 +9,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from fastlane.domain.errors import StorageUnavailable
 from fastlane.engine.retention import LOOP_NAME, HistoryTrimmer
-from fastlane.errors import StorageUnavailable
-from fastlane.metrics import Metrics
+from fastlane.runtime.metrics import Metrics
 from fastlane.storage.results import TrimmedHistory
 
 DB_NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)

@@ -9,8 +9,8 @@ import pytest
 
 from fastlane.auth import secrets
 from fastlane.cli.main import main
-from fastlane.config import Settings
 from fastlane.errors import ConfigurationError
+from fastlane.server.settings import Settings
 
 CERT, KEY, CA = Path("cert.pem"), Path("key.pem"), Path("ca.pem")
 

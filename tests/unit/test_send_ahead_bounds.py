@@ -10,11 +10,11 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from fastlane._proto import workers_pb2 as pb
 from fastlane.cli.main import main
-from fastlane.config import Settings
 from fastlane.domain.limits import MAX_SEND_AHEAD, MAX_WORKER_CLOCK_OFFSET, MAX_WORKER_CLOCK_UNCERTAINTY
 from fastlane.errors import ConfigurationError, InvalidArgument
 from fastlane.rpc import wire
 from fastlane.server.servicers.workers import clock_probe_of
+from fastlane.server.settings import Settings
 
 MICROSECOND = timedelta(microseconds=1)
 

@@ -8,7 +8,7 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from fastlane.stalls import MAX_SITES, STALL, GcPauses, LoopLagProbe, Pause
+from fastlane.runtime.stalls import MAX_SITES, STALL, GcPauses, LoopLagProbe, Pause
 
 
 def instruments() -> tuple[CollectorRegistry, Histogram, Counter, Histogram]:

@@ -8,9 +8,9 @@ import random
 
 import pytest
 
-from fastlane.errors import StorageError, StorageUnavailable
-from fastlane.metrics import Metrics
-from fastlane.supervise import Backoff, LoopGaveUp, is_weather, supervised
+from fastlane.domain.errors import StorageError, StorageUnavailable
+from fastlane.runtime.metrics import Metrics
+from fastlane.runtime.supervise import Backoff, LoopGaveUp, is_weather, supervised
 
 FAST = Backoff(first=0.001, cap=0.004)
 

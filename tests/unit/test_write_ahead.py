@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime, timedelta
 
-from fastlane.clock import ManualClock
-from fastlane.config import PriorityReserve, Settings
 from fastlane.domain.models import DueJob, MisfirePolicy, Timing, queue_of
 from fastlane.engine.backlog import MIN_BACKLOG, PACE_WINDOW
 from fastlane.engine.write_ahead import (
@@ -20,7 +18,9 @@ from fastlane.engine.write_ahead import (
     catch_up_through,
     write_start,
 )
-from fastlane.metrics import Metrics
+from fastlane.runtime.clock import ManualClock
+from fastlane.runtime.metrics import Metrics
+from fastlane.server.settings import PriorityReserve, Settings
 
 LEAD = timedelta(milliseconds=250)
 T = datetime(2027, 3, 1, 9, 30, tzinfo=UTC)  # at a slot boundary

@@ -31,9 +31,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from fastlane.clock import Clock
 from fastlane.engine.dispatch.messages import AttemptKey, AttemptRef, ClockEcho, WorkerSession
-from fastlane.metrics import Metrics
+from fastlane.runtime.clock import Clock
+from fastlane.runtime.metrics import Metrics
 
 _NO_LEAD = timedelta(0)
 

@@ -8,11 +8,11 @@ import asyncio
 import logging
 from collections.abc import Callable, MutableMapping
 
+from fastlane.domain.errors import StorageError
 from fastlane.domain.records import CappedDispatches
 from fastlane.engine.dispatch.capped import KeyGate
 from fastlane.engine.dispatch.journal import write_isolating
 from fastlane.engine.dispatch.messages import Assign, Assigned, AttemptKey, WorkerSession
-from fastlane.errors import StorageError
 from fastlane.storage import Dispatch, Store
 
 log = logging.getLogger("fastlane.dispatch")

@@ -14,8 +14,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from fastlane.clock import Clock
-from fastlane.config import PriorityReserve
 from fastlane.domain.models import Delivery, Run
 from fastlane.domain.records import KeyCap
 from fastlane.engine.dispatch.ahead import ClockProbe, SendAhead
@@ -28,7 +26,9 @@ from fastlane.engine.dispatch.parked import ParkedRuns
 from fastlane.engine.dispatch.ready import ReadyQueue
 from fastlane.engine.dispatch.reserve import Reserve
 from fastlane.engine.dispatch.tokens import new_lease_token
-from fastlane.metrics import Metrics
+from fastlane.runtime.clock import Clock
+from fastlane.runtime.metrics import Metrics
+from fastlane.server.settings import PriorityReserve
 from fastlane.storage import AttemptResult, Dispatch, Heartbeat, Store
 
 log = logging.getLogger("fastlane.dispatch")

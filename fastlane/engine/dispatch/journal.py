@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Protocol, TypeVar
 
+from fastlane.domain.errors import StorageError, StorageUnavailable
 from fastlane.domain.models import Attempt, Run, RunState
 from fastlane.engine.dispatch.messages import Acknowledge, AttemptKey, AttemptRef, Cancel, WorkerSession
-from fastlane.errors import StorageError, StorageUnavailable
-from fastlane.metrics import Metrics
+from fastlane.runtime.metrics import Metrics
 from fastlane.storage import AttemptResult, Dispatch, Heartbeat, Reporter, ReporterOf, ResultOutcome, Store
 from fastlane.storage.driver_errors import gave_up_waiting
 

@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from fastlane.domain.errors import StorageError
 from fastlane.domain.models import Run
-from fastlane.errors import StorageError
 from fastlane.storage import Store
 
 log = logging.getLogger("fastlane.dispatch")

@@ -10,10 +10,10 @@ those runs end.
 
 from __future__ import annotations
 
-from fastlane.config import PriorityReserve
 from fastlane.domain.models import Run
 from fastlane.engine.dispatch.inflight import InFlight
 from fastlane.engine.dispatch.messages import WorkerSession
+from fastlane.server.settings import PriorityReserve
 
 
 class Reserve:

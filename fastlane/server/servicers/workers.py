@@ -31,6 +31,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from fastlane._proto import workers_pb2, workers_pb2_grpc
 from fastlane.auth.caller import qualified_worker_id, worker_tenant
 from fastlane.domain import validation
+from fastlane.domain.errors import PermissionDenied
 from fastlane.domain.limits import (
     MAX_CHECKPOINT_BYTES,
     MAX_CREDITS,
@@ -45,7 +46,7 @@ from fastlane.engine.dispatch.ahead import ClockProbe
 from fastlane.engine.dispatch.dispatcher import Dispatcher
 from fastlane.engine.dispatch.messages import Acknowledge, Assign, Cancel, ClockEcho, Outgoing, WorkerSession
 from fastlane.engine.dispatch.tokens import MAX_LEASE_TOKEN
-from fastlane.errors import InvalidArgument, PermissionDenied
+from fastlane.errors import InvalidArgument
 from fastlane.rpc import wire
 from fastlane.storage import AttemptResult, Heartbeat
 

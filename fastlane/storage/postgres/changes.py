@@ -11,15 +11,15 @@ import time
 from collections.abc import Callable
 from typing import cast
 
+from fastlane.domain.errors import StorageUnavailable
 from fastlane.domain.records import Change, ChangeKind
-from fastlane.errors import StorageUnavailable
+from fastlane.runtime.supervise import Backoff
 from fastlane.storage import common
 from fastlane.storage.driver_errors import POSTGRES_DRIVER_ERRORS, classify_postgres
 from fastlane.storage.postgres import queries
 from fastlane.storage.postgres.connection import SessionLimits
 from fastlane.storage.postgres.hosts import HostRotation
 from fastlane.storage.postgres.tx import CHANGES_CHANNEL
-from fastlane.supervise import Backoff
 
 log = logging.getLogger("fastlane.storage.postgres")
 

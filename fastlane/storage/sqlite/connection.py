@@ -22,8 +22,8 @@ from typing import Any, cast
 import aiosqlite
 import orjson
 
-from fastlane.clock import from_micros, to_micros
-from fastlane.errors import StorageUnavailable
+from fastlane.domain.errors import StorageUnavailable
+from fastlane.runtime.clock import from_micros, to_micros
 from fastlane.storage.driver_errors import SQLITE_DRIVER_ERRORS, classify_sqlite, sqlite_write_fault
 from fastlane.storage.turns import WriteTurns
 

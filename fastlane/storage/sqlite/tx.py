@@ -15,8 +15,8 @@ from typing import Any, cast
 import aiosqlite
 import orjson
 
-from fastlane.clock import from_micros, to_micros
 from fastlane.domain.records import AttemptResult, Change, Dispatch, Heartbeat
+from fastlane.runtime.clock import from_micros, to_micros
 from fastlane.storage import common
 from fastlane.storage.codec import Row
 from fastlane.storage.sqlite import queries

@@ -16,9 +16,10 @@ from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from datetime import datetime
 from typing import Any
 
+from fastlane.domain.errors import StorageError, StorageUnavailable
 from fastlane.domain.models import Run, RunState
 from fastlane.domain.records import Change, ChangeKind
-from fastlane.errors import ConfigurationError, StorageError, StorageUnavailable
+from fastlane.errors import ConfigurationError
 from fastlane.storage.base import Store
 from fastlane.storage.capabilities import Capabilities
 from fastlane.storage.migrations import migrations_for

@@ -4,11 +4,11 @@ set aside and delete; each change another node must hear of is notified inside i
 from __future__ import annotations
 
 from fastlane.domain import lifecycle
+from fastlane.domain.errors import JobNotFound
 from fastlane.domain.models import Job, JobSpec, JobState, new_id, shard_of
 from fastlane.domain.records import Change, ChangeKind, Page
 from fastlane.domain.schedules import first_fire
 from fastlane.domain.validation import validate_spec
-from fastlane.errors import JobNotFound
 from fastlane.storage import codec, common
 from fastlane.storage.store.database import StorePart, Tx
 

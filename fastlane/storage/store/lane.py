@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Collection, Container, Sequence
 from datetime import datetime, timedelta
 
+from fastlane.domain.errors import StaleFence
 from fastlane.domain.models import DueJob, Run, ShardLease
 from fastlane.domain.records import Occurrence
 from fastlane.domain.transitions import OVERLAP_CANCELLED
-from fastlane.errors import StaleFence
 from fastlane.storage import codec, common
 from fastlane.storage.results import Materialised
 from fastlane.storage.store.attempts import apply_results
@@ -101,7 +101,7 @@ class LaneMethods(StorePart):
 
 
 async def check_fences(tx: Tx, q: Statements, fences: Sequence[ShardLease]) -> None:
-    """Raise :class:`~fastlane.errors.StaleFence` unless every lease is still held (see ``FENCE``)."""
+    """Raise :class:`~fastlane.domain.errors.StaleFence` unless every lease is still held (see ``FENCE``)."""
     rows = await tx.fetch(q.FENCE, Batch(((f.shard_id, f.owner, f.token) for f in fences), 3))
     held = {row["shard_id"] for row in rows}
     for fence in fences:

@@ -12,13 +12,13 @@ import time
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 
-from fastlane.clock import ensure_utc
 from fastlane.domain import validation
 from fastlane.domain.access import ApiToken
 from fastlane.domain.audit import DEFAULT_AUDIT_LIMIT, AuditEvent, AuditTarget
+from fastlane.domain.errors import Conflict, TokenNotFound
 from fastlane.domain.quotas import TenantQuota
 from fastlane.domain.validation import validate_audit_event, validate_token
-from fastlane.errors import Conflict, TokenNotFound
+from fastlane.runtime.clock import ensure_utc
 from fastlane.storage import codec, common
 from fastlane.storage.results import TrimmedHistory
 from fastlane.storage.store.database import Batch, StorePart

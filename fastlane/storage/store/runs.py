@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from fastlane.clock import from_micros
 from fastlane.domain import lifecycle
+from fastlane.domain.errors import JobNotFound, RunNotFound
 from fastlane.domain.lifecycle import CancelDecision
 from fastlane.domain.models import Attempt, Job, Run, RunState, new_id
 from fastlane.domain.records import Change, ChangeKind, Page
 from fastlane.domain.transitions import CANCELLED_BY_REQUEST
-from fastlane.errors import JobNotFound, RunNotFound
+from fastlane.runtime.clock import from_micros
 from fastlane.storage import codec, common
 from fastlane.storage.results import Cancellation
 from fastlane.storage.store.attempts import release_buffered

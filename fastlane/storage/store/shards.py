@@ -8,9 +8,9 @@ from collections.abc import Callable, Collection, Sequence
 from datetime import timedelta
 from typing import Any
 
+from fastlane.domain.errors import StorageUnavailable
 from fastlane.domain.models import NodeInfo, ShardLease
 from fastlane.domain.records import Change, ChangeKind
-from fastlane.errors import StorageUnavailable
 from fastlane.storage import codec, common
 from fastlane.storage.driver_errors import gave_up_waiting
 from fastlane.storage.store.database import Batch, StorePart

@@ -74,7 +74,7 @@ async def _demo(workdir: Path, duration: float) -> int:
             await client.wait_ready(30)
             print("daemon ready; starting the demo worker (its lines show each run and its start lag)")
             children.append(subprocess.Popen(
-                [sys.executable, "-m", "fastlane", "worker", "fastlane.demo_worker:worker", "--server", address],
+                [sys.executable, "-m", "fastlane", "worker", "fastlane.demo.worker:worker", "--server", address],
                 env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
             ))
             jobs = [

@@ -152,7 +152,7 @@ class Metrics:
         self.set_aside = Counter("fastlane_set_aside_total",
                                  "Jobs or records this node set aside because processing them raised, by kind",
                                  ["kind"], registry=registry)
-        # Stalls of the event loop delay every timer due meanwhile: see fastlane.stalls.
+        # Stalls of the event loop delay every timer due meanwhile: see fastlane.runtime.stalls.
         self.loop_lag = Histogram("fastlane_event_loop_lag_seconds",
                                   "How much later than asked the node's event loop woke (sampled every 5 ms)",
                                   buckets=_LAG_BUCKETS, registry=registry)

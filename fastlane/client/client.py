@@ -8,35 +8,33 @@ Example::
             print(job.name, job.next_fire_at)
 
 Every method returns domain models (:mod:`fastlane.domain.models`); a failed call raises the
-:class:`~fastlane.rpc.status.RemoteError` subclass matching its gRPC status code.
+:class:`~fastlane.errors.RemoteError` subclass matching its gRPC status code.
 """
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from dataclasses import dataclass, fields, replace
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import fields, replace
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
-from typing import Any, Final, TypedDict, TypeVar, Unpack
+from typing import Any, Final, TypedDict, Unpack
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+import orjson
 
-from fastlane._proto import (
-    admin_pb2,
-    admin_pb2_grpc,
-    jobs_pb2,
-    jobs_pb2_grpc,
-    runs_pb2,
-    runs_pb2_grpc,
-    workflows_pb2_grpc,
-)
+from fastlane._proto import admin_pb2, jobs_pb2, runs_pb2, workflows_pb2
 from fastlane.auth.tls import ClientTls
-from fastlane.config import DEFAULT_SERVER
+from fastlane.client.connection import Connection
+from fastlane.client.convert import (
+    audit_event_from_pb,
+    cluster_from_pb,
+    step_views_from_pb,
+    workflow_from_pb,
+    workflow_run_from_pb,
+)
+from fastlane.client.payloads import encode_payload
 from fastlane.domain.access import ApiToken, Role
-from fastlane.domain.audit import DEFAULT_AUDIT_LIMIT, AuditAction, AuditEvent, AuditTarget
+from fastlane.domain.audit import DEFAULT_AUDIT_LIMIT, AuditEvent, AuditTarget
+from fastlane.domain.cluster import ClusterStatus
 from fastlane.domain.models import (
     Attempt,
     Delivery,
@@ -52,21 +50,9 @@ from fastlane.domain.models import (
 )
 from fastlane.domain.quotas import TenantQuota
 from fastlane.domain.records import Page
-from fastlane.payloads import encode_payload
+from fastlane.domain.workflows import StepView, Workflow, WorkflowRun
 from fastlane.rpc import wire
-from fastlane.rpc.channel import load_token, open_channel
-from fastlane.rpc.status import error_from_rpc
-from fastlane.workflow_client import WorkflowCalls
-
-R = TypeVar("R")
-
-# Reconnect quickly after a daemon restart instead of backing off for up to two minutes (the gRPC
-# default), so a CLI call or wait_ready right after `fastlane serve` starts does not stall.
-_CHANNEL_OPTIONS: Final = (
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1_000),
-)
+from fastlane.rpc.channel import DEFAULT_SERVER
 
 # Keyword arguments of Client.create that go straight into the JobSpec.
 _POLICY_FIELDS: Final = frozenset(f.name for f in fields(JobSpec)) - {
@@ -96,16 +82,7 @@ class JobOptions(TypedDict, total=False):
     lease_ttl: timedelta
 
 
-@dataclass(frozen=True, slots=True)
-class _Stubs:
-    jobs: jobs_pb2_grpc.JobServiceStub
-    runs: runs_pb2_grpc.RunServiceStub
-    admin: admin_pb2_grpc.AdminServiceStub
-    workflows: workflows_pb2_grpc.WorkflowServiceStub
-    health: health_pb2_grpc.HealthStub
-
-
-class Client(WorkflowCalls):
+class Client:
     """A connection to one fastlane daemon, scoped to one tenant.
 
     Use it as an async context manager, or call :meth:`close` when done. The channel is opened
@@ -134,13 +111,10 @@ class Client(WorkflowCalls):
         self.server = server
         self.tenant = tenant
         self.timeout = timeout
-        self._token = token if token is not None else load_token()
-        self._tls = tls
-        self._channel: grpc.aio.Channel | None = None
-        self._stubs: _Stubs | None = None
+        self._connection = Connection(server, timeout=timeout, token=token, tls=tls)
 
     async def __aenter__(self) -> Client:
-        self._connect()
+        self._connection.stubs  # noqa: B018 - opens the channel
         return self
 
     async def __aexit__(
@@ -150,9 +124,7 @@ class Client(WorkflowCalls):
 
     async def close(self) -> None:
         """Close the channel. Safe to call twice, or without having made a call."""
-        channel, self._channel, self._stubs = self._channel, None, None
-        if channel is not None:
-            await channel.close()
+        await self._connection.close()
 
     # -- jobs -----------------------------------------------------------------------------------
 
@@ -167,7 +139,7 @@ class Client(WorkflowCalls):
             RemoteInvalidArgument: The spec is not valid; the message names the field.
         """
         request = jobs_pb2.CreateJobRequest(spec=wire.spec_to_pb(self._own(spec)))
-        response = await self._call(self._connect().jobs.CreateJob, request)
+        response = await self._connection.call(self._connection.stubs.jobs.CreateJob, request)
         return wire.job_from_pb(response.job), response.created
 
     async def create(
@@ -201,7 +173,7 @@ class Client(WorkflowCalls):
 
     async def get_job(self, job_id: str) -> Job:
         """The job with this id. Raises RemoteNotFound if there is none in the tenant."""
-        return wire.job_from_pb(await self._call(self._connect().jobs.GetJob, self._job_ref(job_id)))
+        return wire.job_from_pb(await self._connection.call(self._connection.stubs.jobs.GetJob, self._job_ref(job_id)))
 
     async def list_jobs(
         self,
@@ -233,7 +205,7 @@ class Client(WorkflowCalls):
             id_prefix=id_prefix or "",
             name_prefix=name_prefix or "",
         )
-        response = await self._call(self._connect().jobs.ListJobs, request)
+        response = await self._connection.call(self._connection.stubs.jobs.ListJobs, request)
         return Page(items=[wire.job_from_pb(job) for job in response.jobs], next_page_token=response.next_page_token)
 
     async def iter_jobs(
@@ -254,23 +226,23 @@ class Client(WorkflowCalls):
     async def update_job(self, job_id: str, spec: JobSpec) -> Job:
         """Replace a job's whole spec; its tenant and name cannot change."""
         request = jobs_pb2.UpdateJobRequest(job_id=job_id, spec=wire.spec_to_pb(self._own(spec)))
-        return wire.job_from_pb(await self._call(self._connect().jobs.UpdateJob, request))
+        return wire.job_from_pb(await self._connection.call(self._connection.stubs.jobs.UpdateJob, request))
 
     async def pause_job(self, job_id: str) -> Job:
         """Stop a job firing until it is resumed."""
-        return wire.job_from_pb(await self._call(self._connect().jobs.PauseJob, self._job_ref(job_id)))
+        return wire.job_from_pb(await self._connection.call(self._connection.stubs.jobs.PauseJob, self._job_ref(job_id)))
 
     async def resume_job(self, job_id: str) -> Job:
         """Resume a paused job; occurrences missed meanwhile follow its misfire policy."""
-        return wire.job_from_pb(await self._call(self._connect().jobs.ResumeJob, self._job_ref(job_id)))
+        return wire.job_from_pb(await self._connection.call(self._connection.stubs.jobs.ResumeJob, self._job_ref(job_id)))
 
     async def delete_job(self, job_id: str) -> None:
         """Delete a job. Its runs stay in history; queued ones are cancelled."""
-        await self._call(self._connect().jobs.DeleteJob, self._job_ref(job_id))
+        await self._connection.call(self._connection.stubs.jobs.DeleteJob, self._job_ref(job_id))
 
     async def trigger_job(self, job_id: str) -> Run:
         """Run the job once, now, outside its schedule; returns the new run."""
-        return wire.run_from_pb(await self._call(self._connect().jobs.TriggerJob, self._job_ref(job_id)))
+        return wire.run_from_pb(await self._connection.call(self._connection.stubs.jobs.TriggerJob, self._job_ref(job_id)))
 
     async def preview(
         self, schedule: Schedule, *, after: datetime | None = None, count: int = 5
@@ -284,7 +256,7 @@ class Client(WorkflowCalls):
         request = jobs_pb2.PreviewScheduleRequest(
             schedule=wire.schedule_to_pb(schedule), after=wire.timestamp(after), count=count
         )
-        response = await self._call(self._connect().jobs.PreviewSchedule, request)
+        response = await self._connection.call(self._connection.stubs.jobs.PreviewSchedule, request)
         return [(fire.utc.ToDatetime(tzinfo=UTC), datetime.fromisoformat(fire.local)) for fire in response.fire_times]
 
     # -- runs -----------------------------------------------------------------------------------
@@ -308,13 +280,13 @@ class Client(WorkflowCalls):
             page_token=page_token,
             id_prefix=id_prefix or "",
         )
-        response = await self._call(self._connect().runs.ListRuns, request)
+        response = await self._connection.call(self._connection.stubs.runs.ListRuns, request)
         return Page(items=[wire.run_from_pb(run) for run in response.runs], next_page_token=response.next_page_token)
 
     async def get_run(self, run_id: str) -> tuple[Run, list[Attempt]]:
         """A run and its attempts, first attempt first."""
         request = runs_pb2.RunRef(tenant=self.tenant, run_id=run_id)
-        detail = await self._call(self._connect().runs.GetRun, request)
+        detail = await self._connection.call(self._connection.stubs.runs.GetRun, request)
         attempts = [wire.attempt_from_pb(detail.run.run_id, attempt) for attempt in detail.attempts]
         # As listings say: when its first attempt's handler was entered, read from the attempts.
         started = next((attempt.started_at for attempt in attempts if attempt.started_at is not None), None)
@@ -325,12 +297,66 @@ class Client(WorkflowCalls):
     async def cancel_run(self, run_id: str) -> Run:
         """Cancel a run: a queued one never starts, a running one is told to stop."""
         request = runs_pb2.RunRef(tenant=self.tenant, run_id=run_id)
-        return wire.run_from_pb(await self._call(self._connect().runs.CancelRun, request))
+        return wire.run_from_pb(await self._connection.call(self._connection.stubs.runs.CancelRun, request))
 
     async def retry_run(self, run_id: str) -> Run:
         """Replay a dead or lost run now, as a new attempt with the same idempotency key."""
         request = runs_pb2.RunRef(tenant=self.tenant, run_id=run_id)
-        return wire.run_from_pb(await self._call(self._connect().runs.RetryRun, request))
+        return wire.run_from_pb(await self._connection.call(self._connection.stubs.runs.RetryRun, request))
+
+    # -- workflows ------------------------------------------------------------------------------
+
+    async def create_workflow(self, definition: Mapping[str, Any] | str) -> tuple[Workflow, bool]:
+        """Store a workflow definition (a JSON document, or the dict it would be) as the
+        workflow's next version; the same definition again returns the latest version unchanged.
+
+        Returns:
+            The workflow version, and True if it is new.
+        """
+        text = definition if isinstance(definition, str) else orjson.dumps(definition).decode()
+        request = workflows_pb2.CreateWorkflowRequest(tenant=self.tenant, definition=text)
+        response = await self._connection.call(self._connection.stubs.workflows.CreateWorkflow, request)
+        return workflow_from_pb(response.workflow), response.created
+
+    async def get_workflow(self, name: str, version: int = 0) -> Workflow:
+        """A version of a workflow (0: the latest)."""
+        request = workflows_pb2.WorkflowRef(tenant=self.tenant, name=name, version=version)
+        return workflow_from_pb(await self._connection.call(self._connection.stubs.workflows.GetWorkflow, request))
+
+    async def list_workflows(self, *, page_size: int = 100, page_token: str = "") -> Page[Workflow]:
+        """The latest version of each workflow, by name."""
+        request = workflows_pb2.ListWorkflowsRequest(tenant=self.tenant, page_size=page_size, page_token=page_token)
+        response = await self._connection.call(self._connection.stubs.workflows.ListWorkflows, request)
+        return Page(items=[workflow_from_pb(w) for w in response.workflows], next_page_token=response.next_page_token)
+
+    async def trigger_workflow(self, name: str, input: Any = None) -> WorkflowRun:  # noqa: A002 - the API's word
+        """Start a run of the workflow's latest version now; ``input`` is sent as JSON."""
+        request = workflows_pb2.TriggerWorkflowRequest(tenant=self.tenant, name=name, input=encode_payload(input))
+        return workflow_run_from_pb(await self._connection.call(self._connection.stubs.workflows.TriggerWorkflow, request))
+
+    async def list_workflow_runs(self, name: str, *, page_size: int = 100, page_token: str = "") -> Page[WorkflowRun]:
+        """The runs of a workflow (every version), newest first."""
+        request = workflows_pb2.ListWorkflowRunsRequest(tenant=self.tenant, name=name, page_size=page_size,
+                                                        page_token=page_token)
+        response = await self._connection.call(self._connection.stubs.workflows.ListWorkflowRuns, request)
+        return Page(items=[workflow_run_from_pb(r) for r in response.runs], next_page_token=response.next_page_token)
+
+    async def get_workflow_run(self, workflow_run_id: str) -> tuple[WorkflowRun, Workflow, list[StepView]]:
+        """A workflow run, the version of the workflow it runs, and each step's state and runs."""
+        request = workflows_pb2.WorkflowRunRef(tenant=self.tenant, workflow_run_id=workflow_run_id)
+        detail = await self._connection.call(self._connection.stubs.workflows.GetWorkflowRun, request)
+        return workflow_run_from_pb(detail.run), workflow_from_pb(detail.workflow), step_views_from_pb(detail)
+
+    async def cancel_workflow_run(self, workflow_run_id: str) -> WorkflowRun:
+        """Cancel a workflow run: queued steps never start, running ones are told to stop."""
+        request = workflows_pb2.WorkflowRunRef(tenant=self.tenant, workflow_run_id=workflow_run_id)
+        return workflow_run_from_pb(await self._connection.call(self._connection.stubs.workflows.CancelWorkflowRun, request))
+
+    async def resume_workflow_run(self, workflow_run_id: str) -> WorkflowRun:
+        """Run a failed or cancelled workflow run on: failed steps again, succeeded ones not."""
+        request = workflows_pb2.WorkflowRunRef(tenant=self.tenant, workflow_run_id=workflow_run_id)
+        return workflow_run_from_pb(await self._connection.call(self._connection.stubs.workflows.ResumeWorkflowRun, request))
+
 
     # -- the audit trail ------------------------------------------------------------------------
 
@@ -342,21 +368,15 @@ class Client(WorkflowCalls):
         job keeps its history; an id of another tenant has none."""
         request = jobs_pb2.ListAuditRequest(tenant=self.tenant, target_kind=str(kind), target_id=target_id,
                                             limit=limit)
-        response = await self._call(self._connect().jobs.ListAudit, request)
-        return [
-            AuditEvent(
-                event_id=event.event_id, tenant=event.tenant, at=wire.epoch_plus(event.at), action=AuditAction(event.action),
-                target_kind=AuditTarget(event.target_kind), target_id=event.target_id, job_id=event.job_id,
-                token_id=event.token_id or None, actor=event.actor, detail=event.detail,
-            )
-            for event in response.events
-        ]
+        response = await self._connection.call(self._connection.stubs.jobs.ListAudit, request)
+        return [audit_event_from_pb(event) for event in response.events]
 
     # -- cluster --------------------------------------------------------------------------------
 
-    async def cluster(self) -> admin_pb2.ClusterStatus:
-        """Nodes and shards of the cluster as the daemon sees them."""
-        return await self._call(self._connect().admin.GetCluster, admin_pb2.GetClusterRequest())
+    async def cluster(self) -> ClusterStatus:
+        """Nodes and shards of the cluster as the daemon sees them, and the workers connected to
+        the node that answered."""
+        return cluster_from_pb(await self._connection.call(self._connection.stubs.admin.GetCluster, admin_pb2.GetClusterRequest()))
 
     async def wait_ready(self, timeout: float) -> None:
         """Wait until the daemon reports SERVING on the standard gRPC health service.
@@ -365,39 +385,7 @@ class Client(WorkflowCalls):
             TimeoutError: The daemon was not serving within ``timeout`` seconds.
             RemoteError: The daemon answered with an error other than "not reachable yet".
         """
-        deadline = time.monotonic() + timeout
-        request = health_pb2.HealthCheckRequest(service="")
-        retryable = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.NOT_FOUND)
-        while (remaining := deadline - time.monotonic()) > 0:
-            try:
-                # wait_for_ready: while the daemon starts, the call waits for the connection
-                # rather than failing at once, so the loop does not spin.
-                # (types-grpcio-health-checking declares HealthStub without its generated methods.)
-                check = self._connect().health.Check  # type: ignore[attr-defined]
-                response: health_pb2.HealthCheckResponse = await check(
-                    request, timeout=min(remaining, 1.0), wait_for_ready=True)
-            except grpc.aio.AioRpcError as error:
-                if error.code() not in retryable:
-                    raise error_from_rpc(error) from error
-            else:
-                if response.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            await asyncio.sleep(min(0.05, max(deadline - time.monotonic(), 0)))
-        raise TimeoutError(f"the fastlane daemon at {self.server} was not serving within {timeout:g} s")
-
-    # -- plumbing -------------------------------------------------------------------------------
-
-    def _connect(self) -> _Stubs:
-        if self._stubs is None:
-            self._channel = open_channel(self.server, tls=self._tls, token=self._token, options=_CHANNEL_OPTIONS)
-            self._stubs = _Stubs(
-                jobs=jobs_pb2_grpc.JobServiceStub(self._channel),
-                runs=runs_pb2_grpc.RunServiceStub(self._channel),
-                admin=admin_pb2_grpc.AdminServiceStub(self._channel),
-                workflows=workflows_pb2_grpc.WorkflowServiceStub(self._channel),
-                health=health_pb2_grpc.HealthStub(self._channel),
-            )
-        return self._stubs
+        await self._connection.wait_ready(timeout)
 
     # -- API tokens (admin tokens only) -----------------------------------------------------------
 
@@ -407,25 +395,25 @@ class Client(WorkflowCalls):
         """Create an API token; returns it and its secret (``fl_<id>_<secret>``), shown only now."""
         request = admin_pb2.CreateTokenRequest(tenant=tenant, role=str(role), name=name,
                                                expires_in=wire.duration(expires_in))
-        response = await self._call(self._connect().admin.CreateToken, request)
+        response = await self._connection.call(self._connection.stubs.admin.CreateToken, request)
         return wire.token_from_pb(response.token), response.secret
 
     async def list_tokens(self, tenant: str = "") -> list[ApiToken]:
         """Tokens of ``tenant``, or of every tenant; never their secrets."""
-        response = await self._call(self._connect().admin.ListTokens, admin_pb2.ListTokensRequest(tenant=tenant))
+        response = await self._connection.call(self._connection.stubs.admin.ListTokens, admin_pb2.ListTokensRequest(tenant=tenant))
         return [wire.token_from_pb(token) for token in response.tokens]
 
     async def revoke_token(self, token_id: str) -> ApiToken:
         """Revoke a token: every node refuses it within seconds. Revoking twice is not an error."""
         request = admin_pb2.RevokeTokenRequest(token_id=token_id)
-        return wire.token_from_pb(await self._call(self._connect().admin.RevokeToken, request))
+        return wire.token_from_pb(await self._connection.call(self._connection.stubs.admin.RevokeToken, request))
 
     # -- quotas ---------------------------------------------------------------------------------
 
     async def get_quota(self, tenant: str = "") -> tuple[TenantQuota, TenantQuota]:
         """A tenant's quotas in force, and its override (unset fields: the nodes' defaults).
         Empty ``tenant``: the client's own; another needs an admin token."""
-        status = await self._call(self._connect().admin.GetQuota,
+        status = await self._connection.call(self._connection.stubs.admin.GetQuota,
                                   admin_pb2.GetQuotaRequest(tenant=tenant or self.tenant))
         return wire.quota_from_pb(status.in_force), wire.quota_from_pb(status.override)
 
@@ -433,14 +421,8 @@ class Client(WorkflowCalls):
         """Replace a tenant's quota override (admin tokens only); None removes it."""
         request = admin_pb2.SetQuotaRequest(tenant=tenant, reset=override is None,
                                             override=wire.quota_to_pb(override) if override else None)
-        status = await self._call(self._connect().admin.SetQuota, request)
+        status = await self._connection.call(self._connection.stubs.admin.SetQuota, request)
         return wire.quota_from_pb(status.in_force), wire.quota_from_pb(status.override)
-
-    async def _call(self, rpc: Callable[..., Awaitable[R]], request: Any) -> R:
-        try:
-            return await rpc(request, timeout=self.timeout)
-        except grpc.aio.AioRpcError as error:
-            raise error_from_rpc(error) from error
 
     def _job_ref(self, job_id: str) -> jobs_pb2.JobRef:
         return jobs_pb2.JobRef(tenant=self.tenant, job_id=job_id)
@@ -452,4 +434,3 @@ class Client(WorkflowCalls):
         return spec if spec.tenant == self.tenant else replace(spec, tenant=self.tenant)
 
 
-__all__ = ["Client", "JobOptions", "encode_payload"]

@@ -24,8 +24,9 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from fastlane.errors import FastlaneError, StorageUnavailable
-from fastlane.metrics import Metrics
+from fastlane.domain.errors import StorageUnavailable
+from fastlane.errors import FastlaneError
+from fastlane.runtime.metrics import Metrics
 
 log = logging.getLogger("fastlane.supervise")
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import socket
 from dataclasses import dataclass, field
@@ -25,9 +24,8 @@ from fastlane.domain.limits import (
 )
 from fastlane.domain.quotas import TenantQuota
 from fastlane.errors import ConfigurationError
+from fastlane.rpc.channel import DEFAULT_SERVER, is_loopback_host
 
-DEFAULT_PORT = 7070
-DEFAULT_SERVER = f"127.0.0.1:{DEFAULT_PORT}"
 DEFAULT_QUOTAS = TenantQuota(max_jobs=1_000_000, job_creations_per_second=1_000.0, max_waiting_runs=1_000_000)
 DEFAULT_DB_URL = "sqlite:///fastlane.db"
 
@@ -193,14 +191,3 @@ class Settings:
                     f"{flag} {address!r} is not a loopback address: it needs {' and '.join(missing)} "
                     "(or pass --insecure to listen on it anyway, for development)"
                 )
-
-
-def is_loopback_host(host: str) -> bool:
-    """Whether ``host`` (a name or an address, IPv6 with or without brackets) is this machine."""
-    host = host.strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
