@@ -1,7 +1,7 @@
 """What every scenario needs: the run's context, a progress bar, time limits, worker records,
 process memory, and creating many jobs fast through the store.
 
-Jobs are created through ``open_store(url).create_job`` from the harness process *before* any
+Jobs are created through ``open_store(url).jobs.create_job`` from the harness process *before* any
 daemon starts: that measures trigger lag, not API load (creating tens of thousands of jobs over
 gRPC would take longer than the measurement). Several creates run at once on PostgreSQL; SQLite
 serialises its writes anyway.
@@ -46,7 +46,7 @@ INSERT_SAFETY = 1.6  # planned insert time = measured rate x this: creation slow
 # 887 -> 831 jobs/s over 30,000 jobs) and at 1.3 one run in six started its processes a second late
 CREATE_WORST_S = 1 / 200  # a bound on creating one job through the store, for hard deadlines only
 START_ALLOWANCE_S = 120.0  # a bound on starting and stopping the processes, for hard deadlines only
-JOB_CREATION = "through the store (open_store(url).create_job) before the daemon started, not through the API"
+JOB_CREATION = "through the store (open_store(url).jobs.create_job) before the daemon started, not through the API"
 
 
 class BenchTimeout(Exception):
@@ -302,7 +302,7 @@ class JobWriter:
         async def feed() -> None:
             nonlocal done
             for spec in specs:
-                job, _ = await self._store.create_job(spec)
+                job, _ = await self._store.jobs.create_job(spec)
                 if on_created is not None:
                     on_created(job)
                 done += 1
@@ -320,9 +320,9 @@ class JobWriter:
         specs = (JobSpec(name=f"calibration-{index}", job_type=JOB_TYPE, tenant="bench-calibration",
                          schedule=Schedule.at_instant(far)) for index in range(CALIBRATION_JOBS))
         created = await self.create(specs, CALIBRATION_JOBS, "measuring the job creation rate")
-        page = await self._store.list_jobs("bench-calibration", limit=CALIBRATION_JOBS)
+        page = await self._store.jobs.list_jobs("bench-calibration", limit=CALIBRATION_JOBS)
         for job in page.items:
-            await self._store.delete_job("bench-calibration", job.job_id)
+            await self._store.jobs.delete_job("bench-calibration", job.job_id)
         return created.seconds / max(created.count, 1)
 
     async def plan_lead_in(self, count: int, launch_lead: timedelta) -> timedelta:

@@ -1,136 +1,30 @@
-"""Child processes of fastlane for tests and benchmarks: daemons and workers on 127.0.0.1.
+"""Child processes of fastlane for benchmarks: daemons and workers on 127.0.0.1.
 
-Each process writes its output to a log file, and ``stop()`` always ends it: SIGTERM, then
-SIGKILL after a bounded wait. ``kill()`` is a crash (SIGKILL), not a shutdown.
+They live in the test kit (:mod:`fastlane.testing.processes`), shared with the test suite. What
+the harness adds is its own repository: ``ROOT`` is the checkout this harness runs from, which
+may differ from ``FASTLANE_ROOT``, the checkout of the fastlane being measured (PYTHONPATH naming
+another one, for a before/after pair of commits). This package is found through the editable
+install's mapping of bench/, so ROOT is always the installed repository.
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
-import urllib.request
-from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
-import fastlane
+from fastlane.testing import processes as _kit
+from fastlane.testing.processes import (  # noqa: F401
+    FASTLANE_ROOT,
+    STOP_TIMEOUT,
+    Daemon,
+    Process,
+    WorkerProcess,
+    free_port,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
-# Where the harness's own fastlane comes from, which children must import too: the repository
-# itself, unless PYTHONPATH points at another checkout (a before/after pair of commits). This
-# package is found through the editable install's mapping of bench/, so ROOT is always the
-# installed repository, whichever fastlane is being measured.
-FASTLANE_ROOT = Path(fastlane.__file__).resolve().parent.parent
-STOP_TIMEOUT = 15.0
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def child_environment(*extra_paths: Path, **variables: str) -> dict[str, str]:
-    """This environment, with the repository (and ``extra_paths``) importable and output unbuffered."""
-    env = dict(os.environ)
-    paths = [str(path) for path in dict.fromkeys((*extra_paths, FASTLANE_ROOT, ROOT))]
-    env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")])
-    env["PYTHONUNBUFFERED"] = "1"
-    env.update(variables)
-    return env
-
-
-class Process:
-    """A child process whose output goes to a log file."""
-
-    def __init__(self, argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
-        self.argv = argv
-        self.log_path = log_path
-        self.env = env or child_environment()
-        self.popen: subprocess.Popen[bytes] | None = None
-
-    @property
-    def pid(self) -> int | None:
-        return self.popen.pid if self.popen else None
-
-    def start(self) -> None:
-        with open(self.log_path, "ab") as log:
-            self.popen = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=FASTLANE_ROOT)
-
-    def kill(self) -> None:
-        """SIGKILL: a crash, not a shutdown."""
-        if self.popen and self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGKILL)
-            self.popen.wait(STOP_TIMEOUT)
-
-    def stop(self) -> int | None:
-        """SIGTERM and wait; SIGKILL if it does not exit in time. Returns the exit code."""
-        if not self.popen or self.popen.poll() is not None:
-            return self.popen.returncode if self.popen else None
-        self.popen.send_signal(signal.SIGTERM)
-        try:
-            return self.popen.wait(STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            return self.popen.wait(STOP_TIMEOUT)
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-
-class Daemon(Process):
-    """``fastlane serve`` on a free loopback port, with metrics on another."""
-
-    def __init__(self, db_url: str, log_path: Path, *, node_id: str = "node-1", shards: int = 8,
-                 extra_args: Sequence[str] = (), env: dict[str, str] | None = None,
-                 client_options: Mapping[str, Any] | None = None) -> None:
-        """``client_options``: how the harness's own client calls reach it (token, TLS)."""
-        self.client_options = dict(client_options or {})
-        self.port = free_port()
-        self.address = f"127.0.0.1:{self.port}"
-        self.metrics_address = f"127.0.0.1:{free_port()}"
-        super().__init__(
-            [sys.executable, "-m", "fastlane", "serve", "--db", db_url, "--listen", self.address,
-             "--node-id", node_id, "--shards", str(shards), "--metrics", self.metrics_address, *extra_args],
-            log_path, env,
-        )
-
-    async def wait_ready(self, timeout: float = 30.0) -> None:
-        from fastlane.client import Client
-
-        async with Client(self.address, **self.client_options) as client:
-            try:
-                await client.wait_ready(timeout)
-            except Exception as error:
-                raise RuntimeError(f"daemon not ready: {error}\n{self.log_tail()}") from error
-
-    def metrics(self) -> dict[str, float]:
-        """The node's Prometheus samples by name with labels, e.g. 'fastlane_runs_total{outcome="succeeded"}'."""
-        with urllib.request.urlopen(f"http://{self.metrics_address}/metrics", timeout=5) as response:
-            text = response.read().decode()
-        samples = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                samples[name] = float(value)
-        return samples
-
-
-class WorkerProcess(Process):
-    """``fastlane worker TARGET --server ADDRESS``."""
-
-    def __init__(self, target: str, addresses: Sequence[str], log_path: Path, *,
-                 concurrency: int | None = None, env: dict[str, str] | None = None,
-                 extra_args: Sequence[str] = ()) -> None:
-        argv = [sys.executable, "-m", "fastlane", "worker", target, *extra_args]
-        for address in addresses:
-            argv += ["--server", address]
-        if concurrency is not None:
-            argv += ["--concurrency", str(concurrency)]
-        super().__init__(argv, log_path, env)
+    """This environment, with the measured fastlane, then the harness's repository (and
+    ``extra_paths`` before both) importable, and output unbuffered."""
+    return _kit.child_environment(*extra_paths, FASTLANE_ROOT, ROOT, **variables)

@@ -10,7 +10,7 @@ from typing import Any
 
 from fastlane.bench.stats import Target, lag_of, ratio, scale_note
 
-from fastlane.engine.dispatch.ready import AGING_BOUND_SECONDS
+from fastlane.engine.dispatch.ready_queue import AGING_BOUND_SECONDS
 
 PEER_MEMORY = "apscheduler-memory"
 PEER_SQLALCHEMY = "apscheduler-sqlalchemy"

@@ -13,14 +13,14 @@ import signal
 import uuid
 
 import pytest
-from fastlane.bench.pgcluster import (
+
+from fastlane.storage import open_store
+from fastlane.testing.postgres import (
     ThrowawayPostgres,
     create_database,
     drop_database,
     dsn_from_env,
 )
-
-from fastlane.storage import open_store
 
 
 @pytest.fixture(autouse=True)

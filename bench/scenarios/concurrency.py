@@ -30,6 +30,8 @@ from fastlane.bench.harness import (
     wait_for_runs,
 )
 
+from fastlane.testing.measure import most_at_once
+
 JOBS = 1_000
 KEY, LIMIT = "bench-ledger", 5
 HANDLER_MS = 20
@@ -49,16 +51,6 @@ def best_runs_per_s() -> float:
 def budget(bench: Bench) -> float:
     jobs = bench.scaled(JOBS, minimum=50)
     return START_ALLOWANCE_S * 2 + jobs * CREATE_WORST_S + 3 * jobs / best_runs_per_s() + GRACE_S
-
-
-def most_at_once(intervals: list[tuple[int, int]]) -> int:
-    """The most intervals open at one instant (an end at the instant of a start closes first)."""
-    edges = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
-    active = peak = 0
-    for _, step in edges:
-        active += step
-        peak = max(peak, active)
-    return peak
 
 
 def handler_intervals(record_paths: list[Path]) -> dict[str, tuple[int, int]]:

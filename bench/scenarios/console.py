@@ -29,7 +29,6 @@ import aiohttp
 import asyncpg
 from fastlane.bench.cluster import serve_accepts
 from fastlane.bench.harness import JOB_TYPE, SHARDS, START_ALLOWANCE_S, Bench, Deadline, now_utc
-from fastlane.bench.old_history import insert_copies, one_finished_run
 from fastlane.bench.processes import Daemon, free_port
 from fastlane.bench.stats import percentiles
 from fastlane.bench.usage import ProcessMemory, cpu_seconds, peak_rss
@@ -38,6 +37,7 @@ from fastlane.auth.issuing import issue_token
 from fastlane.domain.access import Role
 from fastlane.domain.models import JobSpec, Schedule, shard_of
 from fastlane.storage import open_store
+from fastlane.testing.history import insert_copies, one_finished_run
 
 JOBS = 100_000
 RUNS = 1_000_000
@@ -157,7 +157,7 @@ async def _template_jobs(url: str) -> list[tuple[str, timedelta]]:
     templates = []
     try:
         for index, (schedule, period) in enumerate(kinds):
-            job, _ = await store.create_job(JobSpec(name=f"template-{index}", job_type=JOB_TYPE, tenant=TEMPLATES_TENANT,
+            job, _ = await store.jobs.create_job(JobSpec(name=f"template-{index}", job_type=JOB_TYPE, tenant=TEMPLATES_TENANT,
                                                     schedule=schedule, payload=b'{"customer": 4217, "dry_run": false}'))
             templates.append((job.job_id, period))
     finally:

@@ -56,7 +56,7 @@ from fastlane.bench.harness import (
 from fastlane.bench.stats import Deliveries
 from fastlane.bench.targets import HIGH_PRIORITY, LOW_PRIORITY
 
-from fastlane.engine.dispatch.ready import AGING_BOUND_SECONDS, AGING_PER_SECOND
+from fastlane.engine.dispatch.ready_queue import AGING_BOUND_SECONDS, AGING_PER_SECOND
 
 HANDLER_MS = 50
 HANDLER_JITTER = 0.0  # 0: every handler takes exactly HANDLER_MS (see bench/README.md on handlers in step)

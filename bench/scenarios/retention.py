@@ -16,9 +16,10 @@ from collections.abc import Mapping
 from datetime import timedelta
 
 from fastlane.bench.harness import CREATE_WORST_S, START_ALLOWANCE_S, Bench
-from fastlane.bench.old_history import count_old_runs, seed_old_history
 from fastlane.bench.scenarios.oneshot import FASTLANE_GRACE_S, SPREAD_JOBS, SPREAD_OVER_S, measure_fastlane
 from fastlane.bench.targets import KEEPING_HISTORY, TRIMMING_HISTORY
+
+from fastlane.testing.history import count_old_runs, seed_old_history
 
 OLD_RUNS = 1_000_000
 TRIMMED = "fastlane_history_trimmed_total"

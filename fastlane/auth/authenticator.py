@@ -116,7 +116,7 @@ class Authenticator:
         if cached is not None and now - cached.read_at < fresh_for:
             return cached
         try:
-            found = await self._store.find_token(token_id)
+            found = await self._store.tokens.find_token(token_id)
         except StorageError as error:
             if cached is not None and cached.token is not None and now - cached.read_at < STALE_GRACE_SECONDS:
                 return cached
@@ -141,7 +141,7 @@ class Authenticator:
         if not used:
             return
         try:
-            await self._store.touch_tokens(used)
+            await self._store.tokens.touch_tokens(used)
         except StorageError as error:  # only a record of use: the next flush carries it
             log.warning("could not record the last use of %d tokens: %s", len(used), error)
             for token_id, at in used.items():

@@ -27,5 +27,5 @@ async def issue_token(
     now = await store.db_now()
     record = ApiToken(token_id=secret.token_id, tenant=tenant, role=role, name=name, created_at=now,
                       expires_at=now + expires_in if expires_in is not None else None)
-    stored = await store.create_token(record, secrets.hash_secret(secret))
+    stored = await store.tokens.create_token(record, secrets.hash_secret(secret))
     return stored, secret

@@ -24,7 +24,7 @@ credentials object to the core server as the synchronous server does (``AioServe
 (``try_fetch_ssl_server_credentials``), independent of the Python I/O layer. The rotation tests in
 ``tests/integration/test_tls_channels.py`` replace the files under a running ``grpc.aio`` server
 and observe the new certificate on the wire. The fetcher runs on a gRPC core thread with the GIL
-held, so it is quick (three ``stat`` calls when nothing changed), takes its own lock, and touches
+kept, so it is quick (three ``stat`` calls when nothing changed), takes its own lock, and touches
 no event loop.
 
 Client side, :func:`channel_credentials` turns a :class:`ClientTls` into channel credentials; a

@@ -93,7 +93,7 @@ def list_tokens(args: argparse.Namespace) -> int:
     tenant = validation.name("--tenant", args.tenant) if args.tenant else None
 
     async def through_store(store: Store) -> list[ApiToken]:
-        return await store.list_tokens(tenant)
+        return await store.tokens.list_tokens(tenant)
 
     async def through_node(client: Client) -> list[ApiToken]:
         return await client.list_tokens(tenant or "")
@@ -114,7 +114,7 @@ def revoke_token(args: argparse.Namespace) -> int:
     token_id = validation.identifier("ID", args.token_id)
 
     async def through_store(store: Store) -> ApiToken:
-        return await store.revoke_token(token_id)
+        return await store.tokens.revoke_token(token_id)
 
     async def through_node(client: Client) -> ApiToken:
         return await client.revoke_token(token_id)

@@ -273,11 +273,11 @@ def admit_under_caps(
     dispatches: Sequence[Dispatch], scheduled: Collection[str], active: Mapping[tuple[str, str], int]
 ) -> tuple[list[Dispatch], list[str]]:
     """Split capped dispatches of runs still ``scheduled`` into those their key has room for
-    (``active``: runs of each (tenant, key) dispatched or running now) and the run ids held back,
+    (``active``: runs of each (tenant, key) dispatched or running now) and the run ids blocked,
     in the order given; dispatches of runs no longer scheduled are in neither."""
     taken = dict(active)
     admitted: list[Dispatch] = []
-    held: list[str] = []
+    blocked: list[str] = []
     for dispatch in dispatches:
         if dispatch.run_id not in scheduled:
             continue
@@ -289,8 +289,8 @@ def admit_under_caps(
             taken[key] = taken.get(key, 0) + 1
             admitted.append(dispatch)
         else:
-            held.append(dispatch.run_id)
-    return admitted, held
+            blocked.append(dispatch.run_id)
+    return admitted, blocked
 
 
 def capped_keys(dispatches: Sequence[Dispatch]) -> list[tuple[str, str]]:

@@ -273,7 +273,7 @@ class DueJob:
     The window holds up to hundreds of thousands of these, so it keeps six references rather
     than the whole job: planning its occurrences needs nothing else, and ``queue`` (its job type
     and tenant, the ready queue its runs join) tells whether that queue is too far behind to add to;
-    ``priority`` whether its runs are urgent (held back only past ``--max-backlog``: see
+    ``priority`` whether its runs are urgent (deferred only past ``--max-backlog``: see
     ``--priority-reserve``).
     Jobs with the same timing, and those with the same queue, share one value of each.
     """

@@ -50,16 +50,16 @@ class Dispatch:
     node_id: str
     lease_ttl: timedelta
     dispatched_at: datetime  # when the node sent it; the journal may write it a little later
-    cap: KeyCap | None = None  # the run's concurrency key: see Store.record_capped_dispatches
+    cap: KeyCap | None = None  # the run's concurrency key: see Store.attempts.record_capped_dispatches
 
 
 @dataclass(frozen=True, slots=True)
 class CappedDispatches:
-    """What :meth:`Store.record_capped_dispatches` did: the attempts it started, and the runs
+    """What :meth:`Store.attempts.record_capped_dispatches` did: the attempts it started, and the runs
     still ``scheduled`` it left so because their key was at its limit."""
 
     attempts: list[Attempt]
-    held: list[str]
+    blocked: list[str]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -18,7 +18,7 @@ from fastlane.domain.policies import next_retry_at
 from fastlane.domain.records import Occurrence
 
 # Outcomes after which another attempt may succeed.
-_RETRYABLE = frozenset({AttemptOutcome.FAILED, AttemptOutcome.TIMED_OUT, AttemptOutcome.LEASE_EXPIRED})
+RETRYABLE_OUTCOMES = frozenset({AttemptOutcome.FAILED, AttemptOutcome.TIMED_OUT, AttemptOutcome.LEASE_EXPIRED})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -162,7 +162,7 @@ def after_attempt(
         # The worker may or may not have done the work; delivering again could do it twice.
         event = RunEvent.LOSE
     else:
-        if outcome in _RETRYABLE and run.delivery is Delivery.AT_LEAST_ONCE:
+        if outcome in RETRYABLE_OUTCOMES and run.delivery is Delivery.AT_LEAST_ONCE:
             retry_at = next_retry_at(
                 run.retry,
                 attempts_made=run.attempts,

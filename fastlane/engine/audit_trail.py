@@ -50,7 +50,7 @@ class AuditTrail:
 
     async def _write(self, events: list[AuditEvent]) -> None:
         try:
-            await self._store.record_audit(events)
+            await self._store.audit.record_audit(events)
             return
         except StorageUnavailable as error:
             failed: list[tuple[AuditEvent, Exception]] = [(event, error) for event in events]

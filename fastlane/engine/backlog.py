@@ -1,8 +1,8 @@
-"""How far behind its workers a queue may fall before its due jobs are held: its backlog limit.
+"""How far behind its workers a queue may fall before its due jobs are deferred: its backlog limit.
 
 A queue (job type, tenant) whose released runs wait for a free worker credit or for its tenant's
 cap is behind the capacity it gets. Once that backlog reaches the queue's limit, the write-ahead
-holds the queue's due jobs instead of writing their runs (``WriteAhead._look_at_backlogs``). The
+*defers* the queue's due jobs instead of writing their runs (``WriteAhead._look_at_backlogs``). The
 limit is the smaller of:
 
 - ``--max-backlog`` runs: a bound on memory, and on what is written only to wait;
@@ -14,7 +14,7 @@ takes to write a run and hand it over (the write lead, well under a second); any
 only wait. A count that suits a queue taking thousands a second is a long wait for one taking a
 hundred, and a flood fills it at the flood's own rate: in ``fastlane bench fairness`` (workers
 taking ~150 runs/s, one tenant offering 2,000/s) the node and PostgreSQL wrote 2,000 runs a second
-for five seconds before 10,000 were waiting, holding both cores meanwhile, and the other tenant's
+for five seconds before 10,000 were waiting, keeping both cores busy meanwhile, and the other tenant's
 runs, sent ahead and due on the instant, started up to 4 ms late while their worker waited for a
 core. Bounded by its pace the flood's queue stops being written within a second.
 
@@ -73,7 +73,7 @@ class BacklogLimits:
         return self._paces.get(queue, 0.0)
 
     def limit(self, queue: Queue) -> int:
-        """Due runs the queue may have waiting before its due jobs are held."""
+        """Due runs the queue may have waiting before its due jobs are deferred."""
         if self._seconds <= 0:
             return self._max_backlog
         return min(self._max_backlog, max(MIN_BACKLOG, math.ceil(self.pace(queue) * self._seconds)))

@@ -59,11 +59,11 @@ class ChangeFollower:
     async def _apply(self, change: Change) -> None:
         operations = self._operations
         if change.kind is ChangeKind.JOB:
-            operations.job_changed(await self._store.get_job(change.tenant, change.key))
+            operations.job_changed(await self._store.jobs.get_job(change.tenant, change.key))
         elif change.kind is ChangeKind.JOB_DELETED:
             operations.job_deleted(change.key)
         elif change.kind is ChangeKind.RUN:
-            run = await self._store.get_run(change.tenant, change.key)
+            run = await self._store.runs.get_run(change.tenant, change.key)
             if run.state is RunState.SCHEDULED:
                 operations.run_scheduled(run, recovered=True)
             elif run.state is RunState.CANCELLED:

@@ -45,39 +45,39 @@ class Operations:
 
     async def create_job(self, spec: JobSpec) -> tuple[Job, bool]:
         """Create a job (idempotent on its name): ``(job, created)``."""
-        job, created = await self._store.create_job(spec)
+        job, created = await self._store.jobs.create_job(spec)
         if created:
             self.job_changed(job)
             await self._audit(AuditAction.CREATED, job, detail=job.name)
         return job, created
 
     async def update_job(self, tenant: str, job_id: str, spec: JobSpec) -> Job:
-        job = await self._store.update_job(tenant, job_id, spec)
+        job = await self._store.jobs.update_job(tenant, job_id, spec)
         self.job_changed(job)
         await self._audit(AuditAction.UPDATED, job, detail=f"version {job.version}")
         return job
 
     async def pause_job(self, tenant: str, job_id: str) -> Job:
-        job = await self._store.pause_job(tenant, job_id)
+        job = await self._store.jobs.pause_job(tenant, job_id)
         self.job_changed(job)
         await self._audit(AuditAction.PAUSED, job)
         return job
 
     async def resume_job(self, tenant: str, job_id: str) -> Job:
-        job = await self._store.resume_job(tenant, job_id)
+        job = await self._store.jobs.resume_job(tenant, job_id)
         self.job_changed(job)
         await self._audit(AuditAction.RESUMED, job)
         return job
 
     async def delete_job(self, tenant: str, job_id: str) -> None:
-        await self._store.delete_job(tenant, job_id)
+        await self._store.jobs.delete_job(tenant, job_id)
         self.job_deleted(job_id)
         await self._record(AuditEvent(tenant=tenant, action=AuditAction.DELETED, target_kind=AuditTarget.JOB,
                                       target_id=job_id, job_id=job_id))
 
     async def trigger_job(self, tenant: str, job_id: str) -> Run:
         """A run of the job due now, outside its schedule."""
-        run = await self._store.create_manual_run(tenant, job_id)
+        run = await self._store.runs.create_manual_run(tenant, job_id)
         self.run_scheduled(run)
         # About the run the trigger made, so that the run's history says who made it; the job's
         # history shows it too (it lists its runs' events).
@@ -89,10 +89,10 @@ class Operations:
     async def cancel_run(self, tenant: str, run_id: str) -> Run:
         """Cancel a run; runs it held back (its job's concurrency) are released. The run that
         started a workflow run stands for it: cancelling it cancels the workflow run."""
-        if (await self._store.get_run(tenant, run_id)).job_type == WORKFLOW_JOB_TYPE:
+        if (await self._store.runs.get_run(tenant, run_id)).job_type == WORKFLOW_JOB_TYPE:
             await self.cancel_workflow_run(tenant, run_id)
-            return await self._store.get_run(tenant, run_id)
-        cancellation = await self._store.cancel_run(tenant, run_id)
+            return await self._store.runs.get_run(tenant, run_id)
+        cancellation = await self._store.runs.cancel_run(tenant, run_id)
         if cancellation.already:
             return cancellation.run  # cancelled before: nothing to stop, nothing new for the history
         self.run_cancelled(cancellation.run)
@@ -105,10 +105,10 @@ class Operations:
     async def retry_run(self, tenant: str, run_id: str) -> Run:
         """Replay a dead or lost run as a new attempt now (the run that started a failed
         workflow run: resume the workflow run)."""
-        if (await self._store.get_run(tenant, run_id)).job_type == WORKFLOW_JOB_TYPE:
+        if (await self._store.runs.get_run(tenant, run_id)).job_type == WORKFLOW_JOB_TYPE:
             await self.resume_workflow_run(tenant, run_id)
-            return await self._store.get_run(tenant, run_id)
-        run = await self._store.retry_run(tenant, run_id)
+            return await self._store.runs.get_run(tenant, run_id)
+        run = await self._store.runs.retry_run(tenant, run_id)
         self.run_scheduled(run)
         await self._audit(AuditAction.RETRIED, run, detail=f"attempt {run.attempts + 1}")
         return run
@@ -117,9 +117,9 @@ class Operations:
 
     async def create_workflow(self, spec: WorkflowSpec) -> tuple[Workflow, bool]:
         """Store a workflow's next version (idempotent on its definition) and follow its schedule."""
-        workflow, created = await self._store.create_workflow(spec)
+        workflow, created = await self._store.workflows.create_workflow(spec)
         try:
-            self.job_changed(await self._store.get_job(workflow.tenant, workflow.job_id))
+            self.job_changed(await self._store.jobs.get_job(workflow.tenant, workflow.job_id))
         except JobNotFound:
             self.job_deleted(workflow.job_id)  # no schedule (any more)
         if created:
@@ -130,19 +130,19 @@ class Operations:
         return workflow, created
 
     async def trigger_workflow(self, tenant: str, name: str, input_json: bytes) -> WorkflowRun:
-        run, changes = await self._store.trigger_workflow(tenant, name, input_json)
+        run, changes = await self._store.workflows.trigger_workflow(tenant, name, input_json)
         self.workflow_changes(changes)
         await self._audit_workflow_run(AuditAction.TRIGGERED, run)
         return run
 
     async def cancel_workflow_run(self, tenant: str, workflow_run_id: str) -> WorkflowRun:
-        run, changes = await self._store.cancel_workflow_run(tenant, workflow_run_id)
+        run, changes = await self._store.workflows.cancel_workflow_run(tenant, workflow_run_id)
         self.workflow_changes(changes)
         await self._audit_workflow_run(AuditAction.CANCELLED, run)
         return run
 
     async def resume_workflow_run(self, tenant: str, workflow_run_id: str) -> WorkflowRun:
-        run, changes = await self._store.resume_workflow_run(tenant, workflow_run_id)
+        run, changes = await self._store.workflows.resume_workflow_run(tenant, workflow_run_id)
         self.workflow_changes(changes)
         await self._audit_workflow_run(AuditAction.RETRIED, run)
         return run

@@ -44,6 +44,7 @@ IDLE_INTERVAL = 60.0  # seconds between looks once nothing is old enough
 NO_SHARDS_RETRY = 1.0  # seconds between looks while the node owns no shard (at start-up)
 UNAVAILABLE_BACKOFF = Backoff(first=1.0, cap=60.0)
 LOOP_NAME = "history-trim"
+DEFAULT_RETENTION = timedelta(days=30)  # --history-retention
 
 
 class HistoryTrimmer:
@@ -101,7 +102,7 @@ class HistoryTrimmer:
         if not owned:
             return None
         cutoff = await self._store.db_now() - self._retention
-        trimmed = await self._store.trim_history(owned, cutoff, self._batch_size)
+        trimmed = await self._store.history.trim_history(owned, cutoff, self._batch_size)
         if trimmed.runs:
             self._metrics.history_trimmed.inc(trimmed.runs)
         return trimmed

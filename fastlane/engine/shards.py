@@ -32,7 +32,9 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Protocol
 
 from fastlane.domain.errors import StorageError
 from fastlane.domain.models import NodeInfo, ShardLease
@@ -46,11 +48,47 @@ from fastlane.storage import Store
 log = logging.getLogger("fastlane.shards")
 
 CHANGE_SLACK = 0.02  # seconds after a lease or heartbeat runs out before looking again
+DEFAULT_LEASE_TTL = timedelta(seconds=10)  # --shard-lease-ttl: how long a lease lasts unrenewed
+DEFAULT_MAX_CLOCK_OFFSET = timedelta(milliseconds=500)  # --max-clock-offset: beyond it a node owns no shards
 
 ShardsAcquired = Callable[[Sequence[ShardLease]], Awaitable[None]]
 ShardsLost = Callable[[Sequence[int]], None]
 WorkerCount = Callable[[], int]
 Monotonic = Callable[[], float]
+
+
+class ShardListener(Protocol):
+    """What hears of the shards this node gains and loses (the fast lane and the dispatcher)."""
+
+    async def acquired(self, leases: Sequence[ShardLease]) -> None:
+        """Build the windows of newly acquired shards; raising gives them back."""
+        ...
+
+    def lost(self, shard_ids: Sequence[int]) -> None:
+        """Forget these shards at once: nothing more may fire for them."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ShardCallbacks:
+    """A :class:`ShardListener` of two functions (for tests and small tools)."""
+
+    on_acquired: ShardsAcquired
+    on_lost: ShardsLost
+
+    async def acquired(self, leases: Sequence[ShardLease]) -> None:
+        await self.on_acquired(leases)
+
+    def lost(self, shard_ids: Sequence[int]) -> None:
+        self.on_lost(shard_ids)
+
+
+class _NoListener:
+    async def acquired(self, leases: Sequence[ShardLease]) -> None:
+        pass
+
+    def lost(self, shard_ids: Sequence[int]) -> None:
+        pass
 
 
 def fair_share(node_id: str, live: Sequence[NodeInfo], shard_count: int) -> int:
@@ -73,15 +111,16 @@ class ShardOwnership:
         node_id: str,
         ttl: timedelta,
         metrics: Metrics,
-        on_acquired: ShardsAcquired,
-        on_lost: ShardsLost,
+        listener: ShardListener | None = None,
         address: str = "",
         clock: Clock | None = None,
-        max_clock_offset: timedelta = timedelta(milliseconds=500),
+        max_clock_offset: timedelta = DEFAULT_MAX_CLOCK_OFFSET,
         workers: WorkerCount = lambda: 0,
         monotonic: Monotonic = time.monotonic,
     ) -> None:
-        """``monotonic`` (seconds) measures the local lease deadline; injectable for tests."""
+        """``listener`` hears of the shards gained and lost; it may also be given by :meth:`listen`
+        before :meth:`run`. ``monotonic`` (seconds) measures the local lease deadline; injectable
+        for tests."""
         self._store = store
         self._node_id = node_id
         self._address = address
@@ -97,8 +136,7 @@ class ShardOwnership:
         self._last_upkeep = monotonic()
         self._ttl = ttl
         self._metrics = metrics
-        self._on_acquired = on_acquired
-        self._on_lost = on_lost
+        self._listener: ShardListener = listener or _NoListener()
         self._leases: dict[int, ShardLease] = {}
         self._server_epoch = store.server_epoch  # the database server history the leases are from
         self._valid_until = 0.0  # monotonic deadline of the last successful renewal, less a margin
@@ -137,6 +175,11 @@ class ShardOwnership:
     def wake(self) -> None:
         """Look at the cluster again now (a node joined or left)."""
         self._wake.set()
+
+    def listen(self, listener: ShardListener) -> None:
+        """Tell ``listener`` of the shards gained and lost from now on: before :meth:`run`, which
+        alone acquires (the fast lane is built over this ownership, then listens to it)."""
+        self._listener = listener
 
     async def run(self, ready: asyncio.Event) -> None:
         """Acquire, then renew every third of the TTL until stopped. ``ready`` is set once this
@@ -236,7 +279,7 @@ class ShardOwnership:
             clock_offset_ms=self.clock_offset.total_seconds() * 1000, shards_owned=len(self._leases),
             workers=self._workers(), eligible=eligible, note=note,
         )
-        live = await self._store.heartbeat_node(me, self._ttl)
+        live = await self._store.shards.heartbeat_node(me, self._ttl)
         share = fair_share(self._node_id, live, await self._store.shard_count())
         await self._watch_for_changes(live)
         if share != self._share:
@@ -259,7 +302,7 @@ class ShardOwnership:
             live_ids = {node.node_id for node in live}
             moments += [
                 shard.lease_expires_at
-                for shard in await self._store.list_shards()
+                for shard in await self._store.shards.list_shards()
                 if shard.lease_expires_at is not None and shard.owner and (
                     shard.owner not in live_ids
                     # Dropped here while the database was out of reach, but not yet expired there.
@@ -286,7 +329,7 @@ class ShardOwnership:
             return
         leases = [self._leases[shard_id] for shard_id in excess]
         self._drop(excess, "rebalance", "rebalancing: above this node's fair share")  # stops firing them first
-        await self._store.release_shards(leases)
+        await self._store.shards.release_shards(leases)
 
     async def _acquire(self) -> None:
         await self._follow_server()  # the cycle's calls so far may have found another server
@@ -294,7 +337,7 @@ class ShardOwnership:
         if missing <= 0:
             return
         started = self._monotonic()
-        acquired = await self._store.acquire_shards(self._node_id, self._ttl, limit=missing)
+        acquired = await self._store.shards.acquire_shards(self._node_id, self._ttl, limit=missing)
         if not acquired:
             return
         if not self._leases:
@@ -312,7 +355,7 @@ class ShardOwnership:
 
     async def _rebuild(self, leases: Sequence[ShardLease]) -> None:
         try:
-            await self._on_acquired(leases)
+            await self._listener.acquired(leases)
             self._rebuilds.discard(asyncio.current_task())
             if self._owns_share_built():
                 self._ready.set()
@@ -326,7 +369,7 @@ class ShardOwnership:
             held = [lease for lease in leases if self._leases.get(lease.shard_id) == lease]
             self._drop([lease.shard_id for lease in held], "rebuild_failed", "window rebuild failed")
             with contextlib.suppress(StorageError):
-                await self._store.release_shards(held)
+                await self._store.shards.release_shards(held)
 
     async def _renew(self) -> None:
         await self._follow_server()
@@ -334,7 +377,7 @@ class ShardOwnership:
             return
         started = self._monotonic()
         asked = dict(self._leases)
-        renewed = await self._store.renew_shards(list(asked.values()), self._ttl)
+        renewed = await self._store.shards.renew_shards(list(asked.values()), self._ttl)
         # Shards dropped while the call was out (the local deadline passed, a fenced write was
         # refused) stay dropped: the lane has forgotten them, so they are acquired afresh.
         still_held = {lease.shard_id for lease in asked.values() if self._leases.get(lease.shard_id) == lease}
@@ -358,7 +401,7 @@ class ShardOwnership:
         self._metrics.database_server_changes.inc()
         leases = list(self._leases.values())
         self._drop(list(self._leases), "server_changed", "the database is another server now (failover)")
-        await self._store.release_shards(leases)
+        await self._store.shards.release_shards(leases)
 
     def _hold_until(self, started: float) -> None:
         """A lease call begun at ``started`` (monotonic) succeeded: the leases are safe until
@@ -403,7 +446,7 @@ class ShardOwnership:
         self._metrics.shards_owned.set(len(self._leases))
         self._metrics.shards_lost.labels(cause=cause).inc(len(shard_ids))
         log.warning("lost %d shards %s: %s", len(shard_ids), sorted(shard_ids)[:10], reason)
-        self._on_lost(shard_ids)
+        self._listener.lost(shard_ids)
 
     async def stop(self) -> None:
         """Stop renewing, release every lease and leave the cluster, so successors take over at once.
@@ -424,9 +467,9 @@ class ShardOwnership:
         self._metrics.shards_owned.set(0)
         with contextlib.suppress(StorageError):
             if leases:
-                await asyncio.shield(self._store.release_shards(leases))
+                await asyncio.shield(self._store.shards.release_shards(leases))
                 log.info("released %d shards", len(leases))
-            await asyncio.shield(self._store.remove_node(self._node_id))
+            await asyncio.shield(self._store.shards.remove_node(self._node_id))
 
 
 def _tokens(leases: Sequence[ShardLease]) -> str:

@@ -1,8 +1,9 @@
 """The workflow coordinator: starts workflow runs on their time and moves them on as steps end.
 
 A workflow's schedule is an ordinary job (job type ``fastlane.workflow``): the lane fires it like
-any other, and the dispatcher hands its due runs here instead of to a worker (:meth:`take_starts`). A
-step run that ends is reported here by the journal once its result is durable (:meth:`ended`).
+any other, and the dispatcher hands its due runs here instead of to a worker
+(:meth:`WorkflowInbox.take_starts`). A step run that ends is reported here by the journal once its
+result is durable (:meth:`WorkflowInbox.ended`).
 Both are done by the store in its own transactions (:mod:`fastlane.storage.workflows`), batched,
 off the fire path; the runs they schedule or cancel go back to the lane and the dispatcher
 through the same steps as a trigger or a cancel (:class:`RunEvents`).
@@ -38,21 +39,15 @@ class RunEvents(Protocol):
     def workflow_changes(self, changes: WorkflowChanges, *, released_here: Collection[int] = ()) -> None: ...
 
 
-class WorkflowCoordinator:
-    def __init__(self, store: Store, *, sweep_every: float = SWEEP_EVERY) -> None:
-        self._store = store
-        self._events: RunEvents | None = None
-        self._owned: Callable[[], Sequence[int]] = list
-        self._sweep_every = sweep_every
-        self._starts: dict[str, Run] = {}
-        self._advances: set[str] = set()
-        self._set_aside: dict[str, str] = {}  # workflow run id -> why (an error id in the log)
-        self._wake = asyncio.Event()
+class WorkflowInbox:
+    """What dispatch hands the coordinator (its ``WorkflowHooks``): due runs of workflow jobs, and
+    the workflow runs whose step runs ended. Made before the dispatcher, which it is given to; the
+    coordinator, made once the operations it acts through exist, works through it."""
 
-    def bind(self, *, events: RunEvents, owned: Callable[[], Sequence[int]]) -> None:
-        """Where the runs it schedules or cancels go, and which shards this node owns (for the sweep)."""
-        self._events = events
-        self._owned = owned
+    def __init__(self) -> None:
+        self.starts: dict[str, Run] = {}
+        self.advances: set[str] = set()
+        self.wake = asyncio.Event()
 
     def take_starts(self, runs: Iterable[Run]) -> Iterable[Run]:
         """Of runs the lane released, start the workflow runs of those of workflow jobs (no worker
@@ -62,18 +57,33 @@ class WorkflowCoordinator:
             return runs
         for run in runs:
             if run.job_type == WORKFLOW_JOB_TYPE:
-                self._starts[run.run_id] = run
-        self._wake.set()
+                self.starts[run.run_id] = run
+        self.wake.set()
         return [run for run in runs if run.job_type != WORKFLOW_JOB_TYPE]
 
     def ended(self, workflow_run_ids: Iterable[str]) -> None:
         """Step runs of these workflow runs ended: decide what comes next."""
-        self._advances.update(workflow_run_ids)
-        self._wake.set()
+        self.advances.update(workflow_run_ids)
+        self.wake.set()
+
+
+class WorkflowCoordinator:
+    """Works off its inbox: ``events`` is where the runs it schedules or cancels go, ``owned`` says
+    which shards this node owns (for the sweep, and to release step runs here)."""
+
+    def __init__(self, store: Store, inbox: WorkflowInbox, *, events: RunEvents, owned: Callable[[], Sequence[int]],
+                 sweep_every: float = SWEEP_EVERY) -> None:
+        self._store = store
+        self._events = events
+        self._owned = owned
+        self._sweep_every = sweep_every
+        self._starts = inbox.starts
+        self._advances = inbox.advances
+        self._set_aside: dict[str, str] = {}  # workflow run id -> why (an error id in the log)
+        self._wake = inbox.wake
 
     def apply(self, changes: WorkflowChanges, released_here: Collection[int]) -> None:
-        if self._events is not None:
-            self._events.workflow_changes(changes, released_here=released_here)
+        self._events.workflow_changes(changes, released_here=released_here)
 
     async def run(self) -> None:
         next_sweep = time.monotonic() + self._sweep_every
@@ -88,7 +98,7 @@ class WorkflowCoordinator:
             try:
                 if time.monotonic() >= next_sweep:
                     next_sweep = time.monotonic() + self._sweep_every
-                    found = await self._store.workflow_runs_to_advance(self._owned())
+                    found = await self._store.workflows.workflow_runs_to_advance(self._owned())
                     self._advances.update(run_id for run_id in found if run_id not in self._set_aside)
                 await self._work()
                 failures = 0
@@ -108,7 +118,7 @@ class WorkflowCoordinator:
             here = frozenset(self._owned())
             if starts := list(self._starts.values())[:ADVANCE_BATCH]:
                 try:
-                    changes = await self._store.start_workflow_runs(starts, released_here=here)
+                    changes = await self._store.workflows.start_workflow_runs(starts, released_here=here)
                 except StorageError:
                     raise
                 except Exception:
@@ -119,13 +129,13 @@ class WorkflowCoordinator:
                 self.apply(changes, here)
             if advances := set(sorted(self._advances)[:ADVANCE_BATCH]):
                 try:
-                    changes = await self._store.advance_workflow_runs(advances, released_here=here)
+                    changes = await self._store.workflows.advance_workflow_runs(advances, released_here=here)
                 except StorageError:
                     raise
                 except Exception:
                     changes = await self._one_at_a_time([], advances, here)
                 else:
-                    self._advances -= advances
+                    self._advances.difference_update(advances)  # in place: the inbox shares it
                 self.apply(changes, here)
 
     async def _one_at_a_time(self, starts: list[Run], advances: set[str], here: frozenset[int]) -> WorkflowChanges:
@@ -133,7 +143,7 @@ class WorkflowCoordinator:
         for run in starts:
             self._starts.pop(run.run_id, None)
             try:
-                changes.add(await self._store.start_workflow_runs([run], released_here=here))
+                changes.add(await self._store.workflows.start_workflow_runs([run], released_here=here))
             except StorageError:
                 self._starts[run.run_id] = run
                 raise
@@ -144,7 +154,7 @@ class WorkflowCoordinator:
         for workflow_run_id in sorted(advances):
             self._advances.discard(workflow_run_id)
             try:
-                changes.add(await self._store.advance_workflow_runs([workflow_run_id], released_here=here))
+                changes.add(await self._store.workflows.advance_workflow_runs([workflow_run_id], released_here=here))
             except StorageError:
                 self._advances.add(workflow_run_id)
                 raise

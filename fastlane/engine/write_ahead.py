@@ -17,14 +17,16 @@ import logging
 import math
 import time
 from collections import Counter, OrderedDict, defaultdict, deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Protocol
 
 from fastlane.domain.errors import StaleFence, StorageError, StorageUnavailable, new_error_id
 from fastlane.domain.limits import FIRST_INSTANT, MAX_ERROR_TEXT
 from fastlane.domain.models import DueJob, Job, JobState, Run, ShardLease
 from fastlane.domain.policies import plan_occurrence
 from fastlane.engine.backlog import BacklogLimits
+from fastlane.engine.fencing import Fencing
 from fastlane.engine.waits import pause, sleep_until_woken
 from fastlane.runtime.clock import EPOCH, Clock
 from fastlane.runtime.metrics import Metrics
@@ -42,11 +44,11 @@ SLOT = timedelta(milliseconds=100)
 INITIAL_WRITE_RATE = 5_000.0  # occurrences per second, until measured
 RATE_SAMPLE_MIN = 200  # smaller batches are dominated by the round trip: not a rate sample
 MAX_WRITTEN_AHEAD = 150_000  # runs written ahead of a crowd and waiting in memory, at most
-# While jobs are held (their queue over its backlog limit), how often its backlog is looked at
+# While jobs are deferred (their queue over its backlog limit), how often its backlog is looked at
 # again. Short against the time a backlog at its limit takes to drain (2 s of its pace by default).
 BACKLOG_RECHECK = timedelta(milliseconds=50)
 # Jobs planned in one go when a scan reads many: every 30 s it reads the whole window, and with it
-# the jobs held back (about 32,000 in `fastlane bench fairness`, which took 60 ms to plan at once,
+# the jobs deferred (about 32,000 in `fastlane bench fairness`, which took 60 ms to plan at once,
 # a stall of the loop that other tenants' runs waited out). 500 take about a millisecond.
 PLAN_SLICE = 500
 # The lead follows the writes: at least this many times the slowest of the recent batch writes
@@ -57,7 +59,33 @@ LEAD_PER_WRITE_TIME = 3
 RECENT_WRITES = 32
 MAX_ADAPTIVE_LEAD = timedelta(seconds=2)
 
-ShardStale = Callable[[int, int, str], None]  # shard id, the token that was refused, why
+class ReleaseQueue(Protocol):
+    """Where written runs go: the lane's release on time (:class:`~fastlane.engine.release.ReleaseTimer`)."""
+
+    def schedule_run(self, run: Run) -> None:
+        """Release ``run`` on its instant."""
+        ...
+
+    def cancel_runs(self, runs: Sequence[Run]) -> None:
+        """These runs were cancelled by the write (overlap ``cancel_previous``): drop them from
+        memory and stop them at the dispatcher."""
+        ...
+
+    def written_ahead(self) -> int:
+        """Runs written and waiting, for their instant or for a worker."""
+        ...
+
+
+class DispatchLoad(Protocol):
+    """How far each queue is behind its workers, as the dispatcher counts it (:mod:`fastlane.engine.backlog`)."""
+
+    def backlogs(self) -> Mapping[tuple[str, str], int]:
+        """Released runs waiting for a free worker credit or their tenant's cap, by (job type, tenant)."""
+        ...
+
+    def assigned_totals(self) -> Mapping[tuple[str, str], int]:
+        """Attempts assigned to workers since the node started, by (job type, tenant)."""
+        ...
 
 
 class WriteAhead:
@@ -70,22 +98,14 @@ class WriteAhead:
         settings: Settings,
         clock: Clock,
         metrics: Metrics,
-        fence: Callable[[int], ShardLease | None],
-        on_stale: ShardStale,
-        schedule_run: Callable[[Run], None],
-        forget_run: Callable[[str], None],
-        cancel: Callable[[Iterable[Run]], None],
-        written_ahead: Callable[[], int],
-        backlogs: Callable[[], Mapping[tuple[str, str], int]],
-        assigned_totals: Callable[[], Mapping[tuple[str, str], int]],
+        fencing: Fencing,
+        release: ReleaseQueue,
+        load: DispatchLoad,
         stopping: asyncio.Event,
     ) -> None:
-        """``schedule_run``, ``forget_run``: the lane's release queue takes written runs and drops
-        cancelled ones; ``cancel`` stops runs at the dispatcher; ``written_ahead``: runs written and
-        waiting, for their time or for a worker; ``backlogs``: due runs waiting for a free
-        worker credit or their tenant's cap, by (job type, tenant); ``assigned_totals``: attempts
-        sent to workers since the node started, by (job type, tenant), from which each queue's
-        backlog limit follows (:mod:`fastlane.engine.backlog`)."""
+        """``fencing``: the fence each write is conditioned on; ``release``: takes the runs
+        written; ``load``: each queue's backlog and pace, from which its backlog limit follows
+        (:mod:`fastlane.engine.backlog`) and so whether its due jobs are deferred."""
         self._store = store
         self._settings = settings
         # Runs are needed the send-ahead lead earlier than their instant (offered to workers then).
@@ -95,17 +115,15 @@ class WriteAhead:
         metrics.write_lead.set(self._lead.total_seconds())
         self._clock = clock
         self._metrics = metrics
-        self._fence = fence
-        self._on_stale = on_stale
-        self._schedule_run = schedule_run
-        self._forget_run = forget_run
-        self._cancel = cancel
-        self._written_ahead = written_ahead
-        self._backlogs = backlogs
+        # Bound once: called per job on the plan and write paths.
+        self._fence = fencing.fence
+        self._stale = fencing.stale
+        self._release = release
+        self._backlogs = load.backlogs
         self._limits = BacklogLimits(max_backlog=settings.max_backlog, seconds=settings.max_backlog_seconds,
-                                     assigned_totals=assigned_totals)
+                                     assigned_totals=load.assigned_totals)
         # Runs of this priority or more take credits kept for them (--priority-reserve): they do
-        # not wait behind a backlog, so their jobs are held only while their queue is over
+        # not wait behind a backlog, so their jobs are deferred only while their queue is over
         # --max-backlog itself (a priority is the client's to choose: no tenant evades the bound).
         reserve = settings.priority_reserve
         self._urgent_priority = reserve.priority if reserve is not None else math.inf
@@ -120,8 +138,8 @@ class WriteAhead:
         # Due jobs taken from the heap while their queue was over its backlog, by queue and job id
         # in the order they fell due: unwritten (unchanged in the database) until the queue has
         # room again (see _pop_planned and _look_at_backlogs).
-        self._held: dict[tuple[str, str], OrderedDict[str, DueJob]] = {}
-        self._given_back: dict[str, tuple[str, str]] = {}  # held jobs planned again, not yet written: their queues
+        self._deferred: dict[tuple[str, str], OrderedDict[str, DueJob]] = {}
+        self._given_back: dict[str, tuple[str, str]] = {}  # deferred jobs planned again, not yet written: their queues
         self._backlogs_looked_at = -math.inf  # time.monotonic() of the last give-back
         self._write_rate = INITIAL_WRITE_RATE  # occurrences materialised per second (moving average)
         # Jobs with next_fire_at before the horizon are in memory (or being loaded); the lane's
@@ -131,14 +149,14 @@ class WriteAhead:
 
     @property
     def size(self) -> int:
-        """Jobs planned (held ones included)."""
-        return len(self._planned_at) + self.held
+        """Jobs planned (deferred ones included)."""
+        return len(self._planned_at) + self.deferred
 
     @property
-    def held(self) -> int:
-        """Due jobs held back because their queue is over its backlog. Also read by the metrics
+    def deferred(self) -> int:
+        """Due jobs deferred because their queue is over its backlog. Also read by the metrics
         thread (through ``size``): list() takes the values in one step under the GIL."""
-        return sum(map(len, list(self._held.values())))
+        return sum(map(len, list(self._deferred.values())))
 
     def wake(self) -> None:
         """Look at the planned jobs again now (a crowd among new ones may need writing early)."""
@@ -149,7 +167,7 @@ class WriteAhead:
         if self._fence(job.shard_id) is None:
             return
         if job.state is JobState.ACTIVE and job.next_fire_at is not None and job.next_fire_at < self.horizon:
-            self._unhold(job.job_id)  # its queue may have changed with it
+            self._undefer(job.job_id)  # its queue may have changed with it
             self._plan(DueJob.of(job))
         else:
             self.job_removed(job.job_id)
@@ -157,11 +175,11 @@ class WriteAhead:
     def job_removed(self, job_id: str) -> None:
         # The heap entry stays but is dead: it no longer matches _planned_at when popped.
         self._planned_at.pop(job_id, None)
-        self._unhold(job_id)
+        self._undefer(job_id)
 
-    def _unhold(self, job_id: str) -> None:
+    def _undefer(self, job_id: str) -> None:
         self._given_back.pop(job_id, None)
-        for jobs in self._held.values():
+        for jobs in self._deferred.values():
             jobs.pop(job_id, None)
 
     def drop_shards(self, lost: set[int]) -> None:
@@ -170,7 +188,7 @@ class WriteAhead:
         heapq.heapify(self._planned)
         self._planned_per_slot = Counter(_slot(at) for at, _, _ in self._planned)
         self._planned_at = {job.job_id: job for _, _, job in self._planned if self._planned_at.get(job.job_id) is job}
-        for jobs in self._held.values():
+        for jobs in self._deferred.values():
             for job_id in [job_id for job_id, job in jobs.items() if job.shard_id in lost]:
                 del jobs[job_id]
 
@@ -183,13 +201,13 @@ class WriteAhead:
                 await asyncio.sleep(0)
             if self._fence(job.shard_id) is None:
                 continue
-            held = self._held.get(job.queue)
-            if held is not None and (held_copy := held.get(job.job_id)) is not None:
+            deferred = self._deferred.get(job.queue)
+            if deferred is not None and (deferred_copy := deferred.get(job.job_id)) is not None:
                 if job.priority < self._urgent_priority:
-                    if job.next_fire_at >= held_copy.next_fire_at:
-                        held[job.job_id] = job  # the copy read, in the same place in line
+                    if job.next_fire_at >= deferred_copy.next_fire_at:
+                        deferred[job.job_id] = job  # the copy read, in the same place in line
                     continue
-                del held[job.job_id]  # urgent now: planned, as any urgent job
+                del deferred[job.job_id]  # urgent now: planned, as any urgent job
             try:
                 self._plan(job)  # a no-op when the heap already holds this fire time
             except Exception as error:  # a value no check caught (stored by an older version)
@@ -214,35 +232,35 @@ class WriteAhead:
     async def run(self) -> None:
         """Write runs a short lead before they are due (earlier for a crowd), in fenced batches."""
         while not self._stopping.is_set():
-            holding = self._look_at_backlogs(time.monotonic())
+            deferring = self._look_at_backlogs(time.monotonic())
             now = self._clock.now()
             start, through = write_start(self._planned_per_slot, self._lead, self._write_rate)
-            if self._planned and self._written_ahead() >= MAX_WRITTEN_AHEAD:
+            if self._planned and self._release.written_ahead() >= MAX_WRITTEN_AHEAD:
                 # Enough runs are written and waiting already, for their time or for workers (a
                 # node behind its load): writing further ahead would only take time from sending
                 # and fill memory, so write no further ahead than the lead.
                 head = self._planned[0][0]
                 start, through = max(start, head - self._lead), head + SLOT
             if start <= now:
-                batch = self._pop_planned(catch_up_through(through, now, self._lead), holding)
+                batch = self._pop_planned(catch_up_through(through, now, self._lead), deferring)
                 if batch:
                     await self._timed_materialise(batch, now)
-                    if self._held:
+                    if self._deferred:
                         await asyncio.sleep(0)  # the lane releases what was written: the backlog counts it
                     continue
             delay = (start - now).total_seconds() if self._planned else 3600.0
-            if self._held:
+            if self._deferred:
                 next_look = self._backlogs_looked_at + BACKLOG_RECHECK.total_seconds() - time.monotonic()
                 delay = min(delay, max(next_look, 0.001))
             await sleep_until_woken(self._plan_wake, self._stopping, delay)
 
     def _look_at_backlogs(self, now_s: float) -> frozenset[tuple[str, str]]:
-        """The (job type, tenant) queues whose due jobs are to be held rather than written: those
+        """The (job type, tenant) queues whose due jobs are to be deferred rather than written: those
         with at least their limit (:class:`~fastlane.engine.backlog.BacklogLimits`: ``--max-backlog``
         runs, or less by their pace) of due runs waiting for a worker credit or their tenant's cap
-        (the capacity they get is less than is due), and those with held jobs still waiting, so
+        (the capacity they get is less than is due), and those with deferred jobs still waiting, so
         that jobs falling due later line up behind them. Every :data:`BACKLOG_RECHECK` at most
-        (``now_s``: ``time.monotonic()``), each queue below its limit gets back as many of its held
+        (``now_s``: ``time.monotonic()``), each queue below its limit gets back as many of its deferred
         jobs, oldest first, as it has room for: the limit, less its backlog, less the jobs it got
         back before that are not written yet. Room is counted in jobs; a job given back writes
         one run per occurrence its misfire policy keeps (one for ``fire_once``, the default).
@@ -250,7 +268,7 @@ class WriteAhead:
         Written on, runs of a queue over its backlog could only wait, and writing them takes the
         node's time and the database's from runs that can start: measured with 20,000 runs/s
         offered on PostgreSQL, writing every due run succeeded at two thirds of the rate of 10,000
-        offered. Its due jobs are held instead (unchanged in the database), and when they are
+        offered. Its due jobs are deferred instead (unchanged in the database), and when they are
         planned again their misfire policy decides what of the missed occurrences runs. Giving
         back only the room keeps the queue near its limit: all of them at once (a flood's
         thousands) were written in one go, a burst that delayed another tenant's runs by up to
@@ -262,26 +280,26 @@ class WriteAhead:
         backlogs = self._backlogs()
         over = {queue for queue, waiting in backlogs.items() if waiting >= limit(queue)}
         self._over_max_backlog = frozenset(q for q, waiting in backlogs.items() if waiting >= self._settings.max_backlog)
-        if self._held and now_s - self._backlogs_looked_at >= BACKLOG_RECHECK.total_seconds():
+        if self._deferred and now_s - self._backlogs_looked_at >= BACKLOG_RECHECK.total_seconds():
             # Paced: runs given back count in the backlog only once written and released.
             self._backlogs_looked_at = now_s
             self._given_back = {job_id: queue for job_id, queue in self._given_back.items() if job_id in self._planned_at}
             unwritten = Counter(self._given_back.values())
-            for queue in [queue for queue in self._held if queue not in over]:
-                jobs = self._held[queue]
+            for queue in [queue for queue in self._deferred if queue not in over]:
+                jobs = self._deferred[queue]
                 for _ in range(min(len(jobs), limit(queue) - backlogs.get(queue, 0) - unwritten[queue])):
                     _, job = jobs.popitem(last=False)
                     self._given_back[job.job_id] = queue
                     if job.job_id not in self._planned_at:  # a newer plan (the job changed) wins
                         self._plan(job)
                 if not jobs:
-                    del self._held[queue]
-        self._metrics.write_ahead_held.set(self.held)
-        return frozenset(over.union(self._held))
+                    del self._deferred[queue]
+        self._metrics.write_ahead_deferred.set(self.deferred)  # fastlane_write_ahead_held_jobs
+        return frozenset(over.union(self._deferred))
 
-    def _pop_planned(self, cutoff: datetime, holding: frozenset[tuple[str, str]]) -> list[DueJob]:
+    def _pop_planned(self, cutoff: datetime, deferring: frozenset[tuple[str, str]]) -> list[DueJob]:
         """Take the jobs due by ``cutoff``, at most a batch of them; those of a queue in
-        ``holding`` are held rather than taken, unless they were given back or are urgent (and
+        ``deferring`` are deferred rather than taken, unless they were given back or are urgent (and
         their queue is within ``--max-backlog``)."""
         batch: list[DueJob] = []
         while self._planned and self._planned[0][0] <= cutoff and len(batch) < self._settings.max_batch:
@@ -289,9 +307,9 @@ class WriteAhead:
             self._uncount(fire_at)
             if self._planned_at.get(job.job_id) is job:
                 del self._planned_at[job.job_id]
-                if (self._given_back.pop(job.job_id, None) is None and job.queue in holding
+                if (self._given_back.pop(job.job_id, None) is None and job.queue in deferring
                         and (job.priority < self._urgent_priority or job.queue in self._over_max_backlog)):
-                    self._held.setdefault(job.queue, OrderedDict())[job.job_id] = job
+                    self._deferred.setdefault(job.queue, OrderedDict())[job.job_id] = job
                 else:
                     batch.append(job)
         return batch
@@ -343,10 +361,10 @@ class WriteAhead:
         occurrences = [occurrence for _, occurrence in planned]
         batch_fences = [fences[shard_id] for shard_id in sorted({job.shard_id for job in jobs})]
         try:
-            written = await self._store.materialise_runs(batch_fences, occurrences)
+            written = await self._store.lane.materialise_runs(batch_fences, occurrences)
         except StaleFence as stale:
             # Lost that shard; the others in the batch are still ours: try them again at once.
-            self._on_stale(stale.shard_id, stale.token, str(stale))
+            self._stale(stale.shard_id, stale.token, str(stale))
             for job in jobs:
                 if job.shard_id != stale.shard_id:
                     self._plan(job)
@@ -371,13 +389,11 @@ class WriteAhead:
         self._metrics.materialised.inc(len(written.runs))
         for policy, count in written.skipped.items():
             self._metrics.skipped.labels(policy=policy).inc(count)
-        schedule_run, forget_run = self._schedule_run, self._forget_run
+        schedule_run = self._release.schedule_run
         for run in written.runs:
             schedule_run(run)
-        for run in written.cancelling:
-            forget_run(run.run_id)
         if written.cancelling:
-            self._cancel(written.cancelling)
+            self._release.cancel_runs(written.cancelling)
         self._plan_next(jobs, occurrences, written.advanced)
         for changed in written.changed:
             # Our copy was stale (changed through another node, or read before our own write
@@ -392,7 +408,7 @@ class WriteAhead:
         log.error("job %s set aside (state errored): %s", job.job_id, reason, exc_info=error)
         self._metrics.set_aside.labels(kind="job").inc()
         try:
-            await self._store.set_job_aside(job.job_id, reason)
+            await self._store.jobs.set_job_aside(job.job_id, reason)
         except StorageError as store_error:
             # Still active in the database: the next full scan brings it back to try again.
             log.warning("could not set job %s aside: %s", job.job_id, store_error)

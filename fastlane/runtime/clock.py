@@ -26,22 +26,6 @@ class SystemClock:
         return datetime.now(UTC)
 
 
-class ManualClock:
-    """A clock that moves only when told to (tests)."""
-
-    def __init__(self, start: datetime) -> None:
-        self._now = ensure_utc(start)
-
-    def now(self) -> datetime:
-        return self._now
-
-    def advance(self, delta: timedelta) -> None:
-        self._now += delta
-
-    def set(self, instant: datetime) -> None:
-        self._now = ensure_utc(instant)
-
-
 # A step is a change of the wall clock against the monotonic one of more than this between two
 # readings, plus SLEW_TOLERANCE of the time between them: NTP slews a clock by at most 500 ppm,
 # and a reading an hour after the last may differ by that much without any step.

@@ -52,7 +52,7 @@ class Metrics:
             "fastlane_in_flight_runs", "Attempts this node sent and has no result of yet, by job type and tenant",
             ["job_type", "tenant"])
         self.held_by_cap = ReadWhenScraped(
-            "fastlane_held_runs", "Released runs held back by a cap: cap=tenant_in_flight (--tenant-max-in-flight) "
+            "fastlane_held_runs", "Released runs blocked by a cap: cap=tenant_in_flight (--tenant-max-in-flight) "
             "or concurrency_key (the job's concurrency_limit)", ["job_type", "tenant", "cap"])
         self.unserved = ReadWhenScraped(
             "fastlane_unserved_runs", "Released runs waiting for a worker while no worker connected to this node "
@@ -64,13 +64,13 @@ class Metrics:
                        self.unserved, self.worker_streams):
             registry.register(family)
         self.trigger_lag = Histogram(
-            "fastlane_trigger_lag_seconds", "Release time minus scheduled time of each run the node held before "
+            "fastlane_trigger_lag_seconds", "Release time minus scheduled time of each run the node had in memory before "
             "its time (the precision SLO; catch-ups are in fastlane_catch_up_lag_seconds)",
             buckets=_LAG_BUCKETS, registry=registry,
         )
         self.catch_up_lag = Histogram(
             "fastlane_catch_up_lag_seconds",
-            "Release time minus scheduled time of runs already late when the node first held them (misfire "
+            "Release time minus scheduled time of runs already late when the node first had them in memory (misfire "
             "catch-ups, past `at` instants, resumed jobs, runs recovered after a failover): kept out of trigger lag",
             buckets=_LAG_BUCKETS + (60.0, 600.0, 3600.0, 86400.0), registry=registry,
         )
@@ -94,7 +94,7 @@ class Metrics:
             buckets=_WORKER_CLOCK_BUCKETS + (600.0, 3600.0, 86400.0), registry=registry,
         )
         self.runs = Counter("fastlane_runs_total", "Runs by final or intermediate outcome", ["outcome"], registry=registry)
-        self.heap_size = Gauge("fastlane_heap_size", "Jobs and runs held in the in-memory window", registry=registry)
+        self.heap_size = Gauge("fastlane_heap_size", "Jobs and runs kept in the in-memory window", registry=registry)
         self.ready_queue = Gauge("fastlane_ready_queue_depth", "Released runs waiting for worker credits",
                                  registry=registry)
         self.parked = Gauge("fastlane_runs_parked",
@@ -161,7 +161,7 @@ class Metrics:
                                    "was in, or other", ["cause"], registry=registry)
         self.gc_pauses = Histogram("fastlane_gc_pause_seconds", "Cyclic garbage collections by generation",
                                    ["generation"], buckets=_LAG_BUCKETS, registry=registry)
-        self.write_ahead_held = Gauge(
+        self.write_ahead_deferred = Gauge(
             "fastlane_write_ahead_held_jobs",
             "Due jobs not written because their (job type, tenant) has --max-backlog runs or more waiting for busy workers",
             registry=registry)

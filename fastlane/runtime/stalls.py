@@ -1,4 +1,4 @@
-"""Event-loop stalls: how late the node's loop wakes up, and whether a garbage collection held it.
+"""Event-loop stalls: how late the node's loop wakes up, and whether a garbage collection stalled it.
 
 A node fires runs from timers on one event loop, so anything that holds the loop (a long
 callback, a large decode, a collection of the old generation) shows up as trigger lag. The probe

@@ -51,7 +51,7 @@ class QuotaGuard:
         """The quotas in force for ``tenant``: its override over the node's defaults."""
         now = self._monotonic()
         if self._overrides_read_at is None or now - self._overrides_read_at >= OVERRIDES_TTL_SECONDS:
-            self._overrides = await self._store.list_quota_overrides()
+            self._overrides = await self._store.quotas.list_quota_overrides()
             self._overrides_read_at = now
         override = self._overrides.get(tenant)
         return override.over(self._defaults) if override is not None else self._defaults
@@ -66,7 +66,7 @@ class QuotaGuard:
         quota = await self.quota_of(tenant)
         self._take_creation(tenant, quota.job_creations_per_second)
         if quota.max_jobs is not None:
-            jobs = await self._store.count_tenant_jobs(tenant)
+            jobs = await self._store.quotas.count_tenant_jobs(tenant)
             if jobs >= quota.max_jobs:
                 raise QuotaExceeded(f"tenant {tenant!r} has {jobs:,} jobs; its quota max_jobs is {quota.max_jobs:,}")
         if adds_a_run:
@@ -79,7 +79,7 @@ class QuotaGuard:
     async def _check_waiting(self, tenant: str, quota: TenantQuota) -> None:
         if quota.max_waiting_runs is None:
             return
-        waiting = await self._store.count_waiting_runs(tenant)
+        waiting = await self._store.quotas.count_waiting_runs(tenant)
         if waiting >= quota.max_waiting_runs:
             raise QuotaExceeded(f"tenant {tenant!r} has {waiting:,} runs waiting for a worker; its quota "
                                 f"max_waiting_runs is {quota.max_waiting_runs:,}")

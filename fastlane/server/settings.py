@@ -1,4 +1,9 @@
-"""Daemon settings: one frozen value, validated once, shared by every component of a node."""
+"""Daemon settings: one frozen value, validated once, shared by every component of a node.
+
+A default that a component also applies by itself is that component's constant, named here
+(the shard count beside the store, the lease TTL beside the shard ownership, the retention beside
+the trimmer), so no default is written twice; ``fastlane serve``'s flags take theirs from here.
+"""
 
 from __future__ import annotations
 
@@ -23,8 +28,11 @@ from fastlane.domain.limits import (
     PAYLOAD_CEILING_BYTES,
 )
 from fastlane.domain.quotas import TenantQuota
+from fastlane.engine.retention import DEFAULT_RETENTION
+from fastlane.engine.shards import DEFAULT_LEASE_TTL, DEFAULT_MAX_CLOCK_OFFSET
 from fastlane.errors import ConfigurationError
 from fastlane.rpc.channel import DEFAULT_SERVER, is_loopback_host
+from fastlane.storage import DEFAULT_SHARD_COUNT
 
 DEFAULT_QUOTAS = TenantQuota(max_jobs=1_000_000, job_creations_per_second=1_000.0, max_waiting_runs=1_000_000)
 DEFAULT_DB_URL = "sqlite:///fastlane.db"
@@ -79,8 +87,8 @@ class Settings:
     # Quotas of every tenant without an override of its own (fastlane quotas set); generous, to
     # stop a runaway client rather than to ration normal use.
     quotas: TenantQuota = field(default_factory=lambda: DEFAULT_QUOTAS)
-    shard_count: int = 64
-    shard_lease_ttl: timedelta = timedelta(seconds=10)
+    shard_count: int = DEFAULT_SHARD_COUNT
+    shard_lease_ttl: timedelta = DEFAULT_LEASE_TTL
     window: timedelta = timedelta(seconds=10)  # how far ahead the heap holds due work
     # How early runs are at least written before they are due (earlier when many are due together).
     lead: timedelta = timedelta(milliseconds=250)
@@ -89,9 +97,11 @@ class Settings:
     # through another node (and any missed notification).
     full_scan_interval: timedelta = timedelta(seconds=30)
     max_batch: int = 2_000  # occurrences per materialisation transaction
-    max_clock_offset: timedelta = timedelta(milliseconds=500)  # beyond it a node owns no shards
+    max_clock_offset: timedelta = DEFAULT_MAX_CLOCK_OFFSET  # beyond it a node owns no shards
     # Released runs a node keeps in memory per job type while no worker takes them; beyond it they
     # wait in the database (where they already are) and are read back as workers take runs.
+    # (Written here and as the dispatcher's DEFAULT_MAX_READY_*: this module cannot import the
+    # dispatcher while the dispatcher imports PriorityReserve from here.)
     max_ready_per_type: int = 150_000
     max_ready_bytes_per_type: int = 64 << 20  # payload bytes of those runs, at most
     # Released runs of one job type and tenant waiting for a free worker credit or their tenant's
@@ -115,7 +125,7 @@ class Settings:
     # Credits of every worker stream kept for urgent runs; None: any run takes any credit.
     priority_reserve: PriorityReserve | None = None
     # Finished runs (and their attempts) older than this are deleted; None keeps them for ever.
-    history_retention: timedelta | None = timedelta(days=30)
+    history_retention: timedelta | None = DEFAULT_RETENTION
 
     def __post_init__(self) -> None:
         self._check_listeners()

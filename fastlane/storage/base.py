@@ -27,51 +27,8 @@ from fastlane.storage.workflows import WorkflowChanges, WorkflowRunDetail
 DEFAULT_SHARD_COUNT = 64
 
 
-class Store(Protocol):
-    """Durable state of a fastlane cluster. All datetimes are aware UTC."""
-
-    url: str
-
-    @property
-    def capabilities(self) -> Capabilities:
-        """What this backend can and cannot do: what callers ask instead of which database it is."""
-        ...
-
-    @property
-    def write_fault(self) -> str | None:
-        """What keeps every write from committing, with its fix ("the disk holding ... is full"),
-        or None once one commits again; always None unless ``capabilities.write_faults``."""
-        ...
-
-    async def write_fault_changed(self, fault: str | None) -> None:
-        """Return once :attr:`write_fault` differs from ``fault``."""
-        ...
-
-    # -- lifecycle ------------------------------------------------------------------------------
-
-    async def migrate(self) -> int:
-        """Apply pending migrations; return the schema version now in force."""
-        ...
-
-    async def close(self) -> None:
-        """Release every connection. Safe to call twice."""
-        ...
-
-    async def db_now(self) -> datetime:
-        """The database clock, which judges every lease."""
-        ...
-
-    async def shard_count(self) -> int: ...
-
-    @property
-    def server_epoch(self) -> int:
-        """Goes up by one each time the store finds itself on another database server history:
-        a failover to a promoted standby (a new timeline), or another system altogether. What a
-        node remembers of the old server (its windows) may not hold there, so the node drops
-        every shard when this changes and acquires them again. Always 0 on SQLite."""
-        ...
-
-    # -- jobs -----------------------------------------------------------------------------------
+class JobStore(Protocol):
+    """Jobs: their specs, states and lookups."""
 
     async def create_job(self, spec: JobSpec, *, job_id: str | None = None) -> tuple[Job, bool]:
         """Create a job, idempotent on ``(tenant, name)``.
@@ -118,7 +75,18 @@ class Store(Protocol):
         """Delete a job. Its runs stay in history; queued ones are cancelled."""
         ...
 
-    # -- the fast lane (shard-scoped) ----------------------------------------------------------
+    async def jobs_by_id_prefix(self, tenant: str, prefix: str, limit: int) -> list[Job]:
+        """Up to ``limit`` of the tenant's jobs whose id starts with ``prefix``, in id order."""
+        ...
+
+    async def jobs_by_name_prefix(self, tenant: str, prefix: str, limit: int) -> list[Job]:
+        """Up to ``limit`` of the tenant's jobs whose name starts with ``prefix``, in the names'
+        byte order (the console's search)."""
+        ...
+
+
+class LaneStore(Protocol):
+    """What the fast lane reads and writes for the shards a node owns: due jobs made runs, the window, expired leases."""
 
     async def load_due_jobs(
         self,
@@ -170,7 +138,9 @@ class Store(Protocol):
         queue as its leases end rather than at the next periodic check."""
         ...
 
-    # -- runs -----------------------------------------------------------------------------------
+
+class RunStore(Protocol):
+    """Runs and their attempts as users see them: manual runs, cancel, retry, listings."""
 
     async def create_manual_run(self, tenant: str, job_id: str) -> Run:
         """A run of the job due now, outside its schedule (trigger)."""
@@ -186,29 +156,6 @@ class Store(Protocol):
 
     async def retry_run(self, tenant: str, run_id: str) -> Run:
         """Replay a ``dead`` or ``lost`` run as a new attempt now, with the same idempotency key."""
-        ...
-
-    async def record_dispatches(self, dispatches: Sequence[Dispatch]) -> list[Attempt]:
-        """Start an attempt for each run still ``scheduled``; others are ignored (and not returned)."""
-        ...
-
-    async def record_capped_dispatches(self, dispatches: Sequence[Dispatch]) -> CappedDispatches:
-        """As :meth:`record_dispatches`, for runs with a concurrency key (``Dispatch.cap``): in
-        the same transaction, under a lock per key, a run is started only while fewer than its
-        limit of its key's runs are ``dispatched`` or ``running``; the others stay ``scheduled``
-        and come back in ``held``, in the order given. Runs are admitted in the order given."""
-        ...
-
-    async def record_heartbeats(self, heartbeats: Sequence[Heartbeat]) -> list[str]:
-        """Extend leases; return the run ids whose attempt is no longer current (worker should stop)."""
-        ...
-
-    async def record_results(
-        self, results: Sequence[AttemptResult], *, reporter_of: ReporterOf | None = None
-    ) -> list[ResultOutcome]:
-        """Apply the results of current attempts; record stale ones as superseded. With
-        ``reporter_of``, a result whose attempt has no row (its node died before recording the
-        dispatch) is recorded as an attempt of its own: see :mod:`fastlane.storage.late_reports`."""
         ...
 
     async def get_run(self, tenant: str, run_id: str) -> Run: ...
@@ -231,16 +178,36 @@ class Store(Protocol):
         """Up to ``limit`` of the tenant's runs whose id starts with ``prefix``, in id order."""
         ...
 
-    async def jobs_by_id_prefix(self, tenant: str, prefix: str, limit: int) -> list[Job]:
-        """Up to ``limit`` of the tenant's jobs whose id starts with ``prefix``, in id order."""
+
+class AttemptStore(Protocol):
+    """What the dispatch journal records: dispatches, heartbeats and results of attempts."""
+
+    async def record_dispatches(self, dispatches: Sequence[Dispatch]) -> list[Attempt]:
+        """Start an attempt for each run still ``scheduled``; others are ignored (and not returned)."""
         ...
 
-    async def jobs_by_name_prefix(self, tenant: str, prefix: str, limit: int) -> list[Job]:
-        """Up to ``limit`` of the tenant's jobs whose name starts with ``prefix``, in the names'
-        byte order (the console's search)."""
+    async def record_capped_dispatches(self, dispatches: Sequence[Dispatch]) -> CappedDispatches:
+        """As :meth:`record_dispatches`, for runs with a concurrency key (``Dispatch.cap``): in
+        the same transaction, under a lock per key, a run is started only while fewer than its
+        limit of its key's runs are ``dispatched`` or ``running``; the others stay ``scheduled``
+        and come back in ``blocked``, in the order given. Runs are admitted in the order given."""
         ...
 
-    # -- shards ---------------------------------------------------------------------------------
+    async def record_heartbeats(self, heartbeats: Sequence[Heartbeat]) -> list[str]:
+        """Extend leases; return the run ids whose attempt is no longer current (worker should stop)."""
+        ...
+
+    async def record_results(
+        self, results: Sequence[AttemptResult], *, reporter_of: ReporterOf | None = None
+    ) -> list[ResultOutcome]:
+        """Apply the results of current attempts; record stale ones as superseded. With
+        ``reporter_of``, a result whose attempt has no row (its node died before recording the
+        dispatch) is recorded as an attempt of its own: see :mod:`fastlane.storage.late_reports`."""
+        ...
+
+
+class ShardStore(Protocol):
+    """Shard leases (fenced by their token) and node membership."""
 
     async def acquire_shards(
         self, owner: str, ttl: timedelta, *, limit: int, shard_ids: Collection[int] | None = None
@@ -249,7 +216,7 @@ class Store(Protocol):
         ...
 
     async def renew_shards(self, leases: Sequence[ShardLease], ttl: timedelta) -> list[ShardLease]:
-        """Extend leases still held (same owner and token, not expired); the rest are lost."""
+        """Extend leases still owned (same owner and fence token, not expired); the rest are lost."""
         ...
 
     async def release_shards(self, leases: Sequence[ShardLease]) -> None:
@@ -259,8 +226,6 @@ class Store(Protocol):
     async def list_shards(self) -> list[ShardLease]:
         """Every shard with its owner ('' when free), token and lease expiry."""
         ...
-
-    # -- membership -----------------------------------------------------------------------------
 
     async def heartbeat_node(self, node: NodeInfo, live_within: timedelta) -> list[NodeInfo]:
         """Record this node's heartbeat (``heartbeat_at`` = database now) and return every node
@@ -275,15 +240,9 @@ class Store(Protocol):
         """Every node with a row, live or not, for the cluster view."""
         ...
 
-    async def watch_changes(self, on_change: Callable[[Change], None]) -> None:
-        """Call ``on_change`` for each change committed by any node, until cancelled.
 
-        PostgreSQL: LISTEN/NOTIFY, reconnecting when the connection drops (the node's periodic
-        full scan covers what is missed meanwhile). SQLite has a single node: nothing to watch.
-        """
-        ...
-
-    # -- API tokens -----------------------------------------------------------------------------
+class TokenStore(Protocol):
+    """API tokens: only the hash of each secret is stored."""
 
     async def create_token(self, token: ApiToken, secret_hash: bytes) -> ApiToken:
         """Store a new token with the hash of its secret (never the secret) and return it as stored.
@@ -316,7 +275,9 @@ class Store(Protocol):
         arriving out of order never move it back. Unknown ids are ignored."""
         ...
 
-    # -- the audit trail ------------------------------------------------------------------------
+
+class AuditStore(Protocol):
+    """The audit trail: who changed a job or a run, and when."""
 
     async def record_audit(self, events: Sequence[AuditEvent]) -> None:
         """Record changes made by callers, in one statement for the batch and in its order.
@@ -340,7 +301,9 @@ class Store(Protocol):
         """
         ...
 
-    # -- tenant quotas --------------------------------------------------------------------------
+
+class QuotaStore(Protocol):
+    """What tenant quotas count, and their overrides."""
 
     async def count_tenant_jobs(self, tenant: str) -> int:
         """How many jobs ``tenant`` has (in any state), for its ``max_jobs`` quota."""
@@ -360,7 +323,9 @@ class Store(Protocol):
         :class:`~fastlane.errors.InvalidArgument` for a bad tenant or a limit out of range."""
         ...
 
-    # -- history --------------------------------------------------------------------------------
+
+class HistoryStore(Protocol):
+    """History retention: trimming finished runs."""
 
     async def trim_history(self, shard_ids: Collection[int], finished_before: datetime, limit: int) -> TrimmedHistory:
         """Delete at most ``limit`` (1..10,000) finished runs of ``shard_ids`` that ended before
@@ -371,7 +336,9 @@ class Store(Protocol):
         :class:`~fastlane.errors.InvalidArgument` for a limit out of range."""
         ...
 
-    # -- workflows (see fastlane.storage.workflows) ----------------------------------------------
+
+class WorkflowStore(Protocol):
+    """Workflow definitions and workflow runs."""
 
     async def create_workflow(self, spec: WorkflowSpec) -> tuple[Workflow, bool]:
         """Store ``spec`` as its workflow's next version (``(workflow, True)``), or return the
@@ -423,4 +390,66 @@ class Store(Protocol):
     async def list_workflow_runs(self, tenant: str, name: str, *, limit: int = 100,
                                  page_token: str = "") -> Page[WorkflowRun]:
         """The runs of a workflow (every version), newest first."""
+        ...
+
+
+class Store(Protocol):
+    """Durable state of a fastlane cluster, in parts, one concept each; the store itself owns the
+    connections, the schema and the database's clock. All datetimes are aware UTC."""
+
+    url: str
+    jobs: JobStore
+    lane: LaneStore
+    runs: RunStore
+    attempts: AttemptStore
+    shards: ShardStore
+    tokens: TokenStore
+    audit: AuditStore
+    quotas: QuotaStore
+    history: HistoryStore
+    workflows: WorkflowStore
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What this backend can and cannot do: what callers ask instead of which database it is."""
+        ...
+
+    @property
+    def write_fault(self) -> str | None:
+        """What keeps every write from committing, with its fix ("the disk holding ... is full"),
+        or None once one commits again; always None unless ``capabilities.write_faults``."""
+        ...
+
+    async def write_fault_changed(self, fault: str | None) -> None:
+        """Return once :attr:`write_fault` differs from ``fault``."""
+        ...
+
+    async def migrate(self) -> int:
+        """Apply pending migrations; return the schema version now in force."""
+        ...
+
+    async def close(self) -> None:
+        """Release every connection. Safe to call twice."""
+        ...
+
+    async def db_now(self) -> datetime:
+        """The database clock, which judges every lease."""
+        ...
+
+    async def shard_count(self) -> int: ...
+
+    @property
+    def server_epoch(self) -> int:
+        """Goes up by one each time the store finds itself on another database server history:
+        a failover to a promoted standby (a new timeline), or another system altogether. What a
+        node remembers of the old server (its windows) may not hold there, so the node drops
+        every shard when this changes and acquires them again. Always 0 on SQLite."""
+        ...
+
+    async def watch_changes(self, on_change: Callable[[Change], None]) -> None:
+        """Call ``on_change`` for each change committed by any node, until cancelled.
+
+        PostgreSQL: LISTEN/NOTIFY, reconnecting when the connection drops (the node's periodic
+        full scan covers what is missed meanwhile). SQLite has a single node: nothing to watch.
+        """
         ...

@@ -231,7 +231,7 @@ def run_state(row: Row) -> RunState:
 
 def build_run(row: Row, previous: Run | None = None, job_ids: Mapping[str, str] | None = None) -> Run:
     """The run of ``row``, holding equal values once where it cheaply can (see :func:`build_runs`):
-    ``previous`` is the run built before it in the same batch, ``job_ids`` the job ids already held.
+    ``previous`` is the run built before it in the same batch, ``job_ids`` the job ids already interned.
     A driver makes a new object of every value of every row, and the fast lane holds runs by the
     hundred thousand before their instant."""
     job_type, tenant = queue_of(row["job_type"], row["tenant"])  # a node sees a handful
@@ -288,15 +288,15 @@ def build_run(row: Row, previous: Run | None = None, job_ids: Mapping[str, str] 
 
 def build_runs(rows: Iterable[Row], *, job_ids: Iterable[str] = ()) -> list[Run]:
     """The runs of a batch of rows (a write-ahead's inserted runs, a rebuild's chunk), equal values
-    held once: a batch's rows share their statement's ``created_at`` (and ``updated_at``, until
+    kept once: a batch's rows share their statement's ``created_at`` (and ``updated_at``, until
     dispatched), a run's ``available_at`` is its ``scheduled_for`` (until retried), its tenant and
     job type are those of every run of its queue, and ``job_ids`` are the ids the window already
     holds (a recurring job's run shares its planned job's id). About 300 bytes a run less."""
-    held = {job_id: job_id for job_id in job_ids}
+    interned = {job_id: job_id for job_id in job_ids}
     runs: list[Run] = []
     previous: Run | None = None
     for row in rows:
-        previous = build_run(row, previous, held)
+        previous = build_run(row, previous, interned)
         runs.append(previous)
     return runs
 

@@ -151,7 +151,7 @@ def classify_sqlite(error: BaseException, *, doing: str = "", path: str = "") ->
 def sqlite_write_fault(error: BaseException, *, path: str) -> str | None:
     """What keeps the database file at ``path`` from being written, with its fix, if ``error``
     says so (a full disk, a read-only file or mount, an I/O error, a file that cannot be opened);
-    None for anything else (a lock held by another process, a bug in a statement)."""
+    None for anything else (a lock taken by another process, a bug in a statement)."""
     code = getattr(error, "sqlite_errorcode", None)
     if isinstance(code, int):
         primary = code & 0xFF

@@ -16,7 +16,7 @@ written a statement per run, which keeps the SQL portable.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -28,7 +28,7 @@ from fastlane.domain import workflow_runs as decide
 from fastlane.domain import workflows as wf
 from fastlane.domain.errors import InvalidState, JobNotFound, NotFound
 from fastlane.domain.limits import DEFAULT_MAX_PAYLOAD_BYTES
-from fastlane.domain.models import Job, RetryPolicy, Run, RunState, new_id, shard_of
+from fastlane.domain.models import Job, JobSpec, RetryPolicy, Run, RunState, new_id, shard_of
 from fastlane.domain.records import Page
 from fastlane.domain.workflows import StepRun, Workflow, WorkflowRun, WorkflowRunState, WorkflowSpec
 from fastlane.runtime.clock import from_micros, to_micros
@@ -97,29 +97,38 @@ class WorkflowTx(Protocol):
 # -- the store's methods ---------------------------------------------------------------------------
 
 
-class WorkflowMethods:
-    """The workflow methods of a store; the backend supplies its transactions (:meth:`_workflow_tx`)."""
+class WorkflowJobs(Protocol):
+    """The job calls that keep a workflow's schedule job in step (the store's job part)."""
 
-    max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES
+    async def get_job(self, tenant: str, job_id: str) -> Job: ...
 
-    def _workflow_tx(self, *, write: bool = True,
-                     released_here: Collection[int] = ()) -> contextlib.AbstractAsyncContextManager[WorkflowTx]:
+    async def create_job(self, spec: JobSpec, *, job_id: str | None = None) -> tuple[Job, bool]: ...
+
+    async def update_job(self, tenant: str, job_id: str, spec: JobSpec) -> Job: ...
+
+    async def delete_job(self, tenant: str, job_id: str) -> None: ...
+
+
+class WorkflowTransactions(Protocol):
+    """Opens the backend's transactions as this module speaks to them."""
+
+    def __call__(self, *, write: bool = True,
+                 released_here: Collection[int] = ()) -> contextlib.AbstractAsyncContextManager[WorkflowTx]:
         """A transaction; ``released_here``: shards whose newly scheduled runs the caller releases
         itself once it commits, so no other node is told of them (and no echo comes back)."""
-        raise NotImplementedError
+        ...
 
-    # Implemented by the backend's job methods, used to keep a workflow's schedule job in step.
-    async def create_job(self, spec: Any, *, job_id: str | None = None) -> tuple[Job, bool]:
-        raise NotImplementedError
 
-    async def update_job(self, tenant: str, job_id: str, spec: Any) -> Job:
-        raise NotImplementedError
+class SQLWorkflows:
+    """The workflow part of a store, over the backend's transactions; a workflow's schedule is a
+    job, kept in step through the store's job part."""
 
-    async def delete_job(self, tenant: str, job_id: str) -> None:
-        raise NotImplementedError
-
-    async def get_job(self, tenant: str, job_id: str) -> Job:
-        raise NotImplementedError
+    def __init__(self, transactions: WorkflowTransactions, jobs: WorkflowJobs, shard_count: Callable[[], Awaitable[int]],
+                 *, max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES) -> None:
+        self._workflow_tx = transactions
+        self._jobs = jobs
+        self._count_shards = shard_count
+        self.max_payload = max_payload
 
     # -- definitions ---------------------------------------------------------------------------------
 
@@ -145,16 +154,16 @@ class WorkflowMethods:
     async def _follow_schedule(self, workflow: Workflow) -> None:
         job_spec = workflow.spec.schedule_job()
         try:
-            job = await self.get_job(workflow.tenant, workflow.job_id)
+            job = await self._jobs.get_job(workflow.tenant, workflow.job_id)
         except JobNotFound:
             job = None
         if job_spec is None:
             if job is not None:
-                await self.delete_job(workflow.tenant, workflow.job_id)
+                await self._jobs.delete_job(workflow.tenant, workflow.job_id)
         elif job is None:
-            await self.create_job(job_spec, job_id=workflow.job_id)
+            await self._jobs.create_job(job_spec, job_id=workflow.job_id)
         elif lifecycle.first_difference(job.spec, job_spec) is not None:
-            await self.update_job(workflow.tenant, workflow.job_id, job_spec)
+            await self._jobs.update_job(workflow.tenant, workflow.job_id, job_spec)
 
     async def get_workflow(self, tenant: str, name: str, version: int | None = None) -> Workflow:
         async with self._workflow_tx(write=False) as tx:
@@ -213,10 +222,7 @@ class WorkflowMethods:
         return changes
 
     async def _shard_of(self, job_id: str) -> int:
-        return shard_of(job_id, await self.shard_count())
-
-    async def shard_count(self) -> int:
-        raise NotImplementedError
+        return shard_of(job_id, await self._count_shards())
 
     # -- advancing -----------------------------------------------------------------------------------
 

@@ -31,13 +31,13 @@ def format_traceback(exc: BaseException) -> str:
 
 @dataclass(slots=True)
 class _Budget:
-    tokens: float
+    left: float
     refilled: float
     left_out: int = 0
 
 
 class FailureLog:
-    """Logs failed attempts, a token bucket per job type (``now``: a monotonic clock, for tests)."""
+    """Logs failed attempts within a budget per job type, refilled over time (``now``: a monotonic clock, for tests)."""
 
     def __init__(self, *, now: Callable[[], float] = time.monotonic) -> None:
         self._now = now
@@ -47,10 +47,10 @@ class FailureLog:
                traceback_text: str) -> None:
         log.info("run %s (%s, attempt %d) %s: %s", run_id, job_type, attempt, outcome, error)
         budget = self._budget(job_type)
-        if budget.tokens < 1:
+        if budget.left < 1:
             budget.left_out += 1
             return
-        budget.tokens -= 1
+        budget.left -= 1
         left_out, budget.left_out = budget.left_out, 0
         more = f" ({left_out} tracebacks of {job_type} left out since the last)" if left_out else ""
         log.warning("run %s (%s, attempt %d) %s%s\n%s", run_id, job_type, attempt, outcome, more, traceback_text)
@@ -59,8 +59,8 @@ class FailureLog:
         now = self._now()
         budget = self._budgets.get(job_type)
         if budget is None:
-            budget = self._budgets[job_type] = _Budget(tokens=BURST, refilled=now)
+            budget = self._budgets[job_type] = _Budget(left=BURST, refilled=now)
         else:
-            budget.tokens = min(BURST, budget.tokens + (now - budget.refilled) * PER_SECOND)
+            budget.left = min(BURST, budget.left + (now - budget.refilled) * PER_SECOND)
             budget.refilled = now
         return budget

@@ -34,7 +34,7 @@ log = logging.getLogger("fastlane.worker")
 _DEFAULT_HEARTBEAT_INTERVAL = 5.0
 _BACKOFF_START = 0.1
 _BACKOFF_CAP = 2.0
-_REFUSED_RETRY = 30.0  # seconds between attempts while a node refuses this worker's token
+_REFUSED_RETRY = 30.0  # seconds between attempts while a node refuses this worker's API token
 # Results messages go at most one per RESULT_COALESCE (see _flush_results), so results of runs
 # ending close together share one; at once when this many are waiting.
 RESULT_COALESCE = 0.004
@@ -78,7 +78,7 @@ OpenChannel = Callable[[str], grpc.aio.Channel]
 
 
 def plain_channel(address: str) -> grpc.aio.Channel:
-    """A channel without TLS or token: a development node on loopback."""
+    """A channel without TLS or API token: a development node on loopback."""
     return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
 
 
@@ -102,7 +102,7 @@ class NodeStream:
         job_types: The job types this worker has handlers for.
         concurrency: Credits for this stream: the most attempts it may have in flight.
         launch: Makes the coroutine that runs one assignment and ends with :meth:`finish`.
-        open_channel: Opens the channel to a node (TLS and the token, when configured).
+        open_channel: Opens the channel to a node (TLS and the API token, when configured).
 
     Attempts handed over from a leaving stream (:meth:`hand_over`) heartbeat and report here but
     free no credit: this node never granted them.
@@ -176,7 +176,7 @@ class NodeStream:
                 pause = random.uniform(delay / 2, delay)
                 delay = min(delay * 2, _BACKOFF_CAP)
                 if self._refused:
-                    # The node will not take this worker (its token, its role or tenant): say so
+                    # The node will not take this worker (its API token, its role or tenant): say so
                     # loudly once, and ask again now and then rather than every second.
                     if self._refused != refused_before:
                         log.error("%s refused this worker: %s; check its token (--token-file or FASTLANE_TOKEN); "

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 from browser_support import SCREENSHOTS_ENV, ConsoleNode, missing, start_chromium
-from fastlane.bench.processes import Daemon, WorkerProcess, child_environment, free_port
 from selenium import webdriver
 
 from fastlane.auth.issuing import issue_token
 from fastlane.domain.access import Role
 from fastlane.storage import open_store
+from fastlane.testing.processes import Daemon, WorkerProcess, child_environment, free_port
 
 HERE = Path(__file__).parent
 

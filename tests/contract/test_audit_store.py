@@ -45,7 +45,7 @@ def summary(events: list[AuditEvent]) -> list[tuple[str, str, str]]:
 
 async def record_one_by_one(store, *events: AuditEvent) -> None:
     for each in events:
-        await store.record_audit([each])
+        await store.audit.record_audit([each])
 
 
 # -- record and list -------------------------------------------------------------------------------
@@ -62,7 +62,7 @@ async def test_recorded_events_read_back_newest_first_with_the_database_time_and
     )
     after = await store.db_now()
 
-    listed = await store.list_audit("a", target_kind="job", target_id=JOB)
+    listed = await store.audit.list_audit("a", target_kind="job", target_id=JOB)
 
     assert summary(listed) == [("resumed", "job", JOB), ("paused", "job", JOB), ("created", "job", JOB)]
     assert all(before <= e.at <= after for e in listed)
@@ -74,11 +74,11 @@ async def test_recorded_events_read_back_newest_first_with_the_database_time_and
 
 
 async def test_a_batch_is_recorded_in_its_order(store):
-    await store.record_audit([event(AuditAction.CREATED), event(AuditAction.UPDATED, detail="version 2"),
+    await store.audit.record_audit([event(AuditAction.CREATED), event(AuditAction.UPDATED, detail="version 2"),
                               event(AuditAction.PAUSED)])
-    await store.record_audit([])  # an empty batch is accepted and writes nothing
+    await store.audit.record_audit([])  # an empty batch is accepted and writes nothing
 
-    listed = await store.list_audit("a", target_kind=AuditTarget.JOB, target_id=JOB)
+    listed = await store.audit.list_audit("a", target_kind=AuditTarget.JOB, target_id=JOB)
 
     assert [e.action for e in listed] == [AuditAction.PAUSED, AuditAction.UPDATED, AuditAction.CREATED]
     assert listed[1].detail == "version 2"
@@ -95,8 +95,8 @@ async def test_a_jobs_history_holds_its_runs_events_and_a_runs_only_its_own(stor
         event(AuditAction.CREATED, target_id="job-other", job_id="job-other"),
     )
 
-    job_history = await store.list_audit("a", target_kind="job", target_id=JOB)
-    run_history = await store.list_audit("a", target_kind="run", target_id="run-1")
+    job_history = await store.audit.list_audit("a", target_kind="job", target_id=JOB)
+    run_history = await store.audit.list_audit("a", target_kind="run", target_id="run-1")
 
     assert summary(job_history) == [
         ("deleted", "job", JOB), ("cancelled", "run", "run-1"), ("triggered", "run", "run-2"),
@@ -105,8 +105,8 @@ async def test_a_jobs_history_holds_its_runs_events_and_a_runs_only_its_own(stor
     assert summary(run_history) == [("cancelled", "run", "run-1"), ("triggered", "run", "run-1")]
     assert run_history[0].job_id == JOB
     # A run's id asked for as a job has no history of its own (and the other way round).
-    assert await store.list_audit("a", target_kind="job", target_id="run-1") == []
-    assert await store.list_audit("a", target_kind="run", target_id=JOB) == []
+    assert await store.audit.list_audit("a", target_kind="job", target_id="run-1") == []
+    assert await store.audit.list_audit("a", target_kind="run", target_id=JOB) == []
 
 
 async def test_another_tenants_events_are_never_listed(store):
@@ -120,21 +120,21 @@ async def test_another_tenants_events_are_never_listed(store):
         run_event(AuditAction.TRIGGERED, tenant="a"),
     )
 
-    assert summary(await store.list_audit("a", target_kind="job", target_id=JOB)) == [
+    assert summary(await store.audit.list_audit("a", target_kind="job", target_id=JOB)) == [
         ("triggered", "run", RUN), ("created", "job", JOB)]
-    assert summary(await store.list_audit("a", target_kind="run", target_id=RUN)) == [("triggered", "run", RUN)]
-    b_events = await store.list_audit("b", target_kind="job", target_id=JOB)
+    assert summary(await store.audit.list_audit("a", target_kind="run", target_id=RUN)) == [("triggered", "run", RUN)]
+    b_events = await store.audit.list_audit("b", target_kind="job", target_id=JOB)
     assert summary(b_events) == [("cancelled", "run", RUN), ("paused", "job", JOB)]
     assert {e.tenant for e in b_events} == {"b"}
-    assert await store.list_audit("c", target_kind="job", target_id=JOB) == []
+    assert await store.audit.list_audit("c", target_kind="job", target_id=JOB) == []
 
 
 async def test_the_limit_keeps_the_newest_events(store):
-    await store.record_audit([event(AuditAction.UPDATED, detail=f"version {n}") for n in range(1, 8)])
+    await store.audit.record_audit([event(AuditAction.UPDATED, detail=f"version {n}") for n in range(1, 8)])
 
-    newest = await store.list_audit("a", target_kind="job", target_id=JOB, limit=3)
-    one = await store.list_audit("a", target_kind="job", target_id=JOB, limit=1)
-    every = await store.list_audit("a", target_kind="job", target_id=JOB, limit=1000)
+    newest = await store.audit.list_audit("a", target_kind="job", target_id=JOB, limit=3)
+    one = await store.audit.list_audit("a", target_kind="job", target_id=JOB, limit=1)
+    every = await store.audit.list_audit("a", target_kind="job", target_id=JOB, limit=1000)
 
     assert [e.detail for e in newest] == ["version 7", "version 6", "version 5"]
     assert [e.detail for e in one] == ["version 7"]
@@ -142,13 +142,13 @@ async def test_the_limit_keeps_the_newest_events(store):
 
 
 async def test_events_outlive_their_deleted_job(store):
-    job, _ = await store.create_job(
+    job, _ = await store.jobs.create_job(
         JobSpec(tenant="a", name="billing", job_type="billing.run", schedule=Schedule.cron_expr("*/5 * * * *")))
-    await store.record_audit([event(AuditAction.CREATED, target_id=job.job_id, job_id=job.job_id)])
-    await store.delete_job("a", job.job_id)
-    await store.record_audit([event(AuditAction.DELETED, target_id=job.job_id, job_id=job.job_id)])
+    await store.audit.record_audit([event(AuditAction.CREATED, target_id=job.job_id, job_id=job.job_id)])
+    await store.jobs.delete_job("a", job.job_id)
+    await store.audit.record_audit([event(AuditAction.DELETED, target_id=job.job_id, job_id=job.job_id)])
 
-    history = await store.list_audit("a", target_kind="job", target_id=job.job_id)
+    history = await store.audit.list_audit("a", target_kind="job", target_id=job.job_id)
 
     assert [e.action for e in history] == [AuditAction.DELETED, AuditAction.CREATED]
 
@@ -169,15 +169,15 @@ async def test_events_outlive_their_deleted_job(store):
 async def test_record_refuses_bad_fields_and_writes_nothing_of_the_batch(store, changes, field):
     good = event(AuditAction.CREATED)
     with pytest.raises(InvalidArgument) as refused:
-        await store.record_audit([good, replace(good, **changes)])
+        await store.audit.record_audit([good, replace(good, **changes)])
     assert refused.value.field == field
-    assert await store.list_audit("a", target_kind="job", target_id=JOB) == []
+    assert await store.audit.list_audit("a", target_kind="job", target_id=JOB) == []
 
 
 async def test_actor_and_detail_are_cut_and_cleaned_not_refused(store):
-    await store.record_audit([event(actor="a\tname\n" + "x" * 500, detail="line\x00one\r\n" + "y" * 500)])
+    await store.audit.record_audit([event(actor="a\tname\n" + "x" * 500, detail="line\x00one\r\n" + "y" * 500)])
 
-    [stored] = await store.list_audit("a", target_kind="job", target_id=JOB)
+    [stored] = await store.audit.list_audit("a", target_kind="job", target_id=JOB)
 
     assert len(stored.actor) == MAX_NAME_LENGTH and stored.actor.startswith("a name ")
     assert len(stored.detail) == MAX_AUDIT_DETAIL and stored.detail.startswith("line one  ")
@@ -194,7 +194,7 @@ async def test_actor_and_detail_are_cut_and_cleaned_not_refused(store):
 ])
 async def test_list_refuses_a_bad_kind_id_or_limit(store, arguments, field):
     with pytest.raises(InvalidArgument) as refused:
-        await store.list_audit("a", **({"target_kind": "job", "target_id": JOB} | arguments))
+        await store.audit.list_audit("a", **({"target_kind": "job", "target_id": JOB} | arguments))
     assert refused.value.field == field
 
 
@@ -209,18 +209,18 @@ async def test_a_database_at_version_4_with_tokens_migrates_and_keeps_them(make_
     monkeypatch.setattr(store_module, "migrations_for", lambda dialect: migrations_for(dialect)[:4])
     try:
         assert await store.migrate() == 4
-        token = await store.create_token(
+        token = await store.tokens.create_token(
             ApiToken(token_id="tok000000001", tenant="a", role=Role.CLIENT, name="ci",
                      created_at=datetime(2001, 1, 1, tzinfo=UTC)), b"hash")
         with pytest.raises(StorageError):
-            await store.list_audit("a", target_kind="job", target_id=JOB)  # no table yet: version 4
+            await store.audit.list_audit("a", target_kind="job", target_id=JOB)  # no table yet: version 4
 
         monkeypatch.undo()
         assert await store.migrate() == latest >= 5
         assert await store.migrate() == latest
 
-        assert await store.find_token(token.token_id) == (token, b"hash")
-        await store.record_audit([event()])
-        assert len(await store.list_audit("a", target_kind="job", target_id=JOB)) == 1
+        assert await store.tokens.find_token(token.token_id) == (token, b"hash")
+        await store.audit.record_audit([event()])
+        assert len(await store.audit.list_audit("a", target_kind="job", target_id=JOB)) == 1
     finally:
         await store.close()

@@ -37,8 +37,8 @@ async def keyed_runs(store: Store, count: int, *, key: str = "ledger", limit: in
         spec = JobSpec(name=f"{key}-{index}", tenant=tenant, job_type="ledger.post",
                        schedule=Schedule.at_instant(now + timedelta(minutes=5)),
                        concurrency_key=key, concurrency_limit=limit, retry=retry or RetryPolicy())
-        job, _ = await store.create_job(spec)
-        runs.append(await store.create_manual_run(tenant, job.job_id))
+        job, _ = await store.jobs.create_job(spec)
+        runs.append(await store.runs.create_manual_run(tenant, job.job_id))
     return runs
 
 
@@ -54,10 +54,10 @@ async def test_a_database_with_jobs_migrates_and_their_runs_have_no_key(make_sto
     monkeypatch.setattr(store_module, "migrations_for", lambda dialect: migrations_for(dialect)[:7])
     try:
         assert await store.migrate() == 7
-        job, _ = await store.create_job(JobSpec(name="old", job_type="t", schedule=Schedule.cron_expr("* * * * *")))
+        job, _ = await store.jobs.create_job(JobSpec(name="old", job_type="t", schedule=Schedule.cron_expr("* * * * *")))
         monkeypatch.undo()
         assert await store.migrate() == migrations_for(store.dialect)[-1].version
-        old = await store.create_manual_run("default", job.job_id)
+        old = await store.runs.create_manual_run("default", job.job_id)
         assert (old.concurrency_key, old.concurrency_limit) == (None, None)
         [new] = await keyed_runs(store, 1, limit=4)
         assert (new.concurrency_key, new.concurrency_limit) == ("ledger", 4)
@@ -68,43 +68,43 @@ async def test_a_database_with_jobs_migrates_and_their_runs_have_no_key(make_sto
 async def test_runs_carry_their_jobs_key_and_limit(store):
     [run] = await keyed_runs(store, 1, limit=None)
     assert (run.concurrency_key, run.concurrency_limit) == ("ledger", 1)  # no limit given: one at a time
-    stored = await store.get_run("default", run.run_id)
+    stored = await store.runs.get_run("default", run.run_id)
     assert (stored.concurrency_key, stored.concurrency_limit) == ("ledger", 1)
 
 
 async def test_a_capped_dispatch_starts_runs_up_to_the_limit_and_holds_the_rest_in_order(store):
     runs = await keyed_runs(store, 5, limit=3)
-    outcome = await store.record_capped_dispatches([dispatch(run, index + 1) for index, run in enumerate(runs)])
+    outcome = await store.attempts.record_capped_dispatches([dispatch(run, index + 1) for index, run in enumerate(runs)])
     assert [attempt.run_id for attempt in outcome.attempts] == [run.run_id for run in runs[:3]]
-    assert outcome.held == [run.run_id for run in runs[3:]]
-    assert (await store.get_run("default", runs[3].run_id)).state is RunState.SCHEDULED
+    assert outcome.blocked == [run.run_id for run in runs[3:]]
+    assert (await store.runs.get_run("default", runs[3].run_id)).state is RunState.SCHEDULED
     # Full: nothing more starts until one of the three ends.
-    again = await store.record_capped_dispatches([dispatch(runs[3], 10)])
-    assert again.attempts == [] and again.held == [runs[3].run_id]
-    await store.record_results([AttemptResult(run_id=runs[0].run_id, lease_token=1, outcome=AttemptOutcome.SUCCEEDED)])
-    freed = await store.record_capped_dispatches([dispatch(runs[3], 11), dispatch(runs[4], 12)])
-    assert [a.run_id for a in freed.attempts] == [runs[3].run_id] and freed.held == [runs[4].run_id]
+    again = await store.attempts.record_capped_dispatches([dispatch(runs[3], 10)])
+    assert again.attempts == [] and again.blocked == [runs[3].run_id]
+    await store.attempts.record_results([AttemptResult(run_id=runs[0].run_id, lease_token=1, outcome=AttemptOutcome.SUCCEEDED)])
+    freed = await store.attempts.record_capped_dispatches([dispatch(runs[3], 11), dispatch(runs[4], 12)])
+    assert [a.run_id for a in freed.attempts] == [runs[3].run_id] and freed.blocked == [runs[4].run_id]
 
 
 async def test_a_run_no_longer_scheduled_is_neither_started_nor_held(store):
     runs = await keyed_runs(store, 2, limit=1)
-    await store.cancel_run("default", runs[1].run_id)
-    outcome = await store.record_capped_dispatches([dispatch(runs[1], 1), dispatch(runs[0], 2)])
-    assert [a.run_id for a in outcome.attempts] == [runs[0].run_id] and outcome.held == []
+    await store.runs.cancel_run("default", runs[1].run_id)
+    outcome = await store.attempts.record_capped_dispatches([dispatch(runs[1], 1), dispatch(runs[0], 2)])
+    assert [a.run_id for a in outcome.attempts] == [runs[0].run_id] and outcome.blocked == []
 
 
 async def test_a_failed_attempt_waiting_for_its_retry_frees_its_place(store):
     runs = await keyed_runs(store, 2, limit=1, retry=RetryPolicy(max_attempts=3, backoff_base=timedelta(seconds=30)))
-    [first] = (await store.record_capped_dispatches([dispatch(runs[0], 1)])).attempts
-    await store.record_results([AttemptResult(run_id=first.run_id, lease_token=1, outcome=AttemptOutcome.FAILED)])
-    outcome = await store.record_capped_dispatches([dispatch(runs[1], 2)])
+    [first] = (await store.attempts.record_capped_dispatches([dispatch(runs[0], 1)])).attempts
+    await store.attempts.record_results([AttemptResult(run_id=first.run_id, lease_token=1, outcome=AttemptOutcome.FAILED)])
+    outcome = await store.attempts.record_capped_dispatches([dispatch(runs[1], 2)])
     assert [a.run_id for a in outcome.attempts] == [runs[1].run_id]
 
 
 async def test_the_same_key_in_another_tenant_is_another_cap(store):
     [ours] = await keyed_runs(store, 1, limit=1)
     [theirs] = await keyed_runs(store, 1, limit=1, tenant="acme")
-    outcome = await store.record_capped_dispatches([dispatch(ours, 1), dispatch(theirs, 2)])
+    outcome = await store.attempts.record_capped_dispatches([dispatch(ours, 1), dispatch(theirs, 2)])
     assert {a.run_id for a in outcome.attempts} == {ours.run_id, theirs.run_id}
 
 
@@ -114,7 +114,7 @@ async def test_two_nodes_racing_never_start_more_than_the_limit(store, make_stor
     try:
         # Each node offers runs of its own shards, four each: three starts in all, not nine.
         outcomes = await asyncio.gather(*(
-            node.record_capped_dispatches([dispatch(run, 100 * n + i) for i, run in enumerate(runs[4 * n:4 * n + 4])])
+            node.attempts.record_capped_dispatches([dispatch(run, 100 * n + i) for i, run in enumerate(runs[4 * n:4 * n + 4])])
             for n, node in enumerate([store, *others])
         ))
     finally:
@@ -122,5 +122,5 @@ async def test_two_nodes_racing_never_start_more_than_the_limit(store, make_stor
             await other.close()
     started = [a.run_id for outcome in outcomes for a in outcome.attempts]
     assert len(started) == 3 and len(set(started)) == 3
-    active = [r for r in [await store.get_run("default", run.run_id) for run in runs] if r.state is RunState.DISPATCHED]
+    active = [r for r in [await store.runs.get_run("default", run.run_id) for run in runs] if r.state is RunState.DISPATCHED]
     assert len(active) == 3

@@ -54,15 +54,15 @@ async def run_indexes(db_url: str) -> set[str]:
 
 
 async def materialise(store, leases, job_id: str):
-    job = await store.get_job("default", job_id)
+    job = await store.jobs.get_job("default", job_id)
     now = await store.db_now()
-    return (await store.materialise_runs([leases[job.shard_id]], [plan_occurrence(DueJob.of(job), now, now)])).runs
+    return (await store.lane.materialise_runs([leases[job.shard_id]], [plan_occurrence(DueJob.of(job), now, now)])).runs
 
 
 async def make_due_at(store, job_id: str, at: datetime) -> None:
     """Point the job's schedule at one instant, as a user's update would."""
-    current = await store.get_job("default", job_id)
-    await store.update_job("default", job_id, replace(current.spec, schedule=Schedule.at_instant(at)))
+    current = await store.jobs.get_job("default", job_id)
+    await store.jobs.update_job("default", job_id, replace(current.spec, schedule=Schedule.at_instant(at)))
 
 
 async def test_a_populated_version_11_database_migrates_with_every_run_where_it_was(db_url, make_store, monkeypatch):
@@ -76,18 +76,18 @@ async def test_a_populated_version_11_database_migrates_with_every_run_where_it_
     store = make_store(shard_count=SHARDS)
     try:
         assert await store.migrate() == 11
-        leases = {lease.shard_id: lease for lease in await store.acquire_shards("node-a", TTL, limit=SHARDS)}
-        job, _ = await store.create_job(JobSpec(name="billing", job_type="billing.run",
+        leases = {lease.shard_id: lease for lease in await store.shards.acquire_shards("node-a", TTL, limit=SHARDS)}
+        job, _ = await store.jobs.create_job(JobSpec(name="billing", job_type="billing.run",
                                                 schedule=Schedule.interval(timedelta(hours=1))))
         instant = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=5)
         await make_due_at(store, job.job_id, instant)
         [scheduled] = await materialise(store, leases, job.job_id)
-        manual = [await store.create_manual_run("default", job.job_id) for _ in range(3)]
+        manual = [await store.runs.create_manual_run("default", job.job_id) for _ in range(3)]
         in_flight, ended, waiting = manual
-        await store.record_dispatches([Dispatch(run_id=in_flight.run_id, lease_token=7, worker_id="w1", node_id="n1",
+        await store.attempts.record_dispatches([Dispatch(run_id=in_flight.run_id, lease_token=7, worker_id="w1", node_id="n1",
                                                 lease_ttl=SHORT_LEASE, dispatched_at=await store.db_now())])
-        await store.cancel_run("default", ended.run_id)
-        before = [run.run_id for run in (await store.list_runs("default", job_id=job.job_id)).items]
+        await store.runs.cancel_run("default", ended.run_id)
+        before = [run.run_id for run in (await store.runs.list_runs("default", job_id=job.job_id)).items]
         assert V11_INDEXES <= await run_indexes(db_url)
     finally:
         await store.close()
@@ -100,7 +100,7 @@ async def test_a_populated_version_11_database_migrates_with_every_run_where_it_
         assert LATEST_INDEXES <= indexes and not indexes & V11_INDEXES
 
         # Every run is still there, listed newest first as before.
-        listed = (await store.list_runs("default", job_id=job.job_id)).items
+        listed = (await store.runs.list_runs("default", job_id=job.job_id)).items
         assert [run.run_id for run in listed] == before
         assert {run.run_id for run in listed} == {scheduled.run_id, *(run.run_id for run in manual)}
         assert [run.scheduled_for for run in listed] == sorted((run.scheduled_for for run in listed), reverse=True)
@@ -108,17 +108,17 @@ async def test_a_populated_version_11_database_migrates_with_every_run_where_it_
         # Waiting runs are still found by the lane's pending scan, the one in flight by the
         # lease scan once its lease is out, and the ended one by neither.
         far = datetime.now(UTC) + timedelta(days=1)
-        pending = await store.pending_runs(range(SHARDS), far)
+        pending = await store.lane.pending_runs(range(SHARDS), far)
         assert {run.run_id for run in pending} == {scheduled.run_id, waiting.run_id}
         shard = job.shard_id
         deadline = asyncio.get_running_loop().time() + WAIT
-        while shard not in await store.shards_with_expired_leases(range(SHARDS)):
+        while shard not in await store.lane.shards_with_expired_leases(range(SHARDS)):
             assert asyncio.get_running_loop().time() < deadline, "the in-flight run's lease never expired"
             await asyncio.sleep(0.05)
-        assert (await store.next_lease_expiry(range(SHARDS))) < timedelta(0)
-        requeued = await store.requeue_expired(leases[shard])
+        assert (await store.lane.next_lease_expiry(range(SHARDS))) < timedelta(0)
+        requeued = await store.lane.requeue_expired(leases[shard])
         assert [run.run_id for run in requeued] == [in_flight.run_id]  # retried per its policy
-        assert await store.shards_with_expired_leases(range(SHARDS)) == []
+        assert await store.lane.shards_with_expired_leases(range(SHARDS)) == []
 
         # A new instant still writes a run...
         await make_due_at(store, job.job_id, instant + timedelta(seconds=1))
@@ -128,8 +128,8 @@ async def test_a_populated_version_11_database_migrates_with_every_run_where_it_
         # instant materialises nothing new), and manual runs still write at any instant.
         await make_due_at(store, job.job_id, instant)
         assert await materialise(store, leases, job.job_id) == []
-        await asyncio.gather(*(store.create_manual_run("default", job.job_id) for _ in range(2)))
-        assert len((await store.list_runs("default", job_id=job.job_id)).items) == len(before) + 3
+        await asyncio.gather(*(store.runs.create_manual_run("default", job.job_id) for _ in range(2)))
+        assert len((await store.runs.list_runs("default", job_id=job.job_id)).items) == len(before) + 3
     finally:
         await store.close()
 
@@ -143,8 +143,8 @@ async def test_dispatch_start_and_lease_renewal_of_a_run_are_heap_only_updates(p
     reader = await asyncpg.connect(pg_dsn)
     try:
         await store.migrate()
-        job, _ = await store.create_job(JobSpec(name="hot", job_type="t", schedule=Schedule.interval(timedelta(hours=1))))
-        run = await store.create_manual_run("default", job.job_id)
+        job, _ = await store.jobs.create_job(JobSpec(name="hot", job_type="t", schedule=Schedule.interval(timedelta(hours=1))))
+        run = await store.runs.create_manual_run("default", job.job_id)
         # Counts not yet flushed to the statistics: compared before and after each statement.
         counts = ("SELECT pg_stat_get_xact_tuples_updated('runs'::regclass), "
                   "pg_stat_get_xact_tuples_hot_updated('runs'::regclass)")
@@ -161,7 +161,7 @@ async def test_dispatch_start_and_lease_renewal_of_a_run_are_heap_only_updates(p
         start = await updates_of(postgres_queries.EXTEND_LEASES, [run.run_id], [5], [None], [None], [True])
         renewal = await updates_of(postgres_queries.EXTEND_LEASES, [run.run_id], [5], [None], [None], [False])
         assert dispatch == start == renewal == (1, 1)  # one row updated, heap-only
-        assert (await store.get_run("default", run.run_id)).state is RunState.RUNNING
+        assert (await store.runs.get_run("default", run.run_id)).state is RunState.RUNNING
     finally:
         await reader.close()
         await store.close()

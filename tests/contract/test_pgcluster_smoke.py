@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncpg
 import pytest
-from fastlane.bench.pgcluster import DURABLE_SETTINGS, FAST_SETTINGS, ThrowawayPostgres
+
+from fastlane.testing.postgres import DURABLE_SETTINGS, FAST_SETTINGS, ThrowawayPostgres
 
 pytestmark = pytest.mark.postgres
 

@@ -77,7 +77,7 @@ def test_the_limits_sit_well_under_the_lease() -> None:
 
 async def test_a_frozen_owners_shard_is_taken_over_within_a_lease(stores: tuple[Store, Store]) -> None:
     owner, other = stores
-    [lease] = await owner.acquire_shards("node-a", LEASE, limit=1, shard_ids=[1])
+    [lease] = await owner.shards.acquire_shards("node-a", LEASE, limit=1, shard_ids=[1])
     # Freeze at the worst moment, just before the lease runs out: the lease then expires while
     # the frozen transaction still holds the row, so a takeover that skipped locked rows would
     # find nothing to take.
@@ -92,7 +92,7 @@ async def test_a_frozen_owners_shard_is_taken_over_within_a_lease(stores: tuple[
             frozen_at = time.monotonic()
             await lease_ran_out(other, lease)
             expired_at = time.monotonic()
-            taken = await other.acquire_shards("node-b", LEASE, limit=1, shard_ids=[1])  # one call
+            taken = await other.shards.acquire_shards("node-b", LEASE, limit=1, shard_ids=[1])  # one call
             taken_at = time.monotonic()
             # Woken up, the owner finds its transaction gone: the server ended the session.
             await frozen.fetchval("SELECT 1")
@@ -110,17 +110,17 @@ async def test_a_frozen_owners_shard_is_taken_over_within_a_lease(stores: tuple[
     )
     # And a fenced write with its old token, on a new connection, is refused.
     with pytest.raises(StaleFence):
-        await owner.requeue_expired(lease)
+        await owner.lane.requeue_expired(lease)
     with pytest.raises(StaleFence):
-        await owner.materialise_runs([lease], [])
+        await owner.lane.materialise_runs([lease], [])
 
 
 async def test_a_takeover_that_cannot_get_the_row_in_time_leaves_it_to_the_next_cycle(
     stores: tuple[Store, Store], pg_dsn: str
 ) -> None:
     owner, other = stores
-    [held, free] = await owner.acquire_shards("node-a", timedelta(milliseconds=300), limit=2, shard_ids=[1, 2])
-    await owner.release_shards([free])
+    [held, free] = await owner.shards.acquire_shards("node-a", timedelta(milliseconds=300), limit=2, shard_ids=[1, 2])
+    await owner.shards.release_shards([free])
     # A session without the limits (another client, say) keeps the expired shard's row locked.
     stubborn = await asyncpg.connect(pg_dsn)
     try:
@@ -128,13 +128,13 @@ async def test_a_takeover_that_cannot_get_the_row_in_time_leaves_it_to_the_next_
             assert await stubborn.fetch(Statements.FENCE, [1], ["node-a"], [held.token])
             await lease_ran_out(other, held)
             started = time.monotonic()
-            taken = await other.acquire_shards("node-b", LEASE, limit=2, shard_ids=[1, 2])
+            taken = await other.shards.acquire_shards("node-b", LEASE, limit=2, shard_ids=[1, 2])
             waited = time.monotonic() - started
             # The free shard is taken; the locked one is left, without an error, once
             # lock_timeout has run out.
             assert [t.shard_id for t in taken] == [2]
             assert LIMITS.lock_wait.total_seconds() * 0.9 <= waited < LIMITS.call_seconds
-        [taken_later] = await other.acquire_shards("node-b", LEASE, limit=1, shard_ids=[1])
+        [taken_later] = await other.shards.acquire_shards("node-b", LEASE, limit=1, shard_ids=[1])
         assert taken_later.token == held.token + 1
     finally:
         await stubborn.close()
@@ -154,7 +154,7 @@ async def test_a_lock_wait_longer_than_lock_timeout_is_storage_unavailable(
     stores: tuple[Store, Store], pg_dsn: str
 ) -> None:
     owner, _ = stores
-    job, _ = await owner.create_job(
+    job, _ = await owner.jobs.create_job(
         JobSpec(name="locked", job_type="t", schedule=Schedule.interval(timedelta(hours=1)))
     )
     holder = await asyncpg.connect(pg_dsn)
@@ -163,7 +163,7 @@ async def test_a_lock_wait_longer_than_lock_timeout_is_storage_unavailable(
             await holder.execute("SELECT 1 FROM jobs WHERE job_id = $1 FOR UPDATE", job.job_id)
             started = time.monotonic()
             with pytest.raises(StorageUnavailable) as raised:
-                await owner.pause_job(job.tenant, job.job_id)
+                await owner.jobs.pause_job(job.tenant, job.job_id)
             waited = time.monotonic() - started
     finally:
         await holder.close()
@@ -279,7 +279,7 @@ async def test_the_change_listener_outlives_the_idle_in_transaction_timeout(pg_d
             while not changes:
                 await asyncio.sleep(0.01)
         await asyncio.sleep(SessionLimits.for_lease(lease).idle_in_transaction.total_seconds() * 5)
-        job, _ = await store.create_job(
+        job, _ = await store.jobs.create_job(
             JobSpec(name="heard", job_type="t", schedule=Schedule.interval(timedelta(hours=1)))
         )
         async with asyncio.timeout(5):
@@ -305,8 +305,8 @@ async def test_a_populated_database_migrates_to_vacuuming_its_churning_tables_of
     reader = await asyncpg.connect(pg_dsn)
     try:
         assert await store.migrate() == 9
-        job, _ = await store.create_job(JobSpec(name="old", job_type="t", schedule=Schedule.cron_expr("* * * * *")))
-        await store.create_manual_run("default", job.job_id)
+        job, _ = await store.jobs.create_job(JobSpec(name="old", job_type="t", schedule=Schedule.cron_expr("* * * * *")))
+        await store.runs.create_manual_run("default", job.job_id)
         monkeypatch.setattr("fastlane.storage.store.migrations_for", lambda dialect: migrations_for(dialect)[:10])
         assert await store.migrate() == 10
         options = {row["relname"]: set(row["reloptions"] or ()) for row in await reader.fetch(
@@ -315,7 +315,7 @@ async def test_a_populated_database_migrates_to_vacuuming_its_churning_tables_of
             "autovacuum_vacuum_scale_factor=0.02", "autovacuum_analyze_scale_factor=0.02",
             "autovacuum_vacuum_insert_scale_factor=0.02"}
         assert options["jobs"] == {"autovacuum_vacuum_scale_factor=0.02", "autovacuum_analyze_scale_factor=0.02"}
-        assert len((await store.list_runs("default", job_id=job.job_id)).items) == 1
+        assert len((await store.runs.list_runs("default", job_id=job.job_id)).items) == 1
     finally:
         await reader.close()
         await store.close()
@@ -330,10 +330,10 @@ async def test_a_populated_database_migrates_to_attempts_with_one_index(pg_dsn: 
     reader = await asyncpg.connect(pg_dsn)
     try:
         assert await store.migrate() == 10
-        leases = {lease.shard_id: lease for lease in await store.acquire_shards("node-a", timedelta(seconds=30), limit=4)}
-        job, _ = await store.create_job(JobSpec(name="old", job_type="t", schedule=Schedule.cron_expr("* * * * *")))
-        run = await store.create_manual_run("default", job.job_id)
-        (attempt,) = await store.record_dispatches([Dispatch(
+        leases = {lease.shard_id: lease for lease in await store.shards.acquire_shards("node-a", timedelta(seconds=30), limit=4)}
+        job, _ = await store.jobs.create_job(JobSpec(name="old", job_type="t", schedule=Schedule.cron_expr("* * * * *")))
+        run = await store.runs.create_manual_run("default", job.job_id)
+        (attempt,) = await store.attempts.record_dispatches([Dispatch(
             run_id=run.run_id, lease_token=77, worker_id="w", node_id="node-a", lease_ttl=timedelta(seconds=30),
             dispatched_at=datetime.now(UTC))])
         assert leases and attempt.lease_token == 77
@@ -344,10 +344,10 @@ async def test_a_populated_database_migrates_to_attempts_with_one_index(pg_dsn: 
         async with reader.transaction():  # the result's own statement; its counts are visible inside
             await reader.execute(SUCCEED_ATTEMPTS, [run.run_id], [1], [77], [None], [None], [None], [None])
             assert await reader.fetchval("SELECT pg_stat_get_xact_tuples_hot_updated('attempts'::regclass)") == 1
-        (outcome,) = await store.record_results([AttemptResult(run_id=run.run_id, lease_token=77,
+        (outcome,) = await store.attempts.record_results([AttemptResult(run_id=run.run_id, lease_token=77,
                                                                outcome=AttemptOutcome.SUCCEEDED)])
         assert outcome.accepted
-        (stored,) = await store.list_attempts(run.run_id)
+        (stored,) = await store.runs.list_attempts(run.run_id)
         assert stored.outcome is AttemptOutcome.SUCCEEDED and stored.lease_token == 77
     finally:
         await reader.close()
@@ -361,21 +361,21 @@ async def test_a_current_attempts_success_is_found_by_its_primary_key(pg_dsn: st
     store = open_store(pg_dsn, shard_count=4)
     try:
         await store.migrate()
-        await store.acquire_shards("node-a", timedelta(seconds=30), limit=4)
-        job, _ = await store.create_job(JobSpec(name="j", job_type="t", schedule=Schedule.cron_expr("* * * * *")))
-        run = await store.create_manual_run("default", job.job_id)
+        await store.shards.acquire_shards("node-a", timedelta(seconds=30), limit=4)
+        job, _ = await store.jobs.create_job(JobSpec(name="j", job_type="t", schedule=Schedule.cron_expr("* * * * *")))
+        run = await store.runs.create_manual_run("default", job.job_id)
         for token in (7, 8):  # two attempts: the second is the one that succeeds
-            await store.record_dispatches([Dispatch(run_id=run.run_id, lease_token=token, worker_id="w",
+            await store.attempts.record_dispatches([Dispatch(run_id=run.run_id, lease_token=token, worker_id="w",
                                                     node_id="node-a", lease_ttl=timedelta(seconds=30),
                                                     dispatched_at=datetime.now(UTC))])
             if token == 7:
-                await store.record_results([AttemptResult(run_id=run.run_id, lease_token=7,
+                await store.attempts.record_results([AttemptResult(run_id=run.run_id, lease_token=7,
                                                           outcome=AttemptOutcome.FAILED)])
         monkeypatch.setattr("fastlane.storage.postgres.queries.SUCCEED_ATTEMPTS_BY_TOKEN", "SELECT 1 / 0")
-        (outcome,) = await store.record_results([AttemptResult(run_id=run.run_id, lease_token=8,
+        (outcome,) = await store.attempts.record_results([AttemptResult(run_id=run.run_id, lease_token=8,
                                                                outcome=AttemptOutcome.SUCCEEDED)])
         assert outcome.accepted
-        attempts = await store.list_attempts(run.run_id)
+        attempts = await store.runs.list_attempts(run.run_id)
         assert [(a.attempt, a.lease_token, a.outcome) for a in attempts] == [
             (1, 7, AttemptOutcome.FAILED), (2, 8, AttemptOutcome.SUCCEEDED)]
     finally:

@@ -16,7 +16,10 @@ from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import pytest
-from fastlane.bench.pgcluster import (
+
+from fastlane.domain.errors import StaleFence, StorageUnavailable
+from fastlane.storage import Store, open_store
+from fastlane.testing.postgres import (
     REPLICATION_SETTINGS,
     StandbyPostgres,
     ThrowawayPostgres,
@@ -24,9 +27,6 @@ from fastlane.bench.pgcluster import (
     multi_host_dsn,
     replicated_pair,
 )
-
-from fastlane.domain.errors import StaleFence, StorageUnavailable
-from fastlane.storage import Store, open_store
 
 pytestmark = pytest.mark.postgres
 
@@ -40,7 +40,7 @@ async def until_writable(store: Store, owner: str, timeout: float = 20.0) -> lis
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
         try:
-            return await store.acquire_shards(owner, TTL, limit=SHARDS)
+            return await store.shards.acquire_shards(owner, TTL, limit=SHARDS)
         except StorageUnavailable:
             assert asyncio.get_running_loop().time() < deadline, "no writable server came"
             await asyncio.sleep(0.1)
@@ -71,7 +71,7 @@ async def test_a_token_whose_bump_the_standby_lost_is_never_handed_out_again(lag
     url = multi_host_dsn(dsn, standby)
     before, after = open_store(url, shard_count=SHARDS, lease_ttl=TTL), open_store(url, shard_count=SHARDS, lease_ttl=TTL)
     try:
-        held = await before.acquire_shards("node-a", TTL, limit=SHARDS)  # committed on the primary only
+        held = await before.shards.acquire_shards("node-a", TTL, limit=SHARDS)  # committed on the primary only
         assert len(held) == SHARDS and before.server_epoch == 0
         primary.crash()
         standby.promote()
@@ -84,11 +84,11 @@ async def test_a_token_whose_bump_the_standby_lost_is_never_handed_out_again(lag
         assert {lease.token for lease in taken}.isdisjoint(lease.token for lease in held)
 
         # node-a, reconnecting, finds another server, and its writes under the old tokens are refused.
-        assert await before.renew_shards(held, TTL) == []
+        assert await before.shards.renew_shards(held, TTL) == []
         assert before.server_epoch == 1 and after.server_epoch == 0
         with pytest.raises(StaleFence):
-            await before.materialise_runs(held, [])
-        assert {lease.owner for lease in await after.list_shards()} == {"node-b"}
+            await before.lane.materialise_runs(held, [])
+        assert {lease.owner for lease in await after.shards.list_shards()} == {"node-b"}
     finally:
         await before.close()
         await after.close()
@@ -101,23 +101,23 @@ async def test_a_store_follows_a_promoted_synchronous_standby_and_keeps_what_was
         store = open_store(multi_host_dsn(dsn, standby), shard_count=SHARDS, lease_ttl=TTL)
         try:
             await store.migrate()
-            held = await store.acquire_shards("node-a", TTL, limit=SHARDS)
+            held = await store.shards.acquire_shards("node-a", TTL, limit=SHARDS)
             assert [lease.token for lease in held] == [1] * SHARDS
             primary.crash()
             with pytest.raises(StorageUnavailable):  # no writable server until the promotion
-                await store.renew_shards(held, TTL)
+                await store.shards.renew_shards(held, TTL)
             standby.promote()
 
             # The same store object, no restart: its pool's new connections find the new primary.
-            renewed = await _retry(lambda: store.renew_shards(held, TTL))
+            renewed = await _retry(lambda: store.shards.renew_shards(held, TTL))
             assert len(renewed) == SHARDS
             assert store.server_epoch == 1
             # Synchronous: the acquisition the old primary acknowledged is on the new one.
-            assert {(lease.shard_id, lease.owner, lease.token) for lease in await store.list_shards()} == {
+            assert {(lease.shard_id, lease.owner, lease.token) for lease in await store.shards.list_shards()} == {
                 (lease.shard_id, "node-a", 1) for lease in held
             }
-            await store.release_shards(renewed)
-            again = await store.acquire_shards("node-a", TTL, limit=SHARDS)
+            await store.shards.release_shards(renewed)
+            again = await store.shards.acquire_shards("node-a", TTL, limit=SHARDS)
             assert all(lease.token == FIRST_FLOOR for lease in again), [lease.token for lease in again]
         finally:
             await store.close()
@@ -158,7 +158,7 @@ async def test_a_first_host_gone_dark_does_not_keep_the_store_from_the_next(pg_d
             first = time.monotonic() - started
             assert first < ttl.total_seconds() * 3 / 4, first
             started = time.monotonic()
-            assert len(await store.acquire_shards("node-a", TTL, limit=SHARDS)) == SHARDS
+            assert len(await store.shards.acquire_shards("node-a", TTL, limit=SHARDS)) == SHARDS
             # The pool's connection begins with the host that last gave one.
             assert time.monotonic() - started < 1.0
         finally:

@@ -47,13 +47,13 @@ async def lease_ran_out(dsn: str, shard_id: int, timeout: float = 5.0) -> None:
 
 async def test_renewal_does_not_wait_for_an_open_fenced_transaction(stores, pg_dsn):
     owner, _ = stores
-    [lease] = await owner.acquire_shards("node-a", TTL, limit=1, shard_ids=[2])
+    [lease] = await owner.shards.acquire_shards("node-a", TTL, limit=1, shard_ids=[2])
     fenced = await asyncpg.connect(pg_dsn)
     try:
         async with fenced.transaction():
             held = await fenced.fetch(_FENCE, [lease.shard_id], [lease.owner], [lease.token])
             assert [row["shard_id"] for row in held] == [2]
-            renewed = await asyncio.wait_for(owner.renew_shards([lease], TTL), timeout=5)
+            renewed = await asyncio.wait_for(owner.shards.renew_shards([lease], TTL), timeout=5)
             assert [r.shard_id for r in renewed] == [2] and renewed[0].lease_expires_at > lease.lease_expires_at
     finally:
         await fenced.close()
@@ -61,7 +61,7 @@ async def test_renewal_does_not_wait_for_an_open_fenced_transaction(stores, pg_d
 
 async def test_a_takeover_waits_until_the_fenced_transaction_ends(stores, pg_dsn):
     owner, other = stores
-    [lease] = await owner.acquire_shards("node-a", timedelta(milliseconds=300), limit=1, shard_ids=[1])
+    [lease] = await owner.shards.acquire_shards("node-a", timedelta(milliseconds=300), limit=1, shard_ids=[1])
     fenced = await asyncpg.connect(pg_dsn)
     try:
         transaction = fenced.transaction()
@@ -69,7 +69,7 @@ async def test_a_takeover_waits_until_the_fenced_transaction_ends(stores, pg_dsn
         assert await fenced.fetch(_FENCE, [lease.shard_id], [lease.owner], [lease.token])
         await lease_ran_out(pg_dsn, shard_id=1)  # while the fenced transaction is still open
         # The expired shard is not skipped: the takeover waits for the row (up to lock_timeout)...
-        takeover = asyncio.create_task(other.acquire_shards("node-b", TTL, limit=1, shard_ids=[1]))
+        takeover = asyncio.create_task(other.shards.acquire_shards("node-b", TTL, limit=1, shard_ids=[1]))
         await waiting_for_a_lock(pg_dsn)
         assert not takeover.done()
         # ...and gets it once the fenced transaction has committed, not before.

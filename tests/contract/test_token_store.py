@@ -44,7 +44,7 @@ async def create_in_order(store, *tokens: ApiToken) -> list[ApiToken]:
     for each in tokens:
         if created:
             await asyncio.sleep(0.002)  # distinct microseconds, so created_at alone orders them
-        created.append(await store.create_token(each, HASH))
+        created.append(await store.tokens.create_token(each, HASH))
     return created
 
 
@@ -53,7 +53,7 @@ async def create_in_order(store, *tokens: ApiToken) -> list[ApiToken]:
 
 async def test_created_token_is_found_with_its_hash_and_the_database_creation_time(store):
     before = await store.db_now()
-    created = await store.create_token(token(role=Role.WORKER, expires_at=EXPIRY), HASH)
+    created = await store.tokens.create_token(token(role=Role.WORKER, expires_at=EXPIRY), HASH)
     after = await store.db_now()
 
     assert before <= created.created_at <= after
@@ -61,7 +61,7 @@ async def test_created_token_is_found_with_its_hash_and_the_database_creation_ti
         "tok000000001", "default", Role.WORKER, "ci deploys",
     )
     assert created.expires_at == EXPIRY
-    found = await store.find_token("tok000000001")
+    found = await store.tokens.find_token("tok000000001")
     assert found is not None
     record, stored_hash = found
     assert record == created
@@ -69,26 +69,26 @@ async def test_created_token_is_found_with_its_hash_and_the_database_creation_ti
 
 
 async def test_a_new_token_starts_unrevoked_and_unused_whatever_the_record_says(store):
-    created = await store.create_token(token(revoked_at=USED, last_used_at=USED), HASH)
+    created = await store.tokens.create_token(token(revoked_at=USED, last_used_at=USED), HASH)
 
     assert created.revoked_at is None and created.last_used_at is None
-    found = await store.find_token(created.token_id)
+    found = await store.tokens.find_token(created.token_id)
     assert found is not None and found[0].revoked_at is None and found[0].last_used_at is None
 
 
 async def test_find_unknown_token_is_none(store):
-    await store.create_token(token(), HASH)
+    await store.tokens.create_token(token(), HASH)
 
-    assert await store.find_token("tok999999999") is None
+    assert await store.tokens.find_token("tok999999999") is None
 
 
 async def test_create_token_with_a_taken_id_is_a_conflict_and_keeps_the_first(store):
-    first = await store.create_token(token(name="first"), HASH)
+    first = await store.tokens.create_token(token(name="first"), HASH)
 
     with pytest.raises(Conflict, match="tok000000001"):
-        await store.create_token(token(name="second", tenant="acme"), OTHER_HASH)
+        await store.tokens.create_token(token(name="second", tenant="acme"), OTHER_HASH)
 
-    assert await store.find_token("tok000000001") == (first, HASH)
+    assert await store.tokens.find_token("tok000000001") == (first, HASH)
 
 
 @pytest.mark.parametrize(
@@ -106,18 +106,18 @@ async def test_create_token_refuses_bad_fields_and_writes_nothing(store, fields,
     bad = token(**{"token_id": "tok000000001", "tenant": "default"} | fields)
 
     with pytest.raises(InvalidArgument) as refused:
-        await store.create_token(bad, HASH)
+        await store.tokens.create_token(bad, HASH)
 
     assert refused.value.field == field
-    assert await store.list_tokens() == []
+    assert await store.tokens.list_tokens() == []
 
 
 @pytest.mark.parametrize("name", ["", "x" * 200, "déploiement nocturne ☾"], ids=["empty", "200", "unicode"])
 async def test_token_names_within_bounds_are_kept_as_given(store, name):
-    created = await store.create_token(token(name=name), HASH)
+    created = await store.tokens.create_token(token(name=name), HASH)
 
     assert created.name == name
-    assert (await store.list_tokens())[0].name == name
+    assert (await store.tokens.list_tokens())[0].name == name
 
 
 # -- list ------------------------------------------------------------------------------------------
@@ -132,56 +132,56 @@ async def test_list_tokens_of_every_tenant_or_one_in_creation_order(store):
         token("aaaaaaaaaaaa", tenant="acme", role=Role.WORKER),
     )
 
-    assert await store.list_tokens() == [zulu, mike, alpha]
-    assert await store.list_tokens("acme") == [zulu, alpha]
-    assert await store.list_tokens("default") == [mike]
-    assert await store.list_tokens("nobody") == []
-    assert [each.role for each in await store.list_tokens()] == [Role.ADMIN, Role.VIEWER, Role.WORKER]
+    assert await store.tokens.list_tokens() == [zulu, mike, alpha]
+    assert await store.tokens.list_tokens("acme") == [zulu, alpha]
+    assert await store.tokens.list_tokens("default") == [mike]
+    assert await store.tokens.list_tokens("nobody") == []
+    assert [each.role for each in await store.tokens.list_tokens()] == [Role.ADMIN, Role.VIEWER, Role.WORKER]
 
 
 # -- revoke ----------------------------------------------------------------------------------------
 
 
 async def test_revoke_sets_the_database_time_and_revoking_again_keeps_it(store):
-    created = await store.create_token(token(), HASH)
+    created = await store.tokens.create_token(token(), HASH)
 
     before = await store.db_now()
-    revoked = await store.revoke_token(created.token_id)
+    revoked = await store.tokens.revoke_token(created.token_id)
     after = await store.db_now()
     await asyncio.sleep(0.002)
-    again = await store.revoke_token(created.token_id, tenant="default")
+    again = await store.tokens.revoke_token(created.token_id, tenant="default")
 
     assert revoked.revoked_at is not None and before <= revoked.revoked_at <= after
     assert again == revoked
     assert revoked == token(created_at=created.created_at, revoked_at=revoked.revoked_at)
-    assert await store.find_token(created.token_id) == (revoked, HASH)
+    assert await store.tokens.find_token(created.token_id) == (revoked, HASH)
 
 
 async def test_revoke_within_another_tenant_is_not_found_and_changes_nothing(store):
-    created = await store.create_token(token(tenant="acme"), HASH)
+    created = await store.tokens.create_token(token(tenant="acme"), HASH)
 
     with pytest.raises(TokenNotFound) as refused:
-        await store.revoke_token(created.token_id, tenant="default")
+        await store.tokens.revoke_token(created.token_id, tenant="default")
 
     assert "acme" not in str(refused.value)  # nothing about whose token it is
-    assert await store.find_token(created.token_id) == (created, HASH)
-    assert (await store.revoke_token(created.token_id, tenant="acme")).revoked_at is not None
+    assert await store.tokens.find_token(created.token_id) == (created, HASH)
+    assert (await store.tokens.revoke_token(created.token_id, tenant="acme")).revoked_at is not None
 
 
 async def test_revoke_unknown_token_is_not_found(store):
-    await store.create_token(token(), HASH)
+    await store.tokens.create_token(token(), HASH)
 
     with pytest.raises(TokenNotFound):
-        await store.revoke_token("tok999999999")
+        await store.tokens.revoke_token("tok999999999")
     with pytest.raises(TokenNotFound):
-        await store.revoke_token("tok999999999", tenant="default")
+        await store.tokens.revoke_token("tok999999999", tenant="default")
 
 
 # -- touch -----------------------------------------------------------------------------------------
 
 
 async def last_used(store, token_id: str) -> datetime | None:
-    found = await store.find_token(token_id)
+    found = await store.tokens.find_token(token_id)
     assert found is not None
     return found[0].last_used_at
 
@@ -189,25 +189,25 @@ async def last_used(store, token_id: str) -> datetime | None:
 async def test_touch_keeps_the_latest_use_and_ignores_unknown_tokens(store):
     first, second = await create_in_order(store, token("tok000000001"), token("tok000000002"))
 
-    await store.touch_tokens({first.token_id: USED})
+    await store.tokens.touch_tokens({first.token_id: USED})
     assert await last_used(store, first.token_id) == USED
     assert await last_used(store, second.token_id) is None
 
     # One batch: an earlier time for the first (a late report), a first use of the second, and
     # an id nobody has.
-    await store.touch_tokens({
+    await store.tokens.touch_tokens({
         first.token_id: USED - timedelta(hours=1),
         second.token_id: USED - timedelta(microseconds=1),
         "tok999999999": USED,
     })
     assert await last_used(store, first.token_id) == USED
     assert await last_used(store, second.token_id) == USED - timedelta(microseconds=1)
-    assert await store.find_token("tok999999999") is None
+    assert await store.tokens.find_token("tok999999999") is None
 
-    await store.touch_tokens({first.token_id: USED + timedelta(microseconds=1)})
+    await store.tokens.touch_tokens({first.token_id: USED + timedelta(microseconds=1)})
     assert await last_used(store, first.token_id) == USED + timedelta(microseconds=1)
 
-    await store.touch_tokens({})  # an empty batch is accepted (a flush with nothing used)
+    await store.tokens.touch_tokens({})  # an empty batch is accepted (a flush with nothing used)
     assert await last_used(store, first.token_id) == USED + timedelta(microseconds=1)
 
 
@@ -222,19 +222,19 @@ async def test_a_database_at_version_3_with_jobs_migrates_to_version_5(db_url, m
     monkeypatch.setattr(store_module, "migrations_for", lambda dialect: migrations_for(dialect)[:3])
     try:
         assert await store.migrate() == 3
-        job, _ = await store.create_job(
+        job, _ = await store.jobs.create_job(
             JobSpec(name="billing", job_type="billing.run", schedule=Schedule.cron_expr("*/5 * * * *"), payload=b"{}")
         )
         with pytest.raises(StorageError):
-            await store.find_token("tok000000001")  # no table yet: this really is version 3
+            await store.tokens.find_token("tok000000001")  # no table yet: this really is version 3
 
         monkeypatch.undo()
         latest = len(migrations_for("postgres" if db_url.startswith("postgres") else "sqlite"))
         assert await store.migrate() == latest >= 7
         assert await store.migrate() == latest  # and again: nothing left to apply
 
-        assert await store.get_job("default", job.job_id) == job
-        created = await store.create_token(token(), HASH)
-        assert await store.find_token(created.token_id) == (created, HASH)
+        assert await store.jobs.get_job("default", job.job_id) == job
+        created = await store.tokens.create_token(token(), HASH)
+        assert await store.tokens.find_token(created.token_id) == (created, HASH)
     finally:
         await store.close()

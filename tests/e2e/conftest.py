@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 from e2e_support import Daemon, Process, Recorder
-from fastlane.bench.processes import free_port  # noqa: F401
 
 from fastlane.client import Client
+from fastlane.testing.processes import free_port  # noqa: F401
 
 
 @pytest.fixture

@@ -6,13 +6,14 @@ A plain module (not conftest.py) so that tests import it by a name no other test
 
 from __future__ import annotations
 
-import asyncio
-import time
 from datetime import datetime
 from pathlib import Path
 
 import orjson
-from fastlane.bench.processes import (  # noqa: F401
+
+from fastlane.client import Client
+from fastlane.testing import until as wait_for  # noqa: F401  (the suite's one wait, by the name these tests use)
+from fastlane.testing.processes import (  # noqa: F401
     ROOT,
     Daemon,
     Process,
@@ -20,8 +21,6 @@ from fastlane.bench.processes import (  # noqa: F401
     child_environment,
     free_port,
 )
-
-from fastlane.client import Client
 
 HERE = Path(__file__).resolve().parent
 
@@ -42,20 +41,6 @@ class Recorder(WorkerProcess):
 
     def received_for(self, job_id: str) -> list[dict]:
         return [entry for entry in self.received() if entry["job_id"] == job_id]
-
-
-async def wait_for(condition, timeout: float, what: str, interval: float = 0.05):  # type: ignore[no-untyped-def]
-    """Poll ``condition`` (sync or async) until it returns something truthy, or fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(interval)
 
 
 def instant(text: str) -> datetime:

@@ -9,8 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import grpc
-from fastlane.bench.processes import Daemon, Process
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from fastlane.testing.processes import Daemon, Process
 
 
 async def health_of(channel: grpc.aio.Channel) -> bool:

@@ -19,11 +19,11 @@ from pathlib import Path
 import orjson
 import pytest
 from e2e_support import HERE, wait_for
-from fastlane.bench.processes import Daemon, WorkerProcess, child_environment, free_port
 
 from fastlane.client import Client
 from fastlane.domain.models import JobSpec, RunState, Schedule
 from fastlane.storage import open_store
+from fastlane.testing.processes import Daemon, WorkerProcess, child_environment, free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.chaos, pytest.mark.postgres]
 
@@ -55,7 +55,7 @@ def received(path: Path) -> list[dict]:
 async def shards_of(dsn: str, node_id: str) -> set[int]:
     store = open_store(dsn)
     try:
-        return {shard.shard_id for shard in await store.list_shards() if shard.owner == node_id}
+        return {shard.shard_id for shard in await store.shards.list_shards() if shard.owner == node_id}
     finally:
         await store.close()
 
@@ -171,7 +171,7 @@ async def count_runs(store, state: RunState) -> int:  # type: ignore[no-untyped-
 async def all_runs(store):  # type: ignore[no-untyped-def]
     runs, token = [], ""
     while True:
-        page = await store.list_runs("default", limit=1000, page_token=token)
+        page = await store.runs.list_runs("default", limit=1000, page_token=token)
         runs.extend(page.items)
         token = page.next_page_token
         if not token:

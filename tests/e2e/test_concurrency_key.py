@@ -10,10 +10,10 @@ from pathlib import Path
 import orjson
 import pytest
 from e2e_support import HERE, Daemon, WorkerProcess, child_environment, instant, wait_for
-from fastlane.bench.scenarios.concurrency import most_at_once
 
 from fastlane.client import Client
 from fastlane.domain.models import JobSpec, RunState, Schedule
+from fastlane.testing.measure import most_at_once
 
 pytestmark = [pytest.mark.e2e]
 

@@ -30,12 +30,12 @@ import grpc
 import orjson
 import pytest
 from e2e_support import HERE, Recorder, wait_for
-from fastlane.bench.pgcluster import ThrowawayPostgres, _adopt_orphans, _reap
-from fastlane.bench.processes import Daemon, WorkerProcess, child_environment
 from health_watch import HealthLog, alive, health_of, watch_health
 
 from fastlane.client import Client
 from fastlane.domain.models import JobSpec, MisfireKind, MisfirePolicy, Schedule
+from fastlane.testing.postgres import ThrowawayPostgres, adopt_orphans, reap
+from fastlane.testing.processes import Daemon, WorkerProcess, child_environment
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
@@ -56,14 +56,14 @@ class RestartablePostgres(ThrowawayPostgres):
 
     def start_server(self) -> None:
         """Start the stopped server again with the options it last ran with (port included)."""
-        with _adopt_orphans():
+        with adopt_orphans():
             self._run("pg_ctl", "-D", self.data_dir, "-o", self._last_options(), "-l", self.log_path,
                       "-w", "-t", "60", "start", timeout=90)
         self._postmaster_pid = self._read_postmaster_pid()
 
     def _forget(self, old_pid: int | None) -> None:
         if old_pid is not None:
-            _reap(old_pid, timeout=5)
+            reap(old_pid, timeout=5)
         self._postmaster_pid = self._read_postmaster_pid()
 
     def _last_options(self) -> str:

@@ -31,12 +31,12 @@ import grpc
 import orjson
 import pytest
 from e2e_support import Recorder, recorded_events, wait_for
-from fastlane.bench.processes import Daemon
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from stall_proxy import StallProxy
 
 from fastlane.client import Client
 from fastlane.domain.models import JobSpec, RetryPolicy, Schedule
+from fastlane.testing.processes import Daemon
 
 pytestmark = [pytest.mark.e2e, pytest.mark.chaos, pytest.mark.postgres]
 

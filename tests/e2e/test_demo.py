@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from fastlane.bench.processes import ROOT, child_environment
+
+from fastlane.testing.processes import ROOT, child_environment
 
 pytestmark = pytest.mark.e2e
 

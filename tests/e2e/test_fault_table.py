@@ -38,20 +38,20 @@ import asyncpg
 import orjson
 import pytest
 from e2e_support import HERE, wait_for
-from fastlane.bench.pgcluster import (
-    StandbyPostgres,
-    ThrowawayPostgres,
-    create_database,
-    multi_host_dsn,
-    replicated_pair,
-)
-from fastlane.bench.processes import Daemon, WorkerProcess, child_environment
 from health_watch import HealthLog, alive, watch_health
 from stall_proxy import StallProxy
 
 from fastlane.client import Client
 from fastlane.domain.limits import MIN_BACKOFF
 from fastlane.domain.models import JobSpec, MisfireKind, MisfirePolicy, RetryPolicy, Schedule
+from fastlane.testing.postgres import (
+    StandbyPostgres,
+    ThrowawayPostgres,
+    create_database,
+    multi_host_dsn,
+    replicated_pair,
+)
+from fastlane.testing.processes import Daemon, WorkerProcess, child_environment
 
 pytestmark = [pytest.mark.e2e, pytest.mark.chaos, pytest.mark.postgres]
 

@@ -8,10 +8,10 @@ from datetime import timedelta
 from pathlib import Path
 
 from e2e_support import Daemon, Process
-from fastlane.bench.harness import SHARDS
-from fastlane.bench.old_history import count_old_runs, seed_old_history
 
 from fastlane.storage import open_store
+from fastlane.storage.base import DEFAULT_SHARD_COUNT as SHARDS
+from fastlane.testing.history import count_old_runs, seed_old_history
 
 OLD = 500
 
@@ -31,8 +31,8 @@ async def test_a_node_deletes_the_runs_that_ended_before_its_retention(db_url: s
     assert node.metrics()["fastlane_history_trimmed_total"] == OLD
     store = open_store(db_url, shard_count=SHARDS)
     try:
-        recent = [run for run in (await store.list_runs("default", limit=10)).items]
+        recent = [run for run in (await store.runs.list_runs("default", limit=10)).items]
         assert len(recent) == 1 and recent[0].finished_at is not None  # ended now: kept
-        assert len(await store.list_attempts(recent[0].run_id)) == 1
+        assert len(await store.runs.list_attempts(recent[0].run_id)) == 1
     finally:
         await store.close()

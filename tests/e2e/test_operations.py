@@ -65,7 +65,7 @@ async def test_sigterm_hands_every_shard_back(db_url: str, daemon: Daemon):
     assert daemon.stop() == 0, daemon.log_tail()
     store = open_store(db_url)
     try:
-        shards = await store.list_shards()
+        shards = await store.shards.list_shards()
     finally:
         await store.close()
     assert shards and all(shard.owner == "" for shard in shards), daemon.log_tail()

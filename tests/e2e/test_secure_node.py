@@ -27,13 +27,13 @@ import grpc
 import orjson
 import pytest
 from e2e_support import Recorder, wait_for
-from fastlane.bench.processes import ROOT, Daemon, child_environment, free_port
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from fastlane.auth.tls import ClientTls
 from fastlane.client import Client
 from fastlane.domain.models import Schedule
 from fastlane.errors import RemoteError
+from fastlane.testing.processes import ROOT, Daemon, child_environment, free_port
 
 # The certificate factory lives with the TLS integration tests; import it from there.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))

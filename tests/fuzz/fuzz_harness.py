@@ -22,7 +22,6 @@ from typing import Any, TypeVar
 
 import grpc
 import orjson
-from fastlane.bench.processes import Daemon, WorkerProcess, child_environment
 from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -36,6 +35,7 @@ from fastlane._proto import (
     workers_pb2_grpc,
     workflows_pb2_grpc,
 )
+from fastlane.testing.processes import Daemon, WorkerProcess, child_environment
 
 E2E_DIR = Path(__file__).resolve().parent.parent / "e2e"  # where recording_worker.py lives
 

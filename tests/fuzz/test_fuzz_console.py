@@ -18,12 +18,12 @@ from urllib.parse import quote
 
 import aiohttp
 import pytest
-from fastlane.bench.processes import free_port
 from strategies import JOB_STATES, PAGE_TOKEN_EDGES, RUN_STATES, STRING_EDGES
 
 from fastlane.client import Client
 from fastlane.server.node import Node
 from fastlane.server.settings import Settings
+from fastlane.testing.processes import free_port
 
 pytestmark = [pytest.mark.fuzz, pytest.mark.e2e, pytest.mark.timeout(300)]
 

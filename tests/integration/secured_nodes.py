@@ -11,8 +11,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastlane.bench.processes import free_port
-
 from fastlane.auth.issuing import issue_token
 from fastlane.auth.tls import ClientTls
 from fastlane.client import Client
@@ -20,6 +18,7 @@ from fastlane.domain.access import ApiToken, Role
 from fastlane.server.node import Node
 from fastlane.server.settings import Settings
 from fastlane.storage import Store, open_store
+from fastlane.testing.processes import free_port
 
 ENGINE_SHARDS = 4  # the shard count of the in-process engines (see test_engine.start_engine)
 

@@ -215,7 +215,7 @@ async def test_an_open_worker_stream_ends_when_its_token_is_revoked(secured):
     try:
         stream.send(hello=pb.Hello(worker_id="w", job_types=["t"], credits=1))
         assert (await stream.read()).WhichOneof("body") == "welcome"
-        await node.store.revoke_token(node.tokens["worker-a"].token_id)
+        await node.store.tokens.revoke_token(node.tokens["worker-a"].token_id)
         with pytest.raises(grpc.aio.AioRpcError) as ended:
             while True:
                 await stream.read()

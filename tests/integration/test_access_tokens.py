@@ -94,7 +94,7 @@ async def test_a_call_without_a_valid_token_is_unauthenticated_and_health_stays_
     node = secured
     expired = await node.issue("expired", "a", Role.CLIENT, expires_in=timedelta(seconds=1))
     revoked = await node.issue("revoked", "a", Role.CLIENT)
-    await node.store.revoke_token(node.tokens["revoked"].token_id)
+    await node.store.tokens.revoke_token(node.tokens["revoked"].token_id)
     real = node.secrets["client-a"]
     wrong_secret = real[:-4] + ("0000" if not real.endswith("0000") else "1111")
     presented = {
@@ -191,7 +191,7 @@ async def test_last_use_is_recorded(secured):
         await viewer.list_jobs()
     assert node.node.authenticator is not None
     await node.node.authenticator.flush_last_used()
-    token = next(t for t in await node.store.list_tokens("a") if t.token_id == node.tokens["viewer-a"].token_id)
+    token = next(t for t in await node.store.tokens.list_tokens("a") if t.token_id == node.tokens["viewer-a"].token_id)
     assert token.last_used_at is not None and token.last_used_at >= token.created_at
 
 

@@ -18,7 +18,6 @@ from datetime import timedelta
 import grpc
 import orjson
 import pytest
-from fastlane.bench.processes import free_port
 
 from fastlane._proto import jobs_pb2, jobs_pb2_grpc
 from fastlane.cli.main import main
@@ -31,8 +30,8 @@ from fastlane.rpc.channel import open_channel
 from fastlane.server.node import Node
 from fastlane.server.settings import Settings
 from fastlane.storage import AttemptResult, Dispatch
-from fastlane.storage.postgres import PostgresStore
-from fastlane.storage.sqlite import SQLiteStore
+from fastlane.storage.store.records import SQLAudit
+from fastlane.testing.processes import free_port
 
 HOURLY = Schedule.interval(timedelta(hours=1))
 WAIT = 15.0
@@ -88,9 +87,9 @@ async def test_a_retry_is_recorded_against_the_run(secured):
         job = await client.create("fragile", "t", HOURLY, retry=RetryPolicy(max_attempts=1))
         run = await client.trigger_job(job.job_id)
         # No worker is connected: the run dies as a worker's permanent failure would leave it.
-        await secured.store.record_dispatches([Dispatch(run_id=run.run_id, lease_token=1, worker_id="w", node_id="n",
+        await secured.store.attempts.record_dispatches([Dispatch(run_id=run.run_id, lease_token=1, worker_id="w", node_id="n",
                                                         lease_ttl=timedelta(seconds=30), dispatched_at=run.created_at)])
-        [outcome] = await secured.store.record_results(
+        [outcome] = await secured.store.attempts.record_results(
             [AttemptResult(run_id=run.run_id, lease_token=1, outcome=AttemptOutcome.PERMANENT_FAILURE)])
         assert outcome.run.state is RunState.DEAD
         await client.retry_run(run.run_id)
@@ -219,8 +218,7 @@ async def test_an_audit_write_that_fails_does_not_fail_the_change(plain, monkeyp
 
     async with Client(plain, timeout=WAIT) as client:
         with monkeypatch.context() as patch, caplog.at_level(logging.WARNING, logger="fastlane.audit"):
-            for store_class in (SQLiteStore, PostgresStore):
-                patch.setattr(store_class, "record_audit", unavailable)
+            patch.setattr(SQLAudit, "record_audit", unavailable)
             job = await client.create("unrecorded", "t", HOURLY)
             paused = await client.pause_job(job.job_id)
         assert await client.list_audit("job", job.job_id) == []

@@ -15,10 +15,10 @@ async def test_a_run_for_a_past_instant_counts_as_catch_up_not_as_trigger_lag(st
     lane, ownership, tasks = await start_engine(store, dispatch)
     registry = lane._metrics.registry
     try:
-        past, _ = await store.create_job(JobSpec(name="past", job_type="t",
+        past, _ = await store.jobs.create_job(JobSpec(name="past", job_type="t",
                                                  schedule=Schedule.at_instant(datetime(2020, 1, 1, tzinfo=UTC))))
         lane.job_changed(past)
-        ticking, _ = await store.create_job(JobSpec(name="ticking", job_type="t",
+        ticking, _ = await store.jobs.create_job(JobSpec(name="ticking", job_type="t",
                                                     schedule=Schedule.interval(timedelta(milliseconds=200))))
         lane.job_changed(ticking)
         await until(lambda: dispatch.times_of(past.job_id) and len(dispatch.times_of(ticking.job_id)) >= 3)

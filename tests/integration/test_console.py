@@ -18,7 +18,6 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from fastlane.bench.processes import free_port
 from secured_nodes import ENGINE_SHARDS, SecuredNode, secured_node
 from tls_certs import new_authority
 
@@ -27,6 +26,7 @@ from fastlane.domain.models import JobState, OverlapPolicy, RunState, Schedule
 from fastlane.errors import ConfigurationError
 from fastlane.server.node import Node
 from fastlane.server.settings import Settings
+from fastlane.testing.processes import free_port
 
 HOURLY = Schedule.interval(timedelta(hours=1))
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')

@@ -19,8 +19,8 @@ from typing import Any
 import aiosqlite
 import asyncpg
 import pytest
-from fastlane.bench.processes import ROOT, child_environment
 
+from fastlane.testing.processes import ROOT, child_environment
 from fastlane.worker.effects import DEFAULT_TABLE, apply_once, apply_once_for, ensure_ledger
 
 WAIT = 10.0  # upper bound for anything that should happen promptly

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -14,11 +13,12 @@ from fastlane.domain.errors import StorageUnavailable
 from fastlane.domain.models import Delivery, JobSpec, Run, RunState, Schedule
 from fastlane.engine.dispatch import Assign, Dispatcher
 from fastlane.engine.lane import FastLane
-from fastlane.engine.shards import ShardOwnership
+from fastlane.engine.shards import ShardCallbacks, ShardOwnership
 from fastlane.runtime.clock import SystemClock
 from fastlane.runtime.metrics import Metrics
 from fastlane.server.settings import Settings
 from fastlane.storage import open_store
+from fastlane.testing import until
 
 SHARDS = 4
 
@@ -91,7 +91,7 @@ async def start_engine(store, dispatch, **settings):  # type: ignore[no-untyped-
         await lane.shards_acquired(leases)
 
     ownership = ShardOwnership(store, node_id="node-a", ttl=timedelta(seconds=10), metrics=metrics,
-                               on_acquired=acquired, on_lost=lambda ids: lane.shards_lost(ids))
+                               listener=ShardCallbacks(acquired, lambda ids: lane.shards_lost(ids)))
     lane = FastLane(store, settings=config, clock=SystemClock(), metrics=metrics, shards=ownership,
                     on_stale=ownership.lost, dispatch=dispatch)
     ready = asyncio.Event()
@@ -106,26 +106,19 @@ async def stop_engine(lane, ownership, tasks) -> None:  # type: ignore[no-untype
     await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 10)
 
 
-async def until(condition, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
-
-
 async def test_a_job_changed_through_another_node_fires_on_its_new_schedule(store, db_url):
     dispatch = RecordingDispatch()
     engine = await start_engine(store, dispatch, full_scan_interval=timedelta(seconds=2))
     lane = engine[0]
     try:
-        job, _ = await store.create_job(JobSpec(name="j", job_type="t",
+        job, _ = await store.jobs.create_job(JobSpec(name="j", job_type="t",
                                                 schedule=Schedule.interval(timedelta(milliseconds=300))))
         lane.job_changed(job)  # created through this node
         await until(lambda: len(dispatch.times_of(job.job_id)) >= 2)
         # Another node (another connection) changes the schedule; this node hears nothing of it.
         other = open_store(db_url, shard_count=SHARDS)
         try:
-            await other.update_job("default", job.job_id, replace(job.spec, schedule=Schedule.interval(
+            await other.jobs.update_job("default", job.job_id, replace(job.spec, schedule=Schedule.interval(
                 timedelta(milliseconds=700), anchor=datetime.now(UTC))))
         finally:
             await other.close()
@@ -148,8 +141,8 @@ async def test_the_lane_stops_even_while_the_database_fails(store):
         failing.set()
         raise StorageUnavailable("database down (test)")
 
-    store.materialise_runs = unavailable  # type: ignore[method-assign]
-    job, _ = await store.create_job(JobSpec(name="j", job_type="t",
+    store.lane.materialise_runs = unavailable  # type: ignore[method-assign]
+    job, _ = await store.jobs.create_job(JobSpec(name="j", job_type="t",
                                             schedule=Schedule.interval(timedelta(milliseconds=100))))
     lane.job_changed(job)
     await asyncio.wait_for(failing.wait(), 10)
@@ -168,7 +161,7 @@ async def test_a_stale_fence_from_an_old_token_keeps_the_new_lease(store):
         pass
 
     ownership = ShardOwnership(store, node_id="node-a", ttl=timedelta(seconds=10), metrics=metrics,
-                               on_acquired=acquired, on_lost=lost.extend)
+                               listener=ShardCallbacks(acquired, lost.extend))
     ready = asyncio.Event()
     task = asyncio.create_task(ownership.run(ready))
     try:
@@ -185,8 +178,8 @@ async def test_a_stale_fence_from_an_old_token_keeps_the_new_lease(store):
 
 
 async def test_a_run_released_twice_is_sent_once(store):
-    job, _ = await store.create_job(JobSpec(name="j", job_type="t", schedule=Schedule.now()))
-    run = await store.create_manual_run("default", job.job_id)
+    job, _ = await store.jobs.create_job(JobSpec(name="j", job_type="t", schedule=Schedule.now()))
+    run = await store.runs.create_manual_run("default", job.job_id)
     dispatcher = Dispatcher(store, node_id="n", clock=SystemClock(), metrics=Metrics(), reschedule=lambda run: None)
     journal = asyncio.create_task(dispatcher.run())
     try:
@@ -230,11 +223,11 @@ async def test_runs_recovered_from_the_database_are_released_to_be_confirmed_fir
 
 
 async def test_a_window_larger_than_one_page_is_loaded_whole(store, monkeypatch):
-    from fastlane.engine import lane as lane_module
+    from fastlane.engine import window as lane_module
 
     monkeypatch.setattr(lane_module, "SCAN_PAGE", 3)
     at = datetime.now(UTC) + timedelta(seconds=1)
-    jobs = [(await store.create_job(JobSpec(name=f"j{i}", job_type="t", schedule=Schedule.at_instant(at))))[0]
+    jobs = [(await store.jobs.create_job(JobSpec(name=f"j{i}", job_type="t", schedule=Schedule.at_instant(at))))[0]
             for i in range(8)]
     dispatch = RecordingDispatch()
     engine = await start_engine(store, dispatch)  # the rebuild reads the window in pages of 3
@@ -257,7 +250,7 @@ async def test_a_crowd_due_at_one_instant_is_written_before_it(store):
         # Judged instead by when the writer saw its commit, this failed once in a whole-suite run on
         # SQLite (all 600, 59 ms after the instant); that moment also counts the event loop
         # resuming the writer, so which of the two was late is not known (see bench/README.md).
-        runs = [await store.get_run("default", run.run_id) for run in crowd_runs(dispatch, at)]
+        runs = [await store.runs.get_run("default", run.run_id) for run in crowd_runs(dispatch, at)]
         late = [run.created_at - at for run in runs if run.created_at >= at]
         assert late == [], f"{len(late)} of 600 runs were written after their instant (worst {max(late)})"
     finally:
@@ -277,7 +270,7 @@ async def crowd_and_engine(store, dispatch, count: int, **settings):  # type: ig
         at = (datetime.now(UTC) + ahead).replace(microsecond=0) + timedelta(seconds=1)
         for index in range(count):
             spec = JobSpec(name=f"crowd-{attempt}-{index}", job_type="t", schedule=Schedule.at_instant(at))
-            await store.create_job(spec)
+            await store.jobs.create_job(spec)
         engine = await start_engine(store, dispatch, **settings)
         if at - datetime.now(UTC) >= timedelta(seconds=1.5):
             return at, engine
@@ -295,7 +288,7 @@ async def test_ownership_reports_unhealthy_while_the_database_is_unreachable(sto
         pass
 
     ownership = ShardOwnership(store, node_id="node-a", ttl=timedelta(seconds=1), metrics=Metrics(),
-                               on_acquired=acquired, on_lost=lambda ids: None)
+                               listener=ShardCallbacks(acquired, lambda ids: None))
     ready = asyncio.Event()
     task = asyncio.create_task(ownership.run(ready))
     real_db_now = store.db_now
@@ -363,7 +356,7 @@ async def test_a_node_on_another_database_server_drops_every_shard_and_acquires_
     metrics = Metrics()
     failing_over = FailingOver(store)
     ownership = ShardOwnership(failing_over, node_id="node-a", ttl=timedelta(seconds=9),  # type: ignore[arg-type]
-                               metrics=metrics, on_acquired=acquired, on_lost=lost.extend)
+                               metrics=metrics, listener=ShardCallbacks(acquired, lost.extend))
     ready = asyncio.Event()
     task = asyncio.create_task(ownership.run(ready))
     try:
@@ -388,7 +381,7 @@ async def own_shards_with(store, clock) -> tuple[int, str]:  # type: ignore[no-u
         pass
 
     ownership = ShardOwnership(store, node_id="node-a", ttl=timedelta(seconds=9), metrics=Metrics(),
-                               on_acquired=acquired, on_lost=lambda ids: None, clock=clock,
+                               listener=ShardCallbacks(acquired, lambda ids: None), clock=clock,
                                max_clock_offset=timedelta(milliseconds=500))
     ready = asyncio.Event()
     task = asyncio.create_task(ownership.run(ready))

@@ -4,7 +4,7 @@ on their instants, never early, and the timer sleeps between them instead of spi
 On uvloop, the node's event loop (and so this test's), the loop's own timer runs a wait of less
 than half a millisecond at once, so a timer built on it passed through its loop many times for
 every run of a flood due 0.25 ms apart, and kept the loop thread busy between instants
-(``fastlane.engine.lane``, ``_timer_loop``).
+(``fastlane.engine.release``, ``ReleaseTimer.run``).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ async def release_runs_due_apart(sqlite_url: str) -> tuple[list[tuple[datetime, 
         release(runs, **options)
 
     sleeps = 0
-    next_wake = lane._next_wake
+    next_wake = lane._release._next_wake
 
     def counting_next_wake(now: datetime, ahead: timedelta) -> datetime:
         nonlocal sleeps
@@ -79,7 +79,7 @@ async def release_runs_due_apart(sqlite_url: str) -> tuple[list[tuple[datetime, 
         return next_wake(now, ahead)
 
     dispatcher.release = recording_release  # type: ignore[method-assign]
-    lane._next_wake = counting_next_wake  # type: ignore[method-assign]
+    lane._release._next_wake = counting_next_wake  # type: ignore[method-assign]
     task = asyncio.create_task(lane.run(), name="test-lane")
     try:
         first = datetime.now(UTC) + timedelta(milliseconds=20)

@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 
 import pytest
-from fastlane.bench.processes import free_port
 
 from fastlane.engine.changes import ChangeFollower
 from fastlane.errors import FastlaneError
@@ -18,6 +17,7 @@ from fastlane.runtime.supervise import LoopGaveUp
 from fastlane.server.node import Node
 from fastlane.server.settings import Settings
 from fastlane.storage import open_store
+from fastlane.testing.processes import free_port
 
 
 def settings_for(tmp_path) -> Settings:  # type: ignore[no-untyped-def]

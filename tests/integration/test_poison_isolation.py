@@ -18,35 +18,35 @@ def interval_job(name: str) -> JobSpec:
 
 
 async def test_a_job_whose_write_fails_is_set_aside_and_the_rest_of_its_batch_lands(store):
-    poisoned, _ = await store.create_job(interval_job("poisoned"))
-    healthy = [(await store.create_job(interval_job(f"healthy-{n}")))[0] for n in range(5)]
-    real_materialise = store.materialise_runs
+    poisoned, _ = await store.jobs.create_job(interval_job("poisoned"))
+    healthy = [(await store.jobs.create_job(interval_job(f"healthy-{n}")))[0] for n in range(5)]
+    real_materialise = store.lane.materialise_runs
 
     async def materialise_refusing_one_record(fences, occurrences):  # type: ignore[no-untyped-def]
         if any(occurrence.job_id == poisoned.job_id for occurrence in occurrences):
             raise StorageError("invalid byte sequence (test): the row cannot be written")
         return await real_materialise(fences, occurrences)
 
-    store.materialise_runs = materialise_refusing_one_record  # type: ignore[method-assign]
+    store.lane.materialise_runs = materialise_refusing_one_record  # type: ignore[method-assign]
     dispatch = RecordingDispatch()
     engine = await start_engine(store, dispatch)
     try:
         await until(lambda: all(len(dispatch.times_of(job.job_id)) >= 3 for job in healthy))
-        stored = await store.get_job("default", poisoned.job_id)
+        stored = await store.jobs.get_job("default", poisoned.job_id)
         assert stored.state is JobState.ERRORED
         assert stored.error is not None and "writing its runs raised StorageError" in stored.error
         assert "error id" in stored.error
         assert dispatch.times_of(poisoned.job_id) == []
-        errored = await store.list_jobs("default", state=JobState.ERRORED)
+        errored = await store.jobs.list_jobs("default", state=JobState.ERRORED)
         assert [job.job_id for job in errored.items] == [poisoned.job_id]
-        assert await store.count_jobs(JobState.ERRORED) == 1
+        assert await store.jobs.count_jobs(JobState.ERRORED) == 1
     finally:
         await stop_engine(*engine)
 
 
 async def test_a_job_whose_planning_raises_is_set_aside_and_resume_takes_it_back(store, monkeypatch):
-    poisoned, _ = await store.create_job(interval_job("poisoned"))
-    healthy, _ = await store.create_job(interval_job("healthy"))
+    poisoned, _ = await store.jobs.create_job(interval_job("poisoned"))
+    healthy, _ = await store.jobs.create_job(interval_job("healthy"))
     real_plan = policies.plan_occurrence
 
     def plan_raising_for_one(job, now, horizon):  # type: ignore[no-untyped-def]
@@ -59,14 +59,14 @@ async def test_a_job_whose_planning_raises_is_set_aside_and_resume_takes_it_back
     lane, ownership, tasks = await start_engine(store, dispatch)
     try:
         await until(lambda: len(dispatch.times_of(healthy.job_id)) >= 3)
-        stored = await store.get_job("default", poisoned.job_id)
+        stored = await store.jobs.get_job("default", poisoned.job_id)
         assert stored.state is JobState.ERRORED
         assert "planning its occurrences raised OverflowError" in (stored.error or "")
         with pytest.raises(InvalidState):
-            await store.pause_job("default", poisoned.job_id)  # only active jobs pause
+            await store.jobs.pause_job("default", poisoned.job_id)  # only active jobs pause
         # The operator fixes the cause (here: the planner) and resumes the job.
         monkeypatch.setattr(lane_module, "plan_occurrence", real_plan)
-        resumed = await store.resume_job("default", poisoned.job_id)
+        resumed = await store.jobs.resume_job("default", poisoned.job_id)
         assert resumed.state is JobState.ACTIVE and resumed.error is None
         lane.job_changed(resumed)
         resumed_at = datetime.now(UTC)
@@ -78,10 +78,10 @@ async def test_a_job_whose_planning_raises_is_set_aside_and_resume_takes_it_back
 async def test_a_job_stored_before_the_supported_range_does_not_stop_the_lane(store):
     """A job at year 1 (stored by a version that did not bound input) once made the write-ahead
     arithmetic overflow and the node exit, again on every restart."""
-    ancient, _ = await store.create_job(interval_job("ancient"))
-    healthy, _ = await store.create_job(interval_job("healthy"))
+    ancient, _ = await store.jobs.create_job(interval_job("ancient"))
+    healthy, _ = await store.jobs.create_job(interval_job("healthy"))
     year_one = datetime(1, 1, 2, tzinfo=UTC)  # (1-01-01 itself is -infinity to asyncpg: set aside)
-    await store.update_job("default", ancient.job_id, JobSpec(
+    await store.jobs.update_job("default", ancient.job_id, JobSpec(
         name="ancient", job_type="t", schedule=Schedule.at_instant(datetime(2000, 1, 1, tzinfo=UTC))))
     await _force_next_fire_at(store, ancient.job_id, year_one)
     dispatch = RecordingDispatch()

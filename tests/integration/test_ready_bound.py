@@ -18,11 +18,12 @@ import pytest
 from fastlane.domain.models import AttemptOutcome, JobSpec, MisfirePolicy, RunState, Schedule
 from fastlane.engine.dispatch import Assign, Dispatcher, WorkerSession
 from fastlane.engine.lane import FastLane
-from fastlane.engine.shards import ShardOwnership
+from fastlane.engine.shards import ShardCallbacks, ShardOwnership
 from fastlane.runtime.clock import SystemClock
 from fastlane.runtime.metrics import Metrics
 from fastlane.server.settings import Settings
 from fastlane.storage import AttemptResult, open_store
+from fastlane.testing import until
 
 SHARDS = 4
 BOUND = 5
@@ -35,13 +36,6 @@ async def store(db_url):  # type: ignore[no-untyped-def]
     await store.migrate()
     yield store
     await store.close()
-
-
-async def until(condition, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not await condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)
 
 
 async def work(dispatcher: Dispatcher, session: WorkerSession, assigned: Counter[str]) -> None:
@@ -65,7 +59,7 @@ class Node:
         self.dispatcher = Dispatcher(store, node_id="node-a", clock=clock, metrics=self.metrics,
                                      reschedule=lambda run: self.lane.schedule_run(run), **dispatcher_args)
         self.ownership = ShardOwnership(store, node_id="node-a", ttl=timedelta(seconds=10), metrics=self.metrics,
-                                        on_acquired=self._acquired, on_lost=self._lost)
+                                        listener=ShardCallbacks(self._acquired, self._lost))
         self.lane = FastLane(store, settings=settings, clock=clock, metrics=self.metrics, shards=self.ownership,
                              on_stale=self.ownership.lost, dispatch=self.dispatcher)
         self.tasks: list[asyncio.Task[None]] = []
@@ -112,7 +106,7 @@ async def test_the_ready_queue_stays_at_its_bound_without_workers_and_every_run_
                         full_scan_interval=timedelta(seconds=1))
     assigned: Counter[str] = Counter()
     async with running_node(store, settings, **bound) as node:
-        job, _ = await store.create_job(JobSpec(name="j", job_type="t", payload=PAYLOAD,
+        job, _ = await store.jobs.create_job(JobSpec(name="j", job_type="t", payload=PAYLOAD,
                                                 schedule=Schedule.interval(timedelta(milliseconds=100))))
         node.lane.job_changed(job)
 
@@ -125,7 +119,7 @@ async def test_the_ready_queue_stays_at_its_bound_without_workers_and_every_run_
         assert node.dispatcher.ready_depth == BOUND and deepest == BOUND
         assert node.dispatcher.parked_count >= 10
 
-        node.lane.job_changed(await store.pause_job("default", job.job_id))
+        node.lane.job_changed(await store.jobs.pause_job("default", job.job_id))
         await asyncio.sleep(0.5)  # what was written ahead is released too
 
         session = node.dispatcher.connect("w", ["t"], 3, None)
@@ -133,12 +127,12 @@ async def test_the_ready_queue_stays_at_its_bound_without_workers_and_every_run_
 
         async def all_succeeded() -> bool:
             await node.dispatcher.flush(5)
-            runs = (await store.list_runs("default", job_id=job.job_id, limit=1000)).items
+            runs = (await store.runs.list_runs("default", job_id=job.job_id, limit=1000)).items
             return bool(runs) and all(run.state is RunState.SUCCEEDED for run in runs)
 
-        await until(all_succeeded)
+        await until(all_succeeded, 20.0)
         await asyncio.sleep(1.5)  # a full scan more: nothing is sent again
-        runs = (await store.list_runs("default", job_id=job.job_id, limit=1000)).items
+        runs = (await store.runs.list_runs("default", job_id=job.job_id, limit=1000)).items
         assert len(runs) >= 30
         assert {run.run_id for run in runs} == set(assigned)
         assert set(assigned.values()) == {1}, "a run was sent twice"
@@ -160,19 +154,19 @@ async def test_a_queue_behind_its_workers_gets_no_new_runs_others_do_and_its_mis
         busy = node.dispatcher.connect("w", ["t"], 0, None)  # connected, serving "t", no credit free
         free = node.dispatcher.connect("v", ["u"], 3, None)
         node.tasks.append(asyncio.create_task(work(node.dispatcher, free, other_assigned)))
-        job, _ = await store.create_job(JobSpec(name="j", job_type="t", schedule=every_100_ms,
+        job, _ = await store.jobs.create_job(JobSpec(name="j", job_type="t", schedule=every_100_ms,
                                                 misfire=MisfirePolicy(grace=timedelta(milliseconds=300))))
-        other, _ = await store.create_job(JobSpec(name="k", job_type="u", schedule=every_100_ms))
+        other, _ = await store.jobs.create_job(JobSpec(name="k", job_type="u", schedule=every_100_ms))
         node.lane.job_changed(job)
         node.lane.job_changed(other)
 
         async def runs_of(job_id: str) -> int:
-            return len((await store.list_runs("default", job_id=job_id, limit=1000)).items)
+            return len((await store.runs.list_runs("default", job_id=job_id, limit=1000)).items)
 
         async def held() -> bool:
             return node.metrics.registry.get_sample_value("fastlane_write_ahead_held_jobs") == 1
 
-        await until(held)
+        await until(held, 20.0)
         backlogs = node.dispatcher.backlogs()
         assert list(backlogs) == [("t", "default")] and backlogs["t", "default"] >= BOUND
         written, other_written = await runs_of(job.job_id), len(other_assigned)
@@ -186,23 +180,23 @@ async def test_a_queue_behind_its_workers_gets_no_new_runs_others_do_and_its_mis
 
         async def caught_up() -> bool:
             await node.dispatcher.flush(5)
-            runs = (await store.list_runs("default", job_id=job.job_id, limit=1000)).items
+            runs = (await store.runs.list_runs("default", job_id=job.job_id, limit=1000)).items
             return any(run.state is RunState.SKIPPED for run in runs) and len(assigned) > written
 
-        await until(caught_up)
-        node.lane.job_changed(await store.pause_job("default", job.job_id))
+        await until(caught_up, 20.0)
+        node.lane.job_changed(await store.jobs.pause_job("default", job.job_id))
 
         async def all_ended() -> bool:
             await node.dispatcher.flush(5)
-            runs = (await store.list_runs("default", job_id=job.job_id, limit=1000)).items
+            runs = (await store.runs.list_runs("default", job_id=job.job_id, limit=1000)).items
             return all(run.state in (RunState.SUCCEEDED, RunState.SKIPPED) for run in runs)
 
-        await until(all_ended)
-        runs = (await store.list_runs("default", job_id=job.job_id, limit=1000)).items
+        await until(all_ended, 20.0)
+        runs = (await store.runs.list_runs("default", job_id=job.job_id, limit=1000)).items
         assert {run.run_id for run in runs if run.state is RunState.SUCCEEDED} == set(assigned)
         assert set(assigned.values()) == {1}, "a run was sent twice"
 
         async def nothing_held() -> bool:
             return not await held()
 
-        await until(nothing_held)
+        await until(nothing_held, 20.0)

@@ -23,16 +23,17 @@ from fastlane._proto import workers_pb2 as pb
 from fastlane._proto import workers_pb2_grpc as pb_grpc
 from fastlane.domain.models import Delivery, Run, RunState
 from fastlane.engine.dispatch import Assign, AttemptRef, Cancel, Dispatcher, Outgoing, WorkerSession
-from fastlane.engine.dispatch.ahead import ClockProbe
 from fastlane.engine.dispatch.messages import ClockEcho
-from fastlane.engine.lane import GATHER_SHARE, FastLane
+from fastlane.engine.dispatch.send_ahead import ClockProbe
+from fastlane.engine.lane import FastLane
 from fastlane.engine.operations import Operations
+from fastlane.engine.release import GATHER_SHARE
 from fastlane.rpc import wire
-from fastlane.runtime.clock import ManualClock
 from fastlane.runtime.metrics import Metrics
 from fastlane.server.servicers.workers import WorkerServicer
 from fastlane.server.settings import Settings
 from fastlane.storage import Store, open_store
+from fastlane.testing import ManualClock
 
 START = datetime(2027, 3, 1, 12, 0, tzinfo=UTC)
 LEAD = timedelta(milliseconds=100)

@@ -25,7 +25,6 @@ from pathlib import Path
 
 import grpc
 import pytest
-from fastlane.bench.processes import free_port
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from fastlane.client import Client
@@ -35,6 +34,8 @@ from fastlane.errors import RemoteUnavailable
 from fastlane.server.node import Node
 from fastlane.server.settings import Settings
 from fastlane.storage.sqlite import SQLiteStore
+from fastlane.testing import until
+from fastlane.testing.processes import free_port
 from fastlane.worker import RunContext, Worker
 
 WAIT = 20.0  # seconds: the bound of every wait below (a lease TTL is 10 s)
@@ -88,21 +89,6 @@ def truncate_wal(database: Path) -> None:
         connection.close()
 
 
-async def until(condition, what: str, timeout: float = WAIT):  # type: ignore[no-untyped-def]
-    """Poll ``condition`` (sync or async) until truthy, or fail naming ``what``."""
-    try:
-        async with asyncio.timeout(timeout):
-            while True:
-                value = condition()
-                if asyncio.iscoroutine(value):
-                    value = await value
-                if value:
-                    return value
-                await asyncio.sleep(0.05)
-    except TimeoutError:
-        raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}") from None
-
-
 # -- the store ----------------------------------------------------------------------------------
 
 
@@ -111,23 +97,23 @@ async def test_a_read_only_database_file_is_unavailable_named_and_writable_again
     store = SQLiteStore(f"sqlite:///{database}", shard_count=4)
     await store.migrate()
     try:
-        kept, _ = await store.create_job(JobSpec(name="before", job_type="echo", schedule=Schedule.interval(
+        kept, _ = await store.jobs.create_job(JobSpec(name="before", job_type="echo", schedule=Schedule.interval(
             timedelta(hours=1))))
         await store.close()  # the next write opens the file again, now read-only
         immutable(database, True)
         try:
             with pytest.raises(StorageUnavailable) as refused:
-                await store.create_job(JobSpec(name="during", job_type="echo", schedule=Schedule.now()))
+                await store.jobs.create_job(JobSpec(name="during", job_type="echo", schedule=Schedule.now()))
             assert f"the database file {database} is read-only" in str(refused.value)
             assert "make it writable" in str(refused.value)
             assert store.write_fault is not None and "read-only" in store.write_fault
-            assert (await store.get_job("default", kept.job_id)).spec.name == "before"  # reads go on
+            assert (await store.jobs.get_job("default", kept.job_id)).spec.name == "before"  # reads go on
         finally:
             immutable(database, False)
         # The same store, no restart: its writer was opened read-only and is opened again.
-        created, _ = await store.create_job(JobSpec(name="after", job_type="echo", schedule=Schedule.now()))
+        created, _ = await store.jobs.create_job(JobSpec(name="after", job_type="echo", schedule=Schedule.now()))
         assert store.write_fault is None
-        assert (await store.get_job("default", created.job_id)).spec.name == "after"
+        assert (await store.jobs.get_job("default", created.job_id)).spec.name == "after"
     finally:
         await store.close()
 
@@ -141,13 +127,13 @@ async def test_a_full_disk_is_unavailable_named_and_writable_again_once_space_is
         filler = fill(small_disk)
         big = JobSpec(name="during", job_type="echo", schedule=Schedule.now(), payload=b"x" * 200_000)
         with pytest.raises(StorageUnavailable) as refused:
-            await store.create_job(big)
+            await store.jobs.create_job(big)
         assert f"the disk holding {database} is full: free space on it" in str(refused.value)
         assert store.write_fault is not None and "is full" in store.write_fault
         filler.unlink()
-        created, _ = await store.create_job(big)
+        created, _ = await store.jobs.create_job(big)
         assert store.write_fault is None
-        assert (await store.get_job("default", created.job_id)).spec.payload == big.payload
+        assert (await store.jobs.get_job("default", created.job_id)).spec.payload == big.payload
     finally:
         await store.close()
 
@@ -214,14 +200,14 @@ async def test_a_node_on_a_full_then_read_only_disk_says_not_serving_and_recover
         async with Client(address, timeout=5) as client, echo_worker(address, ran):
             # Acknowledged before the fault: a run that succeeded.
             before = await client.create("before", "echo", Schedule.now())
-            await until(lambda: succeeded(client, before.job_id), "the first run to succeed")
+            await until(lambda: succeeded(client, before.job_id), WAIT, "the first run to succeed")
             assert await health(address) == SERVING
 
             # A job due while the disk is full; then the disk fills up.
             due = await client.create("due", "echo", Schedule.at_instant(_at(2)))
             truncate_wal(database)
             filler = fill(small_disk)
-            await until(lambda: _not_serving(address), "NOT_SERVING on a full disk")
+            await until(lambda: _not_serving(address), WAIT, "NOT_SERVING on a full disk")
             with pytest.raises(RemoteUnavailable) as refused:
                 await client.create("refused", "echo", Schedule.now(), payload=b"x" * 200_000)
             assert "is full: free space on it" in refused.value.details
@@ -230,20 +216,20 @@ async def test_a_node_on_a_full_then_read_only_disk_says_not_serving_and_recover
             # Meanwhile the file turns read-only too; then the space comes back.
             immutable(database, True)
             filler.unlink()
-            await until(lambda: node_fault_says(caplog, "is read-only"), "the read-only file to be named")
+            await until(lambda: node_fault_says(caplog, "is read-only"), WAIT, "the read-only file to be named")
             assert await health(address) == NOT_SERVING
             with pytest.raises(RemoteUnavailable) as refused:
                 await client.create("refused", "echo", Schedule.now())
             assert "is read-only" in refused.value.details
 
             immutable(database, False)
-            await until(lambda: _serving(address), "SERVING once the file is writable again")
+            await until(lambda: _serving(address), WAIT, "SERVING once the file is writable again")
             assert registry.get_sample_value("fastlane_database_writable") == 1
             # Nothing acknowledged was lost, and the node takes new jobs which fire.
             assert await succeeded(client, before.job_id)
             after = await client.create("after", "echo", Schedule.now())
-            await until(lambda: succeeded(client, after.job_id), "a job created after recovery to run")
-            await until(lambda: succeeded(client, due.job_id), "the run due during the fault to fire, late")
+            await until(lambda: succeeded(client, after.job_id), WAIT, "a job created after recovery to run")
+            await until(lambda: succeeded(client, due.job_id), WAIT, "the run due during the fault to fire, late")
             assert all(job.state != JobState.ERRORED for job in (await client.list_jobs()).items)  # none set aside
 
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR and r.name == "fastlane.node"]

@@ -28,7 +28,7 @@ async def statements_to_materialise(store, jobs, leases) -> list[str]:
     writer = store.database._writer  # the store's one write connection, opened by the writes before this
     await writer.set_trace_callback(ran.append)
     try:
-        written = await store.materialise_runs(fences, occurrences)
+        written = await store.lane.materialise_runs(fences, occurrences)
     finally:
         await writer.set_trace_callback(None)
     assert len(written.runs) == len(jobs)
@@ -39,11 +39,11 @@ async def test_a_batch_over_many_shards_runs_as_many_statements_as_one_over_a_si
     store = open_store(f"sqlite:///{tmp_path}/round-trips.db", shard_count=SHARDS)
     try:
         await store.migrate()
-        leases = {lease.shard_id: lease for lease in await store.acquire_shards("node-a", TTL, limit=SHARDS)}
+        leases = {lease.shard_id: lease for lease in await store.shards.acquire_shards("node-a", TTL, limit=SHARDS)}
         due = datetime.now(UTC) - timedelta(seconds=1)
         jobs = []
         for index in range(400):  # enough to land in most of the 64 shards
-            job, _ = await store.create_job(JobSpec(name=f"j{index}", job_type="t", schedule=Schedule.at_instant(due)))
+            job, _ = await store.jobs.create_job(JobSpec(name=f"j{index}", job_type="t", schedule=Schedule.at_instant(due)))
             jobs.append(job)
         by_shard: dict[int, list] = {}
         for job in jobs:

@@ -35,8 +35,8 @@ async def test_the_connection_threads_run_lower_than_the_loop_and_the_store_stil
     store = open_store(f"sqlite:///{tmp_path}/threads.db", shard_count=4)
     try:
         await store.migrate()  # opens the writer
-        job, _ = await store.create_job(JobSpec(name="j", job_type="t", schedule=Schedule.interval(timedelta(hours=1))))
-        assert (await store.get_job("default", job.job_id)).name == "j"  # and the reader
+        job, _ = await store.jobs.create_job(JobSpec(name="j", job_type="t", schedule=Schedule.interval(timedelta(hours=1))))
+        assert (await store.jobs.get_job("default", job.job_id)).name == "j"  # and the reader
         started = {tid: nice for tid, nice in niceness_of_threads().items() if tid not in before}
         lowered = [tid for tid, nice in started.items() if nice == expected]
         if LOWERS_THREADS:

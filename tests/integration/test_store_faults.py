@@ -16,21 +16,9 @@ from fastlane.domain.models import JobSpec, Schedule
 from fastlane.storage import Change
 from fastlane.storage.postgres import PostgresStore
 from fastlane.storage.sqlite import SQLiteStore
+from fastlane.testing import until
 
 TTL = timedelta(seconds=30)
-
-
-async def until(condition, timeout: float, what: str):  # type: ignore[no-untyped-def]
-    """Poll ``condition`` (sync or async) until truthy, or fail naming ``what``."""
-    async with asyncio.timeout(timeout):
-        while True:
-            value = condition()
-            if asyncio.iscoroutine(value):
-                value = await value
-            if value:
-                return value
-            await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")  # pragma: no cover - timeout raises first
 
 
 @pytest.fixture
@@ -45,7 +33,7 @@ async def postgres_store(pg_dsn):  # type: ignore[no-untyped-def]
 
 @pytest.mark.postgres
 async def test_a_connection_killed_inside_a_transaction_is_storage_unavailable(postgres_store, pg_dsn):
-    leases = await postgres_store.acquire_shards("node-a", TTL, limit=4)
+    leases = await postgres_store.shards.acquire_shards("node-a", TTL, limit=4)
     admin = await asyncpg.connect(pg_dsn)
     try:
         # How asyncpg reports the killed connection varies (the server's FATAL error, the closed
@@ -53,7 +41,7 @@ async def test_a_connection_killed_inside_a_transaction_is_storage_unavailable(p
         for _ in range(3):
             async with admin.transaction():
                 await admin.execute("LOCK TABLE shards IN SHARE MODE")  # the renewal waits inside its transaction
-                renewal = asyncio.create_task(postgres_store.renew_shards(leases, TTL))
+                renewal = asyncio.create_task(postgres_store.shards.renew_shards(leases, TTL))
                 waiting = await until(
                     lambda: admin.fetchval("SELECT pid FROM pg_locks WHERE NOT granted LIMIT 1"), 10,
                     "the renewal to wait on the lock",
@@ -63,7 +51,7 @@ async def test_a_connection_killed_inside_a_transaction_is_storage_unavailable(p
                     await renewal
             assert isinstance(raised.value.__cause__, asyncpg.PostgresError | asyncpg.InterfaceError)
             # The pool replaces the dead connection: the next call works.
-            leases = await postgres_store.renew_shards(leases, TTL)
+            leases = await postgres_store.shards.renew_shards(leases, TTL)
             assert len(leases) == 4
     finally:
         await admin.close()
@@ -105,7 +93,7 @@ async def test_the_change_listener_listens_again_at_once_after_its_connection_is
         # Well within the 10 s liveness ping: the listener learns of the loss from the driver.
         await until(lambda: sum(change.kind == "members" for change in changes) >= 2, 5,
                     "the listener to LISTEN again")
-        job, _ = await postgres_store.create_job(
+        job, _ = await postgres_store.jobs.create_job(
             JobSpec(name="after-reconnect", job_type="t", schedule=Schedule.interval(timedelta(minutes=1)))
         )
         await until(lambda: any(change.key == job.job_id for change in changes), 5,
@@ -127,7 +115,7 @@ async def test_sqlite_a_missing_table_is_permanent_and_the_store_goes_on(tmp_pat
         assert not isinstance(raised.value, StorageUnavailable)
         assert isinstance(raised.value.__cause__, sqlite3.OperationalError)
         # The failed transaction was rolled back: the writer takes the next one.
-        assert len(await store.acquire_shards("node-a", TTL, limit=4)) == 4
+        assert len(await store.shards.acquire_shards("node-a", TTL, limit=4)) == 4
     finally:
         await store.close()
 

@@ -24,7 +24,8 @@ from fastlane._proto import workers_pb2 as pb
 from fastlane._proto import workers_pb2_grpc as pb_grpc
 from fastlane.cli.main import main
 from fastlane.errors import ConfigurationError
-from fastlane.rpc.wire import duration, timestamp
+from fastlane.rpc.wire import timestamp
+from fastlane.testing.wire import FakeStream, FakeWorkerService, assignment
 from fastlane.worker import RunContext, Worker
 
 WAIT = 5.0  # upper bound for anything the worker should do promptly
@@ -36,45 +37,29 @@ T0 = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
 # -- the fake cluster --------------------------------------------------------------------------
 
 
-class FakeStream:
-    """One Connect call as the node sees it."""
-
-    def __init__(self) -> None:
-        self.received: list[pb.WorkerMessage] = []
-        self.outbound: asyncio.Queue[pb.NodeMessage | None] = asyncio.Queue()
-        self.worker_closed = False
-
-    def bodies(self, kind: str) -> list:
-        return [getattr(m, kind) for m in self.received if m.WhichOneof("body") == kind]
-
-    def results(self) -> list[pb.RunResult]:
-        return [r for body in self.bodies("results") for r in body.results]
-
-    def beaten_runs(self) -> set[str]:
-        return {beat.run_id for body in self.bodies("heartbeats") for beat in body.beats}
-
-    def assign(self, run_id: str, job_type: str = "block") -> None:
-        run = pb.Assignment(run_id=run_id, job_id=f"job-{run_id}", job_type=job_type, tenant="acme", attempt=1,
-                            idempotency_key=f"key-{run_id}", lease_token=7, scheduled_for=timestamp(T0))
-        self.outbound.put_nowait(pb.NodeMessage(assignments=pb.Assignments(assignments=[run])))
-
-
-class FakeNode(pb_grpc.WorkerServiceServicer, admin_pb2_grpc.AdminServiceServicer):
-    """One node: its worker streams, its place in the membership, and how GetCluster behaves."""
+class FakeNode(FakeWorkerService, admin_pb2_grpc.AdminServiceServicer):
+    """One node: its worker streams (the kit's), its place in the membership, and how GetCluster
+    behaves. Every stream and message notifies the cluster's condition."""
 
     def __init__(self, cluster: FakeCluster, node_id: str, *, live: bool) -> None:
+        super().__init__(node_id, changed=cluster.changed)
         self.cluster = cluster
-        self.node_id = node_id
         self.live = live
         self.listed = True  # absent from GetCluster answers when False
         self.heartbeat_age = timedelta(0)
-        self.acks = True  # acknowledges every result at once when True, none when False
         self.get_cluster_error: grpc.StatusCode | None = None
         self.get_cluster_calls = 0  # answered or not, counted by the interceptor
-        self.streams: list[FakeStream] = []
-        self.address = ""
         self.advertised: str | None = None  # the address GetCluster gives, if not the real one
         self.server: grpc.aio.Server | None = None
+
+    @property
+    def acks(self) -> bool:
+        """Acknowledges every result at once when True, none when False."""
+        return self.auto_ack
+
+    @acks.setter
+    def acks(self, value: bool) -> None:
+        self.auto_ack = value
 
     def open_streams(self) -> list[FakeStream]:
         return [stream for stream in self.streams if not stream.worker_closed]
@@ -90,32 +75,6 @@ class FakeNode(pb_grpc.WorkerServiceServicer, admin_pb2_grpc.AdminServiceService
             await context.abort(self.get_cluster_error, "scripted failure")
         return admin_pb2.ClusterStatus(database_time=timestamp(T0), nodes=self.cluster.membership(),
                                        shards=self.cluster.shards)
-
-    async def Connect(self, request_iterator, context):
-        stream = FakeStream()
-        self.streams.append(stream)
-        await self.cluster.notify()
-        receiving = asyncio.create_task(self._receive(request_iterator, stream), name="fake-node-receive")
-        try:
-            while (message := await stream.outbound.get()) is not None:
-                yield message
-        finally:
-            receiving.cancel()
-
-    async def _receive(self, request_iterator, stream: FakeStream) -> None:
-        async for message in request_iterator:
-            body = message.WhichOneof("body")
-            if body == "hello":
-                welcome = pb.Welcome(node_id=self.node_id, heartbeat_interval=duration(timedelta(seconds=30)))
-                stream.outbound.put_nowait(pb.NodeMessage(welcome=welcome))
-            elif body == "results" and self.acks:
-                acks = [pb.ResultAck(run_id=r.run_id, lease_token=r.lease_token) for r in message.results.results]
-                stream.outbound.put_nowait(pb.NodeMessage(acks=pb.ResultAcks(acks=acks)))
-            stream.received.append(message)
-            await self.cluster.notify()
-        stream.worker_closed = True
-        await self.cluster.notify()
-        stream.outbound.put_nowait(None)
 
 
 class CountGetCluster(grpc.aio.ServerInterceptor):
@@ -203,7 +162,7 @@ class Running:
 
     async def run_blocked(self, stream: FakeStream, run_id: str = "r1") -> None:
         """Assign ``run_id`` on ``stream`` and wait until its handler runs."""
-        stream.assign(run_id)
+        stream.assign(assignment(run_id, "block"))
         await asyncio.wait_for(self.started.wait(), WAIT)
 
 

@@ -1,4 +1,4 @@
-"""The worker SDK against a fake node: an in-process gRPC server scripted by each test.
+"""The worker SDK against a fake node (fastlane.testing.wire): an in-process gRPC server scripted by each test.
 
 The fake node welcomes every Hello, records every message the worker sends, acknowledges results
 when ``auto_ack`` is on, sends what a test queues, and ends a stream when the test closes it or the
@@ -14,7 +14,7 @@ import signal
 import sys
 import textwrap
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -22,134 +22,19 @@ from pathlib import Path
 import grpc
 import orjson
 import pytest
-from google.protobuf.timestamp_pb2 import Timestamp
 
-from fastlane._proto import workers_pb2 as pb
-from fastlane._proto import workers_pb2_grpc as pb_grpc
 from fastlane.domain.models import MAX_CHECKPOINT_BYTES
 from fastlane.errors import ConfigurationError, PermanentError, RetryableError
 from fastlane.rpc.wire import duration, timestamp
+from fastlane.testing.wire import SCHEDULED_FOR, assignment, ns_stamp, start_server
+from fastlane.testing.wire import FakeWorkerService as FakeNode
 from fastlane.worker import RunContext, Worker, run_worker_cli
 
 WAIT = 5.0  # upper bound for anything the worker should do promptly
-SCHEDULED_FOR = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 # -- the fake node -----------------------------------------------------------------------------
-
-
-class FakeStream:
-    """One Connect call as the node sees it."""
-
-    def __init__(self) -> None:
-        self.received: list[pb.WorkerMessage] = []
-        self.outbound: asyncio.Queue[pb.NodeMessage | None] = asyncio.Queue()
-        self.worker_closed = False  # the worker closed its sending side
-
-    def bodies(self, kind: str) -> list:
-        return [getattr(m, kind) for m in self.received if m.WhichOneof("body") == kind]
-
-    def kinds(self) -> list[str]:
-        return [m.WhichOneof("body") for m in self.received]
-
-    def results(self) -> list[pb.RunResult]:
-        return [r for body in self.bodies("results") for r in body.results]
-
-    def credits_granted(self) -> int:
-        """Granted in CreditGrant messages and inside Results (to a node that takes them there)."""
-        return sum(body.credits for body in self.bodies("credit")) + sum(body.credits for body in self.bodies("results"))
-
-    def assign(self, *assignments: pb.Assignment) -> None:
-        self.outbound.put_nowait(pb.NodeMessage(assignments=pb.Assignments(assignments=assignments)))
-
-    def cancel(self, run_id: str, lease_token: int, reason: str) -> None:
-        ref = pb.ResultAck(run_id=run_id, lease_token=lease_token)
-        self.outbound.put_nowait(pb.NodeMessage(cancel=pb.CancelRuns(runs=[ref], reason=reason)))
-
-    def withdraw(self, runs: list[tuple[str, int]], reason: str) -> None:
-        """Cancel only those of ``runs`` (run id, lease token) whose handler has not started."""
-        refs = [pb.ResultAck(run_id=run_id, lease_token=lease_token) for run_id, lease_token in runs]
-        cancel = pb.CancelRuns(runs=refs, reason=reason, unstarted_only=True)
-        self.outbound.put_nowait(pb.NodeMessage(cancel=cancel))
-
-    def beats_of(self, run_id: str) -> list[pb.RunHeartbeat]:
-        return [beat for body in self.bodies("heartbeats") for beat in body.beats if beat.run_id == run_id]
-
-    def ack(self, *results: pb.RunResult) -> None:
-        acks = [pb.ResultAck(run_id=r.run_id, lease_token=r.lease_token) for r in results]
-        self.outbound.put_nowait(pb.NodeMessage(acks=pb.ResultAcks(acks=acks)))
-
-    def close(self) -> None:
-        self.outbound.put_nowait(None)
-
-
-class FakeNode(pb_grpc.WorkerServiceServicer):
-    """With ``clock_ahead_ns`` set, the node echoes clock probes with a clock that much ahead of
-    the machine's; without, it ignores them, as a node from before clock probes does. Its Welcome
-    says it takes credits inside Results only with ``credits_with_results`` (an older node's does not)."""
-
-    def __init__(self, heartbeat_interval: timedelta = timedelta(seconds=30), auto_ack: bool = True) -> None:
-        self.heartbeat_interval = heartbeat_interval
-        self.auto_ack = auto_ack
-        self.clock_ahead_ns: int | None = None
-        self.credits_with_results = False
-        self.streams: list[FakeStream] = []
-        self.changed = asyncio.Condition()
-        self.address = ""
-
-    async def wait_until(self, predicate: Callable[[], bool], timeout: float = WAIT) -> None:
-        async with asyncio.timeout(timeout):
-            async with self.changed:
-                await self.changed.wait_for(predicate)
-
-    async def stream(self, index: int) -> FakeStream:
-        """The index-th stream, once its Hello has arrived (so the Welcome is ahead of anything sent)."""
-        await self.wait_until(lambda: len(self.streams) > index and bool(self.streams[index].received))
-        return self.streams[index]
-
-    async def Connect(self, request_iterator, context):
-        stream = FakeStream()
-        async with self.changed:
-            self.streams.append(stream)
-            self.changed.notify_all()
-        receiving = asyncio.create_task(self._receive(request_iterator, stream), name="fake-node-receive")
-        try:
-            while (message := await stream.outbound.get()) is not None:
-                yield message
-        finally:
-            receiving.cancel()
-
-    async def _receive(self, request_iterator, stream: FakeStream) -> None:
-        async for message in request_iterator:
-            body = message.WhichOneof("body")
-            if body == "hello":
-                welcome = pb.Welcome(node_id="fake-node", heartbeat_interval=duration(self.heartbeat_interval),
-                                     takes_credits_with_results=self.credits_with_results)
-                stream.outbound.put_nowait(pb.NodeMessage(welcome=welcome))
-            elif body == "results" and self.auto_ack:
-                stream.ack(*message.results.results)
-            elif body == "clock_probe" and self.clock_ahead_ns is not None:
-                probe = message.clock_probe
-                echo = pb.ClockEcho(probe_id=probe.probe_id, probe_sent_at=probe.sent_at,
-                                    node_time=ns_stamp(time.time_ns() + self.clock_ahead_ns))
-                stream.outbound.put_nowait(pb.NodeMessage(clock_echo=echo))
-            async with self.changed:
-                stream.received.append(message)
-                self.changed.notify_all()
-        async with self.changed:
-            stream.worker_closed = True
-            self.changed.notify_all()
-        stream.close()  # as a node does when the worker says goodbye
-
-
-async def start_server(node: FakeNode, address: str = "127.0.0.1:0") -> grpc.aio.Server:
-    server = grpc.aio.server()
-    pb_grpc.add_WorkerServiceServicer_to_server(node, server)
-    port = server.add_insecure_port(address)
-    await server.start()
-    node.address = f"127.0.0.1:{port}"
-    return server
 
 
 @pytest.fixture
@@ -178,20 +63,6 @@ async def running(worker: Worker) -> AsyncIterator[asyncio.Task[None]]:
         await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), WAIT)
     if not task.cancelled() and task.exception() is not None:
         raise task.exception()
-
-
-def assignment(run_id: str, job_type: str = "echo", **fields) -> pb.Assignment:
-    defaults = dict(
-        job_id=f"job-{run_id}", tenant="acme", attempt=1, idempotency_key=f"key-{run_id}",
-        lease_token=7, scheduled_for=timestamp(SCHEDULED_FOR),
-    )
-    return pb.Assignment(run_id=run_id, job_type=job_type, **(defaults | fields))
-
-
-def ns_stamp(ns: int) -> Timestamp:
-    stamp = Timestamp()
-    stamp.FromNanoseconds(ns)
-    return stamp
 
 
 async def settle() -> None:

@@ -119,13 +119,13 @@ def succeeded(assignment: pb.Assignment, **fields: object) -> pb.RunResult:
 
 
 async def scheduled_runs(store, count: int, job_type: str = "t") -> list[Run]:  # type: ignore[no-untyped-def]
-    job, _ = await store.create_job(JobSpec(name=f"job-{job_type}", job_type=job_type,
+    job, _ = await store.jobs.create_job(JobSpec(name=f"job-{job_type}", job_type=job_type,
                                             schedule=Schedule.interval(timedelta(hours=1))))
-    return [await store.create_manual_run("default", job.job_id) for _ in range(count)]
+    return [await store.runs.create_manual_run("default", job.job_id) for _ in range(count)]
 
 
 async def state_of(store, run_id: str) -> RunState:  # type: ignore[no-untyped-def]
-    return (await store.get_run("default", run_id)).state
+    return (await store.runs.get_run("default", run_id)).state
 
 
 # -- the Hello ---------------------------------------------------------------------------------
@@ -220,7 +220,7 @@ async def test_an_over_long_error_message_with_control_characters_is_cut_and_rec
     await worker.report(pb.RunResult(run_id=run.run_id, lease_token=assignment.lease_token, outcome="permanent_failure",
                                      error_code="E\x00", error_message="boom\x00" * 5_000))
     await worker.next("acks")
-    [attempt] = await node.store.list_attempts(run.run_id)
+    [attempt] = await node.store.runs.list_attempts(run.run_id)
     assert attempt.error_code == "E "
     assert attempt.error_message is not None and len(attempt.error_message) == MAX_ERROR_TEXT
     assert "\x00" not in attempt.error_message
@@ -264,7 +264,7 @@ async def test_a_result_or_heartbeat_for_an_attempt_sent_to_another_worker_is_re
     with pytest.raises(TimeoutError):
         await intruder.next("acks", timeout=QUIET)
     await node.dispatcher.flush(WAIT)
-    stored = await node.store.get_run("default", run.run_id)
+    stored = await node.store.runs.get_run("default", run.run_id)
     assert stored.state is RunState.DISPATCHED and stored.progress == 0.0
 
     # ...and, judged by the attempts table, once the owner's stream is gone.
@@ -283,7 +283,7 @@ async def test_a_result_or_heartbeat_for_an_attempt_sent_to_another_worker_is_re
     await again.open()
     await again.beat(pb.RunHeartbeat(run_id=run.run_id, lease_token=assignment.lease_token, progress=0.5))
     async with asyncio.timeout(WAIT):
-        while (await node.store.get_run("default", run.run_id)).progress != pytest.approx(0.5):
+        while (await node.store.runs.get_run("default", run.run_id)).progress != pytest.approx(0.5):
             await asyncio.sleep(0.02)
     await again.report(succeeded(assignment))
     [ack] = (await again.next("acks")).acks.acks

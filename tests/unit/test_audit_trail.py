@@ -23,6 +23,10 @@ def event(target_id: str) -> AuditEvent:
 class SlowStore:
     """Holds each write until released; refuses events whose id starts with 'bad'."""
 
+    @property
+    def audit(self) -> SlowStore:  # the part of a store this fake plays
+        return self
+
     def __init__(self, *, unavailable: bool = False) -> None:
         self.batches: list[list[str]] = []
         self.release = asyncio.Event()

@@ -24,7 +24,7 @@ from fastlane.bench.targets import (
 )
 
 from fastlane.cli.main import main
-from fastlane.engine.dispatch.ready import AGING_BOUND_SECONDS
+from fastlane.engine.dispatch.ready_queue import AGING_BOUND_SECONDS
 
 
 def record(run_id: str, job_id: str, scheduled: int = 0, started: int = 0) -> RunRecord:

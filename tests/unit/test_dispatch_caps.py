@@ -4,7 +4,7 @@ concurrency keys, whose runs are held back while the store says their key is ful
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -14,12 +14,13 @@ from test_journal_split import ScriptedStore, drained, run_named, sent
 from fastlane.domain.models import AttemptOutcome, Run
 from fastlane.domain.records import CappedDispatches
 from fastlane.engine.dispatch import Assign, Dispatcher
-from fastlane.engine.dispatch.inflight import InFlight
+from fastlane.engine.dispatch.in_flight import InFlight
 from fastlane.engine.dispatch.messages import WorkerSession
 from fastlane.runtime.clock import SystemClock
 from fastlane.runtime.metrics import Metrics
 from fastlane.server.settings import PriorityReserve
 from fastlane.storage import AttemptResult, Dispatch
+from fastlane.testing import until
 
 WAIT = 5.0
 
@@ -88,13 +89,6 @@ class Received:
         return next(item.lease_token for item in self.items if item.run.run_id == run_id)
 
 
-async def until(condition: Callable[[], bool], what: str) -> None:
-    deadline = asyncio.get_running_loop().time() + WAIT
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting until {what}"
-        await asyncio.sleep(0.01)
-
-
 def sample(metrics: Metrics, name: str, **labels: str) -> float | None:
     return metrics.registry.get_sample_value(name, labels)
 
@@ -130,7 +124,7 @@ async def test_runs_of_a_full_key_are_held_and_go_out_in_order_as_places_free():
     try:
         worker = Received(node.connect("w", ["t"], 10, None))
         node.release([keyed(f"k-{i}") for i in range(5)])
-        await until(lambda: len(worker.read()) == 2 and len(node._gate) == 3, "two start and three are held")
+        await until(lambda: len(worker.read()) == 2 and len(node._gate) == 3, WAIT, "two start and three are held")
         assert worker.read() == ["k-0", "k-1"]
         assert sample(metrics, "fastlane_held_runs", job_type="t", tenant="default", cap="concurrency_key") == 3
         assert all(node.holds(f"k-{i}") for i in range(2, 5))  # never released twice meanwhile
@@ -141,7 +135,7 @@ async def test_runs_of_a_full_key_are_held_and_go_out_in_order_as_places_free():
         assert store.capped_calls == calls and node.holds("k-5")
         node.results(worker.session, [AttemptResult(run_id="k-0", lease_token=worker.token_of("k-0"),
                                                     outcome=AttemptOutcome.SUCCEEDED)])
-        await until(lambda: len(worker.read()) == 3, "a freed place takes the oldest held run")
+        await until(lambda: len(worker.read()) == 3, WAIT, "a freed place takes the oldest held run")
         assert worker.read()[2] == "k-2" and len(store.active["ledger"]) == 2
         # Cancelled while held: dropped.
         node.cancel([keyed("k-3")])

@@ -30,6 +30,14 @@ class ScriptedStore:
     """Records what lands; refuses any batch holding a run whose id starts with ``poison``;
     raises StorageUnavailable while ``down`` (a count of calls, or math.inf)."""
 
+    @property
+    def attempts(self) -> ScriptedStore:  # the part of a store this fake plays
+        return self
+
+    @property
+    def runs(self) -> ScriptedStore:  # the part of a store this fake plays
+        return self
+
     def __init__(self, *, down: float = 0) -> None:
         self.down = down
         self.calls: Counter[str] = Counter()

@@ -154,3 +154,101 @@ def test_test_modules_have_unique_basenames() -> None:
     # stop the whole collection.
     names = [path.name for path in (ROOT / "tests").rglob("test_*.py")]
     assert sorted({name for name in names if names.count(name) > 1}) == []
+
+
+# -- the top level holds the public API and packages, nothing else --------------------------------
+
+TOP_LEVEL_FILES = {"__init__.py", "__main__.py", "errors.py", "py.typed"}
+
+
+def test_the_top_level_holds_only_the_public_api_and_packages() -> None:
+    top = ROOT / "fastlane"
+    files = {path.name for path in top.iterdir() if path.is_file()}
+    packages = {path.name for path in top.iterdir() if path.is_dir() and path.name != "__pycache__"}
+    assert files == TOP_LEVEL_FILES
+    assert [name for name in sorted(packages) if not (top / name / "__init__.py").exists()] == []
+
+
+# -- no class assembled from mixins ----------------------------------------------------------------
+
+
+def project_classes() -> dict[str, tuple[str, ast.ClassDef]]:
+    """Every class defined in ``fastlane`` by name (with its module), generated code aside."""
+    found: dict[str, tuple[str, ast.ClassDef]] = {}
+    for name, path in modules().items():
+        if name.startswith(GENERATED):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef):
+                found[node.name] = (name, node)
+    return found
+
+
+def base_names(node: ast.ClassDef) -> list[str]:
+    return [base.id if isinstance(base, ast.Name) else base.attr for base in node.bases
+            if isinstance(base, ast.Name | ast.Attribute)]
+
+
+def is_interface(name: str, classes: dict[str, tuple[str, ast.ClassDef]]) -> bool:
+    """A Protocol, or an exception: bases that carry a contract or a kind, not code to share."""
+    seen: set[str] = set()
+    pending = [name]
+    while pending:
+        current = pending.pop()
+        if current in ("Protocol", "Exception", "BaseException") or current.endswith("Error"):
+            return True
+        if current in classes and current not in seen:
+            seen.add(current)
+            pending.extend(base_names(classes[current][1]))
+    return False
+
+
+def stubs_for_siblings(node: ast.ClassDef) -> list[str]:
+    """Methods whose whole body raises NotImplementedError: a mixin reaching for what the class it
+    is mixed into provides."""
+    found = []
+    for item in node.body:
+        if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+            body = [statement for statement in item.body if not isinstance(statement, ast.Expr)]
+            if len(body) == 1 and isinstance(body[0], ast.Raise) and "NotImplementedError" in ast.unparse(body[0]):
+                found.append(item.name)
+    return found
+
+
+def mixin_assemblies(classes: dict[str, tuple[str, ast.ClassDef]]) -> list[str]:
+    problems = []
+    for name, (module, node) in sorted(classes.items()):
+        code_bases = [base for base in base_names(node) if base in classes and not is_interface(base, classes)]
+        if len(code_bases) > 1:
+            problems.append(f"{module}.{name} is assembled from {code_bases}")
+        for base in code_bases:
+            if stubs := stubs_for_siblings(classes[base][1]):
+                problems.append(f"{module}.{name} mixes in {base}, which stubs {stubs} for it")
+    return problems
+
+
+def test_no_class_is_assembled_from_mixins() -> None:
+    # A class split into mixins only to keep each file short hides which part owns which state;
+    # a large concept is composed of parts instead (the store of its jobs, lane, runs ... parts).
+    assert mixin_assemblies(project_classes()) == []
+
+
+def test_the_mixin_finder_finds_one() -> None:
+    source = '''
+class Calls:
+    def _connect(self):
+        raise NotImplementedError
+class More:
+    def more(self): return 1
+class Client(Calls, More):
+    pass
+class Refusal(ValueError):
+    pass
+class Kind(Refusal, More):
+    pass
+'''
+    classes = {node.name: ("m", node) for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ClassDef)}
+    assert mixin_assemblies(classes) == [
+        "m.Client is assembled from ['Calls', 'More']",
+        "m.Client mixes in Calls, which stubs ['_connect'] for it",
+    ]

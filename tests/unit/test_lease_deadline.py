@@ -10,8 +10,9 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 from fastlane.domain.models import NodeInfo, ShardLease
-from fastlane.engine.shards import ShardOwnership
+from fastlane.engine.shards import ShardCallbacks, ShardOwnership
 from fastlane.runtime.metrics import Metrics
+from fastlane.testing import until
 
 SHARDS = 2
 
@@ -21,6 +22,10 @@ class HangingStore:
     ``hang`` is set, even through cancellation (a driver whose cancellation is stuck too)."""
 
     server_epoch = 0  # never fails over
+
+    @property
+    def shards(self) -> HangingStore:  # the part of a store this fake plays
+        return self
 
     def __init__(self) -> None:
         self.hang = False
@@ -77,16 +82,9 @@ def ownership_of(store: HangingStore, ttl: timedelta, lost: list[tuple[float, li
             built.extend(lease.shard_id for lease in leases)
 
     return ShardOwnership(
-        store, node_id="node-a", ttl=ttl, metrics=Metrics(), on_acquired=build,  # type: ignore[arg-type]
-        on_lost=lambda ids: lost.append((time.monotonic(), sorted(ids))), monotonic=monotonic,
+        store, node_id="node-a", ttl=ttl, metrics=Metrics(),  # type: ignore[arg-type]
+        listener=ShardCallbacks(build, lambda ids: lost.append((time.monotonic(), sorted(ids)))), monotonic=monotonic,
     )
-
-
-async def until(condition, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.005)
 
 
 async def stopped(ownership: ShardOwnership, task: asyncio.Task[None], store: HangingStore) -> None:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 from fastlane.domain.models import Delivery, Run, RunState
-from fastlane.engine.dispatch.ready import AGING_BOUND_SECONDS, ReadyQueue
+from fastlane.engine.dispatch.ready_queue import AGING_BOUND_SECONDS, ReadyQueue
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 

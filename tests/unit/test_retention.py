@@ -21,6 +21,10 @@ RETENTION = timedelta(days=30)
 class OldHistory:
     """A store holding ``old`` finished runs past the retention; ``failures`` are raised first, one per call."""
 
+    @property
+    def history(self) -> OldHistory:  # the part of a store this fake plays
+        return self
+
     def __init__(self, old: int, failures: list[Exception] | None = None) -> None:
         self.old = old
         self.failures = list(failures or [])

@@ -1,5 +1,6 @@
-"""Each storage rule is said once: the one store implements every Store method, a dialect package
-implements none, and nothing outside ``fastlane/storage`` asks which database it is on."""
+"""Each storage rule is said once: the one store implements every Store method (its own and its
+parts'), a dialect package implements none, and nothing outside ``fastlane/storage`` asks which
+database it is on."""
 
 from __future__ import annotations
 
@@ -9,15 +10,25 @@ from pathlib import Path
 
 import pytest
 
+from fastlane.storage import base
 from fastlane.storage.base import Store
 
 ROOT = Path(__file__).resolve().parents[2] / "fastlane"
 DIALECTS = ("sqlite", "postgres")
 
 
-def store_methods() -> set[str]:
-    return {name for name, value in vars(Store).items() if not name.startswith("__") and callable(value)
+def members(protocol: type) -> set[str]:
+    return {name for name, value in vars(protocol).items() if not name.startswith("__") and callable(value)
             or isinstance(value, property)}
+
+
+def parts() -> dict[str, type]:
+    """The parts a Store is composed of, by attribute: ``jobs`` -> JobStore, ..."""
+    return {name: getattr(base, kind) for name, kind in Store.__annotations__.items() if kind.endswith("Store")}
+
+
+def store_methods() -> set[str]:
+    return members(Store).union(*(members(protocol) for protocol in parts().values()))
 
 
 def functions_defined(package: Path) -> dict[str, list[str]]:
@@ -31,7 +42,8 @@ def functions_defined(package: Path) -> dict[str, list[str]]:
 
 
 def test_the_store_protocol_is_read_as_expected() -> None:
-    assert {"create_job", "materialise_runs", "record_results", "acquire_shards"} <= store_methods()
+    assert {"jobs", "lane", "attempts", "shards"} <= set(parts())
+    assert {"create_job", "materialise_runs", "record_results", "acquire_shards", "migrate"} <= store_methods()
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
@@ -46,7 +58,17 @@ def test_no_store_method_is_defined_in_a_dialect(dialect: str) -> None:
 def test_every_store_method_is_implemented_by_the_one_store() -> None:
     from fastlane.storage.store import SQLStore
 
-    missing = [name for name in store_methods() if getattr(SQLStore, name, None) is getattr(Store, name, None)]
+    missing = [name for name in members(Store) if getattr(SQLStore, name, None) is getattr(Store, name, None)]
+    # Each part's class, read from the constructor's wiring (``self.jobs = SQLJobs(...)``).
+    wiring = ast.parse((ROOT / "storage" / "store" / "__init__.py").read_text())
+    built = {target.attr: call.func.id for node in ast.walk(wiring) if isinstance(node, ast.Assign)
+             for target in node.targets if isinstance(target, ast.Attribute) and isinstance(call := node.value, ast.Call)
+             and isinstance(call.func, ast.Name)}
+    import fastlane.storage.store as store_package
+
+    for name, protocol in parts().items():
+        implementation = getattr(store_package, built[name])
+        missing += [f"{name}.{method}" for method in members(protocol) if not hasattr(implementation, method)]
     assert missing == []
 
 

@@ -1,7 +1,12 @@
 """Dispatch: ready queues, worker sessions with credits, and the journal of what happened.
 
-The dispatcher and its ready queues live in :mod:`.dispatcher`, the journal writer in
-:mod:`.journal`, what is sent to a worker in :mod:`.messages`, lease tokens in :mod:`.tokens`.
+Each module is named after its class: :mod:`.dispatcher` (:class:`Dispatcher`, which assigns and
+sends), :mod:`.ready_queue` (``ReadyQueue``), :mod:`.key_gate` (``KeyGate``: runs blocked by their
+concurrency key), :mod:`.parked_runs` (``ParkedRuns``), :mod:`.reserve` (``Reserve``: credits kept
+for urgent runs), :mod:`.in_flight` (``InFlight``), :mod:`.confirmed_sender` (``ConfirmedSender``),
+:mod:`.send_ahead` (``SendAhead``), :mod:`.journal` (``Journal``: the record stage), what is sent
+to a worker in :mod:`.messages`, lease tokens in :mod:`.lease_tokens`. The words are those of the
+glossary in :mod:`fastlane.engine`.
 
 A released run goes straight to a connected worker that declared its job type and has a free
 credit; otherwise it waits in the ready queue of its type until one does.
@@ -9,7 +14,7 @@ credit; otherwise it waits in the ready queue of its type until one does.
 Two ways to send:
 
 - *fast*: the run was written by this node a moment ago (or triggered, or retried through it),
-  so no one else can hold it. It is sent at once; its dispatch goes to a *journal* that one
+  so no one else can have it. It is sent at once; its dispatch goes to a *journal* that one
   writer task flushes in batches, in order (a result is never written before its dispatch).
 - *confirmed*: the run came back from the database (a rebuild, an expired lease) or is
   at-most-once. Its dispatch is written first and it is sent only if that write took it from
@@ -18,7 +23,7 @@ Two ways to send:
 A run is *claimed* from the moment it is assigned until its dispatch is durable; a second
 release of a claimed run is dropped. Results are acknowledged to the worker only once durable.
 
-Sent *ahead* (:mod:`.ahead`): a run due within ``--send-ahead`` may go early, fast, to a worker
+Sent *ahead* (:mod:`.send_ahead`): a run due within ``--send-ahead`` may go early, fast, to a worker
 whose clock is known within that lead, with the instant to start it; the worker holds it until
 then. Runs to be confirmed first, and workers that do not measure their clock, keep the instant.
 
@@ -36,6 +41,7 @@ Guards, so that one worker or one record cannot harm the rest:
 
 from fastlane.engine.dispatch.dispatcher import Dispatcher
 from fastlane.engine.dispatch.journal import JOURNAL_STOP_GRACE
+from fastlane.engine.dispatch.lease_tokens import MAX_LEASE_TOKEN
 from fastlane.engine.dispatch.messages import (
     Acknowledge,
     Assign,
@@ -45,7 +51,6 @@ from fastlane.engine.dispatch.messages import (
     Outgoing,
     WorkerSession,
 )
-from fastlane.engine.dispatch.tokens import MAX_LEASE_TOKEN
 
 # What modules outside the package import; inside fastlane.engine and fastlane.server, import
 # from the submodules themselves.

@@ -1,8 +1,8 @@
 """The dispatcher: ready queues by job type, worker sessions and their credits, sending.
 
 See :mod:`fastlane.engine.dispatch` for how a run is sent (fast or confirmed) and the guards,
-:mod:`.ahead` for runs sent ahead of their instant, :mod:`.ready` for the order of waiting runs,
-:mod:`.capped` for concurrency keys.
+:mod:`.send_ahead` for runs sent ahead of their instant, :mod:`.ready_queue` for the order of waiting runs,
+:mod:`.key_gate` for concurrency keys.
 """
 
 from __future__ import annotations
@@ -16,16 +16,16 @@ from datetime import datetime, timedelta
 
 from fastlane.domain.models import Delivery, Run
 from fastlane.domain.records import KeyCap
-from fastlane.engine.dispatch.ahead import ClockProbe, SendAhead
-from fastlane.engine.dispatch.capped import KeyGate
-from fastlane.engine.dispatch.confirmed import ConfirmedSender
-from fastlane.engine.dispatch.inflight import InFlight
+from fastlane.engine.dispatch.confirmed_sender import ConfirmedSender
+from fastlane.engine.dispatch.in_flight import InFlight
 from fastlane.engine.dispatch.journal import Journal, WorkflowHooks
+from fastlane.engine.dispatch.key_gate import KeyGate
+from fastlane.engine.dispatch.lease_tokens import new_lease_token
 from fastlane.engine.dispatch.messages import Assign, Assigned, AttemptKey, AttemptRef, Cancel, WorkerSession
-from fastlane.engine.dispatch.parked import ParkedRuns
-from fastlane.engine.dispatch.ready import ReadyQueue
+from fastlane.engine.dispatch.parked_runs import ParkedRuns
+from fastlane.engine.dispatch.ready_queue import ReadyQueue
 from fastlane.engine.dispatch.reserve import Reserve
-from fastlane.engine.dispatch.tokens import new_lease_token
+from fastlane.engine.dispatch.send_ahead import ClockProbe, SendAhead
 from fastlane.runtime.clock import Clock
 from fastlane.runtime.metrics import Metrics
 from fastlane.server.settings import PriorityReserve
@@ -71,10 +71,10 @@ class Dispatcher:
         self._max_ready_bytes = max(max_ready_bytes_per_type, 1)
         self._ready_bytes: Counter[str] = Counter()  # payload bytes in each ready queue
         self._sessions: dict[str, list[WorkerSession]] = {}  # by job type, rotated for fairness
-        self._ready: dict[str, ReadyQueue[_Waiting]] = {}  # fair across tenants: see ready.py
+        self._ready: dict[str, ReadyQueue[_Waiting]] = {}  # fair across tenants: see ready_queue.py
         self._queued: set[str] = set()  # run ids in the ready queues
         self._parked = ParkedRuns(store, room=self._room, half_empty=self._half_empty, assigning=lambda: self._assigning,
-                                  release=lambda runs: self._hand_out(runs, confirm_first=True, reloaded=True))
+                                  release=lambda runs: self._assign_or_queue(runs, confirm_first=True, reloaded=True))
         self._assigning = True
         # Shared with the journal, which updates both as writes land: changed in place only.
         self._claimed: set[str] = set()  # runs assigned whose dispatch is not yet durable
@@ -84,7 +84,7 @@ class Dispatcher:
                                 claimed=self._claimed, in_flight=self._in_flight, workflows=workflows)
         self._background: set[asyncio.Task[None]] = set()
         self._ahead = SendAhead(send_ahead, clock=clock, metrics=metrics)
-        self._gate = KeyGate(offer=lambda runs: self._hand_out(runs, confirm_first=True, reloaded=True, offered=True),
+        self._gate = KeyGate(offer=lambda runs: self._assign_or_queue(runs, confirm_first=True, reloaded=True, offered=True),
                              written=self._journal.written)
         self._confirmed = ConfirmedSender(store, claimed=self._claimed, in_flight=self._in_flight, gate=self._gate,
                                           record=self._dispatch_record, rejected=self._journal.dispatch_set_aside,
@@ -93,7 +93,7 @@ class Dispatcher:
         metrics.ready_by_tenant.read = self.ready_depths
         metrics.oldest_ready.read = self.oldest_ready_ages
         metrics.in_flight_by_tenant.read = self._in_flight.counts
-        metrics.held_by_cap.read = self.held_depths
+        metrics.held_by_cap.read = self.blocked_depths  # fastlane_held_runs: the metric keeps its name
         metrics.unserved.read = self.unserved_depths
         metrics.worker_streams.read = lambda: {(kind,): len(sessions)
                                                for kind, sessions in list(self._sessions.items()) if sessions}
@@ -106,7 +106,7 @@ class Dispatcher:
         return len({id(s) for sessions in self._sessions.values() for s in sessions})
 
     def worker_sessions(self) -> list[tuple[WorkerSession, int]]:
-        """Each connected worker stream with the attempts it holds from this node."""
+        """Each connected worker stream with its attempts in flight from this node."""
         sessions = {id(s): s for kinds in self._sessions.values() for s in kinds}
         holding = self._in_flight.per_session()
         return [(session, holding.get(session, 0)) for session in sessions.values()]
@@ -121,14 +121,14 @@ class Dispatcher:
         return {(kind, tenant): max(now - due, 0.0) for kind, queue in list(self._ready.items())
                 for tenant, due in queue.oldest_dues().items()}
 
-    def held_depths(self) -> dict[tuple[str, str, str], int]:
-        """Runs held back by a cap, by (job type, tenant, cap); read by the metrics thread."""
-        held = {(kind, tenant, "concurrency_key"): n for (kind, tenant), n in self._gate.depths().items()}
+    def blocked_depths(self) -> dict[tuple[str, str, str], int]:
+        """Runs blocked by a cap, by (job type, tenant, cap); read by the metrics thread."""
+        blocked = {(kind, tenant, "concurrency_key"): n for (kind, tenant), n in self._gate.depths().items()}
         for kind, queue in list(self._ready.items()):
             for tenant, n in queue.tenant_depths().items():
                 if self._tenant_full(tenant):
-                    held[(kind, tenant, "tenant_in_flight")] = n
-        return held
+                    blocked[(kind, tenant, "tenant_in_flight")] = n
+        return blocked
 
     def unserved_depths(self) -> dict[tuple[str, str], int]:
         """Runs waiting of a (job type, tenant) no connected worker serves (none for the type, or
@@ -139,7 +139,7 @@ class Dispatcher:
     def backlogs(self) -> dict[tuple[str, str], int]:
         """Released runs waiting for a free credit or for their tenant's cap, by (job type, tenant),
         where a connected worker serves them: how far each queue is behind the capacity it gets (the
-        write-ahead writes no new runs for a queue far behind; a tenant held to its cap is behind too)."""
+        write-ahead writes no new runs for a queue far behind; a tenant at its cap is behind too)."""
         return {(kind, tenant): n for kind, queue in list(self._ready.items()) for tenant, n in queue.tenant_depths().items()
                 if self._serves(kind, tenant)}
 
@@ -180,7 +180,7 @@ class Dispatcher:
         # does not, the leases expire and the runs are delivered again.
         session.connected = False
         self._ahead.disconnected(session)
-        for key in [key for key, held in self._in_flight.items() if held is session]:
+        for key in [key for key, holder in self._in_flight.items() if holder is session]:
             del self._in_flight[key]
         for job_type in session.job_types:
             sessions = self._sessions.get(job_type, [])
@@ -204,7 +204,7 @@ class Dispatcher:
         so each is sent only once its dispatch has durably taken it from ``scheduled``.
         """
         runs = self._workflows.take_starts(runs) if self._workflows is not None else runs
-        self._hand_out(runs, confirm_first=confirm_first, reloaded=False)
+        self._assign_or_queue(runs, confirm_first=confirm_first, reloaded=False)
 
     def holds(self, run_id: str) -> bool:
         """Whether this run is queued here, parked or being dispatched (so must not be released
@@ -223,12 +223,12 @@ class Dispatcher:
         cancelled = {run.run_id for run in runs}
         self._drop_queued(lambda queued: queued.run_id in cancelled)
         self._parked.unpark(lambda run_id, _: run_id in cancelled)
-        self._gate.remove_if(lambda held: held.run_id in cancelled)
-        # By (run, token) rather than the run's stored token: an attempt sent a moment ago may
+        self._gate.remove_if(lambda blocked: blocked.run_id in cancelled)
+        # By (run, lease token) rather than the run's stored lease token: an attempt sent a moment ago may
         # not be recorded yet.
-        for (run_id, token), session in self._in_flight.items():
+        for (run_id, lease_token), session in self._in_flight.items():
             if run_id in cancelled and session.connected:
-                by_session.setdefault(id(session), (session, []))[1].append(AttemptRef(run_id, token))
+                by_session.setdefault(id(session), (session, []))[1].append(AttemptRef(run_id, lease_token))
         for session, refs in by_session.values():
             session.outbox.put_nowait(Cancel(refs, "the run was cancelled"))
 
@@ -237,7 +237,7 @@ class Dispatcher:
         ahead and not yet started are withdrawn (started ones run on, as any sent before)."""
         # Parked runs of the job are not known by job; reading them back skips them (cancelled).
         self._drop_queued(lambda queued: queued.job_id == job_id)
-        self._gate.remove_if(lambda held: held.job_id == job_id)
+        self._gate.remove_if(lambda blocked: blocked.job_id == job_id)
         for session, refs in self._ahead.withdrawals(job_id, self._clock.now(), self._in_flight):
             session.outbox.put_nowait(Cancel(refs, "the job was deleted before the run's instant", unstarted_only=True))
 
@@ -246,7 +246,7 @@ class Dispatcher:
         lost = set(shard_ids)
         self._drop_queued(lambda queued: queued.shard_id in lost)
         self._parked.unpark(lambda _, parked: parked.shard_id in lost)
-        self._gate.remove_if(lambda held: held.shard_id in lost)
+        self._gate.remove_if(lambda blocked: blocked.shard_id in lost)
 
     def forget_attempts(self, runs: Iterable[Run]) -> None:
         """These runs' earlier attempts expired: no result for them will be waited for."""
@@ -254,7 +254,7 @@ class Dispatcher:
         for key in [key for key in self._in_flight if key[0] in expired]:
             del self._in_flight[key]
 
-    # -- sending ahead (see .ahead) --------------------------------------------------------------
+    # -- sending ahead (see .send_ahead) --------------------------------------------------------------
 
     @property
     def ahead_lead(self) -> timedelta:
@@ -279,7 +279,7 @@ class Dispatcher:
         batches: dict[int, tuple[WorkerSession, list[Assigned]]] = {}
         for run in runs:
             if run.run_id in self._claimed or run.run_id in self._parked:
-                continue  # as in _hand_out: never sent twice
+                continue  # as in _assign_or_queue: never sent twice
             sendable = (self._assigning and run.delivery is not Delivery.AT_MOST_ONCE and run.concurrency_key is None
                         and not self._tenant_full(run.tenant))
             if (session := self._pick(run, ahead=True) if sendable else None) is None:
@@ -293,15 +293,15 @@ class Dispatcher:
             self._metrics.sent_ahead.inc(len(assigned))
         return left
 
-    def _hand_out(self, runs: Iterable[Run], *, confirm_first: bool, reloaded: bool, offered: bool = False) -> None:
+    def _assign_or_queue(self, runs: Iterable[Run], *, confirm_first: bool, reloaded: bool, offered: bool = False) -> None:
         """``offered``: the runs come from the key gate, so may go ahead of those it still holds."""
         now = self._clock.now()
         batches: dict[int, tuple[WorkerSession, list[Assigned]]] = {}
         for run in runs:
             if run.run_id in self._claimed or run.run_id in self._parked or run.run_id in self._gate:
-                continue  # a parked run comes back read from the database (.parked), a held one through the gate
-            if not offered and self._gate.has_held(run):
-                self._gate.hold([run])  # behind the runs of its key held before it
+                continue  # a parked run comes back read from the database (.parked_runs), a blocked one through the gate
+            if not offered and self._gate.has_blocked(run):
+                self._gate.block([run])  # behind the runs of its key blocked before it
                 continue
             session = self._pick(run) if self._assigning and not self._tenant_full(run.tenant) else None
             if session is None:
@@ -360,13 +360,13 @@ class Dispatcher:
     def _assign(self, session: WorkerSession, run: Run, now: datetime, confirm_first: bool,
                 start_at: datetime | None = None) -> Assigned:
         session.credits -= 1
-        token = new_lease_token()
+        lease_token = new_lease_token()
         self._claimed.add(run.run_id)
-        self._in_flight.assign((run.run_id, token), session, run, ordinary=self._reserve.ordinary(run))
+        self._in_flight.assign((run.run_id, lease_token), session, run, ordinary=self._reserve.ordinary(run))
         self._metrics.dispatch_lag.observe(max((now - run.available_at).total_seconds(), 0.0))
-        # A keyed run claims its place under the cap in the database before it is sent (.capped).
+        # A keyed run claims its place under the cap in the database before it is sent (.key_gate).
         confirm = confirm_first or run.delivery is Delivery.AT_MOST_ONCE or run.concurrency_key is not None
-        return Assigned(run=run, attempt=run.attempts + 1, lease_token=token, released_at=now, confirm_first=confirm,
+        return Assigned(run=run, attempt=run.attempts + 1, lease_token=lease_token, released_at=now, confirm_first=confirm,
                         start_at=start_at)
 
     def _assign_ready(self, session: WorkerSession) -> None:
@@ -388,8 +388,8 @@ class Dispatcher:
                 self._ready_bytes[job_type] -= len(waiting.run.payload)
                 if waiting.run.run_id in self._claimed:
                     continue
-                if self._gate.has_held(waiting.run):
-                    self._gate.hold([waiting.run])
+                if self._gate.has_blocked(waiting.run):
+                    self._gate.block([waiting.run])
                     continue
                 assigned.append(self._assign(session, waiting.run, now, waiting.confirm_first))
             self._parked.refill(job_type)
@@ -452,7 +452,7 @@ class Dispatcher:
         self._log_refused(session, "results", refused)
         self._journal.wake()
         self._gate.prune(self._in_flight)
-        # A tenant at its cap, or a stream full of ordinary runs, may have room again: hand their
+        # A tenant at its cap, or a stream full of ordinary runs, may have room again: assign their
         # waiting runs out on the credits already free.
         if self._tenant_caps or self._reserve:
             for session in {id(s): s for sessions in self._sessions.values() for s in sessions if s.credits}.values():
@@ -474,9 +474,9 @@ class Dispatcher:
     @staticmethod
     def _log_refused(session: WorkerSession, kind: str, refused: list[AttemptKey]) -> None:
         if refused:
-            run_id, token = refused[0]
+            run_id, lease_token = refused[0]
             log.warning("refused %d %s from worker %s for attempts sent to another worker (first: run %s, token %d)",
-                        len(refused), kind, session.worker_id, run_id, token)
+                        len(refused), kind, session.worker_id, run_id, lease_token)
 
     # -- the journal writer ---------------------------------------------------------------------
 

@@ -247,7 +247,7 @@ class Journal:
         What lands is removed from ``batch`` as it lands, so that after a failure the batch holds
         exactly what is left to write."""
         if batch.dispatches:
-            await write_isolating(batch.dispatches, self._store.record_dispatches,
+            await write_isolating(batch.dispatches, self._store.attempts.record_dispatches,
                                   landed=self._dispatches_landed, rejected=self._dispatch_rejected)
         if batch.unvouched:
             await self._refuse_foreign(batch)
@@ -263,10 +263,10 @@ class Journal:
                                   rejected=self._result_rejected)
 
     async def _record_heartbeats(self, beats: list[tuple[WorkerSession, Heartbeat]]) -> set[str]:
-        return set(await self._store.record_heartbeats([beat for _, beat in beats]))
+        return set(await self._store.attempts.record_heartbeats([beat for _, beat in beats]))
 
     async def _record_results(self, results: list[tuple[WorkerSession, AttemptResult]]) -> list[ResultOutcome]:
-        return await self._store.record_results([result for _, result in results],
+        return await self._store.attempts.record_results([result for _, result in results],
                                                 reporter_of=self._reporters(results))
 
     def _reporters(self, results: list[tuple[WorkerSession, AttemptResult]]) -> ReporterOf:
@@ -325,9 +325,9 @@ class Journal:
         by the attempts table; attempts verified as the reporter's are adopted by its stream (so
         later heartbeats need no check, and a cancel reaches it). An attempt with no row passes:
         the store records such a result as superseded, as before."""
-        owners = await self._attempt_workers({(run_id, token) for _, run_id, token in batch.unvouched})
-        foreign = {(worker, run_id, token) for worker, run_id, token in batch.unvouched
-                   if owners.get((run_id, token), worker) != worker}
+        owners = await self._attempt_workers({(run_id, lease_token) for _, run_id, lease_token in batch.unvouched})
+        foreign = {(worker, run_id, lease_token) for worker, run_id, lease_token in batch.unvouched
+                   if owners.get((run_id, lease_token), worker) != worker}
         batch.unvouched = set()
         finished = {(result.run_id, result.lease_token) for _, result in batch.results}
         for key, (session, _) in batch.heartbeats.items():
@@ -336,12 +336,12 @@ class Journal:
         if not foreign:
             return
         by_worker: dict[str, list[AttemptKey]] = {}
-        for worker, run_id, token in foreign:
-            by_worker.setdefault(worker, []).append((run_id, token))
+        for worker, run_id, lease_token in foreign:
+            by_worker.setdefault(worker, []).append((run_id, lease_token))
         for worker, keys in by_worker.items():
-            run_id, token = keys[0]
+            run_id, lease_token = keys[0]
             log.warning("refused reports of worker %s for %d attempts sent to another worker (first: run %s, "
-                        "token %d)", worker, len(keys), run_id, token)
+                        "token %d)", worker, len(keys), run_id, lease_token)
         batch.heartbeats = {key: (session, beat) for key, (session, beat) in batch.heartbeats.items()
                             if (session.worker_id, *key) not in foreign}
         batch.results = [(session, result) for session, result in batch.results
@@ -355,7 +355,7 @@ class Journal:
         owners: dict[AttemptKey, str] = {}
         for run_id in {run_id for run_id, _ in keys}:
             try:
-                attempts = await self._store.list_attempts(run_id)
+                attempts = await self._store.runs.list_attempts(run_id)
             except StorageUnavailable:
                 raise
             except Exception as error:

@@ -1,9 +1,9 @@
 """Credits of each worker stream kept for urgent runs (``--priority-reserve PRIORITY=N``).
 
 Priority orders the runs that wait; it cannot free a slot, and with every slot busy an urgent run
-that falls due waits for a handler to end. So ordinary runs (below the urgent priority) hold at
+that falls due waits for a handler to end. So ordinary runs (below the urgent priority) take at
 most a stream's credits less N, never fewer than one; urgent runs take any free credit, and find
-one at their instant to be sent ahead on. A stream's credits are counted live, free plus held: a
+one at their instant to be sent ahead on. A stream's credits are counted live, free plus in flight: a
 worker that reconnects with runs still going declares only its free ones and grants the others as
 those runs end.
 """
@@ -11,13 +11,13 @@ those runs end.
 from __future__ import annotations
 
 from fastlane.domain.models import Run
-from fastlane.engine.dispatch.inflight import InFlight
+from fastlane.engine.dispatch.in_flight import InFlight
 from fastlane.engine.dispatch.messages import WorkerSession
 from fastlane.server.settings import PriorityReserve
 
 
 class Reserve:
-    """The reserve of one node (``settings`` None: nothing is kept, no run is held back)."""
+    """The reserve of one node (``settings`` None: nothing is kept, every run may take any credit)."""
 
     def __init__(self, settings: PriorityReserve | None, in_flight: InFlight) -> None:
         self._settings = settings
@@ -32,12 +32,12 @@ class Reserve:
         return None if self._settings is None else self._settings.priority
 
     def ordinary(self, run: Run) -> bool:
-        """Whether ``run`` is held to the stream's credits less the reserve."""
+        """Whether ``run`` is limited to the stream's credits less the reserve."""
         return self._settings is not None and run.priority < self._settings.priority
 
     def ordinary_room(self, session: WorkerSession) -> bool:
         """Whether ``session`` may take one more ordinary run (always, without a reserve)."""
         if self._settings is None:
             return True
-        credits = session.credits + self._in_flight.held_count(session)
+        credits = session.credits + self._in_flight.counted(session)
         return self._in_flight.ordinary_count(session) < max(credits - self._settings.credits, 1)

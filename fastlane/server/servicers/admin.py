@@ -14,6 +14,7 @@ from fastlane.domain import validation
 from fastlane.domain.access import Role
 from fastlane.domain.limits import MAX_NAME_LENGTH
 from fastlane.domain.quotas import TenantQuota
+from fastlane.engine.shards import DEFAULT_LEASE_TTL
 from fastlane.rpc import wire
 from fastlane.server.guard import rpc, tenant_of
 from fastlane.server.quotas import QuotaGuard
@@ -22,7 +23,7 @@ from fastlane.storage import Store
 
 class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     def __init__(self, store: Store, node_status: Callable[[], admin_pb2.NodeStatus], node_id: str,
-                 live_within: timedelta = timedelta(seconds=10), *, quotas: QuotaGuard | None = None,
+                 live_within: timedelta = DEFAULT_LEASE_TTL, *, quotas: QuotaGuard | None = None,
                  workers: Callable[[], Sequence[admin_pb2.WorkerStatus]] = tuple) -> None:
         self._store = store
         self._quotas = quotas
@@ -37,10 +38,10 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         request: admin_pb2.GetClusterRequest,
         context: grpc.aio.ServicerContext[admin_pb2.GetClusterRequest, admin_pb2.ClusterStatus],
     ) -> admin_pb2.ClusterStatus:
-        shards = await self._store.list_shards()
+        shards = await self._store.shards.list_shards()
         now = await self._store.db_now()
         nodes = []
-        for node in await self._store.list_nodes():
+        for node in await self._store.shards.list_nodes():
             live = now - node.heartbeat_at <= self._live_within
             if node.node_id == self._node_id:
                 status = self._node_status()
@@ -89,7 +90,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         context: grpc.aio.ServicerContext[admin_pb2.ListTokensRequest, admin_pb2.ListTokensResponse],
     ) -> admin_pb2.ListTokensResponse:
         tenant = validation.name("tenant", request.tenant) if request.tenant else None
-        tokens = await self._store.list_tokens(tenant)
+        tokens = await self._store.tokens.list_tokens(tenant)
         return admin_pb2.ListTokensResponse(tokens=[wire.token_to_pb(token) for token in tokens])
 
     @rpc
@@ -98,7 +99,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         request: admin_pb2.RevokeTokenRequest,
         context: grpc.aio.ServicerContext[admin_pb2.RevokeTokenRequest, admin_pb2.ApiToken],
     ) -> admin_pb2.ApiToken:
-        token = await self._store.revoke_token(validation.identifier("token_id", request.token_id))
+        token = await self._store.tokens.revoke_token(validation.identifier("token_id", request.token_id))
         return wire.token_to_pb(token)
 
     # -- quotas ----------------------------------------------------------------------------------
@@ -117,13 +118,13 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     ) -> admin_pb2.QuotaStatus:
         tenant = validation.name("tenant", request.tenant)
         override = None if request.reset else wire.quota_from_pb(request.override).validated()
-        await self._store.set_quota_override(tenant, override)
+        await self._store.quotas.set_quota_override(tenant, override)
         if self._quotas is not None:
             self._quotas.overrides_changed()
         return await self._status(tenant)
 
     async def _status(self, tenant: str) -> admin_pb2.QuotaStatus:
-        override = (await self._store.list_quota_overrides()).get(tenant, TenantQuota())
+        override = (await self._store.quotas.list_quota_overrides()).get(tenant, TenantQuota())
         in_force = await self._quotas.quota_of(tenant) if self._quotas is not None else override
         return admin_pb2.QuotaStatus(tenant=tenant, in_force=wire.quota_to_pb(in_force),
                                      override=wire.quota_to_pb(override))

@@ -56,7 +56,7 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
     async def GetJob(
         self, request: jobs_pb2.JobRef, context: grpc.aio.ServicerContext[jobs_pb2.JobRef, common_pb2.Job]
     ) -> common_pb2.Job:
-        return wire.job_to_pb(await self._store.get_job(tenant_of(request.tenant), _job_id(request)))
+        return wire.job_to_pb(await self._store.jobs.get_job(tenant_of(request.tenant), _job_id(request)))
 
     @rpc
     async def ListJobs(
@@ -73,16 +73,16 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
         if request.id_prefix or request.name_prefix:  # one page, in id or name order: finding a job
             if request.id_prefix:
                 prefix = validation.identifier("id_prefix", request.id_prefix)
-                candidates = await self._store.jobs_by_id_prefix(tenant, prefix, limit)
+                candidates = await self._store.jobs.jobs_by_id_prefix(tenant, prefix, limit)
             else:  # a prefix of a valid name is one
                 prefix = validation.name("name_prefix", request.name_prefix)
-                candidates = await self._store.jobs_by_name_prefix(tenant, prefix, limit)
+                candidates = await self._store.jobs.jobs_by_name_prefix(tenant, prefix, limit)
             found = [job for job in candidates
                      if (state is None or job.state is state) and (job_type is None or job.job_type == job_type)
                      and (name is None or job.name == name)]
             page = Page(items=found)
         else:
-            page = await self._store.list_jobs(tenant, state=state, job_type=job_type, limit=limit,
+            page = await self._store.jobs.list_jobs(tenant, state=state, job_type=job_type, limit=limit,
                                                page_token=request.page_token, name=name)
         jobs = [wire.job_to_pb(job) for job in page.items]
         if not request.include_payload:
@@ -156,7 +156,7 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
         kind = validation.audit_target("target_kind", request.target_kind)
         target_id = validation.identifier("target_id", request.target_id)
         limit = validation.audit_limit(request.limit)
-        events = await self._store.list_audit(tenant_of(request.tenant), target_kind=kind, target_id=target_id,
+        events = await self._store.audit.list_audit(tenant_of(request.tenant), target_kind=kind, target_id=target_id,
                                               limit=limit)
         return jobs_pb2.ListAuditResponse(events=[_audit_event_to_pb(event) for event in events])
 

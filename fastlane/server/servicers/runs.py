@@ -34,10 +34,10 @@ class RunServicer(runs_pb2_grpc.RunServiceServicer):
         tenant, limit = tenant_of(request.tenant), validation.page_size(request.page_size)
         if request.id_prefix:  # one page, in id order: for finding a run by the start of its id
             prefix = validation.identifier("id_prefix", request.id_prefix)
-            found = [run for run in await self._store.runs_by_id_prefix(tenant, prefix, limit)
+            found = [run for run in await self._store.runs.runs_by_id_prefix(tenant, prefix, limit)
                      if (job_id is None or run.job_id == job_id) and (not states or run.state in states)]
             return runs_pb2.ListRunsResponse(runs=[wire.run_to_pb(run) for run in found])
-        page = await self._store.list_runs(
+        page = await self._store.runs.list_runs(
             tenant, job_id=job_id, states=states, limit=limit, page_token=request.page_token,
         )
         return runs_pb2.ListRunsResponse(runs=[wire.run_to_pb(run) for run in page.items],
@@ -47,8 +47,8 @@ class RunServicer(runs_pb2_grpc.RunServiceServicer):
     async def GetRun(
         self, request: runs_pb2.RunRef, context: grpc.aio.ServicerContext[runs_pb2.RunRef, runs_pb2.RunDetail]
     ) -> runs_pb2.RunDetail:
-        run = await self._store.get_run(tenant_of(request.tenant), _run_id(request))
-        attempts = await self._store.list_attempts(run.run_id)
+        run = await self._store.runs.get_run(tenant_of(request.tenant), _run_id(request))
+        attempts = await self._store.runs.list_attempts(run.run_id)
         return runs_pb2.RunDetail(run=wire.run_to_pb(run), attempts=[wire.attempt_to_pb(a) for a in attempts],
                                   checkpoint=run.checkpoint or b"")
 

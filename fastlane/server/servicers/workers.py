@@ -13,7 +13,7 @@ a handler's arbitrary exception text, so they are cut to ``MAX_ERROR_TEXT`` and 
 
 A clock probe is answered at once with a ClockEcho carrying this node's time when the probe was
 read; the estimate it reports decides whether the worker is sent runs ahead of their instant
-(see :mod:`fastlane.engine.dispatch.ahead`).
+(see :mod:`fastlane.engine.dispatch.send_ahead`).
 """
 
 from __future__ import annotations
@@ -42,10 +42,10 @@ from fastlane.domain.limits import (
 from fastlane.domain.models import AttemptOutcome
 from fastlane.domain.workflow_definitions import output_of
 from fastlane.domain.workflows import WORKFLOW_JOB_TYPE
-from fastlane.engine.dispatch.ahead import ClockProbe
 from fastlane.engine.dispatch.dispatcher import Dispatcher
+from fastlane.engine.dispatch.lease_tokens import MAX_LEASE_TOKEN
 from fastlane.engine.dispatch.messages import Acknowledge, Assign, Cancel, ClockEcho, Outgoing, WorkerSession
-from fastlane.engine.dispatch.tokens import MAX_LEASE_TOKEN
+from fastlane.engine.dispatch.send_ahead import ClockProbe
 from fastlane.errors import InvalidArgument
 from fastlane.rpc import wire
 from fastlane.storage import AttemptResult, Heartbeat

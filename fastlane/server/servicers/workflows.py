@@ -44,7 +44,7 @@ class WorkflowServicer(workflows_pb2_grpc.WorkflowServiceServicer):
         self, request: pb.WorkflowRef, context: grpc.aio.ServicerContext[pb.WorkflowRef, pb.Workflow]
     ) -> pb.Workflow:
         version = validation.count("version", request.version, 0, 1 << 30) or None
-        workflow = await self._store.get_workflow(tenant_of(request.tenant), _name(request.name), version)
+        workflow = await self._store.workflows.get_workflow(tenant_of(request.tenant), _name(request.name), version)
         return workflow_to_pb(workflow)
 
     @rpc
@@ -52,7 +52,7 @@ class WorkflowServicer(workflows_pb2_grpc.WorkflowServiceServicer):
         self, request: pb.ListWorkflowsRequest,
         context: grpc.aio.ServicerContext[pb.ListWorkflowsRequest, pb.ListWorkflowsResponse],
     ) -> pb.ListWorkflowsResponse:
-        page = await self._store.list_workflows(tenant_of(request.tenant), limit=validation.page_size(request.page_size),
+        page = await self._store.workflows.list_workflows(tenant_of(request.tenant), limit=validation.page_size(request.page_size),
                                                 page_token=request.page_token)
         return pb.ListWorkflowsResponse(workflows=[workflow_to_pb(w) for w in page.items],
                                         next_page_token=page.next_page_token)
@@ -73,7 +73,7 @@ class WorkflowServicer(workflows_pb2_grpc.WorkflowServiceServicer):
         self, request: pb.ListWorkflowRunsRequest,
         context: grpc.aio.ServicerContext[pb.ListWorkflowRunsRequest, pb.ListWorkflowRunsResponse],
     ) -> pb.ListWorkflowRunsResponse:
-        page = await self._store.list_workflow_runs(tenant_of(request.tenant), _name(request.name),
+        page = await self._store.workflows.list_workflow_runs(tenant_of(request.tenant), _name(request.name),
                                                     limit=validation.page_size(request.page_size),
                                                     page_token=request.page_token)
         return pb.ListWorkflowRunsResponse(runs=[workflow_run_to_pb(r) for r in page.items],
@@ -83,7 +83,7 @@ class WorkflowServicer(workflows_pb2_grpc.WorkflowServiceServicer):
     async def GetWorkflowRun(
         self, request: pb.WorkflowRunRef, context: grpc.aio.ServicerContext[pb.WorkflowRunRef, pb.WorkflowRunDetail]
     ) -> pb.WorkflowRunDetail:
-        detail = await self._store.get_workflow_run(tenant_of(request.tenant), _run_id(request))
+        detail = await self._store.workflows.get_workflow_run(tenant_of(request.tenant), _run_id(request))
         return detail_to_pb(detail)
 
     @rpc

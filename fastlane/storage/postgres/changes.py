@@ -27,15 +27,16 @@ LISTENER_PING = 10.0  # seconds between liveness checks of the LISTEN connection
 LISTENER_BACKOFF = Backoff(first=0.1, cap=2.0)  # between attempts to LISTEN again
 
 
-class PostgresChanges:
-    """The change watch of :class:`~fastlane.storage.postgres.database.PostgresDatabase`."""
+class ChangeListener:
+    """The change watch of :class:`~fastlane.storage.postgres.database.PostgresDatabase`: one
+    LISTEN connection of its own, to the hosts and with the session limits of the pool's."""
 
-    url: str
-    _rng: random.Random
-    _limits: SessionLimits
-    _hosts: HostRotation
+    def __init__(self, hosts: HostRotation, limits: SessionLimits, rng: random.Random) -> None:
+        self._hosts = hosts
+        self._limits = limits
+        self._rng = rng
 
-    async def watch_changes(self, on_change: Callable[[Change], None]) -> None:
+    async def watch(self, on_change: Callable[[Change], None]) -> None:
         """LISTEN for changes until cancelled; after a lost connection, connect and LISTEN again
         with capped, jittered backoff (a restarting database is weather, not an error)."""
         failures = 0

@@ -7,12 +7,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 
+from fastlane.domain.records import Change
 from fastlane.storage.capabilities import Capabilities
 from fastlane.storage.postgres import queries
-from fastlane.storage.postgres.changes import PostgresChanges
+from fastlane.storage.postgres.changes import ChangeListener
 from fastlane.storage.postgres.connection import DEFAULT_LEASE_TTL, PostgresConnections
 from fastlane.storage.postgres.tx import PostgresTx
 from fastlane.storage.store.database import Tx
@@ -20,7 +21,7 @@ from fastlane.storage.store.database import Tx
 CAPABILITIES = Capabilities(one_writer=False, listens=True, prompt_results=True, trim_batch=1_000, write_faults=False)
 
 
-class PostgresDatabase(PostgresChanges, PostgresConnections):
+class PostgresDatabase(PostgresConnections):
     """A PostgreSQL database through an asyncpg pool."""
 
     name = "postgres"
@@ -32,7 +33,10 @@ class PostgresDatabase(PostgresChanges, PostgresConnections):
         """``lease_ttl`` is the nodes' shard lease TTL: the session limits of every connection
         derive from it (see :class:`~fastlane.storage.postgres.connection.SessionLimits`)."""
         super().__init__(url, pool_size=pool_size, lease_ttl=lease_ttl)
-        self._rng = rng or random.Random()
+        self._changes = ChangeListener(self._hosts, self._limits, rng or random.Random())
+
+    async def watch_changes(self, on_change: Callable[[Change], None]) -> None:
+        await self._changes.watch(on_change)
 
     def translate(self, sql: str) -> str:
         return sql  # the store's statements are PostgreSQL's SQL

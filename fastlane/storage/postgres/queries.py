@@ -92,7 +92,7 @@ SUCCEED_ATTEMPTS_BY_TOKEN = """
 # Why batches of deletes and not time partitions of run history (dropping a partition is cheaper
 # still): a run is found by its id on every result, heartbeat and ``runs get``, and a partition key
 # would have to join that key; and a partition old enough to drop may still hold a run that is not
-# finished (retrying for days, or held by a paused job), which must be kept. The deletes walk the
+# finished (retrying for days, or kept by a paused job), which must be kept. The deletes walk the
 # ``runs_finished`` index from its old end, skip rows another trimmer holds, and take one small
 # transaction per batch, so the fire path's writes never wait long behind them (see ``fastlane
 # bench retention``). At the rates where deleting costs what writing did, partitions would pay,

@@ -74,7 +74,7 @@ class SQLiteConnections:
         /var/lib/fastlane.db is full: free space on it; ..."), or None once one commits again.
 
         Set by a full disk, a read-only file or mount, an I/O error or a file that cannot be
-        opened; a lock held by another process or an error in a statement leaves it as it is.
+        opened; a lock taken by another process or an error in a statement leaves it as it is.
         """
         return self._write_fault
 

@@ -80,7 +80,7 @@ class SQLiteStatements(Statements):
           AND jobs.state = 'active' AND jobs.shard_id IN (SELECT value FROM json_each(?2))
         RETURNING jobs.job_id, json_extract(jobs.policies, '$.overlap') AS overlap
     """
-    # Now read once for the statement (``t``): its runs share one created_at, held once in memory.
+    # Now read once for the statement (``t``): its runs share one created_at, kept once in memory.
     INSERT_RUNS = f"""
         INSERT INTO runs (run_id, job_id, tenant, job_type, shard_id, scheduled_for, available_at, state,
                           payload, priority, manual, delivery, lease_ttl_ms, timeout_ms, retry,

@@ -23,32 +23,41 @@ from fastlane.errors import ConfigurationError
 from fastlane.storage.base import Store
 from fastlane.storage.capabilities import Capabilities
 from fastlane.storage.migrations import migrations_for
-from fastlane.storage.store.attempts import AttemptMethods, release_buffered
+from fastlane.storage.store.attempts import SQLAttempts, release_buffered
 from fastlane.storage.store.database import Database, Tx
-from fastlane.storage.store.jobs import JobMethods
-from fastlane.storage.store.lane import LaneMethods
-from fastlane.storage.store.records import AuditMethods, HistoryMethods, QuotaMethods, TokenMethods
-from fastlane.storage.store.runs import RunMethods
-from fastlane.storage.store.shards import ShardMethods
+from fastlane.storage.store.jobs import SQLJobs
+from fastlane.storage.store.lane import SQLLane
+from fastlane.storage.store.records import SQLAudit, SQLHistory, SQLQuotas, SQLTokens
+from fastlane.storage.store.runs import SQLRuns
+from fastlane.storage.store.shards import SQLShards
 from fastlane.storage.store.statements import Statements
-from fastlane.storage.workflows import WorkflowMethods, WorkflowTx
+from fastlane.storage.workflows import SQLWorkflows, WorkflowTx
 
 __all__ = ["Capabilities", "Database", "SQLStore"]
 
 
-class SQLStore(
-    JobMethods, LaneMethods, RunMethods, AttemptMethods, ShardMethods, TokenMethods, AuditMethods, QuotaMethods,
-    HistoryMethods, WorkflowMethods, Store,
-):
-    """The store over one database, whichever its dialect."""
+class SQLStore(Store):
+    """The store over one database, whichever its dialect: the lifecycle here, composed of one
+    part per concept (see :class:`~fastlane.storage.base.Store`)."""
 
     def __init__(self, database: Database, *, shard_count: int, rng: random.Random | None = None) -> None:
         self._db = database
         self._q = database.statements
         self._requested_shards = shard_count
         self._shard_count: int | None = None
-        self._rng = rng or random.Random()
         self.url = database.url
+        rng = rng or random.Random()
+        count = self.shard_count
+        self.jobs = SQLJobs(database, count, rng)
+        self.lane = SQLLane(database, count, rng)
+        self.runs = SQLRuns(database, count, rng)
+        self.attempts = SQLAttempts(database, count, rng)
+        self.shards = SQLShards(database, count, rng)
+        self.tokens = SQLTokens(database, count, rng)
+        self.audit = SQLAudit(database, count, rng)
+        self.quotas = SQLQuotas(database, count, rng)
+        self.history = SQLHistory(database, count, rng)
+        self.workflows = SQLWorkflows(self._workflow_tx, self.jobs, count)
 
     @property
     def database(self) -> Database:
@@ -115,6 +124,9 @@ class SQLStore(
 
     async def close(self) -> None:
         await self._db.close()
+
+    async def watch_changes(self, on_change: Callable[[Change], None]) -> None:
+        await self._db.watch_changes(on_change)
 
     # -- workflows' transactions -------------------------------------------------------------------
 

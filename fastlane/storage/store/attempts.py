@@ -17,7 +17,7 @@ from fastlane.storage.store.database import Batch, StorePart, Tx
 from fastlane.storage.store.statements import Statements
 
 
-class AttemptMethods(StorePart):
+class SQLAttempts(StorePart):
     async def record_dispatches(self, dispatches: Sequence[Dispatch]) -> list[Attempt]:
         if not dispatches:
             return []
@@ -33,9 +33,9 @@ class AttemptMethods(StorePart):
             scheduled = {row["run_id"] for row in await tx.fetch(self._q.SCHEDULED_AMONG, [d.run_id for d in dispatches])}
             rows = await tx.fetch(self._q.COUNT_ACTIVE_BY_KEY, Batch(keys, 2))
             active = {(row["tenant"], row["concurrency_key"]): row["active"] for row in rows}
-            admitted, held = common.admit_under_caps(dispatches, scheduled, active)
+            admitted, blocked = common.admit_under_caps(dispatches, scheduled, active)
             attempts = [codec.build_attempt(row) for row in await tx.dispatch(admitted)] if admitted else []
-        return CappedDispatches(attempts, held)
+        return CappedDispatches(attempts, blocked)
 
     async def record_heartbeats(self, heartbeats: Sequence[Heartbeat]) -> list[str]:
         if not heartbeats:

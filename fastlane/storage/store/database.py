@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import random
-from collections.abc import AsyncIterator, Callable, Collection, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -143,11 +143,15 @@ class Database(Protocol):
 
 
 class StorePart:
-    """What each part of the store works with: the dialect's connections and its statements."""
+    """What each part of the store works with: the dialect's connections and statements, the
+    store's shard count (read from the database once) and its random source (retry jitter).
+    Parts are separate objects the store is composed of; none reaches another through ``self``."""
 
-    _db: Database
-    _q: Statements
-    _rng: random.Random
+    def __init__(self, database: Database, shard_count: Callable[[], Awaitable[int]], rng: random.Random) -> None:
+        self._db = database
+        self._q: Statements = database.statements
+        self._rng = rng
+        self._count_shards = shard_count
 
     async def shard_count(self) -> int:
-        raise NotImplementedError
+        return await self._count_shards()

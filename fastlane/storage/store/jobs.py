@@ -13,7 +13,7 @@ from fastlane.storage import codec, common
 from fastlane.storage.store.database import StorePart, Tx
 
 
-class JobMethods(StorePart):
+class SQLJobs(StorePart):
     async def create_job(self, spec: JobSpec, *, job_id: str | None = None) -> tuple[Job, bool]:
         validate_spec(spec)
         job_id = job_id or new_id()
@@ -123,6 +123,19 @@ class JobMethods(StorePart):
                 raise JobNotFound(job_id)
             await tx.notify(Change(ChangeKind.JOB_DELETED, shard_id, tenant, job_id))
             await tx.execute(self._q.CANCEL_RUNS_OF_DELETED_JOB, job_id)
+
+    async def jobs_by_id_prefix(self, tenant: str, prefix: str, limit: int) -> list[Job]:
+        low, high = common.id_prefix_range(prefix)
+        async with self._db.read() as tx:
+            rows = await tx.fetch(self._q.JOBS_BY_ID_RANGE, low, high, tenant, common.page_limit(limit))
+        return common.with_id_prefix([codec.build_job(row) for row in rows], prefix, lambda job: job.job_id).items
+
+    async def jobs_by_name_prefix(self, tenant: str, prefix: str, limit: int) -> list[Job]:
+        low, high = common.id_prefix_range(prefix)
+        async with self._db.read() as tx:
+            rows = await tx.fetch(self._q.JOBS_BY_NAME_RANGE, tenant, low, high, common.page_limit(limit))
+        return common.with_id_prefix([codec.build_job(row) for row in rows], prefix, lambda job: job.name).items
+
 
 
 async def _notify(tx: Tx, job: Job) -> None:

@@ -17,7 +17,7 @@ from fastlane.storage.store.database import Batch, StorePart, Tx
 from fastlane.storage.store.statements import Statements
 
 
-class LaneMethods(StorePart):
+class SQLLane(StorePart):
     async def load_due_jobs(
         self,
         shard_ids: Collection[int],
@@ -101,11 +101,11 @@ class LaneMethods(StorePart):
 
 
 async def check_fences(tx: Tx, q: Statements, fences: Sequence[ShardLease]) -> None:
-    """Raise :class:`~fastlane.domain.errors.StaleFence` unless every lease is still held (see ``FENCE``)."""
+    """Raise :class:`~fastlane.domain.errors.StaleFence` unless every lease is still owned (see ``FENCE``)."""
     rows = await tx.fetch(q.FENCE, Batch(((f.shard_id, f.owner, f.token) for f in fences), 3))
-    held = {row["shard_id"] for row in rows}
+    owned = {row["shard_id"] for row in rows}
     for fence in fences:
-        if fence.shard_id not in held:
+        if fence.shard_id not in owned:
             raise StaleFence(fence.shard_id, fence.owner, fence.token)
 
 

@@ -24,7 +24,7 @@ from fastlane.storage.results import TrimmedHistory
 from fastlane.storage.store.database import Batch, StorePart
 
 
-class TokenMethods(StorePart):
+class SQLTokens(StorePart):
     async def create_token(self, token: ApiToken, secret_hash: bytes) -> ApiToken:
         validate_token(token)
         async with self._db.write() as tx:
@@ -63,7 +63,7 @@ class TokenMethods(StorePart):
             await tx.execute(self._q.TOUCH_TOKENS, batch)
 
 
-class AuditMethods(StorePart):
+class SQLAudit(StorePart):
     async def record_audit(self, events: Sequence[AuditEvent]) -> None:
         if not events:
             return
@@ -86,7 +86,7 @@ class AuditMethods(StorePart):
         return [codec.build_audit_event(row) for row in rows]
 
 
-class QuotaMethods(StorePart):
+class SQLQuotas(StorePart):
     async def count_tenant_jobs(self, tenant: str) -> int:
         async with self._db.read() as tx:
             return int(await tx.fetchval(self._q.COUNT_TENANT_JOBS, tenant))
@@ -111,7 +111,7 @@ class QuotaMethods(StorePart):
                                  quota.max_waiting_runs)
 
 
-class HistoryMethods(StorePart):
+class SQLHistory(StorePart):
     """History retention: finished runs deleted oldest first, in small batches (see
     :meth:`Tx.trim_finished` of each dialect for why batches and not partitions)."""
 

@@ -7,7 +7,7 @@ from collections.abc import Collection
 from fastlane.domain import lifecycle
 from fastlane.domain.errors import JobNotFound, RunNotFound
 from fastlane.domain.lifecycle import CancelDecision
-from fastlane.domain.models import Attempt, Job, Run, RunState, new_id
+from fastlane.domain.models import Attempt, Run, RunState, new_id
 from fastlane.domain.records import Change, ChangeKind, Page
 from fastlane.domain.transitions import CANCELLED_BY_REQUEST
 from fastlane.runtime.clock import from_micros
@@ -17,7 +17,7 @@ from fastlane.storage.store.attempts import release_buffered
 from fastlane.storage.store.database import StorePart
 
 
-class RunMethods(StorePart):
+class SQLRuns(StorePart):
     async def create_manual_run(self, tenant: str, job_id: str) -> Run:
         async with self._db.write() as tx:
             row = await tx.fetchrow(self._q.INSERT_MANUAL_RUN, new_id(), job_id, tenant)
@@ -93,18 +93,6 @@ class RunMethods(StorePart):
         async with self._db.read() as tx:
             rows = await tx.fetch(self._q.RUNS_BY_ID_RANGE, low, high, tenant, common.page_limit(limit))
         return common.with_id_prefix([codec.build_run(row) for row in rows], prefix, lambda run: run.run_id).items
-
-    async def jobs_by_id_prefix(self, tenant: str, prefix: str, limit: int) -> list[Job]:
-        low, high = common.id_prefix_range(prefix)
-        async with self._db.read() as tx:
-            rows = await tx.fetch(self._q.JOBS_BY_ID_RANGE, low, high, tenant, common.page_limit(limit))
-        return common.with_id_prefix([codec.build_job(row) for row in rows], prefix, lambda job: job.job_id).items
-
-    async def jobs_by_name_prefix(self, tenant: str, prefix: str, limit: int) -> list[Job]:
-        low, high = common.id_prefix_range(prefix)
-        async with self._db.read() as tx:
-            rows = await tx.fetch(self._q.JOBS_BY_NAME_RANGE, tenant, low, high, common.page_limit(limit))
-        return common.with_id_prefix([codec.build_job(row) for row in rows], prefix, lambda job: job.name).items
 
     async def list_attempts(self, run_id: str) -> list[Attempt]:
         async with self._db.read() as tx:

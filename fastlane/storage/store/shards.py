@@ -4,7 +4,7 @@ every node rebalances at once."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -18,7 +18,7 @@ from fastlane.storage.store.database import Batch, StorePart
 log = logging.getLogger("fastlane.storage")
 
 
-class ShardMethods(StorePart):
+class SQLShards(StorePart):
     async def acquire_shards(
         self, owner: str, ttl: timedelta, *, limit: int, shard_ids: Collection[int] | None = None
     ) -> list[ShardLease]:
@@ -106,8 +106,6 @@ class ShardMethods(StorePart):
             rows = await tx.fetch(self._q.LIST_NODES)
         return [codec.build_node(row) for row in rows]
 
-    async def watch_changes(self, on_change: Callable[[Change], None]) -> None:
-        await self._db.watch_changes(on_change)
 
 
 def _leases(leases: Sequence[ShardLease]) -> Batch:

@@ -155,7 +155,7 @@ class Statements:
         "WHERE run_id = ANY($1::text[]) RETURNING *"
     )
     # Batch(run_id, job_id, scheduled_for, state, last_error). One time for the statement (not
-    # clock_timestamp()): its runs share one created_at, held once in memory (codec.build_runs).
+    # clock_timestamp()): its runs share one created_at, kept once in memory (codec.build_runs).
     INSERT_RUNS = """
         INSERT INTO runs (run_id, job_id, tenant, job_type, shard_id, scheduled_for, available_at, state,
                           payload, priority, manual, delivery, lease_ttl_ms, timeout_ms, retry,

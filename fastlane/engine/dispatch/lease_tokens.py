@@ -1,5 +1,5 @@
-"""Lease tokens: the credential of one attempt, random so that no attempt's token can be derived
-from another's."""
+"""Lease tokens: the credential of one attempt, random so that no attempt's lease token can be
+derived from another's. (Not a fence token: that is a shard lease's, see :mod:`fastlane.engine.fencing`.)"""
 
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ def new_lease_token() -> int:
     """A lease token nobody can guess: uniformly random in 1..2**63-1, a positive int64.
 
     It is the attempt's credential: whoever presents (run_id, lease_token) speaks for the
-    attempt, so it must not be derivable from another attempt's token (a counter would be).
+    attempt, so it must not be derivable from another attempt's lease token (a counter would be).
     Drawn from the operating system's CSPRNG a block at a time: a crowd of runs needs tens of
     thousands of tokens a second, and one system call each showed on the fire path."""
     for (value,) in _TOKEN_BLOCK:
-        token = value & MAX_LEASE_TOKEN
-        if token:
-            return token
+        lease_token = value & MAX_LEASE_TOKEN
+        if lease_token:
+            return lease_token
     _TOKEN_BLOCK.refill()
     return new_lease_token()
 

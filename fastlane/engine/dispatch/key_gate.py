@@ -1,20 +1,20 @@
-"""Runs with a concurrency key, held back while their key is at its limit.
+"""Runs with a concurrency key, *blocked* while their key is at its limit.
 
 **Where the cap is checked, and why there.** The runs of one key belong to jobs in any shard,
 owned by any node, so no node sees them all; the database does. A keyed run is sent only once its
 dispatch is durable (as an at-most-once run is), and that dispatch is written by
-:meth:`~fastlane.storage.Store.record_capped_dispatches`, which under a lock per key counts the
+:meth:`~fastlane.storage.Store.attempts.record_capped_dispatches`, which under a lock per key counts the
 key's ``dispatched`` and ``running`` runs and starts the run only while they are fewer than its
 limit. A place frees when a run leaves those states (it ends, waits for its retry, or its lease
-runs out and it is queued again), so a node that crashes holds nothing that must be given back.
+runs out and it is queued again), so a node that crashes keeps nothing that must be given back.
 Routing every run of a key to the node owning a "key shard" would check the cap in memory, but
 would add a hop between nodes to every keyed run and a second ownership to fail over.
 
-**Held runs.** A run the database left ``scheduled`` because its key was full waits here, oldest
+**Blocked runs.** A run the database left ``scheduled`` because its key was full waits here, oldest
 first per key, and is offered again: as soon as a result of a keyed attempt sent by this node is
-written, and every :data:`HELD_RETRY_INTERVAL` for places freed on other nodes. Each try offers at
-most a key's limit of its held runs (no more could start). A new run of a key that has runs held
-joins them at the back rather than overtaking them.
+written, and every :data:`BLOCKED_RETRY_INTERVAL` for places freed on other nodes. Each try offers at
+most a key's limit of its blocked runs (no more could start). A new run of a key that has runs
+blocked joins them at the back rather than overtaking them.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Collection
 from fastlane.domain.models import Run
 from fastlane.engine.dispatch.messages import AttemptKey
 
-HELD_RETRY_INTERVAL = 0.2  # seconds between tries of held runs when nothing of this node ended
+BLOCKED_RETRY_INTERVAL = 0.2  # seconds between tries of blocked runs when nothing of this node ended
 KEYED_PRUNE_AT = 10_000  # keyed attempts remembered before those no longer in flight are dropped
 
 Key = tuple[str, str]  # (tenant, concurrency key)
@@ -38,37 +38,38 @@ def key_of(run: Run) -> Key | None:
 
 
 class KeyGate:
-    """The runs held back by their concurrency key, and the task that offers them again."""
+    """The runs blocked by their concurrency key, and the task that offers them again."""
 
     def __init__(self, *, offer: Callable[[list[Run]], None], written: Callable[[float], Awaitable[None]]) -> None:
         self._offer = offer  # back to the dispatcher, as runs read from the database
         self._written = written  # waits until the journal has written what it holds
-        self._held: dict[Key, dict[str, Run]] = {}  # insertion order: oldest first
-        self._held_ids: set[str] = set()
+        self._blocked: dict[Key, dict[str, Run]] = {}  # insertion order: oldest first
+        self._blocked_ids: set[str] = set()
         self._keyed: set[AttemptKey] = set()  # keyed attempts this node started
         self._freed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     def __contains__(self, run_id: object) -> bool:
-        return run_id in self._held_ids
+        return run_id in self._blocked_ids
 
     def __len__(self) -> int:
-        return len(self._held_ids)
+        return len(self._blocked_ids)
 
-    def has_held(self, run: Run) -> bool:
-        """Whether runs of ``run``'s key are held here (so ``run`` must queue behind them)."""
+    def has_blocked(self, run: Run) -> bool:
+        """Whether runs of ``run``'s key are blocked here (so ``run`` must queue behind them)."""
         key = key_of(run)
-        return key is not None and key in self._held
+        return key is not None and key in self._blocked
 
-    def hold(self, runs: Collection[Run]) -> None:
+    def block(self, runs: Collection[Run]) -> None:
+        """Keep these runs until their key has room (the database left them ``scheduled``)."""
         for run in runs:
             key = key_of(run)
-            if key is None or run.run_id in self._held_ids:
+            if key is None or run.run_id in self._blocked_ids:
                 continue
-            self._held.setdefault(key, {})[run.run_id] = run
-            self._held_ids.add(run.run_id)
-        if self._held and self._task is None:
-            self._task = asyncio.create_task(self._retry(), name="dispatch-held-by-key")
+            self._blocked.setdefault(key, {})[run.run_id] = run
+            self._blocked_ids.add(run.run_id)
+        if self._blocked and self._task is None:
+            self._task = asyncio.create_task(self._retry(), name="dispatch-blocked-by-key")
 
     def started(self, keys: Collection[AttemptKey]) -> None:
         """Attempts of keyed runs this node sent: their results free places."""
@@ -78,7 +79,7 @@ class KeyGate:
         """A worker reported the end of this attempt (its result is being written)."""
         if key in self._keyed:
             self._keyed.discard(key)
-            if self._held:
+            if self._blocked:
                 self._freed.set()
 
     def prune(self, in_flight: Collection[AttemptKey]) -> None:
@@ -87,17 +88,17 @@ class KeyGate:
             self._keyed = {key for key in self._keyed if key in in_flight}
 
     def remove_if(self, matches: Callable[[Run], bool]) -> None:
-        for key, runs in list(self._held.items()):
+        for key, runs in list(self._blocked.items()):
             for run_id in [run_id for run_id, run in runs.items() if matches(run)]:
                 del runs[run_id]
-                self._held_ids.discard(run_id)
+                self._blocked_ids.discard(run_id)
             if not runs:
-                del self._held[key]
+                del self._blocked[key]
 
     def depths(self) -> dict[tuple[str, str], int]:
-        """Held runs by (job type, tenant); read by the metrics thread."""
+        """Blocked runs by (job type, tenant); read by the metrics thread."""
         counts: Counter[tuple[str, str]] = Counter()
-        for runs in list(self._held.values()):
+        for runs in list(self._blocked.values()):
             for run in list(runs.values()):
                 counts[(run.job_type, run.tenant)] += 1
         return dict(counts)
@@ -108,19 +109,19 @@ class KeyGate:
 
     def _take_offers(self) -> list[Run]:
         offers: list[Run] = []
-        for key, runs in list(self._held.items()):
+        for key, runs in list(self._blocked.items()):
             for run_id in list(runs)[: max(next(iter(runs.values())).concurrency_limit or 1, 1)]:
                 offers.append(runs.pop(run_id))
-                self._held_ids.discard(run_id)
+                self._blocked_ids.discard(run_id)
             if not runs:
-                del self._held[key]
+                del self._blocked[key]
         return offers
 
     async def _retry(self) -> None:
         try:
-            while self._held:
+            while self._blocked:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._freed.wait(), HELD_RETRY_INTERVAL)
+                    await asyncio.wait_for(self._freed.wait(), BLOCKED_RETRY_INTERVAL)
                 if self._freed.is_set():
                     self._freed.clear()
                     await self._written(1.0)  # the result that freed a place is in the database

@@ -1,38 +1,40 @@
-"""Old finished runs for the ``retention`` scenario: a million rows fast, on either backend.
+"""Old finished runs in a database, a million rows fast, on either backend: what history
+retention is tested against (the e2e retention test, and the ``retention`` benchmark scenario).
 
 One real run is made through the store (created, dispatched, finished), and the database copies
 it ``count`` times in one statement, each copy with its own id, job, shard and instants, ended
 ``age`` ago; its attempt likewise. Copying a real row, column by column as the schema has them,
 keeps the seed valid whatever later migrations add.
 
-The ``console`` scenario copies rows the same way on PostgreSQL, with copies of its own making
+The ``console`` benchmark scenario copies rows the same way on PostgreSQL, with copies of its own making
 (:func:`one_finished_run`, :func:`insert_copies`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import aiosqlite
 import asyncpg
-from fastlane.bench.harness import JOB_TYPE, SHARDS, now_utc
 
 from fastlane.domain.models import AttemptOutcome, DueJob, JobSpec, Schedule
 from fastlane.domain.policies import plan_occurrence
 from fastlane.runtime.clock import to_micros
 from fastlane.storage import AttemptResult, Dispatch, open_store
+from fastlane.storage.base import DEFAULT_SHARD_COUNT as SHARDS
 
 PREFIX = "old-"  # the ids of the copies: counted after the run, to see how many were trimmed
 JOBS = 1_000  # the copies belong to this many (made-up) jobs
 SEEDER = "history-seeder"
 LEASE = timedelta(seconds=30)
+JOB_TYPE = "history.template"  # the template run's job: it is never delivered, only copied
 
 
 async def seed_old_history(url: str, count: int, age: timedelta) -> None:
     """Add ``count`` runs that finished ``age`` ago (and a little more), each with one attempt."""
     template = await one_finished_run(url)
-    ended = now_utc() - age - timedelta(milliseconds=count)  # the copies end 1 ms apart, the last ``age`` ago
+    ended = datetime.now(UTC) - age - timedelta(milliseconds=count)  # the copies end 1 ms apart, the last ``age`` ago
     if url.startswith("sqlite"):
         await _copy_sqlite(url.removeprefix("sqlite:///"), template, count, to_micros(ended))
     else:
@@ -63,16 +65,16 @@ async def one_finished_run(url: str) -> str:
     store = open_store(url, shard_count=SHARDS)
     try:
         await store.migrate()
-        leases = {lease.shard_id: lease for lease in await store.acquire_shards(SEEDER, LEASE, limit=SHARDS)}
-        job, _ = await store.create_job(JobSpec(name="old-history-template", job_type=JOB_TYPE,
-                                                schedule=Schedule.at_instant(now_utc() - timedelta(days=1))))
+        leases = {lease.shard_id: lease for lease in await store.shards.acquire_shards(SEEDER, LEASE, limit=SHARDS)}
+        job, _ = await store.jobs.create_job(JobSpec(name="old-history-template", job_type=JOB_TYPE,
+                                                schedule=Schedule.at_instant(datetime.now(UTC) - timedelta(days=1))))
         now = await store.db_now()
-        [run] = (await store.materialise_runs([leases[job.shard_id]],
+        [run] = (await store.lane.materialise_runs([leases[job.shard_id]],
                                               [plan_occurrence(DueJob.of(job), now, now)])).runs
-        await store.record_dispatches([Dispatch(run_id=run.run_id, lease_token=1, worker_id=SEEDER, node_id=SEEDER,
+        await store.attempts.record_dispatches([Dispatch(run_id=run.run_id, lease_token=1, worker_id=SEEDER, node_id=SEEDER,
                                                 lease_ttl=LEASE, dispatched_at=now)])
-        await store.record_results([AttemptResult(run_id=run.run_id, lease_token=1, outcome=AttemptOutcome.SUCCEEDED)])
-        await store.release_shards(list(leases.values()))  # the node takes them at once
+        await store.attempts.record_results([AttemptResult(run_id=run.run_id, lease_token=1, outcome=AttemptOutcome.SUCCEEDED)])
+        await store.shards.release_shards(list(leases.values()))  # the node takes them at once
         return run.run_id
     finally:
         await store.close()

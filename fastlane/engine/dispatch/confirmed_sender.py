@@ -1,6 +1,6 @@
 """Runs sent only once their dispatch is durable: at-most-once runs, runs read back from the
 database, and runs with a concurrency key, whose dispatch also claims a place under the key's
-cap (see :mod:`.capped`)."""
+cap (see :mod:`.key_gate`)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from collections.abc import Callable, MutableMapping
 
 from fastlane.domain.errors import StorageError
 from fastlane.domain.records import CappedDispatches
-from fastlane.engine.dispatch.capped import KeyGate
 from fastlane.engine.dispatch.journal import write_isolating
+from fastlane.engine.dispatch.key_gate import KeyGate
 from fastlane.engine.dispatch.messages import Assign, Assigned, AttemptKey, WorkerSession
 from fastlane.storage import Dispatch, Store
 
@@ -46,11 +46,11 @@ class ConfirmedSender:
 
     async def _send(self, session: WorkerSession, assigned: list[Assigned]) -> None:
         started: set[str] = set()
-        held: set[str] = set()
+        blocked: set[str] = set()
 
         def landed(_: list[Dispatch], outcome: CappedDispatches) -> None:
             started.update(attempt.run_id for attempt in outcome.attempts)
-            held.update(outcome.held)
+            blocked.update(outcome.blocked)
 
         records = [self._record(session, item) for item in assigned]
         plain, capped = [r for r in records if r.cap is None], [r for r in records if r.cap is not None]
@@ -58,7 +58,7 @@ class ConfirmedSender:
             if plain:
                 await write_isolating(plain, self._plain, landed=landed, rejected=self._rejected)
             if capped:
-                await write_isolating(capped, self._store.record_capped_dispatches, landed=landed,
+                await write_isolating(capped, self._store.attempts.record_capped_dispatches, landed=landed,
                                       rejected=self._rejected)
         except StorageError as error:
             # Still scheduled in the database: the next rebuild or sweep brings them back.
@@ -66,16 +66,16 @@ class ConfirmedSender:
         for item in assigned:
             self._claimed.discard(item.run.run_id)
             if item.run.run_id not in started:
-                # Already taken by another attempt, held by its key, or the write failed: never sent twice.
+                # Already taken by another attempt, blocked by its key, or the write failed: never sent twice.
                 self._in_flight.pop((item.run.run_id, item.lease_token), None)
                 session.credits += 1
         sendable = [item for item in assigned if item.run.run_id in started]
         self._gate.started([(item.run.run_id, item.lease_token) for item in sendable if item.run.concurrency_key])
-        self._gate.hold([item.run for item in assigned if item.run.run_id in held])
+        self._gate.block([item.run for item in assigned if item.run.run_id in blocked])
         if sendable and session.connected:
             session.outbox.put_nowait(Assign(sendable))
         if len(sendable) < len(assigned) and session.connected:
             self._credits_back(session)
 
     async def _plain(self, dispatches: list[Dispatch]) -> CappedDispatches:
-        return CappedDispatches(await self._store.record_dispatches(dispatches), [])
+        return CappedDispatches(await self._store.attempts.record_dispatches(dispatches), [])

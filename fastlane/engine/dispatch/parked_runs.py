@@ -32,7 +32,7 @@ class Parked:
 
 
 class _AllBut:
-    """A ``skip`` for :meth:`Store.pending_runs` that skips every run but the wanted ones."""
+    """A ``skip`` for :meth:`Store.lane.pending_runs` that skips every run but the wanted ones."""
 
     def __init__(self, wanted: Iterable[str]) -> None:
         self._wanted = set(wanted)
@@ -105,7 +105,7 @@ class ParkedRuns:
                     return
                 wanted = dict(itertools.islice(parked.items(), min(room, RELOAD_BATCH)))
                 try:
-                    runs = await self._store.pending_runs(
+                    runs = await self._store.lane.pending_runs(
                         {entry.shard_id for entry in wanted.values()},
                         max(entry.available_at for entry in wanted.values()) + timedelta(microseconds=1),
                         skip=_AllBut(wanted),

@@ -8,7 +8,7 @@ urgent priority of ``--priority-reserve``) are also counted per worker session, 
 beyond the reserve are all they may hold. Every assignment also adds to a running total per job
 type and tenant, never taken back (:meth:`InFlight.assigned_totals`): the pace at which each
 queue's runs go to workers, from which its backlog limit follows. An attempt put in without its
-run (the journal vouching for one sent before a reconnect) is held but not counted.
+run (the journal vouching for one sent before a reconnect) is in flight but not counted.
 """
 
 from __future__ import annotations
@@ -30,12 +30,12 @@ class InFlight(MutableMapping[AttemptKey, WorkerSession]):
         self._by_tenant: Counter[str] = Counter()
         self._assigned: Counter[Label] = Counter()  # every assignment since the node started
         self._sessions_counted: dict[AttemptKey, WorkerSession] = {}  # the session of each counted attempt
-        self._held_by_session: Counter[WorkerSession] = Counter()
+        self._counted_by_session: Counter[WorkerSession] = Counter()
         self._ordinary: dict[AttemptKey, WorkerSession] = {}
         self._ordinary_by_session: Counter[WorkerSession] = Counter()
 
     def assign(self, key: AttemptKey, session: WorkerSession, run: Run, *, ordinary: bool = False) -> None:
-        """An attempt of ``run`` sent to ``session``: held and counted (``ordinary``: also per session)."""
+        """An attempt of ``run`` sent to ``session``: in flight and counted (``ordinary``: also per session)."""
         self.pop(key, None)
         self._sessions[key] = session
         label = self._labels[key] = (run.job_type, run.tenant)
@@ -43,21 +43,21 @@ class InFlight(MutableMapping[AttemptKey, WorkerSession]):
         self._assigned[label] += 1
         self._by_tenant[run.tenant] += 1
         self._sessions_counted[key] = session
-        self._held_by_session[session] += 1
+        self._counted_by_session[session] += 1
         if ordinary:
             self._ordinary[key] = session
             self._ordinary_by_session[session] += 1
 
     def per_session(self) -> Counter[WorkerSession]:
-        """Attempts held by each session (counted now: for a status call, not the fire path)."""
+        """Attempts in flight on each session (counted now: for a status call, not the fire path)."""
         return Counter(self._sessions.values())
 
-    def held_count(self, session: WorkerSession) -> int:
+    def counted(self, session: WorkerSession) -> int:
         """Attempts this node assigned to ``session`` and has not heard the end of."""
-        return self._held_by_session[session]
+        return self._counted_by_session[session]
 
     def ordinary_count(self, session: WorkerSession) -> int:
-        """Ordinary attempts (see the module's docstring) ``session`` holds."""
+        """Ordinary attempts (see the module's docstring) in flight on ``session``."""
         return self._ordinary_by_session[session]
 
     def tenant_count(self, tenant: str) -> int:
@@ -110,9 +110,9 @@ class InFlight(MutableMapping[AttemptKey, WorkerSession]):
         if label is None:
             return
         session = self._sessions_counted.pop(key)
-        self._held_by_session[session] -= 1
-        if not self._held_by_session[session]:
-            del self._held_by_session[session]
+        self._counted_by_session[session] -= 1
+        if not self._counted_by_session[session]:
+            del self._counted_by_session[session]
         self._by_label[label] -= 1
         self._by_tenant[label[1]] -= 1
         if not self._by_label[label]:
