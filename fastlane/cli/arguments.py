@@ -20,9 +20,9 @@ from fastlane.domain import validation
 from fastlane.domain.limits import MAX_HISTORY_RETENTION, MAX_TENANT_IN_FLIGHT, MAX_TENANT_WEIGHT, MIN_HISTORY_RETENTION
 from fastlane.domain.models import DEFAULT_TENANT, Schedule
 from fastlane.domain.schedules import parse_at, validate_schedule, zone
+from fastlane.engine.dispatch.reserve import PriorityReserve
 from fastlane.errors import ConfigurationError, InvalidArgument, ScheduleError
 from fastlane.rpc.channel import DEFAULT_PORT, DEFAULT_SERVER
-from fastlane.server.settings import PriorityReserve
 
 SERVER_ENV = "FASTLANE_SERVER"
 TOKEN_ENV = "FASTLANE_TOKEN"  # read by fastlane.rpc.channel.load_token

@@ -23,6 +23,9 @@ MIN_INTERVAL = timedelta(milliseconds=100)
 MAX_INTERVAL = timedelta(days=100 * 366)
 # Workers heartbeat every second: a lease of three seconds survives two lost heartbeats.
 MIN_LEASE_TTL = timedelta(seconds=3)
+# How long a shard lease lasts unrenewed (--shard-lease-ttl): the node's loops, its database
+# sessions' limits and the cluster view's liveness all derive from it.
+DEFAULT_SHARD_LEASE_TTL = timedelta(seconds=10)
 MAX_LEASE_TTL = timedelta(hours=24)
 MAX_TIMEOUT = timedelta(days=30)
 MAX_MISFIRE_GRACE = timedelta(days=366)

@@ -87,7 +87,7 @@ class Operations:
     # -- runs -----------------------------------------------------------------------------------
 
     async def cancel_run(self, tenant: str, run_id: str) -> Run:
-        """Cancel a run; runs it held back (its job's concurrency) are released. The run that
+        """Cancel a run; runs it blocked (its job's concurrency) are released. The run that
         started a workflow run stands for it: cancelling it cancels the workflow run."""
         if (await self._store.runs.get_run(tenant, run_id)).job_type == WORKFLOW_JOB_TYPE:
             await self.cancel_workflow_run(tenant, run_id)

@@ -90,7 +90,7 @@ class HistoryTrimmer:
             if trimmed is None:
                 await pause(self._stopping, NO_SHARDS_RETRY)  # starting, or every shard lost: soon again
             elif trimmed.runs < self._batch_size:
-                # Caught up (or, on PostgreSQL, the rest held by another node's trimmer a moment).
+                # Caught up (or, on PostgreSQL, the rest locked by another node's trimmer a moment).
                 await pause(self._stopping, self._idle_interval)
             else:
                 await pause(self._stopping, max(MIN_PAUSE, PAUSE_PER_BATCH_TIME * trimmed.busy_seconds))

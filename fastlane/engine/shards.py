@@ -48,7 +48,6 @@ from fastlane.storage import Store
 log = logging.getLogger("fastlane.shards")
 
 CHANGE_SLACK = 0.02  # seconds after a lease or heartbeat runs out before looking again
-DEFAULT_LEASE_TTL = timedelta(seconds=10)  # --shard-lease-ttl: how long a lease lasts unrenewed
 DEFAULT_MAX_CLOCK_OFFSET = timedelta(milliseconds=500)  # --max-clock-offset: beyond it a node owns no shards
 
 ShardsAcquired = Callable[[Sequence[ShardLease]], Awaitable[None]]
@@ -226,7 +225,7 @@ class ShardOwnership:
 
     def _owns_share_built(self) -> bool:
         """Whether this node holds its whole fair share with every window built: only then is
-        it ready. After a crash and restart, the leases of the previous incarnation are held
+        it ready. After a crash and restart, the leases of the previous incarnation are owned
         until they run out; a node that said SERVING before would fire nothing meanwhile."""
         return not self._rebuilds and len(self._leases) >= self._share
 
@@ -290,7 +289,7 @@ class ShardOwnership:
     async def _watch_for_changes(self, live: Sequence[NodeInfo]) -> None:
         """Note when the next change of ownership can happen, so the next cycle runs right then
         instead of up to a third of a TTL later: when a node that has missed a heartbeat will
-        count as gone, or when the lease of a shard held by a gone node runs out."""
+        count as gone, or when the lease of a shard owned by a gone node runs out."""
         database_now = self._clock.now() + self._to_database_time
         interval = self._ttl / 3
         moments = [
@@ -341,7 +340,7 @@ class ShardOwnership:
         if not acquired:
             return
         if not self._leases:
-            # Nothing was held before: these leases start the local deadline. Otherwise the
+            # Nothing was owned before: these leases start the local deadline. Otherwise the
             # deadline of the renewal just before is earlier, hence the conservative one.
             self._hold_until(started)
         for lease in acquired:
@@ -366,10 +365,10 @@ class ShardOwnership:
             # rebuild runs in a task of its own, where nothing else would see it.
             log.warning("window rebuild of %d shards failed, releasing them: %s", len(leases), error,
                         exc_info=None if isinstance(error, FastlaneError) else error)
-            held = [lease for lease in leases if self._leases.get(lease.shard_id) == lease]
-            self._drop([lease.shard_id for lease in held], "rebuild_failed", "window rebuild failed")
+            owned = [lease for lease in leases if self._leases.get(lease.shard_id) == lease]
+            self._drop([lease.shard_id for lease in owned], "rebuild_failed", "window rebuild failed")
             with contextlib.suppress(StorageError):
-                await self._store.shards.release_shards(held)
+                await self._store.shards.release_shards(owned)
 
     async def _renew(self) -> None:
         await self._follow_server()
@@ -380,10 +379,10 @@ class ShardOwnership:
         renewed = await self._store.shards.renew_shards(list(asked.values()), self._ttl)
         # Shards dropped while the call was out (the local deadline passed, a fenced write was
         # refused) stay dropped: the lane has forgotten them, so they are acquired afresh.
-        still_held = {lease.shard_id for lease in asked.values() if self._leases.get(lease.shard_id) == lease}
+        still_owned = {lease.shard_id for lease in asked.values() if self._leases.get(lease.shard_id) == lease}
         kept = {lease.shard_id for lease in renewed}
-        lost = [shard_id for shard_id in still_held if shard_id not in kept]
-        self._leases = {lease.shard_id: lease for lease in renewed if lease.shard_id in still_held}
+        lost = [shard_id for shard_id in still_owned if shard_id not in kept]
+        self._leases = {lease.shard_id: lease for lease in renewed if lease.shard_id in still_owned}
         self._hold_until(started)
         if lost:
             self._drop(lost, "not_renewed", "lease not renewed (taken over or expired)")
@@ -431,7 +430,7 @@ class ShardOwnership:
             self._drop(list(self._leases), "local_expiry", "could not renew before the lease would expire")
 
     def lost(self, shard_id: int, token: int, reason: str) -> None:
-        """A fenced write with ``token`` was refused. If that is still the lease held, it is gone."""
+        """A fenced write with ``token`` was refused. If that is still the lease owned, it is gone."""
         self._metrics.fence_rejections.inc()
         lease = self._leases.get(shard_id)
         if lease is not None and lease.token == token:

@@ -82,7 +82,7 @@ class ShardHandover:
 
     async def acquired(self, leases: Sequence[ShardLease]) -> None:
         # The windows are built from the database: first let this node's own dispatches and
-        # results land there. A node taking back shards it held before an outage or a
+        # results land there. A node taking back shards it owned before an outage or a
         # failover has sent runs whose dispatch is still in its journal; read as still
         # scheduled, they would be delivered a second time.
         await self._dispatcher.journal_written(timeout=self._journal_wait)
@@ -130,8 +130,8 @@ class NodeReport:
         return [
             admin_pb2.WorkerStatus(worker_id=session.worker_id, tenant=session.tenant or "",
                                    job_types=sorted(session.job_types), credits=session.credits,
-                                   in_flight=held, node_id=self._settings.node_id)
-            for session, held in self._dispatcher.worker_sessions()
+                                   in_flight=in_flight, node_id=self._settings.node_id)
+            for session, in_flight in self._dispatcher.worker_sessions()
         ]
 
 

@@ -15,21 +15,21 @@ from pathlib import Path
 
 from fastlane.domain.limits import (
     DEFAULT_MAX_PAYLOAD_BYTES,
+    DEFAULT_SHARD_LEASE_TTL,
     MAX_BACKLOG,
     MAX_BACKLOG_SECONDS,
     MAX_HISTORY_RETENTION,
-    MAX_PRIORITY,
-    MAX_PRIORITY_RESERVE,
     MAX_SEND_AHEAD,
     MAX_TENANT_IN_FLIGHT,
     MAX_TENANT_WEIGHT,
     MIN_HISTORY_RETENTION,
-    MIN_PRIORITY,
     PAYLOAD_CEILING_BYTES,
 )
 from fastlane.domain.quotas import TenantQuota
+from fastlane.engine.dispatch.dispatcher import DEFAULT_MAX_READY_BYTES_PER_TYPE, DEFAULT_MAX_READY_PER_TYPE
+from fastlane.engine.dispatch.reserve import PriorityReserve
 from fastlane.engine.retention import DEFAULT_RETENTION
-from fastlane.engine.shards import DEFAULT_LEASE_TTL, DEFAULT_MAX_CLOCK_OFFSET
+from fastlane.engine.shards import DEFAULT_MAX_CLOCK_OFFSET
 from fastlane.errors import ConfigurationError
 from fastlane.rpc.channel import DEFAULT_SERVER, is_loopback_host
 from fastlane.storage import DEFAULT_SHARD_COUNT
@@ -43,27 +43,6 @@ def default_node_id() -> str:
     return os.environ.get("FASTLANE_NODE_ID") or f"{socket.gethostname()}-{os.getpid()}"
 
 
-
-@dataclass(frozen=True, slots=True)
-class PriorityReserve:
-    """Credits of every worker stream kept for urgent runs (``--priority-reserve PRIORITY=N``).
-
-    Runs of priority below ``priority`` hold at most a stream's credits less ``credits`` (at least
-    one, so a small worker still takes them); runs of ``priority`` or more take any free credit.
-    So urgent runs find a free credit (and are sent ahead, to start on their instant) however
-    large the backlog of the others, as long as no more than ``credits`` of them run at once.
-    """
-
-    priority: int
-    credits: int
-
-    def validate(self) -> None:
-        if not MIN_PRIORITY <= self.priority <= MAX_PRIORITY:
-            raise ConfigurationError(
-                f"--priority-reserve priority {self.priority} is out of range ({MIN_PRIORITY}..{MAX_PRIORITY})")
-        if not 1 <= self.credits <= MAX_PRIORITY_RESERVE:
-            raise ConfigurationError(
-                f"--priority-reserve credits {self.credits} are out of range (1..{MAX_PRIORITY_RESERVE})")
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
@@ -88,7 +67,7 @@ class Settings:
     # stop a runaway client rather than to ration normal use.
     quotas: TenantQuota = field(default_factory=lambda: DEFAULT_QUOTAS)
     shard_count: int = DEFAULT_SHARD_COUNT
-    shard_lease_ttl: timedelta = DEFAULT_LEASE_TTL
+    shard_lease_ttl: timedelta = DEFAULT_SHARD_LEASE_TTL
     window: timedelta = timedelta(seconds=10)  # how far ahead the heap holds due work
     # How early runs are at least written before they are due (earlier when many are due together).
     lead: timedelta = timedelta(milliseconds=250)
@@ -100,10 +79,8 @@ class Settings:
     max_clock_offset: timedelta = DEFAULT_MAX_CLOCK_OFFSET  # beyond it a node owns no shards
     # Released runs a node keeps in memory per job type while no worker takes them; beyond it they
     # wait in the database (where they already are) and are read back as workers take runs.
-    # (Written here and as the dispatcher's DEFAULT_MAX_READY_*: this module cannot import the
-    # dispatcher while the dispatcher imports PriorityReserve from here.)
-    max_ready_per_type: int = 150_000
-    max_ready_bytes_per_type: int = 64 << 20  # payload bytes of those runs, at most
+    max_ready_per_type: int = DEFAULT_MAX_READY_PER_TYPE
+    max_ready_bytes_per_type: int = DEFAULT_MAX_READY_BYTES_PER_TYPE  # payload bytes of those runs, at most
     # Released runs of one job type and tenant waiting for a free worker credit or their tenant's
     # cap (it gets less than is due) beyond which no new runs of it are written: its due jobs
     # wait in the window, and their misfire policy decides what runs once the backlog has shrunk.

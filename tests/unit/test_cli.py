@@ -19,8 +19,9 @@ import fastlane.cli.remote
 from fastlane.auth.tls import ClientTls
 from fastlane.cli.main import main
 from fastlane.cli.output import format_fields, format_table
+from fastlane.engine.dispatch.reserve import PriorityReserve
 from fastlane.errors import ConfigurationError
-from fastlane.server.settings import PriorityReserve, Settings
+from fastlane.server.settings import Settings
 from fastlane.storage import redacted_url
 
 

@@ -16,9 +16,9 @@ from fastlane.domain.records import CappedDispatches
 from fastlane.engine.dispatch import Assign, Dispatcher
 from fastlane.engine.dispatch.in_flight import InFlight
 from fastlane.engine.dispatch.messages import WorkerSession
+from fastlane.engine.dispatch.reserve import PriorityReserve
 from fastlane.runtime.clock import SystemClock
 from fastlane.runtime.metrics import Metrics
-from fastlane.server.settings import PriorityReserve
 from fastlane.storage import AttemptResult, Dispatch
 from fastlane.testing import until
 

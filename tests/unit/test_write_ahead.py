@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 from fastlane.domain.models import DueJob, MisfirePolicy, Timing, queue_of
 from fastlane.engine.backlog import MIN_BACKLOG, PACE_WINDOW
+from fastlane.engine.dispatch.reserve import PriorityReserve
 from fastlane.engine.write_ahead import (
     BACKLOG_RECHECK,
     FAR_FUTURE,
@@ -19,7 +20,7 @@ from fastlane.engine.write_ahead import (
     write_start,
 )
 from fastlane.runtime.metrics import Metrics
-from fastlane.server.settings import PriorityReserve, Settings
+from fastlane.server.settings import Settings
 from fastlane.testing import ManualClock
 
 LEAD = timedelta(milliseconds=250)

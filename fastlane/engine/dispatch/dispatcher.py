@@ -24,11 +24,10 @@ from fastlane.engine.dispatch.lease_tokens import new_lease_token
 from fastlane.engine.dispatch.messages import Assign, Assigned, AttemptKey, AttemptRef, Cancel, WorkerSession
 from fastlane.engine.dispatch.parked_runs import ParkedRuns
 from fastlane.engine.dispatch.ready_queue import ReadyQueue
-from fastlane.engine.dispatch.reserve import Reserve
+from fastlane.engine.dispatch.reserve import PriorityReserve, Reserve
 from fastlane.engine.dispatch.send_ahead import ClockProbe, SendAhead
 from fastlane.runtime.clock import Clock
 from fastlane.runtime.metrics import Metrics
-from fastlane.server.settings import PriorityReserve
 from fastlane.storage import AttemptResult, Dispatch, Heartbeat, Store
 
 log = logging.getLogger("fastlane.dispatch")

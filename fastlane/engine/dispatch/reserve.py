@@ -10,10 +10,35 @@ those runs end.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from fastlane.domain.limits import MAX_PRIORITY, MAX_PRIORITY_RESERVE, MIN_PRIORITY
 from fastlane.domain.models import Run
 from fastlane.engine.dispatch.in_flight import InFlight
 from fastlane.engine.dispatch.messages import WorkerSession
-from fastlane.server.settings import PriorityReserve
+from fastlane.errors import ConfigurationError
+
+
+@dataclass(frozen=True, slots=True)
+class PriorityReserve:
+    """Credits of every worker stream kept for urgent runs (``--priority-reserve PRIORITY=N``).
+
+    Runs of priority below ``priority`` hold at most a stream's credits less ``credits`` (at least
+    one, so a small worker still takes them); runs of ``priority`` or more take any free credit.
+    So urgent runs find a free credit (and are sent ahead, to start on their instant) however
+    large the backlog of the others, as long as no more than ``credits`` of them run at once.
+    """
+
+    priority: int
+    credits: int
+
+    def validate(self) -> None:
+        if not MIN_PRIORITY <= self.priority <= MAX_PRIORITY:
+            raise ConfigurationError(
+                f"--priority-reserve priority {self.priority} is out of range ({MIN_PRIORITY}..{MAX_PRIORITY})")
+        if not 1 <= self.credits <= MAX_PRIORITY_RESERVE:
+            raise ConfigurationError(
+                f"--priority-reserve credits {self.credits} are out of range (1..{MAX_PRIORITY_RESERVE})")
 
 
 class Reserve:

@@ -12,9 +12,8 @@ from fastlane.auth.caller import current_caller
 from fastlane.auth.issuing import issue_token
 from fastlane.domain import validation
 from fastlane.domain.access import Role
-from fastlane.domain.limits import MAX_NAME_LENGTH
+from fastlane.domain.limits import DEFAULT_SHARD_LEASE_TTL, MAX_NAME_LENGTH
 from fastlane.domain.quotas import TenantQuota
-from fastlane.engine.shards import DEFAULT_LEASE_TTL
 from fastlane.rpc import wire
 from fastlane.server.guard import rpc, tenant_of
 from fastlane.server.quotas import QuotaGuard
@@ -23,7 +22,7 @@ from fastlane.storage import Store
 
 class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     def __init__(self, store: Store, node_status: Callable[[], admin_pb2.NodeStatus], node_id: str,
-                 live_within: timedelta = DEFAULT_LEASE_TTL, *, quotas: QuotaGuard | None = None,
+                 live_within: timedelta = DEFAULT_SHARD_LEASE_TTL, *, quotas: QuotaGuard | None = None,
                  workers: Callable[[], Sequence[admin_pb2.WorkerStatus]] = tuple) -> None:
         self._store = store
         self._quotas = quotas

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from datetime import timedelta
 
-from fastlane.storage.postgres.connection import DEFAULT_LEASE_TTL
+from fastlane.domain.limits import DEFAULT_SHARD_LEASE_TTL
 from fastlane.storage.postgres.database import PostgresDatabase
 from fastlane.storage.store import SQLStore
 
@@ -28,7 +28,7 @@ class PostgresStore(SQLStore):
         shard_count: int,
         pool_size: int = 10,
         rng: random.Random | None = None,
-        lease_ttl: timedelta = DEFAULT_LEASE_TTL,
+        lease_ttl: timedelta = DEFAULT_SHARD_LEASE_TTL,
     ) -> None:
         """``lease_ttl`` is the nodes' shard lease TTL: the session limits of every connection
         derive from it (see :class:`~fastlane.storage.postgres.connection.SessionLimits`)."""

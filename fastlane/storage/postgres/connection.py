@@ -13,6 +13,7 @@ from typing import Any, TypeAlias, cast
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
+from fastlane.domain.limits import DEFAULT_SHARD_LEASE_TTL
 from fastlane.errors import ConfigurationError
 from fastlane.storage.driver_errors import POSTGRES_DRIVER_ERRORS, classify_postgres
 from fastlane.storage.postgres.hosts import HostRotation
@@ -33,7 +34,6 @@ Connection: TypeAlias = "asyncpg.Connection[asyncpg.Record]"
 # grow; a prepare costs a round trip and a few planned runs, a few dozen a second in all.
 STATEMENT_LIFETIME = timedelta(seconds=5)
 
-DEFAULT_LEASE_TTL = timedelta(seconds=10)
 """The shard lease TTL the session limits are derived from when the store is not told (the
 default of ``Settings.shard_lease_ttl``)."""
 
@@ -117,7 +117,7 @@ class PostgresConnections:
     promoted standby (see ``hosts``).
     """
 
-    def __init__(self, url: str, *, pool_size: int, lease_ttl: timedelta = DEFAULT_LEASE_TTL) -> None:
+    def __init__(self, url: str, *, pool_size: int, lease_ttl: timedelta = DEFAULT_SHARD_LEASE_TTL) -> None:
         self.url = url
         self._pool_size = pool_size
         self._limits = SessionLimits.for_lease(lease_ttl)

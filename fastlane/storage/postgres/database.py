@@ -10,11 +10,12 @@ import random
 from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 
+from fastlane.domain.limits import DEFAULT_SHARD_LEASE_TTL
 from fastlane.domain.records import Change
 from fastlane.storage.capabilities import Capabilities
 from fastlane.storage.postgres import queries
 from fastlane.storage.postgres.changes import ChangeListener
-from fastlane.storage.postgres.connection import DEFAULT_LEASE_TTL, PostgresConnections
+from fastlane.storage.postgres.connection import PostgresConnections
 from fastlane.storage.postgres.tx import PostgresTx
 from fastlane.storage.store.database import Tx
 
@@ -28,7 +29,7 @@ class PostgresDatabase(PostgresConnections):
     capabilities = CAPABILITIES
     statements = queries.STATEMENTS
 
-    def __init__(self, url: str, *, pool_size: int = 10, lease_ttl: timedelta = DEFAULT_LEASE_TTL,
+    def __init__(self, url: str, *, pool_size: int = 10, lease_ttl: timedelta = DEFAULT_SHARD_LEASE_TTL,
                  rng: random.Random | None = None) -> None:
         """``lease_ttl`` is the nodes' shard lease TTL: the session limits of every connection
         derive from it (see :class:`~fastlane.storage.postgres.connection.SessionLimits`)."""
