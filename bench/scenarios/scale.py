@@ -49,10 +49,11 @@ from fastlane.bench.stats import percentiles
 from fastlane.bench.usage import current_rss
 
 from fastlane.domain.models import JobSpec, Schedule
+from fastlane.engine.lane_settings import LANE_DEFAULTS
 
 STORED_JOBS = 1_000_000
 WINDOW_JOBS = 100_000
-WINDOW = timedelta(seconds=10)  # the node's default window
+WINDOW = LANE_DEFAULTS.window  # the node's window: the jobs are read into it this long before they are due
 # After the last job is created: starting the first node, settling, and still ahead of the window.
 ENTER_LEAD = WINDOW + timedelta(seconds=12)
 SETTLE_S = 1.0

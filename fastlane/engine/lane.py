@@ -27,13 +27,13 @@ from datetime import timedelta
 from fastlane.domain.errors import StaleFence, StorageError
 from fastlane.domain.models import Job, Run, ShardLease
 from fastlane.engine.fencing import ShardFencing, ShardStale, ShardView
+from fastlane.engine.lane_settings import LaneSettings
 from fastlane.engine.release import LaneDispatcher, ReleaseTimer, RunsInMemory
 from fastlane.engine.waits import pause
 from fastlane.engine.window import WindowLoader
 from fastlane.engine.write_ahead import WriteAhead
 from fastlane.runtime.clock import Clock
 from fastlane.runtime.metrics import Metrics
-from fastlane.server.settings import Settings
 from fastlane.storage import Store
 
 log = logging.getLogger("fastlane.lane")
@@ -49,7 +49,7 @@ class FastLane:
         self,
         store: Store,
         *,
-        settings: Settings,
+        settings: LaneSettings,
         clock: Clock,
         metrics: Metrics,
         shards: ShardView,

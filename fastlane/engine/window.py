@@ -18,11 +18,11 @@ from typing import Protocol
 from fastlane.domain.errors import StorageError
 from fastlane.domain.models import DueJob, JobState, Run, ShardLease
 from fastlane.engine.fencing import OwnedShards
+from fastlane.engine.lane_settings import LaneSettings
 from fastlane.engine.waits import pause
 from fastlane.engine.write_ahead import FAR_FUTURE
 from fastlane.runtime.clock import Clock
 from fastlane.runtime.metrics import Metrics
-from fastlane.server.settings import Settings
 from fastlane.storage import Store
 
 log = logging.getLogger("fastlane.lane")
@@ -51,7 +51,7 @@ class Recovery(Protocol):
 class WindowLoader:
     """Reads the window of owned shards into the plan: whole on acquisition, then what enters it."""
 
-    def __init__(self, store: Store, *, settings: Settings, clock: Clock, metrics: Metrics, shards: OwnedShards,
+    def __init__(self, store: Store, *, settings: LaneSettings, clock: Clock, metrics: Metrics, shards: OwnedShards,
                  planner: Planner, recovery: Recovery, in_memory: Container[str], stopping: asyncio.Event) -> None:
         self._store = store
         self._settings = settings

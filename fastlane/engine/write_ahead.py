@@ -27,10 +27,10 @@ from fastlane.domain.models import DueJob, Job, JobState, Run, ShardLease
 from fastlane.domain.policies import plan_occurrence
 from fastlane.engine.backlog import BacklogLimits
 from fastlane.engine.fencing import Fencing
+from fastlane.engine.lane_settings import LaneSettings
 from fastlane.engine.waits import pause, sleep_until_woken
 from fastlane.runtime.clock import EPOCH, Clock
 from fastlane.runtime.metrics import Metrics
-from fastlane.server.settings import Settings
 from fastlane.storage import Occurrence, Store
 
 log = logging.getLogger("fastlane.lane")
@@ -95,7 +95,7 @@ class WriteAhead:
         self,
         store: Store,
         *,
-        settings: Settings,
+        settings: LaneSettings,
         clock: Clock,
         metrics: Metrics,
         fencing: Fencing,

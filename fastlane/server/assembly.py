@@ -153,7 +153,7 @@ def build(settings: Settings, store: Store, *, clock: Clock, metrics: Metrics, r
         address=settings.advertised_address, clock=clock, max_clock_offset=settings.max_clock_offset,
         workers=lambda: dispatcher.workers_connected,
     )
-    lane = FastLane(store, settings=settings, clock=clock, metrics=metrics, shards=ownership,
+    lane = FastLane(store, settings=settings.lane, clock=clock, metrics=metrics, shards=ownership,
                     on_stale=ownership.lost, dispatch=dispatcher)
     retries.lane = lane
     ownership.listen(ShardHandover(lane, dispatcher, journal_wait=settings.shard_lease_ttl.total_seconds() / 3))

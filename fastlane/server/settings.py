@@ -28,6 +28,7 @@ from fastlane.domain.limits import (
 from fastlane.domain.quotas import TenantQuota
 from fastlane.engine.dispatch.dispatcher import DEFAULT_MAX_READY_BYTES_PER_TYPE, DEFAULT_MAX_READY_PER_TYPE
 from fastlane.engine.dispatch.reserve import PriorityReserve
+from fastlane.engine.lane_settings import LANE_DEFAULTS, LaneSettings
 from fastlane.engine.retention import DEFAULT_RETENTION
 from fastlane.engine.shards import DEFAULT_MAX_CLOCK_OFFSET
 from fastlane.errors import ConfigurationError
@@ -68,41 +69,37 @@ class Settings:
     quotas: TenantQuota = field(default_factory=lambda: DEFAULT_QUOTAS)
     shard_count: int = DEFAULT_SHARD_COUNT
     shard_lease_ttl: timedelta = DEFAULT_SHARD_LEASE_TTL
-    window: timedelta = timedelta(seconds=10)  # how far ahead the heap holds due work
-    # How early runs are at least written before they are due (earlier when many are due together).
-    lead: timedelta = timedelta(milliseconds=250)
-    scan_interval: timedelta = timedelta(seconds=1)  # reads the jobs entering the window
-    # Rereads the whole window and the runs nobody holds: the safety net for changes made
-    # through another node (and any missed notification).
-    full_scan_interval: timedelta = timedelta(seconds=30)
-    max_batch: int = 2_000  # occurrences per materialisation transaction
+    # The fast lane's (see LaneSettings for what each means).
+    window: timedelta = LANE_DEFAULTS.window
+    lead: timedelta = LANE_DEFAULTS.lead
+    scan_interval: timedelta = LANE_DEFAULTS.scan_interval
+    full_scan_interval: timedelta = LANE_DEFAULTS.full_scan_interval
+    max_batch: int = LANE_DEFAULTS.max_batch
     max_clock_offset: timedelta = DEFAULT_MAX_CLOCK_OFFSET  # beyond it a node owns no shards
     # Released runs a node keeps in memory per job type while no worker takes them; beyond it they
     # wait in the database (where they already are) and are read back as workers take runs.
     max_ready_per_type: int = DEFAULT_MAX_READY_PER_TYPE
     max_ready_bytes_per_type: int = DEFAULT_MAX_READY_BYTES_PER_TYPE  # payload bytes of those runs, at most
-    # Released runs of one job type and tenant waiting for a free worker credit or their tenant's
-    # cap (it gets less than is due) beyond which no new runs of it are written: its due jobs
-    # wait in the window, and their misfire policy decides what runs once the backlog has shrunk.
-    # Writing on would only lengthen every run's wait and take the node's time from sending.
-    max_backlog: int = 10_000
-    # ... and beyond this many seconds of the runs it has lately sent to workers (at least
-    # fastlane.engine.backlog.MIN_BACKLOG): a flood stops being written within a second instead of
-    # filling max_backlog at its own rate. Zero: max_backlog alone.
-    max_backlog_seconds: float = 2.0
+    max_backlog: int = LANE_DEFAULTS.max_backlog
+    max_backlog_seconds: float = LANE_DEFAULTS.max_backlog_seconds
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES  # largest job payload the API accepts
-    # How long before its instant a run may be sent to a worker whose clock is known to within
-    # this; the worker holds it and starts it on the instant. Zero: every run is sent on its instant.
-    send_ahead: timedelta = timedelta(milliseconds=20)
+    send_ahead: timedelta = LANE_DEFAULTS.send_ahead
     # Runs a tenant takes per turn when runs of several tenants wait for the same workers; 1 for
     # every tenant not named. Give every node of a cluster the same weights.
     tenant_weights: dict[str, int] = field(default_factory=dict)
     # Attempts of a tenant's runs this node has at workers at once; no cap for a tenant not named.
     tenant_max_in_flight: dict[str, int] = field(default_factory=dict)
-    # Credits of every worker stream kept for urgent runs; None: any run takes any credit.
-    priority_reserve: PriorityReserve | None = None
+    priority_reserve: PriorityReserve | None = LANE_DEFAULTS.priority_reserve
     # Finished runs (and their attempts) older than this are deleted; None keeps them for ever.
     history_retention: timedelta | None = DEFAULT_RETENTION
+
+    @property
+    def lane(self) -> LaneSettings:
+        """The fast lane's part of these settings."""
+        return LaneSettings(window=self.window, lead=self.lead, scan_interval=self.scan_interval,
+                            full_scan_interval=self.full_scan_interval, max_batch=self.max_batch,
+                            max_backlog=self.max_backlog, max_backlog_seconds=self.max_backlog_seconds,
+                            send_ahead=self.send_ahead, priority_reserve=self.priority_reserve)
 
     def __post_init__(self) -> None:
         self._check_listeners()
