@@ -5,7 +5,8 @@ sends), :mod:`.ready_queue` (``ReadyQueue``), :mod:`.key_gate` (``KeyGate``: run
 concurrency key), :mod:`.parked_runs` (``ParkedRuns``), :mod:`.reserve` (``Reserve``: credits kept
 for urgent runs), :mod:`.in_flight` (``InFlight``), :mod:`.confirmed_sender` (``ConfirmedSender``),
 :mod:`.send_ahead` (``SendAhead``), :mod:`.journal` (``Journal``: the record stage), what is sent
-to a worker in :mod:`.messages`, lease tokens in :mod:`.lease_tokens`. The words are those of the
+to a worker in :mod:`.messages`, lease tokens in :mod:`.lease_tokens`, the dispatcher's gauges
+(ready depths, blocked and unserved runs) in :mod:`.gauges`. The words are those of the
 glossary in :mod:`fastlane.engine`.
 
 A released run goes straight to a connected worker that declared its job type and has a free

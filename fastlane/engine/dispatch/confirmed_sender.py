@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, MutableMapping
+from collections.abc import MutableMapping
+from typing import Protocol
 
 from fastlane.domain.errors import StorageError
 from fastlane.domain.records import CappedDispatches
@@ -18,6 +19,23 @@ from fastlane.storage import Dispatch, Store
 log = logging.getLogger("fastlane.dispatch")
 
 
+class SenderDispatcher(Protocol):
+    """What sending confirmed first needs of the dispatcher: the dispatch of each assignment, where
+    to set aside one the store refuses, and the ready runs the credits of runs not sent may take."""
+
+    def dispatch_of(self, session: WorkerSession, item: Assigned) -> Dispatch:
+        """The durable record of this assignment."""
+        ...
+
+    def set_aside(self, dispatch: Dispatch, error: Exception) -> None:
+        """This dispatch makes the store raise: not recorded (the run stays ``scheduled``)."""
+        ...
+
+    def assign_ready(self, session: WorkerSession) -> None:
+        """Assign ready runs to the session's free credits (those of runs not sent came back)."""
+        ...
+
+
 class ConfirmedSender:
     def __init__(
         self,
@@ -26,17 +44,13 @@ class ConfirmedSender:
         claimed: set[str],
         in_flight: MutableMapping[AttemptKey, WorkerSession],
         gate: KeyGate,
-        record: Callable[[WorkerSession, Assigned], Dispatch],
-        rejected: Callable[[Dispatch, Exception], None],
-        credits_back: Callable[[WorkerSession], None],
+        dispatcher: SenderDispatcher,
     ) -> None:
         self._store = store
         self._claimed = claimed  # shared with the dispatcher (see Dispatcher.__init__)
         self._in_flight = in_flight
         self._gate = gate
-        self._record = record
-        self._rejected = rejected  # a dispatch that makes the store raise is set aside
-        self._credits_back = credits_back  # credits of runs not sent may take other ready runs
+        self._dispatcher = dispatcher
         self._tasks: set[asyncio.Task[None]] = set()
 
     def send(self, session: WorkerSession, assigned: list[Assigned]) -> None:
@@ -52,14 +66,14 @@ class ConfirmedSender:
             started.update(attempt.run_id for attempt in outcome.attempts)
             blocked.update(outcome.blocked)
 
-        records = [self._record(session, item) for item in assigned]
+        records = [self._dispatcher.dispatch_of(session, item) for item in assigned]
         plain, capped = [r for r in records if r.cap is None], [r for r in records if r.cap is not None]
         try:
             if plain:
-                await write_isolating(plain, self._plain, landed=landed, rejected=self._rejected)
+                await write_isolating(plain, self._plain, landed=landed, rejected=self._dispatcher.set_aside)
             if capped:
                 await write_isolating(capped, self._store.attempts.record_capped_dispatches, landed=landed,
-                                      rejected=self._rejected)
+                                      rejected=self._dispatcher.set_aside)
         except StorageError as error:
             # Still scheduled in the database: the next rebuild or sweep brings them back.
             log.warning("could not record %d dispatches before sending; not sent: %s", len(assigned), error)
@@ -75,7 +89,7 @@ class ConfirmedSender:
         if sendable and session.connected:
             session.outbox.put_nowait(Assign(sendable))
         if len(sendable) < len(assigned) and session.connected:
-            self._credits_back(session)
+            self._dispatcher.assign_ready(session)
 
     async def _plain(self, dispatches: list[Dispatch]) -> CappedDispatches:
         return CappedDispatches(await self._store.attempts.record_dispatches(dispatches), [])

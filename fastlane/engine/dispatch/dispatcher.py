@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from fastlane.domain.models import Delivery, Run
 from fastlane.domain.records import KeyCap
 from fastlane.engine.dispatch.confirmed_sender import ConfirmedSender
+from fastlane.engine.dispatch.gauges import DispatchGauges
 from fastlane.engine.dispatch.in_flight import InFlight
 from fastlane.engine.dispatch.journal import Journal, WorkflowHooks
 from fastlane.engine.dispatch.key_gate import KeyGate
@@ -72,8 +73,8 @@ class Dispatcher:
         self._sessions: dict[str, list[WorkerSession]] = {}  # by job type, rotated for fairness
         self._ready: dict[str, ReadyQueue[_Waiting]] = {}  # fair across tenants: see ready_queue.py
         self._queued: set[str] = set()  # run ids in the ready queues
-        self._parked = ParkedRuns(store, room=self._room, half_empty=self._half_empty, assigning=lambda: self._assigning,
-                                  release=lambda runs: self._assign_or_queue(runs, confirm_first=True, reloaded=True))
+        self._helpers = helpers = _Helpers(self)
+        self._parked = ParkedRuns(store, ready=helpers)
         self._assigning = True
         # Shared with the journal, which updates both as writes land: changed in place only.
         self._claimed: set[str] = set()  # runs assigned whose dispatch is not yet durable
@@ -83,20 +84,12 @@ class Dispatcher:
                                 claimed=self._claimed, in_flight=self._in_flight, workflows=workflows)
         self._background: set[asyncio.Task[None]] = set()
         self._ahead = SendAhead(send_ahead, clock=clock, metrics=metrics)
-        self._gate = KeyGate(offer=lambda runs: self._assign_or_queue(runs, confirm_first=True, reloaded=True, offered=True),
-                             written=self._journal.written)
+        self._gate = KeyGate(helpers)
         self._confirmed = ConfirmedSender(store, claimed=self._claimed, in_flight=self._in_flight, gate=self._gate,
-                                          record=self._dispatch_record, rejected=self._journal.dispatch_set_aside,
-                                          credits_back=self._assign_ready)
-        metrics.ready_queue.set_function(lambda: self.ready_depth)  # read when scraped
-        metrics.ready_by_tenant.read = self.ready_depths
-        metrics.oldest_ready.read = self.oldest_ready_ages
-        metrics.in_flight_by_tenant.read = self._in_flight.counts
-        metrics.held_by_cap.read = self.blocked_depths  # fastlane_held_runs: the metric keeps its name
-        metrics.unserved.read = self.unserved_depths
-        metrics.worker_streams.read = lambda: {(kind,): len(sessions)
-                                               for kind, sessions in list(self._sessions.items()) if sessions}
-        metrics.parked.set_function(lambda: self.parked_count)
+                                          dispatcher=helpers)
+        self._gauges = DispatchGauges(metrics, clock=clock, ready=self._ready, sessions=self._sessions, gate=self._gate,
+                                      parked=self._parked, in_flight=self._in_flight, tenant_full=self._tenant_full,
+                                      serves=self._serves)
 
     # -- sessions -------------------------------------------------------------------------------
 
@@ -109,31 +102,6 @@ class Dispatcher:
         sessions = {id(s): s for kinds in self._sessions.values() for s in kinds}
         holding = self._in_flight.per_session()
         return [(session, holding.get(session, 0)) for session in sessions.values()]
-
-    def ready_depths(self) -> dict[tuple[str, str], int]:
-        """Runs waiting in the ready queues, by (job type, tenant); read by the metrics thread."""
-        return {(kind, tenant): n for kind, queue in list(self._ready.items()) for tenant, n in queue.tenant_depths().items()}
-
-    def oldest_ready_ages(self) -> dict[tuple[str, str], float]:
-        """Seconds since the oldest waiting run of each (job type, tenant) was due; metrics thread."""
-        now = self._clock.now().timestamp()
-        return {(kind, tenant): max(now - due, 0.0) for kind, queue in list(self._ready.items())
-                for tenant, due in queue.oldest_dues().items()}
-
-    def blocked_depths(self) -> dict[tuple[str, str, str], int]:
-        """Runs blocked by a cap, by (job type, tenant, cap); read by the metrics thread."""
-        blocked = {(kind, tenant, "concurrency_key"): n for (kind, tenant), n in self._gate.depths().items()}
-        for kind, queue in list(self._ready.items()):
-            for tenant, n in queue.tenant_depths().items():
-                if self._tenant_full(tenant):
-                    blocked[(kind, tenant, "tenant_in_flight")] = n
-        return blocked
-
-    def unserved_depths(self) -> dict[tuple[str, str], int]:
-        """Runs waiting of a (job type, tenant) no connected worker serves (none for the type, or
-        only workers bound to other tenants); read by the metrics thread."""
-        return {(kind, tenant): n for kind, queue in list(self._ready.items())
-                for tenant, n in queue.tenant_depths().items() if not self._serves(kind, tenant)}
 
     def backlogs(self) -> dict[tuple[str, str], int]:
         """Released runs waiting for a free credit or for their tenant's cap, by (job type, tenant),
@@ -155,9 +123,8 @@ class Dispatcher:
 
     @property
     def ready_depth(self) -> int:
-        # Also read by the metrics thread: list() takes the queues in one step under the GIL,
-        # so a queue added meanwhile cannot break the iteration.
-        return sum(map(len, list(self._ready.values())))
+        """Released runs queued in the ready queues (also read by the metrics thread)."""
+        return self._gauges.ready_depth
 
     @property
     def parked_count(self) -> int:
@@ -395,37 +362,17 @@ class Dispatcher:
         if assigned:
             self._send(session, assigned)
 
-    # -- room in the ready queues (for parked runs) ------------------------------------------------
-
-    def _room(self, job_type: str) -> int:
-        """Runs the ready queue of ``job_type`` can take now (0 when full by count or bytes)."""
-        if self._ready_bytes[job_type] >= self._max_ready_bytes:
-            return 0
-        return max(self._max_ready - len(self._ready.get(job_type, ())), 0)
-
-    def _half_empty(self, job_type: str) -> bool:
-        return (len(self._ready.get(job_type, ())) <= self._max_ready // 2
-                and self._ready_bytes[job_type] <= self._max_ready_bytes // 2)
-
     # -- sending --------------------------------------------------------------------------------
 
     def _send(self, session: WorkerSession, assigned: list[Assigned]) -> None:
         fast = [item for item in assigned if not item.confirm_first]
         confirmed = [item for item in assigned if item.confirm_first]
         if fast:
-            self._journal.pending.dispatches.extend(self._dispatch_record(session, item) for item in fast)
+            self._journal.pending.dispatches.extend(self._helpers.dispatch_of(session, item) for item in fast)
             self._journal.wake()
             session.outbox.put_nowait(Assign(fast))
         if confirmed:
             self._confirmed.send(session, confirmed)
-
-    def _dispatch_record(self, session: WorkerSession, item: Assigned) -> Dispatch:
-        return Dispatch(
-            run_id=item.run.run_id, lease_token=item.lease_token, worker_id=session.worker_id, node_id=self._node_id,
-            lease_ttl=item.run.lease_ttl, dispatched_at=item.released_at,
-            cap=None if (key := item.run.concurrency_key) is None else KeyCap(item.run.tenant, key,
-                                                                                item.run.concurrency_limit or 1),
-        )
 
     # -- what workers report --------------------------------------------------------------------
 
@@ -494,3 +441,46 @@ class Dispatcher:
     def stop(self) -> None:
         """Let :meth:`run` return once the journal is drained (or ``JOURNAL_STOP_GRACE`` passed)."""
         self._journal.stop()
+
+
+class _Helpers:
+    """The dispatcher as its helpers see it: the :class:`~.parked_runs.ReadyQueues` parked runs are
+    read back into, the :class:`~.key_gate.GateDispatcher` blocked runs are offered to, and the
+    :class:`~.confirmed_sender.SenderDispatcher` of runs sent confirmed first."""
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self._dispatcher = dispatcher
+
+    @property
+    def assigning(self) -> bool:
+        return self._dispatcher._assigning
+
+    def room(self, job_type: str) -> int:
+        d = self._dispatcher
+        return 0 if d._ready_bytes[job_type] >= d._max_ready_bytes else max(d._max_ready - len(d._ready.get(job_type, ())), 0)
+
+    def half_empty(self, job_type: str) -> bool:
+        d = self._dispatcher
+        return len(d._ready.get(job_type, ())) <= d._max_ready // 2 and d._ready_bytes[job_type] <= d._max_ready_bytes // 2
+
+    def read_back(self, runs: list[Run]) -> None:
+        self._dispatcher._assign_or_queue(runs, confirm_first=True, reloaded=True)
+
+    def offer_blocked(self, runs: list[Run]) -> None:
+        self._dispatcher._assign_or_queue(runs, confirm_first=True, reloaded=True, offered=True)
+
+    async def journal_written(self, timeout: float) -> None:
+        await self._dispatcher.journal_written(timeout)
+
+    def dispatch_of(self, session: WorkerSession, item: Assigned) -> Dispatch:
+        cap = None if (key := item.run.concurrency_key) is None else KeyCap(item.run.tenant, key,
+                                                                             item.run.concurrency_limit or 1)
+        return Dispatch(run_id=item.run.run_id, lease_token=item.lease_token, worker_id=session.worker_id,
+                        node_id=self._dispatcher._node_id, lease_ttl=item.run.lease_ttl,
+                        dispatched_at=item.released_at, cap=cap)
+
+    def set_aside(self, dispatch: Dispatch, error: Exception) -> None:
+        self._dispatcher._journal.dispatch_set_aside(dispatch, error)
+
+    def assign_ready(self, session: WorkerSession) -> None:
+        self._dispatcher._assign_ready(session)

@@ -22,7 +22,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Callable, Collection
+from typing import Protocol
 
 from fastlane.domain.models import Run
 from fastlane.engine.dispatch.messages import AttemptKey
@@ -37,12 +38,23 @@ def key_of(run: Run) -> Key | None:
     return None if run.concurrency_key is None else (run.tenant, run.concurrency_key)
 
 
+class GateDispatcher(Protocol):
+    """What the key gate needs of the dispatcher: where blocked runs are offered again, and its journal."""
+
+    def offer_blocked(self, runs: list[Run]) -> None:
+        """Take these runs again, as runs read from the database (confirmed first), ahead of those still blocked."""
+        ...
+
+    async def journal_written(self, timeout: float) -> None:
+        """Wait until what was journalled before this call is written (or the timeout passes)."""
+        ...
+
+
 class KeyGate:
     """The runs blocked by their concurrency key, and the task that offers them again."""
 
-    def __init__(self, *, offer: Callable[[list[Run]], None], written: Callable[[float], Awaitable[None]]) -> None:
-        self._offer = offer  # back to the dispatcher, as runs read from the database
-        self._written = written  # waits until the journal has written what it holds
+    def __init__(self, dispatcher: GateDispatcher) -> None:
+        self._dispatcher = dispatcher
         self._blocked: dict[Key, dict[str, Run]] = {}  # insertion order: oldest first
         self._blocked_ids: set[str] = set()
         self._keyed: set[AttemptKey] = set()  # keyed attempts this node started
@@ -124,7 +136,7 @@ class KeyGate:
                     await asyncio.wait_for(self._freed.wait(), BLOCKED_RETRY_INTERVAL)
                 if self._freed.is_set():
                     self._freed.clear()
-                    await self._written(1.0)  # the result that freed a place is in the database
-                self._offer(self._take_offers())
+                    await self._dispatcher.journal_written(1.0)  # the result that freed a place is in the database
+                self._dispatcher.offer_blocked(self._take_offers())
         finally:
             self._task = None

@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Protocol
 
 from fastlane.domain.errors import StorageError
 from fastlane.domain.models import Run
@@ -41,21 +42,31 @@ class _AllBut:
         return run_id not in self._wanted
 
 
+class ReadyQueues(Protocol):
+    """The dispatcher's ready queues, which runs are parked out of and read back into."""
+
+    @property
+    def assigning(self) -> bool:
+        """Whether runs are still assigned (not once the node stops assigning: parked runs stay in the database)."""
+        ...
+
+    def room(self, job_type: str) -> int:
+        """Runs the ready queue of ``job_type`` can take now (0: full, by count or bytes)."""
+        ...
+
+    def half_empty(self, job_type: str) -> bool:
+        """Whether the ready queue of ``job_type`` is down to half (by count and bytes)."""
+        ...
+
+    def read_back(self, runs: list[Run]) -> None:
+        """Parked runs read back from the database: released again, confirmed first."""
+        ...
+
+
 class ParkedRuns:
-    def __init__(
-        self,
-        store: Store,
-        *,
-        room: Callable[[str], int],
-        half_empty: Callable[[str], bool],
-        release: Callable[[list[Run]], None],
-        assigning: Callable[[], bool],
-    ) -> None:
+    def __init__(self, store: Store, *, ready: ReadyQueues) -> None:
         self._store = store
-        self._room = room  # runs the ready queue of a type can take now (0: full, by count or bytes)
-        self._half_empty = half_empty  # whether the queue of a type is down to half
-        self._release = release  # read back: to the dispatcher, confirmed first
-        self._assigning = assigning
+        self._ready = ready
         self._by_type: dict[str, dict[str, Parked]] = {}  # insertion order: oldest first
         self._ids: set[str] = set()
         self._reloading: set[str] = set()  # job types whose parked runs are being read back
@@ -89,7 +100,7 @@ class ParkedRuns:
 
     def refill(self, job_type: str) -> None:
         """Read parked runs of this type back once its queue is down to half (one task per type)."""
-        if job_type in self._reloading or not self._by_type.get(job_type) or not self._half_empty(job_type):
+        if job_type in self._reloading or not self._by_type.get(job_type) or not self._ready.half_empty(job_type):
             return
         self._reloading.add(job_type)
         task = asyncio.create_task(self._reload(job_type), name=f"dispatch-reload:{job_type}")
@@ -99,7 +110,7 @@ class ParkedRuns:
     async def _reload(self, job_type: str) -> None:
         """Fill the queue of ``job_type`` from its parked runs, oldest first, while it has room."""
         try:
-            while self._assigning() and (room := self._room(job_type)) > 0:
+            while self._ready.assigning and (room := self._ready.room(job_type)) > 0:
                 parked = self._by_type.get(job_type)
                 if not parked:
                     return
@@ -118,7 +129,7 @@ class ParkedRuns:
                 # no longer scheduled, or changed: the lane's full scan finds those still pending.
                 still_parked = [run for run in runs if run.run_id in self._ids]
                 self.unpark(lambda run_id, _, wanted=wanted: run_id in wanted)  # type: ignore[misc]
-                self._release(still_parked)
+                self._ready.read_back(still_parked)
                 if any(run.run_id in self._ids for run in still_parked):
                     return  # the queue is full by bytes: parked again, read back when it drains
         finally:
