@@ -17,8 +17,18 @@ from pathlib import Path
 
 from fastlane.bench.harness import SHARDS, Bench, Deadline, now_utc
 from fastlane.bench.processes import FASTLANE_ROOT, Daemon, WorkerProcess, child_environment
+from fastlane.bench.profile import Profiler, profile_file
 from fastlane.bench.secure import Secured
-from fastlane.bench.usage import ProcessMemory, cpu_seconds, peak_rss, realtime_threads
+from fastlane.bench.usage import (
+    CpuMeter,
+    Metered,
+    ProcessMemory,
+    cpu_seconds,
+    harness_metered,
+    peak_rss,
+    postmaster_pid,
+    realtime_threads,
+)
 
 from fastlane.client import Client
 
@@ -109,6 +119,7 @@ class FastlaneCluster:
         self.started_at: datetime | None = None
         self.ready_at: datetime | None = None
         self._stopped = False
+        self._profilers: list[Profiler] = []
 
     async def __aenter__(self) -> FastlaneCluster:
         return self
@@ -189,6 +200,24 @@ class FastlaneCluster:
                 total += await asyncio.to_thread(self.metric, name, daemon)
         return total
 
+    def cpu_meter(self) -> CpuMeter:
+        """A meter of the CPU of every node and worker, of the PostgreSQL server with all its
+        processes (on PostgreSQL) and of the harness: start it and stop it around what is measured."""
+        processes = [Metered(f"node-{index}", "node", daemon.pid) for index, daemon in enumerate(self.daemons, start=1)]
+        processes += [Metered(f"worker-{index}", "worker", worker.pid)
+                      for index, worker in enumerate(self.workers, start=1)]
+        if self._bench.pg is not None:
+            processes.append(Metered("postgres", "postgres", postmaster_pid(self._bench.pg.data_dir), tree=True))
+        processes.append(harness_metered())
+        return CpuMeter(processes)
+
+    def profiler(self) -> Profiler:
+        """py-spy on the first node, writing to the scratch directory (``--out DIR/logs`` keeps it);
+        one still attached when the cluster stops is killed first."""
+        profiler = Profiler("node-1", self.daemons[0].pid, profile_file(self._bench.workdir, f"{self._label}-node-1"))
+        self._profilers.append(profiler)
+        return profiler
+
     def kill(self, index: int) -> datetime:
         """SIGKILL node ``index`` (0-based); returns the instant."""
         daemon = self.daemons[index]
@@ -202,6 +231,8 @@ class FastlaneCluster:
         if self._stopped:
             return
         self._stopped = True
+        for profiler in self._profilers:
+            profiler.abandon()
         for index, daemon in enumerate(self.daemons, start=1):
             if daemon.popen and daemon.popen.poll() is None:
                 self._note_memory(f"{self._label} node-{index}", daemon.pid)

@@ -135,6 +135,8 @@ class Bench:
     # SCHED_FIFO priority of the event-loop threads that start runs (fastlane's workers, the peer's
     # scheduler) while they fire; 0: normal scheduling.
     realtime_priority: int = 1
+    floor: bool = False  # sustained and burst: measure the database's floor first (bench/scenarios/floor.py)
+    profile: bool = False  # sustained and burst: sample node-1's stacks with py-spy (bench/profile.py)
     pg: ThrowawayPostgres | None = None
     progress: Progress = field(default_factory=Progress)
     notes: list[str] = field(default_factory=list)

@@ -75,6 +75,18 @@ _FIGURES: tuple[tuple[str, str, str], ...] = (
     ("first_delivery_after_kill_s", "first run of its shards delivered after the kill", "s"),
     ("victim_delivery_lag_ms", "delivery lag on its shards since the kill (p50 / p99 / max)", "ms"),
     ("missing_occurrences", "occurrences never delivered", ""),
+    ("floor_runs_per_s", "floor: runs/s the database alone allows (same run, bench floor)", "runs/s"),
+    ("vs_floor", "runs/s ÷ the floor's", ""),
+    ("floor_cpu_share", "the floor's CPU per run ÷ this run's (total of every process)", ""),
+    ("driver", "database driver (floor)", ""),
+    ("runs", "runs through all three writes", ""),
+    ("materialise_batch", "materialisation batch (occurrences, the node's largest)", ""),
+    ("journal_batch", "dispatch and result batch (runs, a bench worker's credits)", ""),
+    ("floor_elapsed_s", "first materialisation to last result", "s"),
+    ("materialise_s", "in materialisation transactions", "s"),
+    ("dispatch_s", "in dispatch statements", "s"),
+    ("result_s", "in result transactions", "s"),
+    ("due_jobs_read_s", "reading the due jobs (not in the rate)", "s"),
     ("insert_s", "time to create the jobs", "s"),
     ("lead_in_overrun_s", "lead-in overrun (runs due before everything was up)", "s"),
     ("late_starts", "runs started 1 ms or more late", ""),
@@ -121,6 +133,8 @@ def render_markdown(document: Mapping[str, Any]) -> str:
     figures = _figure_rows(document.get("results") or [])
     if figures:
         lines += ["", "## Scenario figures", ""] + figures
+    lines += _cpu_tables(document.get("results") or [])
+    lines += _profile_tables(document.get("results") or [])
     targets = document.get("targets") or []
     if targets:
         lines += ["", "## Targets", ""] + _targets_table(targets)
@@ -219,6 +233,49 @@ def _figure_rows(results: Sequence[Mapping[str, Any]]) -> list[str]:
                 cells.append(f"{_number(value)} {unit}".strip() if isinstance(value, int | float) else str(value))
         rows.append(f"| {label} | " + " | ".join(cells) + " |")
     return rows
+
+
+def _cpu_tables(results: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Per result measured so: each process's CPU over the measured interval, and per run."""
+    lines: list[str] = []
+    for result in results:
+        cpu = result.get("cpu")
+        if not isinstance(cpu, Mapping):
+            continue
+        lines += ["", f"## CPU per succeeded run: {result.get('system')}", "",
+                  f"Over {_number(cpu.get('interval_s'))} s and {_count(cpu.get('runs'))} runs succeeded in it "
+                  "(user + system, every thread; PostgreSQL: the postmaster and all its processes; "
+                  "cores = CPU s ÷ the interval).", "",
+                  "| process | CPU s | cores | µs per run |", "|---|---:|---:|---:|"]
+        for row in cpu.get("processes") or ():
+            name = f"**{row.get('name')}**" if row.get("role") == "total" else str(row.get("name"))
+            lines.append(f"| {name} | {_number(row.get('cpu_s'))} | {_number(row.get('cores'))} | "
+                         f"{_number(row.get('us_per_run'))} |")
+    return lines
+
+
+def _profile_tables(results: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Per result profiled (``--profile``): the share of the node's samples in each stage."""
+    lines: list[str] = []
+    for result in results:
+        profile = result.get("profile")
+        if not isinstance(profile, Mapping):
+            continue
+        lines += ["", f"## Where {profile.get('process')} spent its CPU (py-spy): {result.get('system')}", ""]
+        if profile.get("error"):
+            lines.append(f"No profile: {profile['error']}.")
+            continue
+        lines += [f"{_count(profile.get('samples'))} samples at {profile.get('rate_hz')} a second of threads at "
+                  f"work, in `{profile.get('file')}` (logs/ with --out). A stack can pass through two stages "
+                  "(the journal calling the store): shares overlap.", "",
+                  "| stage | share of samples |", "|---|---:|"]
+        stages = profile.get("stages") or {}
+        lines += [f"| {stage} | {_share(share)} |" for stage, share in stages.items()]
+    return lines
+
+
+def _share(value: Any) -> str:
+    return "—" if not isinstance(value, int | float) else f"{value * 100:.1f} %"
 
 
 def _count(value: Any) -> str:

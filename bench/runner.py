@@ -27,6 +27,7 @@ from fastlane.bench.harness import JOB_CREATION, Bench, BenchTimeout, Progress
 from fastlane.bench.pgcluster import DURABLE_SETTINGS, ThrowawayPostgres
 from fastlane.bench.report import render_markdown, to_json, write_outputs
 from fastlane.bench.scenarios import SCENARIOS, Scenario
+from fastlane.bench.scenarios.floor import SYSTEM as FLOOR_SYSTEM
 from fastlane.bench.stats import lag_ratios
 from fastlane.bench.targets import as_json, evaluate, result_of
 from fastlane.bench.usage import harness_memory
@@ -49,6 +50,8 @@ class Options:
     secure: bool = False  # spread and burst: fastlane again with TLS and an API token
     durable: bool = False  # postgres: the throwaway server with fsync and synchronous commits
     realtime_priority: int = 1  # of the threads that start runs, fastlane's and the peer's; 0: normal
+    floor: bool = False  # sustained and burst: the database's floor first, and fastlane's runs/s as a ratio to it
+    profile: bool = False  # sustained and burst: py-spy on node-1 over the measured interval
     json: bool = False
     out: str | None = None
 
@@ -64,7 +67,7 @@ def run_benchmark(options: Options) -> int:
         bench = Bench(scenario=options.scenario, backend=options.backend, nodes=options.nodes,
                       workers=options.workers, scale=options.scale, peer=options.peer, secure=options.secure,
                       durable=options.durable, realtime_priority=options.realtime_priority,
-                      workdir=Path(scratch),
+                      floor=options.floor, profile=options.profile, workdir=Path(scratch),
                       progress=progress)
         try:
             results = _run(scenario, bench)
@@ -142,7 +145,7 @@ def build_document(bench: Bench, results: list[dict[str, object]], *, started_at
     if bench.pg is not None:
         document["postgres"] = bench.pg.durability
     fastlane = result_of(document, "fastlane")
-    peers = [result for result in results if result.get("system") != "fastlane"]
+    peers = [result for result in results if result.get("system") not in ("fastlane", FLOOR_SYSTEM)]
     if fastlane is not None and peers:
         document["ratios"] = {str(peer["system"]): lag_ratios(fastlane, peer) for peer in peers}
     document["targets"] = as_json(evaluate(document))
@@ -201,10 +204,11 @@ def machine() -> dict[str, object]:
 
 
 def _keep_logs(workdir: Path, target: Path) -> None:
-    """Copy the processes' logs and the workers' records of what they received (one line per run:
-    ``bench/lag_worker.py`` says what each field is) to ``target``: to find which runs were late,
-    and why, after the scratch directory is gone."""
-    logs = sorted(path for path in [*workdir.glob("*.log"), *workdir.glob("*-received-*.txt")] if path.is_file())
+    """Copy the processes' logs, the workers' records of what they received (one line per run:
+    ``bench/lag_worker.py`` says what each field is) and the profiles of ``--profile`` to ``target``:
+    to find which runs were late, and why, after the scratch directory is gone."""
+    found = [*workdir.glob("*.log"), *workdir.glob("*-received-*.txt"), *workdir.glob("*-profile.txt")]
+    logs = sorted(path for path in found if path.is_file())
     if not logs:
         return
     target.mkdir(parents=True, exist_ok=True)

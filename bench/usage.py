@@ -1,10 +1,15 @@
-"""What the processes of a benchmark took: peak RSS and CPU time, read from ``/proc``."""
+"""What the processes of a benchmark took: peak RSS and CPU time, read from ``/proc``; and the CPU
+each process (the PostgreSQL server with all its children among them) spent over a measured
+interval, per run (:class:`CpuMeter`)."""
 
 from __future__ import annotations
 
 import os
 import resource
+import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,3 +86,163 @@ def current_rss(pid: int | None) -> int | None:
 def harness_memory() -> ProcessMemory:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return ProcessMemory("harness", os.getpid(), usage.ru_maxrss * 1024, round(usage.ru_utime + usage.ru_stime, 2))
+
+
+# -- CPU over a measured interval ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StatLine:
+    """What ``/proc/PID/stat`` says of a process's CPU: its parent, and its user + system ticks,
+    its own and those of its children it has reaped (``cutime`` + ``cstime``), so that a backend
+    that exits during the interval still counts: its ticks move to its parent."""
+
+    pid: int
+    ppid: int
+    ticks: int
+
+
+def parse_stat(text: str) -> StatLine | None:
+    """One ``/proc/PID/stat`` line; None if it does not parse. The command name (in parentheses)
+    may hold spaces and parentheses itself: the fields are read after its last ``)``."""
+    head, paren, rest = text.rpartition(")")
+    if not paren:
+        return None
+    fields = rest.split()
+    try:
+        pid = int(head.split("(", 1)[0])
+        # proc(5): ppid is field 4; utime, stime, cutime and cstime fields 14 to 17.
+        return StatLine(pid, int(fields[1]), sum(int(value) for value in fields[11:15]))
+    except (ValueError, IndexError):
+        return None
+
+
+def read_stats(proc: Path = Path("/proc")) -> dict[int, StatLine]:
+    """Every process's stat line now (processes that end while they are read are left out)."""
+    stats: dict[int, StatLine] = {}
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            line = parse_stat((entry / "stat").read_text())
+        except OSError:
+            continue
+        if line is not None:
+            stats[line.pid] = line
+    return stats
+
+
+def tree_ticks(root: int, stats: Mapping[int, StatLine]) -> int | None:
+    """CPU ticks of ``root`` and all its descendants (for PostgreSQL: the postmaster, its
+    backends, walwriter, checkpointer...); None if ``root`` is gone."""
+    if root not in stats:
+        return None
+    children: dict[int, list[int]] = {}
+    for line in stats.values():
+        children.setdefault(line.ppid, []).append(line.pid)
+    total, todo, seen = 0, [root], set()
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        total += stats[pid].ticks
+        todo += children.get(pid, [])
+    return total
+
+
+def postmaster_pid(data_dir: str | Path) -> int | None:
+    """The PostgreSQL server's pid, from the first line of ``postmaster.pid`` in its data directory."""
+    try:
+        first = (Path(data_dir) / "postmaster.pid").read_text().split("\n", 1)[0]
+        return int(first)
+    except (OSError, ValueError):
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Metered:
+    """A process (or a process tree) whose CPU a :class:`CpuMeter` measures: its name in the report,
+    its role (``node``, ``worker``, ``postgres``, ``harness``) and its pid; ``tree``: with every
+    descendant."""
+
+    name: str
+    role: str
+    pid: int | None
+    tree: bool = False
+
+
+# Roles counted in the total: the system under test (for the floor, the harness is its database
+# driver: ``driver``). Otherwise the harness only creates jobs beforehand and polls while it is
+# measured; it gets a line of its own.
+MEASURED_ROLES = ("node", "worker", "postgres", "driver")
+
+
+class CpuMeter:
+    """CPU seconds of each process between :meth:`start` and :meth:`stop`, and per run.
+
+    Read from ``/proc`` at both ends (user + system of every thread, and of reaped children): a
+    process that starts or ends inside the interval is not counted (its line says null).
+    """
+
+    def __init__(self, processes: Iterable[Metered], *, proc: Path = Path("/proc")) -> None:
+        self._processes = list(processes)
+        self._proc = proc
+        self._before: dict[str, int | None] = {}
+        self._started = 0.0
+
+    def _ticks(self) -> dict[str, int | None]:
+        stats = read_stats(self._proc)
+        ticks: dict[str, int | None] = {}
+        for process in self._processes:
+            if process.pid is None:
+                ticks[process.name] = None
+            elif process.tree:
+                ticks[process.name] = tree_ticks(process.pid, stats)
+            else:
+                line = stats.get(process.pid)
+                ticks[process.name] = None if line is None else line.ticks
+        return ticks
+
+    def start(self) -> None:
+        self._before, self._started = self._ticks(), time.monotonic()
+
+    def stop(self, runs: int) -> dict[str, object]:
+        """The interval's figures: ``interval_s``, ``runs`` and one row per process, then one per
+        role with more than one process, then ``total`` (of :data:`MEASURED_ROLES`)."""
+        after, interval = self._ticks(), time.monotonic() - self._started
+        seconds: dict[str, float | None] = {}
+        for process in self._processes:
+            before, now = self._before.get(process.name), after.get(process.name)
+            seconds[process.name] = None if before is None or now is None else (now - before) / _TICKS
+        return cpu_figures(self._processes, seconds, runs=runs, interval_s=interval)
+
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_figures(processes: Sequence[Metered], seconds: Mapping[str, float | None], *, runs: int,
+                interval_s: float) -> dict[str, object]:
+    """The rows of :meth:`CpuMeter.stop` from each process's CPU seconds."""
+
+    def row(name: str, role: str, cpu: float | None) -> dict[str, object]:
+        return {"name": name, "role": role, "cpu_s": None if cpu is None else round(cpu, 3),
+                "us_per_run": None if cpu is None or runs <= 0 else round(cpu * 1e6 / runs, 1),
+                "cores": None if cpu is None or interval_s <= 0 else round(cpu / interval_s, 3)}
+
+    rows = [row(p.name, p.role, seconds.get(p.name)) for p in processes]
+    for role in MEASURED_ROLES:
+        members = [seconds.get(p.name) for p in processes if p.role == role]
+        if len(members) > 1:
+            rows.append(row(f"{role}s", f"{role} (all)", _sum(members)))
+    rows.append(row("total", "total", _sum([seconds.get(p.name) for p in processes if p.role in MEASURED_ROLES])))
+    return {"interval_s": round(interval_s, 2), "runs": runs, "processes": rows}
+
+
+def _sum(values: Sequence[float | None]) -> float | None:
+    """The sum, or None if any is unknown (a total that leaves a process out would mislead)."""
+    return None if not values or any(value is None for value in values) else sum(v for v in values if v is not None)
+
+
+def harness_metered() -> Metered:
+    return Metered("harness", "harness", os.getpid())

@@ -16,6 +16,7 @@ from fastlane.bench.scenarios import (
     cron,
     failover,
     fairness,
+    floor,
     oneshot,
     priority,
     retention,
@@ -44,4 +45,8 @@ SCENARIOS: dict[str, Scenario] = {
     "retention": Scenario(measure=retention.retention, budget=retention.budget),
     "workflow": Scenario(measure=workflow.workflow, budget=workflow.budget),
     "console": Scenario(measure=console.console, budget=console.budget),
+    "floor": Scenario(measure=floor.floor, budget=floor.budget),
 }
+# The scenarios that take --floor (a floor measured first, their runs/s as a ratio to it) and
+# --profile (py-spy on node-1 over the measured interval).
+WITH_FLOOR = ("sustained", "burst")

@@ -11,6 +11,7 @@ picks after creating its jobs); they run one after the other, never at once.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
@@ -38,6 +39,8 @@ from fastlane.bench.peer import (
     peer_available,
     run_peer,
 )
+from fastlane.bench.scenarios import floor
+from fastlane.bench.scenarios.sustained import SUCCEEDED
 from fastlane.bench.secure import secure
 from fastlane.bench.stats import Deliveries, histogram_quantiles, stall_causes
 
@@ -53,6 +56,7 @@ BURST_JOBS = 100_000
 FASTLANE_GRACE_S = 60.0  # after the last due instant, for the last runs to arrive
 PEER_GRACE_S = 60.0
 PEER_SQL_GRACE_PER_JOB_S = 0.01  # the SQLAlchemy store deletes each fired job in its own transaction
+SUCCEEDED_GRACE_S = 10.0  # burst: after the last receipt, for the last results to be durable
 # A burst is started this long before its instant, so that the window (all of the burst) is
 # loaded and every process is idle and connected when it comes.
 BURST_LAUNCH_LEAD = timedelta(seconds=9)
@@ -76,7 +80,8 @@ def spread_budget(bench: Bench) -> float:
 
 
 def burst_budget(bench: Bench) -> float:
-    return _budget(bench.scaled(BURST_JOBS, minimum=10), 0.0, fastlane_runs=2 if bench.secure else 1)
+    own = _budget(bench.scaled(BURST_JOBS, minimum=10), 0.0, fastlane_runs=2 if bench.secure else 1)
+    return own + (floor.budget(bench) if bench.floor else 0.0) + SUCCEEDED_GRACE_S
 
 
 def _budget(jobs: int, over: float, *, fastlane_runs: int) -> float:
@@ -86,7 +91,14 @@ def _budget(jobs: int, over: float, *, fastlane_runs: int) -> float:
 
 
 async def _measure(bench: Bench, name: str, offsets: list[float]) -> list[dict[str, object]]:
+    floor_result = await floor.floor_first(bench) if name == "burst" else None  # before any daemon
     results = [await _fastlane(bench, name, offsets)]
+    if floor_result is not None:
+        floor.compare_with_floor(results[0], floor_result)
+        results.append(floor_result)
+        bench.note("burst's runs/s is the delivery after the instant; its runs were written ahead before it, so "
+                   "vs_floor compares the dispatch and results alone with the floor's three writes and can pass 1: "
+                   "floor_cpu_share (CPU per run) is the comparable figure")
     if bench.secure:
         results.append(await _fastlane(bench, name, offsets, secured=True))
     if peer_available(bench):
@@ -127,14 +139,28 @@ async def measure_fastlane(bench: Bench, name: str, offsets: list[float], url: s
                                label="fastlane-secure" if secured else system.replace(" ", "-"),
                                node_args=node_args) as cluster:
         ready_at = await cluster.start()
+        # A burst's CPU is measured from the processes being ready (the whole burst is written
+        # ahead after that) to the last result durable; and node-1 is profiled over the same.
+        meter = cluster.cpu_meter() if name == "burst" else None
+        profiler = cluster.profiler() if meter is not None and bench.profile else None
+        if meter is not None:
+            meter.start()
+        if profiler is not None:
+            profiler.start()
         overrun = note_overrun(bench, first, ready_at)
         tail = RecordTail(cluster.record_paths)
         deadline = Deadline((max(instants) - now_utc()).total_seconds() + FASTLANE_GRACE_S)
         scraped_before, scraped_from = await cluster.scrape_first(), time.monotonic()
-        await wait_for_runs(tail, jobs, deadline, bench.progress)
+        received = await wait_for_runs(tail, jobs, deadline, bench.progress)
         scraped_after, scraped_for = await cluster.scrape_first(), time.monotonic() - scraped_from
+        measured: dict[str, object] = {}
+        if meter is not None:
+            measured["cpu"] = meter.stop(runs=await _succeeded(cluster, received))
+        if profiler is not None:
+            measured["profile"] = profiler.stop()
     got = tail.deliveries()  # after the stop: a run delivered twice while draining counts too
-    figures: dict[str, object] = {"insert_s": round(created.seconds, 2), "lead_in_overrun_s": round(overrun, 2)}
+    figures: dict[str, object] = {"insert_s": round(created.seconds, 2), "lead_in_overrun_s": round(overrun, 2),
+                                  **measured}
     # The first node's own view while the runs were due: how late its event loop woke, and why.
     figures["node_loop_lag_ms"] = histogram_quantiles(
         scraped_before, scraped_after, "fastlane_event_loop_lag_seconds", {"p50": 0.5, "p99": 0.99, "p999": 0.999})
@@ -149,6 +175,15 @@ async def measure_fastlane(bench: Bench, name: str, offsets: list[float], url: s
     if after is not None:
         figures.update(await after(scraped_before, scraped_after, scraped_for))
     return system_result(bench, system, jobs=jobs, got=got, **figures)
+
+
+async def _succeeded(cluster: FastlaneCluster, received: int) -> int:
+    """Runs succeeded on the nodes once the results of the ``received`` runs are durable (or
+    :data:`SUCCEEDED_GRACE_S` has passed): the runs the CPU was spent on."""
+    deadline = Deadline(SUCCEEDED_GRACE_S)
+    while (succeeded := await cluster.metric_total(SUCCEEDED)) < received and not deadline.expired:
+        await asyncio.sleep(0.2)  # each poll scrapes every node's metrics: on the nodes' CPU
+    return int(succeeded)
 
 
 def _last_after(got: Deliveries, instant_us: int) -> float | None:

@@ -31,6 +31,7 @@ from fastlane.bench.harness import (
     sleep_until,
     system_result,
 )
+from fastlane.bench.scenarios import floor
 
 JOBS = 20_000
 EVERY = timedelta(seconds=1)
@@ -53,12 +54,14 @@ def timing(bench: Bench) -> Timing:
 
 
 def budget(bench: Bench) -> float:
-    return START_ALLOWANCE_S * 2 + bench.scaled(JOBS, 10) * CREATE_WORST_S + timing(bench).total
+    own = START_ALLOWANCE_S * 2 + bench.scaled(JOBS, 10) * CREATE_WORST_S + timing(bench).total
+    return own + (floor.budget(bench) if bench.floor else 0.0)
 
 
 async def sustained(bench: Bench) -> list[dict[str, object]]:
     jobs = bench.scaled(JOBS, minimum=10)
     times = timing(bench)
+    floor_result = await floor.floor_first(bench)  # before any daemon, on a database of its own
     url = await bench.fresh_database("fastlane")
     first, created = await create_phased_interval_jobs(bench, url, jobs, EVERY)
     async with FastlaneCluster(bench, url, nodes=bench.nodes, workers=bench.workers) as cluster:
@@ -67,6 +70,11 @@ async def sustained(bench: Bench) -> list[dict[str, object]]:
         window_start = first + timedelta(seconds=times.warmup_s)
         await sleep_until(window_start, bench.progress, "warming up")
         before, started = await cluster.metric_total(SUCCEEDED), time.monotonic()
+        meter = cluster.cpu_meter()
+        meter.start()
+        profiler = cluster.profiler() if bench.profile else None
+        if profiler is not None:
+            profiler.start()
         missed_before = await cluster.metric_total(MISSED)
         bench.progress.phase("measuring succeeded runs/s")
         while (elapsed := time.monotonic() - started) < times.window_s:
@@ -75,6 +83,8 @@ async def sustained(bench: Bench) -> list[dict[str, object]]:
             rate = (now_total - before) / max(time.monotonic() - started, 1e-6)
             bench.progress.update(round(time.monotonic() - started), round(times.window_s), f"{rate:9,.0f} runs/s")
         after, ended = await cluster.metric_total(SUCCEEDED), time.monotonic()
+        cpu = meter.stop(runs=int(after - before))
+        profile = profiler.stop() if profiler is not None else None
         missed = await cluster.metric_total(MISSED) - missed_before
         window_end = now_utc()
     tail = RecordTail(cluster.record_paths)
@@ -96,4 +106,9 @@ async def sustained(bench: Bench) -> list[dict[str, object]]:
     # Occurrences found beyond their misfire grace and recorded as skipped over the window: what
     # an overloaded node gives up (the jobs coalesce them into one run each).
     result["missed_in_window"] = int(missed)
-    return [result]
+    # CPU of every process over the window, per run succeeded in it; the stages of node-1.
+    result["cpu"] = cpu
+    if profile is not None:
+        result["profile"] = profile
+    floor.compare_with_floor(result, floor_result)
+    return [result] if floor_result is None else [result, floor_result]

@@ -28,6 +28,7 @@ SCENARIOS: dict[str, str] = {
     "retention": "spread twice over 1,000,000 runs 40 days old: p99 start lag while the node trims them vs not",
     "workflow": "1,000 runs of a 10-step DAG: p99 of a parent's end to its child's start (≤ 10 ms)",
     "console": "100,000 jobs, 1,000,000 runs on PostgreSQL: p50/p95/max of each web console page (p95 ≤ 200 ms)",
+    "floor": "the runs/s the database alone allows: each run's three writes, the node's statements, the raw driver",
 }
 
 EPILOG = "scenarios:\n" + "\n".join(f"  {name:<10} {summary}" for name, summary in SCENARIOS.items()) + """
@@ -81,6 +82,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "at priority N (1..99), as `fastlane worker --realtime-priority` does; 0: normal "
                              "scheduling. Needs CAP_SYS_NICE (root has it); the processes table says where it "
                              "was granted (default: 1)")
+    parser.add_argument("--floor", action="store_true",
+                        help="sustained and burst: first measure the floor (the database alone, same server, a "
+                             "database of its own) and report fastlane's runs/s as a ratio to it")
+    parser.add_argument("--profile", action="store_true",
+                        help="sustained and burst: sample node-1's stacks with py-spy (bench extra) over the measured "
+                             "interval and report the share of samples in each stage of the node")
     parser.add_argument("--json", action="store_true",
                         help="print the result as one JSON document instead of the Markdown report")
     parser.add_argument("--out", metavar="DIR",
@@ -103,6 +110,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--durable applies to --backend postgres (SQLite runs as fastlane always runs it: WAL, synchronous=NORMAL)")
     if args.secure and args.scenario not in ("spread", "burst"):
         raise UsageError("--secure applies to spread and burst")
+    if (args.floor or args.profile) and args.scenario not in ("sustained", "burst"):
+        raise UsageError("--floor and --profile apply to sustained and burst")
+    if args.scenario == "floor" and nodes != 1:
+        raise UsageError("floor measures the database alone: leave --nodes at 1")
     if args.scenario == "scale" and nodes != 1:
         raise UsageError("scale measures one node: leave --nodes at 1")
     from fastlane.bench.runner import Options, run_benchmark
@@ -112,5 +123,6 @@ def run(args: argparse.Namespace) -> int:
                                         workers=args.workers, scale=args.scale, peer=not args.no_peer,
                                         secure=args.secure, durable=args.durable,
                                         realtime_priority=args.realtime_priority,
+                                        floor=args.floor, profile=args.profile,
                                         json=args.json, out=args.out))
     return status
