@@ -41,7 +41,8 @@ ALLOWED: Final[dict[str, frozenset[Role]]] = {
     "/fastlane.v1.WorkflowService/ListWorkflowRuns": READ,
     "/fastlane.v1.WorkflowService/GetWorkflowRun": READ,
     "/fastlane.v1.WorkerService/Connect": frozenset({ADMIN, WORKER}),
-    # Nodes, shards and clock offsets: no tenant's data, and workers follow membership with it.
+    # Every role, each seeing its part (servicers/admin.py): workers follow the membership with it,
+    # clients see which workers serve a job type; node addresses and shards are not for all.
     "/fastlane.v1.AdminService/GetCluster": EVERYONE,
     "/fastlane.v1.AdminService/CreateToken": frozenset({ADMIN}),
     "/fastlane.v1.AdminService/ListTokens": frozenset({ADMIN}),

@@ -76,8 +76,15 @@ def register(commands: Any) -> None:
     )
     serve.add_argument(
         "--metrics", metavar="HOST:PORT",
-        help="serve Prometheus metrics on this separate address (default: off; a non-loopback address needs "
-        "--auth or --insecure)",
+        help="serve Prometheus metrics on this separate address, over plain HTTP without a token; under --auth "
+        "the tenant and job_type labels are pseudonyms, not names (t-/j- and 10 hex digits of an HMAC keyed by the "
+        "--db URL: the same on every node given the same URL) (default: off; a non-loopback address needs --auth "
+        "or --insecure)",
+    )
+    serve.add_argument(
+        "--metrics-names", action="store_true",
+        help="under --auth, show tenant names and job types in clear on --metrics: for a scrape that only "
+        "trusted hosts can reach (default: pseudonyms)",
     )
     serve.add_argument(
         "--health", metavar="HOST:PORT",
@@ -314,6 +321,7 @@ def serve_node(args: argparse.Namespace) -> int:
         advertise=args.advertise,
         node_id=args.node_id or default_node_id(),
         metrics_listen=args.metrics,
+        metrics_names=args.metrics_names,
         health_listen=args.health,
         console_listen=args.console,
         auth=args.auth,

@@ -3,6 +3,8 @@
 Server-rendered pages (:mod:`.pages`) and actions (:mod:`.actions`) behind one guard (:mod:`.guard`:
 sign-in with an API token, CSRF, origin), each page made of the API's own calls as the signed-in
 caller (:mod:`.gateway`), so the console shows and does exactly what that token may through the API.
+Sign-in attempts are limited per source address (:mod:`.signin_limit`), sessions per token and
+tenant (:mod:`.sessions`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from fastlane.console.gateway import Gateway
 from fastlane.console.rendering import Console, make_templates
 from fastlane.console.server import ConsoleServer
 from fastlane.console.sessions import Sessions
+from fastlane.console.signin_limit import SigninLimit
 from fastlane.runtime.metrics import Metrics
 
 
@@ -24,5 +27,5 @@ def console_server(listen: str, *, services: dict[str, object], authenticator: A
     activity = Activity(metrics)
     console = Console(gateway=Gateway(services), sessions=Sessions(), authenticator=authenticator, activity=activity,
                       node_id=node_id, secure=tls_files is not None, templates=make_templates(),
-                      unserved=lambda: metrics.unserved.read())
+                      unserved=lambda: metrics.unserved.read(), signin_limit=SigninLimit())
     return ConsoleServer(console, listen, tls_files=tls_files), activity

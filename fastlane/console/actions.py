@@ -8,6 +8,7 @@ so a reload never repeats it). A refused call shows the API's own message.
 from __future__ import annotations
 
 import logging
+import math
 
 from aiohttp import web
 
@@ -15,7 +16,15 @@ from fastlane._proto import common_pb2, jobs_pb2, runs_pb2, workflows_pb2
 from fastlane.console.forms import KINDS, JobForm
 from fastlane.console.gateway import CallRefused
 from fastlane.console.guard import set_session_cookie
-from fastlane.console.rendering import CONSOLE, STATUS_OF_REFUSAL, call_api, render, see_other, session_of
+from fastlane.console.rendering import (
+    CONSOLE,
+    STATUS_OF_REFUSAL,
+    call_api,
+    caller_of,
+    render,
+    see_other,
+    session_of,
+)
 from fastlane.console.sessions import COOKIE
 from fastlane.domain.errors import StorageUnavailable, Unauthenticated
 from fastlane.errors import InvalidArgument
@@ -64,19 +73,26 @@ async def signin(request: web.Request) -> web.StreamResponse:
     console = request.app[CONSOLE]
     if console.authenticator is None:
         return see_other("/")
+    wait = console.signin_limit.take(request.remote or "")  # the peer: behind a proxy, the proxy
+    if wait:  # refused before the token is looked up
+        log.info("console sign-in from %s refused: too many attempts", request.remote)
+        answer = await signin_page(request, status=429, error="Too many sign-in attempts from your address: "
+                                   f"try again in {math.ceil(wait)} s.")
+        answer.headers["Retry-After"] = str(math.ceil(wait))
+        return answer
     form = await request.post()
     token = str(form.get("token", "")).strip()
     if not token or len(token) > MAX_TOKEN_CHARS:
         return await signin_page(request, error="Paste an API token (fl_<id>_<secret>).", status=400)
     try:
-        caller = await console.authenticator.authenticate(f"Bearer {token}")
+        caller = await console.authenticator.authenticate(f"Bearer {token}", source=request.remote)
     except Unauthenticated as error:
         log.info("console sign-in refused: %s", error)
         return await signin_page(request, error=str(error), status=401)
     except StorageUnavailable as error:
         return await signin_page(request, error=str(error), status=503)
     log.info("console sign-in of token %s (%s, tenant %s)", caller.token_id, caller.role, caller.tenant)
-    session = console.sessions.start(token)
+    session = console.sessions.start(token, tenant=caller.tenant)
     response = see_other("/")
     set_session_cookie(response, console, session)
     return response
@@ -114,13 +130,23 @@ async def create_job(request: web.Request) -> web.StreamResponse:
     return see_other(f"/jobs/{answer.job.job_id}?done=created")
 
 
+def _refuse_unless_may_edit(request: web.Request) -> None:
+    """The edit form is for who may save it: a viewer is refused it (and so never sees a job's
+    settings laid out for change), before any call."""
+    caller = caller_of(request)
+    if not request.app[CONSOLE].gateway.may(caller, "JobService/UpdateJob"):
+        raise web.HTTPForbidden(text=f"a {caller.role} token may not edit jobs")
+
+
 async def edit_job_page(request: web.Request) -> web.Response:
+    _refuse_unless_may_edit(request)
     job_id = request.match_info["job_id"]
     job = wire.job_from_pb(await call_api(request, "JobService/GetJob", jobs_pb2.JobRef(job_id=job_id), common_pb2.Job))
     return _job_form_page(request, JobForm.from_spec(job.spec), job_id=job_id)
 
 
 async def update_job(request: web.Request) -> web.StreamResponse:
+    _refuse_unless_may_edit(request)
     job_id = request.match_info["job_id"]
     fields = {key: str(value) for key, value in (await request.post()).items() if isinstance(value, str)}
     try:

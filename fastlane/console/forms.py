@@ -4,6 +4,9 @@ Only turns text into types and says which field is wrong; the bounds of every va
 where every API request's are, by the servicer the form's spec goes to (its one validation point).
 The form covers what people set by hand (name, type, schedule, payload, attempts, priority); an
 edit keeps the job's other settings (policies, timeouts, concurrency) as they are.
+
+The console never shows a payload (it may hold secrets), so an edit form starts with the payload
+empty: left empty, the edit keeps the job's payload; filled, it replaces it; "clear" empties it.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ class JobForm:
     at: str = ""
     every_seconds: str = ""
     payload: str = ""
+    clear_payload: str = ""  # a checkbox: anything but empty empties the job's payload (an edit, payload empty)
     max_attempts: str = "3"
     priority: str = "0"
 
@@ -51,15 +55,16 @@ class JobForm:
 
     @classmethod
     def from_spec(cls, spec: JobSpec) -> JobForm:
+        """The form of an edit: every field of the spec but its payload, which is never shown."""
         s = spec.schedule
-        payload = spec.payload.decode("utf-8", errors="replace") if spec.payload else ""
         return cls(name=spec.name, job_type=spec.job_type, schedule=s.kind.value, cron=s.cron or "",
                    timezone=s.timezone, at=s.at.isoformat() if s.at else "",
-                   every_seconds=_seconds_text(s.every) if s.every else "", payload=payload,
+                   every_seconds=_seconds_text(s.every) if s.every else "",
                    max_attempts=str(spec.retry.max_attempts), priority=str(spec.priority))
 
     def spec(self, *, tenant: str, based_on: JobSpec | None = None) -> JobSpec:
-        """The spec the form describes (over ``based_on``'s other settings, for an edit).
+        """The spec the form describes (over ``based_on``'s other settings, for an edit, and its
+        payload too unless the form gives one or asks to clear it).
 
         Raises:
             InvalidArgument: a field cannot be read as its type.
@@ -72,9 +77,11 @@ class JobForm:
             except orjson.JSONDecodeError as error:
                 raise InvalidArgument("payload", f"is not JSON: {error}") from error
         base = based_on or JobSpec(name=self.name, job_type=self.job_type, schedule=Schedule.now())
+        keep_payload = based_on is not None and not self.payload and not self.clear_payload
         return dataclasses.replace(
             base, tenant=tenant, name=self.name, job_type=self.job_type, schedule=self._schedule(base.schedule),
-            payload=self.payload.encode(), priority=_integer("priority", self.priority, 0),
+            payload=base.payload if keep_payload else self.payload.encode(),
+            priority=_integer("priority", self.priority, 0),
             retry=dataclasses.replace(base.retry if based_on else RetryPolicy(),
                                       max_attempts=_integer("max_attempts", self.max_attempts, RetryPolicy().max_attempts)),
         )

@@ -4,7 +4,8 @@ One middleware stands in front of every page and action, as the access intercept
 front of every API call: it finds the session of the request's cookie, checks the session's token
 again (revoked or expired: signed out), refuses an action whose form does not carry the session's
 CSRF token or that comes from another origin, and adds the headers every answer carries (a strict
-Content-Security-Policy among them: the pages run no inline script). What a page shows is then
+Content-Security-Policy among them: the pages run no inline script; under TLS, Strict-Transport-Security
+too, so a browser that has been here once never comes back over plain HTTP). What a page shows is then
 whatever the API answers the caller (:mod:`fastlane.console.gateway`).
 """
 
@@ -33,6 +34,9 @@ HEADERS = {
     "X-Frame-Options": "DENY",
     "Cache-Control": "no-store",
 }
+# Only over TLS: a plain HTTP console (loopback, development) must not tell a browser to insist on
+# HTTPS for its host. A year, as browsers' preload lists ask.
+TLS_HEADERS = {"Strict-Transport-Security": "max-age=31536000"}
 
 # Who a request is before sign-in: pages open to it (sign-in) make no API call, and if one did it
 # could do nothing (a viewer of no tenant).
@@ -68,6 +72,8 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         response = render(request, "error.html", status=500, code="INTERNAL",
                           message=f"internal error {error_id}: see the node's log")
     response.headers.update(HEADERS)
+    if request.app[CONSOLE].secure:
+        response.headers.update(TLS_HEADERS)
     return response
 
 
@@ -79,7 +85,7 @@ async def _guarded(request: web.Request, handler: Handler) -> web.StreamResponse
     new_session = None
     if console.authenticator is None:  # no tokens on this node: every visitor is the anonymous admin
         if session is None:
-            session = new_session = console.sessions.start(None)
+            session = new_session = console.sessions.start(None, tenant=None)
         request[CALLER] = ANONYMOUS
     elif request.path in OPEN_PATHS:
         request[CALLER] = SIGNED_OUT

@@ -17,6 +17,7 @@ from fastlane.console import formatting
 from fastlane.console.activity import Activity
 from fastlane.console.gateway import CallRefused, Gateway
 from fastlane.console.sessions import Session, Sessions
+from fastlane.console.signin_limit import SigninLimit
 from fastlane.domain import lifecycle
 
 HERE = Path(__file__).parent
@@ -36,9 +37,10 @@ class Console:
     authenticator: Authenticator | None  # None: the node requires no tokens
     activity: Activity
     node_id: str
-    secure: bool  # served over TLS: the cookie is Secure
+    secure: bool  # served over TLS: the cookie is Secure, every answer carries Strict-Transport-Security
     templates: jinja2.Environment
     unserved: Callable[[], Mapping[tuple[str, str], float]]  # ready runs no connected worker serves
+    signin_limit: SigninLimit  # sign-in attempts per source address
 
 
 CONSOLE = web.AppKey("console", Console)

@@ -1,8 +1,20 @@
-"""Prometheus metrics of one node, in a registry of its own (several nodes can share a process in tests)."""
+"""Prometheus metrics of one node, in a registry of its own (several nodes can share a process in tests).
+
+What ``/metrics`` shows of tenants and job types: their names in clear on a node without ``--auth``
+(or with ``--metrics-names``); otherwise each ``tenant`` and ``job_type`` label value is a
+:class:`Pseudonyms` stand-in (``t-`` or ``j-`` and 10 hex digits of an HMAC-SHA256), so a scrape,
+which carries no token, tells no one which tenants and job types the node serves. A pseudonym is
+the same on every scrape, so rates, alerts and ``sum by (tenant)`` work as before; it is keyed by
+a secret of the node's settings, so one cannot test guessed names against it without that secret.
+The registry itself keeps the names: the node's own readers (the console) see them.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+import hashlib
+import hmac
+import secrets as random_source
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import (
@@ -13,8 +25,13 @@ from prometheus_client import (
     start_http_server,
 )
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
 
 from fastlane.errors import ConfigurationError
+
+# Labels whose values name a tenant's things, and the prefix of their pseudonyms.
+NAMED_LABELS = {"tenant": "t-", "job_type": "j-"}
+PSEUDONYM_HEX_DIGITS = 10  # 40 bits: collisions unlikely below a million names
 
 # Trigger lag is the product's promise: fine buckets from half a millisecond to ten seconds.
 _LAG_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -35,6 +52,46 @@ class ReadWhenScraped:
         for values, value in self.read().items():
             family.add_metric(list(values), value)
         yield family
+
+
+class Pseudonyms:
+    """Stable, non-reversible stand-ins for the values of :data:`NAMED_LABELS`.
+
+    Args:
+        secret: What keys them: the same secret gives the same pseudonyms (on every node given
+            it, and after a restart); without it a guessed name cannot be checked against one.
+    """
+
+    def __init__(self, secret: bytes) -> None:
+        self._key = hashlib.sha256(b"fastlane metrics pseudonyms\0" + secret).digest()
+
+    def of(self, label: str, value: str) -> str:
+        """The pseudonym of ``value`` of ``label`` (``tenant`` or ``job_type``); empty stays empty
+        (a worker serving every tenant)."""
+        if not value:
+            return value
+        digest = hmac.new(self._key, f"{label}\0{value}".encode(), hashlib.sha256).hexdigest()
+        return NAMED_LABELS[label] + digest[:PSEUDONYM_HEX_DIGITS]
+
+    def labels(self, labels: dict[str, str]) -> dict[str, str]:
+        return {name: self.of(name, value) if name in NAMED_LABELS else value for name, value in labels.items()}
+
+
+class PseudonymisedView:
+    """A registry as ``/metrics`` shows it: every sample's tenant and job type a pseudonym."""
+
+    def __init__(self, registry: CollectorRegistry, pseudonyms: Pseudonyms) -> None:
+        self._registry, self._pseudonyms = registry, pseudonyms
+
+    def collect(self) -> Iterable[Metric]:
+        for family in self._registry.collect():
+            if not any(name in sample.labels for sample in family.samples for name in NAMED_LABELS):
+                yield family
+                continue
+            renamed = Metric(family.name, family.documentation, family.type, family.unit)
+            renamed.samples = [sample._replace(labels=self._pseudonyms.labels(sample.labels))
+                               for sample in family.samples]
+            yield renamed
 
 
 class Metrics:
@@ -169,10 +226,24 @@ class Metrics:
                                 "How long before their instant runs are written now (grows with slow writes)",
                                 registry=registry)
 
-    def serve(self, listen: str) -> None:
-        """Expose /metrics over HTTP on ``HOST:PORT`` (a daemon thread)."""
+    def exposed(self, *, names_in_clear: bool = False, secret: bytes | None = None) -> CollectorRegistry:
+        """The registry ``/metrics`` serves: this one with names in clear, else a
+        :class:`PseudonymisedView` of it keyed by ``secret`` (None: a random key, so pseudonyms
+        stable only while this process runs)."""
+        if names_in_clear:
+            return self.registry
+        view = CollectorRegistry(auto_describe=True)  # names known, for ?name[]= scrapes
+        view.register(PseudonymisedView(self.registry, Pseudonyms(secret or random_source.token_bytes(32))))
+        return view
+
+    def serve(self, listen: str, *, names_in_clear: bool = False, secret: bytes | None = None) -> None:
+        """Expose /metrics over HTTP on ``HOST:PORT`` (a daemon thread): tenant names and job
+        types as pseudonyms keyed by ``secret`` unless ``names_in_clear`` (see :meth:`exposed`).
+        A node passes ``names_in_clear=not auth or metrics_names`` and its database URL as the
+        secret (the nodes of a cluster share it, and it is kept from the process list)."""
         host, _, port = listen.rpartition(":")
+        registry = self.exposed(names_in_clear=names_in_clear, secret=secret)
         try:
-            start_http_server(int(port), addr=host.strip("[]") or "127.0.0.1", registry=self.registry)
+            start_http_server(int(port), addr=host.strip("[]") or "127.0.0.1", registry=registry)
         except OSError as error:
             raise ConfigurationError(f"--metrics {listen}: cannot listen: {error.strerror or error}") from error

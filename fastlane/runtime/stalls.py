@@ -34,7 +34,7 @@ STALL = 0.002  # a wake-up later than this is a stall worth attributing
 REPORT_EVERY = 60.0  # at most one log line a minute, naming the worst stall since the last
 WATCH_EVERY = 0.004  # how often the watchdog thread looks whether the loop is overdue
 MAX_SITES = 24  # distinct stall sites named in the metric; later ones count as "other"
-_PACKAGE_DIR = __file__.rsplit("/", 1)[0]
+_PACKAGE_DIR = __file__.rsplit("/", 2)[0]  # fastlane/, of which this is runtime/stalls.py
 
 
 @dataclass(frozen=True, slots=True)

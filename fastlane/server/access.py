@@ -6,7 +6,8 @@ refuses a role the method does not allow (:mod:`fastlane.auth.roles`), and sets
 :data:`~fastlane.auth.caller.current_caller` for the servicer, which scopes every read and write
 to the caller's tenant. Refusals are UNAUTHENTICATED (no valid token) or PERMISSION_DENIED (a
 valid token that may not do this); a token that cannot be checked because the database is down
-is UNAVAILABLE, which clients retry.
+is UNAVAILABLE, which clients retry. Lookups of token ids the node has not seen are limited per
+client address (:func:`source_of`), so guessing ids from one place soon costs the database nothing.
 
 A stream outlives the check made when it opened: while a worker stream is open its token is
 checked again every :data:`~fastlane.auth.authenticator.CACHE_SECONDS`, and the stream is ended
@@ -62,7 +63,7 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):
         authorization = next((str(value) for key, value in context.invocation_metadata() or ()
                               if key == "authorization"), None)
         try:
-            caller = await self._authenticator.authenticate(authorization)
+            caller = await self._authenticator.authenticate(authorization, source=source_of(context.peer()))
             if not roles.may_call(caller.role, method):
                 raise PermissionDenied(f"a {caller.role} token may not call {method.rsplit('/', 1)[-1]}")
         except FastlaneError as error:
@@ -148,6 +149,16 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):
                 serving.cancel()
                 return refusal
         return None
+
+
+def source_of(peer: str | None) -> str:
+    """Where a call comes from, for limits per source: the client's host without its port
+    (``ipv4:10.0.0.7:51234`` is ``ipv4:10.0.0.7``; each connection has a port of its own), or the
+    whole peer for a Unix socket."""
+    peer = peer or ""
+    if peer.startswith(("ipv4:", "ipv6:")):
+        return peer.rpartition(":")[0]
+    return peer
 
 
 def _as_behaviour(behaviour: Callable[..., Any]) -> Any:

@@ -137,8 +137,13 @@ class NodeReport:
 
 def build(settings: Settings, store: Store, *, clock: Clock, metrics: Metrics, ready: asyncio.Event,
           stopping: asyncio.Event) -> Parts:
-    """Wire one node over an open, migrated ``store``; ``ready`` is the node's readiness (shown by
-    the admin API), ``stopping`` is set when it is asked to stop."""
+    """Wire one node over ``store``; ``ready`` is the node's readiness (shown by the admin API),
+    ``stopping`` is set when it is asked to stop. Nothing here reads or writes the store, so a
+    node builds (and binds its API's ports) before it migrates.
+
+    Raises:
+        ConfigurationError: The API's or the health service's address cannot be listened on.
+    """
     inbox = WorkflowInbox()  # the dispatcher hands it due runs of workflow jobs and step runs ended
     retries = _LaneRetries()
     dispatcher = Dispatcher(store, node_id=settings.node_id, clock=clock, metrics=metrics,
@@ -174,6 +179,7 @@ def build(settings: Settings, store: Store, *, clock: Clock, metrics: Metrics, r
         interceptors=[AccessInterceptor(authenticator)] if authenticator is not None else [],
         tls=_server_tls(settings),
         health_listen=settings.health_listen,
+        max_payload_bytes=settings.max_payload_bytes,
         jobs=jobs,
         runs=runs,
         # Where one writer records results, those that wait the worker's window share its

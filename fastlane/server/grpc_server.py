@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import socket
 from collections.abc import Sequence
 
 import grpc
@@ -21,7 +23,7 @@ from fastlane._proto import (
     workflows_pb2_grpc,
 )
 from fastlane.auth.tls import ServerTls, server_credentials
-from fastlane.domain.limits import PAYLOAD_CEILING_BYTES
+from fastlane.domain.limits import DEFAULT_MAX_PAYLOAD_BYTES, MAX_CHECKPOINT_BYTES
 from fastlane.errors import ConfigurationError
 from fastlane.server.servicers.admin import AdminServicer
 from fastlane.server.servicers.jobs import JobServicer
@@ -37,28 +39,90 @@ SERVICE_NAMES = (
     workflows_pb2.DESCRIPTOR.services_by_name["WorkflowService"].full_name,
 )
 
+# What a caller can make the node hold before its token is checked: the access check runs in the
+# handler, once the request is received and parsed, so each call in flight may hold one message of
+# the largest size the server takes. Both factors are bounded: a message is at most the largest
+# valid request (the largest payload or checkpoint, plus this envelope for the rest of the
+# request), and at most MAX_CONCURRENT_RPCS calls and streams are in flight at once (beyond it a
+# call is refused with RESOURCE_EXHAUSTED), MAX_STREAMS_PER_CONNECTION of them on one connection
+# (more wait in the client). The README's security section states the product.
+MESSAGE_ENVELOPE_BYTES = 64 << 10
+MAX_STREAMS_PER_CONNECTION = 100
+# Worker streams count too (one per worker process and node): room for hundreds of workers and
+# their clients' calls.
+MAX_CONCURRENT_RPCS = 1_000
+
+
+def max_message_bytes(max_payload_bytes: int) -> int:
+    """The largest request the server receives: a job of the largest payload, or a worker's
+    largest checkpoint, with room for the rest of the request."""
+    return max(max_payload_bytes, MAX_CHECKPOINT_BYTES) + MESSAGE_ENVELOPE_BYTES
+
+
+def server_options(max_payload_bytes: int) -> list[tuple[str, int]]:
+    """The API server's gRPC options."""
+    return [
+        # gRPC sets SO_REUSEPORT by default, so a second node started on a taken port would
+        # listen beside the first and clients would reach either at random: refuse instead.
+        ("grpc.so_reuseport", 0),
+        # The largest valid request: a too-large payload within the envelope is refused by the
+        # validation point with the field named, anything larger by the transport (RESOURCE_EXHAUSTED)
+        # before a token is checked or a byte of it is parsed.
+        ("grpc.max_receive_message_length", max_message_bytes(max_payload_bytes)),
+        ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
+        ("grpc.keepalive_time_ms", 10_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+    ]
+
+
+def _check_free(listen: str, *, flag: str = "") -> None:
+    """Refuse an address another process listens on, before gRPC tries it: its failure is a raw
+    C-core log line on stderr and a message that names no cause.
+
+    Raises:
+        ConfigurationError: ``cannot listen on HOST:PORT: the address is in use …``, or the
+            system's reason (an address of no interface here, say).
+    """
+    host, _, port = listen.rpartition(":")
+    if not port.isdigit() or int(port) == 0:
+        return  # gRPC says what is wrong with it; port 0 is always free
+    try:
+        addresses = socket.getaddrinfo(host.strip("[]") or None, int(port), type=socket.SOCK_STREAM,
+                                       flags=socket.AI_PASSIVE)
+    except socket.gaierror as error:
+        raise ConfigurationError(f"cannot listen on {flag}{listen}: {error.strerror}") from error
+    for family, kind, protocol, _, address in addresses:
+        with socket.socket(family, kind, protocol) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC does
+            try:
+                probe.bind(address)
+            except OSError as error:
+                if error.errno == errno.EADDRINUSE:
+                    raise ConfigurationError(f"cannot listen on {flag}{listen}: the address is in use (is another "
+                                             "fastlane node running?)") from error
+                raise ConfigurationError(f"cannot listen on {flag}{listen}: {error.strerror or error}") from error
+
 
 class ApiServer:
     """The gRPC face of a node. Health says NOT_SERVING until :meth:`set_ready`."""
 
     def __init__(self, listen: str, *, jobs: JobServicer, runs: RunServicer, workers: WorkerServicer,
                  admin: AdminServicer, workflows: WorkflowServicer | None = None, interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
-                 tls: ServerTls | None = None, health_listen: str | None = None) -> None:
+                 tls: ServerTls | None = None, health_listen: str | None = None,
+                 max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> None:
         """``interceptors``: the access check when tokens are required; ``tls``: serve over TLS
         (mutual TLS when it names a client CA), its files re-read when they change;
         ``health_listen``: also serve the health service alone, in plain gRPC, on this address
-        (Kubernetes' gRPC probes speak neither TLS nor tokens)."""
-        self._server = grpc.aio.server(interceptors=list(interceptors), options=[
-            # gRPC sets SO_REUSEPORT by default, so a second node started on a taken port would
-            # listen beside the first and clients would reach either at random: refuse instead.
-            ("grpc.so_reuseport", 0),
-            # Above the largest payload a node may accept, so a too-large job is refused by the
-            # validation point with the field named, not by the transport.
-            ("grpc.max_receive_message_length", PAYLOAD_CEILING_BYTES + (1 << 20)),
-            ("grpc.keepalive_time_ms", 10_000),
-            ("grpc.keepalive_permit_without_calls", 1),
-            ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
-        ])
+        (Kubernetes' gRPC probes speak neither TLS nor tokens); ``max_payload_bytes``: the
+        node's payload limit, which sets the largest message received (:func:`max_message_bytes`).
+
+        The ports are bound here (a taken one raises :class:`ConfigurationError`), and served
+        from :meth:`start`.
+        """
+        self.options = server_options(max_payload_bytes)
+        self._server = grpc.aio.server(interceptors=list(interceptors), options=self.options,
+                                       maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS)
         jobs_pb2_grpc.add_JobServiceServicer_to_server(jobs, self._server)
         runs_pb2_grpc.add_RunServiceServicer_to_server(runs, self._server)
         workers_pb2_grpc.add_WorkerServiceServicer_to_server(workers, self._server)
@@ -68,6 +132,7 @@ class ApiServer:
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         reflection.enable_server_reflection((*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server)
+        _check_free(listen)
         refused = ConfigurationError(
             f"cannot listen on {listen}: the address is in use (is another fastlane node running?) or invalid"
         )
@@ -83,6 +148,7 @@ class ApiServer:
         self._health_server: grpc.aio.Server | None = None
         self.health_port: int | None = None
         if health_listen is not None:
+            _check_free(health_listen, flag="--health ")
             self._health_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
             health_pb2_grpc.add_HealthServicer_to_server(self._health, self._health_server)
             try:

@@ -1,7 +1,9 @@
 """The composition root: one node opens its store, builds its parts and runs its plans.
 
-Start-up: migrate, build the parts (:mod:`.assembly`), start the API (health NOT_SERVING) and the
-services of the start plan, acquire shards and rebuild their window, then report SERVING.
+Start-up: build the parts (:mod:`.assembly`, which binds the API's ports: a node that cannot
+listen fails before it touches its database), migrate (on SQLite taking the file for this node
+alone), start the API (health NOT_SERVING) and the services of the start plan, acquire shards and
+rebuild their window, then report SERVING.
 Shutdown, on the first SIGTERM/SIGINT: walk the stop plan (:mod:`.plans`) — NOT_SERVING, stop
 firing, make the dispatches durable, release the shards so a successor takes them at once, stop
 the server, record and acknowledge the last results. A second signal exits immediately.
@@ -25,7 +27,7 @@ from fastlane.runtime.aio import first_of
 from fastlane.runtime.clock import Clock, CorrectedClock
 from fastlane.runtime.metrics import Metrics
 from fastlane.runtime.supervise import Backoff, LoopGaveUp
-from fastlane.server.assembly import build
+from fastlane.server.assembly import Parts, build
 from fastlane.server.plans import start_plan, stop_plan
 from fastlane.server.services import Phase, Supervisor, walk
 from fastlane.server.settings import Settings
@@ -76,18 +78,36 @@ class Node:
                 or a background loop kept failing); it has stopped and says why.
         """
         settings = self.settings
-        store = open_store(settings.db_url, shard_count=settings.shard_count, lease_ttl=settings.shard_lease_ttl)
+        # Opening the store reads and writes nothing: the node first binds its ports, so that one
+        # that cannot listen fails before it makes, migrates or locks a database.
+        store = open_store(settings.db_url, shard_count=settings.shard_count, lease_ttl=settings.shard_lease_ttl,
+                           node=True)
         try:
-            version = await self._migrate(store)
-            log.info("database %s at schema version %d", redacted_url(settings.db_url), version)
-            shards = await store.shard_count()
-            self.metrics.shard_count.set(shards)
-            if shards != settings.shard_count:
-                # Fixed when the database was made (by the first node, migrate or tokens create):
-                # every node must agree, so the database's count wins over the flag.
-                log.warning("the database has %d shards: --shards %d is ignored (the count is fixed when the "
-                            "database is created)", shards, settings.shard_count)
-            await self._run_with(store)
+            parts = build(settings, store, clock=self.clock, metrics=self.metrics, ready=self.ready,
+                          stopping=self._stop)
+            self.port = parts.server.port
+            try:
+                if settings.metrics_listen:
+                    self.metrics.serve(settings.metrics_listen, names_in_clear=not settings.auth or settings.metrics_names,
+                                       secret=settings.db_url.encode())
+                try:
+                    version = await self._migrate(store)
+                except StorageUnavailable:
+                    if not self._stop.is_set():
+                        raise
+                    log.info("node %s stopped before it could reach its database", settings.node_id)
+                    return
+                log.info("database %s at schema version %d", redacted_url(settings.db_url), version)
+                shards = await store.shard_count()
+                self.metrics.shard_count.set(shards)
+                if shards != settings.shard_count:
+                    # Fixed when the database was made (by the first node, migrate or tokens create):
+                    # every node must agree, so the database's count wins over the flag.
+                    log.warning("the database has %d shards: --shards %d is ignored (the count is fixed when the "
+                                "database is created)", shards, settings.shard_count)
+                await self._run_with(parts)
+            finally:
+                await parts.server.stop(0)
         finally:
             await store.close()
         if self._failure is not None:
@@ -126,16 +146,13 @@ class Node:
         self._failure = self._failure or failure
         self._stop.set()
 
-    async def _run_with(self, store: Store) -> None:
-        """Build the parts, start the API and the services of the start plan, report ready, and
-        once asked to stop walk the stop plan (:mod:`.plans`)."""
+    async def _run_with(self, parts: Parts) -> None:
+        """Start the API and the services of the start plan, report ready, and once asked to stop
+        walk the stop plan (:mod:`.plans`)."""
         settings = self.settings
-        parts = build(settings, store, clock=self.clock, metrics=self.metrics, ready=self.ready, stopping=self._stop)
         self._ownership, self.authenticator = parts.ownership, parts.authenticator
         server, console = parts.server, parts.console
         self.port = server.port
-        if settings.metrics_listen:
-            self.metrics.serve(settings.metrics_listen)
         await server.start()
         log.info("node %s listening on %s (%s)", settings.node_id, settings.listen, _protection(settings))
         try:
@@ -160,7 +177,7 @@ class Node:
         finally:
             if console is not None:
                 await console.stop()
-            await server.stop(0)
+            await server.stop(0)  # before the store closes (run() stops it again on the way out, a no-op)
         log.info("node %s stopped", settings.node_id)
 
 

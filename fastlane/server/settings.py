@@ -54,6 +54,8 @@ class Settings:
     advertise: str | None = None  # the address other nodes and workers use; default: listen
     node_id: str = field(default_factory=default_node_id)
     metrics_listen: str | None = None
+    # Under --auth, /metrics shows tenants and job types as pseudonyms unless this is set.
+    metrics_names: bool = False
     health_listen: str | None = None  # the health service alone, plain gRPC (for probes)
     console_listen: str | None = None  # the web console (HTTP, or HTTPS with the API's TLS files)
     # Every call but health checks needs an API token (fastlane tokens create).

@@ -40,19 +40,30 @@ __all__ = [
 ]
 
 
-def open_store(url: str, *, shard_count: int = DEFAULT_SHARD_COUNT, lease_ttl: timedelta | None = None) -> Store:
+def open_store(url: str, *, shard_count: int = DEFAULT_SHARD_COUNT, lease_ttl: timedelta | None = None,
+               node: bool = False) -> Store:
     """Make a store for ``sqlite:///path`` or ``postgresql://...``; call ``migrate()`` before use.
+    Nothing is read or written until then.
+
+    ``node``: the store of a node (not of a one-shot command such as ``fastlane migrate``). On
+    SQLite, which is for one node, its first use takes a lock on the file that it holds until it
+    is closed, and a second node's store fails with :class:`ConfigurationError` naming the
+    first's process. PostgreSQL takes any number of nodes.
 
     ``lease_ttl`` is the node's shard lease TTL (default: the default of ``--shard-lease-ttl``).
     On PostgreSQL every connection's ``idle_in_transaction_session_timeout``, ``lock_timeout``
     and ``statement_timeout`` derive from it, so that no node holds a lock past its lease. SQLite
     needs no such thing: one node, one writer at a time, no row locks that could outlive a lease
     (its waits are bounded by ``busy_timeout``).
+
+    Raises:
+        ConfigurationError: The URL is not one of these, or an SQLite file's directory does not
+            exist.
     """
     if url.startswith("sqlite://"):
         from fastlane.storage.sqlite import SQLiteStore
 
-        return SQLiteStore(url, shard_count=shard_count)
+        return SQLiteStore(url, shard_count=shard_count, node_lock=node)
     if url.startswith(("postgresql://", "postgres://")):
         from fastlane.storage.postgres import PostgresStore
 

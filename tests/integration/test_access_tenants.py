@@ -8,16 +8,20 @@ report on them. Real node and gRPC, both backends.
 from __future__ import annotations
 
 import asyncio
+import re
+import urllib.request
 from datetime import timedelta
 
 import grpc
 import pytest
+from secured_nodes import ENGINE_SHARDS, secured_node
 
 from fastlane._proto import workers_pb2 as pb
 from fastlane._proto import workers_pb2_grpc as pb_grpc
 from fastlane.domain.models import JobSpec, RunState, Schedule
 from fastlane.errors import RemoteError
 from fastlane.rpc.channel import open_channel
+from fastlane.testing.processes import free_port
 from fastlane.worker import RunContext, Worker
 
 WAIT = 20.0
@@ -302,3 +306,36 @@ async def test_a_tenant_sees_and_steers_no_workflow_or_workflow_run_of_another(s
         await refused(viewer.cancel_workflow_run(my_run.workflow_run_id), grpc.StatusCode.PERMISSION_DENIED)
         await refused(viewer.trigger_workflow("billing"), grpc.StatusCode.PERMISSION_DENIED)
         assert (await b.get_workflow_run(their_run.workflow_run_id))[0].state.value == "running"
+
+
+async def test_the_cluster_shows_node_addresses_to_workers_and_admins_and_shards_to_admins_only(secured):
+    node = secured
+    async with (node.client("admin") as admin, node.client("worker-a") as worker, node.client("viewer-a") as viewer,
+                node.client("client-a") as client):
+        everything = await admin.cluster()
+        assert [n.address for n in everything.nodes] == [node.address]
+        assert len(everything.shards) == ENGINE_SHARDS and all(s.owner for s in everything.shards)
+        following = await worker.cluster()  # a worker dials the live nodes: it needs their addresses
+        assert [(n.node_id, n.address, n.live) for n in following.nodes] == [("secured-node", node.address, True)]
+        assert following.shards == ()
+        for caller in (viewer, client):
+            seen = await caller.cluster()
+            assert [(n.node_id, n.address) for n in seen.nodes] == [("secured-node", "")]
+            assert seen.shards == ()
+
+
+async def test_a_scrape_under_auth_names_no_tenant_and_no_job_type(db_url, monkeypatch):
+    monkeypatch.delenv("FASTLANE_TOKEN", raising=False)
+    metrics = f"127.0.0.1:{free_port()}"
+    async with secured_node(db_url, metrics_listen=metrics) as node, node.client("client-a") as a:
+        await a.create("payroll", "payroll.secret-type", Schedule.now())  # no worker: it waits, unserved
+
+        def scrape() -> str:
+            with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=5) as response:
+                return str(response.read().decode())
+
+        async with asyncio.timeout(WAIT):
+            while "fastlane_unserved_runs{" not in (text := await asyncio.to_thread(scrape)):
+                await asyncio.sleep(0.05)
+        assert "payroll.secret-type" not in text and 'tenant="a"' not in text
+        assert re.search(r'fastlane_unserved_runs\{job_type="j-[0-9a-f]{10}",tenant="t-[0-9a-f]{10}"\} 1\.0', text)

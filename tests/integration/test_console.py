@@ -109,6 +109,7 @@ async def test_pages_need_a_signed_in_token_and_the_cookie_keeps_no_secret(conso
         assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Secure" not in cookie  # no TLS here
         assert console.secrets["client-a"] not in cookie
         assert "Content-Security-Policy" in answer.headers
+        assert "Strict-Transport-Security" not in answer.headers  # never over plain HTTP
         for path in ("/", "/jobs", "/runs", "/cluster", "/workflows", "/jobs/new"):
             status, page = await visitor.get(path)
             assert status == 200, (path, page[:500])
@@ -270,7 +271,11 @@ async def test_under_tls_the_console_is_https_and_its_cookie_secure(db_url: str,
         try:
             answer = await visitor.signin(node.secrets["client-a"])
             assert answer.status == 303 and "Secure" in answer.headers["Set-Cookie"]
+            assert answer.headers["Strict-Transport-Security"] == "max-age=31536000"
             assert (await visitor.get("/jobs"))[0] == 200
+            for path in ("/signin", "/jobs", "/static/console.css", "/no-such-page"):  # every answer
+                async with visitor.session.get(visitor.base + path, allow_redirects=False, ssl=trusted) as page:
+                    assert page.headers.get("Strict-Transport-Security") == "max-age=31536000", path
         finally:
             await visitor.close()
         plain = Visitor(url.replace("https://", "http://"))
@@ -359,3 +364,47 @@ async def test_a_console_address_in_use_stops_the_node_with_a_reason_and_frees_t
             await asyncio.wait_for(node.run(), 30)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", api_port))  # the API's port was let go
+
+
+async def test_sign_in_attempts_from_one_address_are_limited(console: SecuredNode):
+    visitor = Visitor(console.node.console_url or "")
+    try:
+        for _ in range(10):  # the burst: wrong tokens, each looked up and refused
+            assert (await visitor.signin("fl_abcdefghijkl_" + "0" * 64)).status == 401
+        async with visitor.session.post(visitor.base + "/signin", data={"token": console.secrets["client-a"]},
+                                        allow_redirects=False) as answer:
+            page = await answer.text()
+        # beyond it even a valid token is refused before it is looked up: no session, a wait named
+        assert answer.status == 429, page[:300]
+        assert 1 <= int(answer.headers["Retry-After"]) <= 6
+        assert "Set-Cookie" not in answer.headers and "Too many sign-in attempts" in page
+        assert (await visitor.get("/jobs"))[0] == 303  # still signed out
+        assert (await visitor.get("/signin"))[0] == 200  # the page itself is not limited
+    finally:
+        await visitor.close()
+
+
+async def test_a_viewer_is_refused_the_edit_form_and_no_one_is_shown_a_payload(console: SecuredNode,
+                                                                                visitors: dict[str, Visitor]):
+    a, viewer = visitors["client-a"], visitors["viewer-a"]
+    async with console.client("client-a") as api:
+        job = await api.create("ledger", "t", HOURLY, payload={"iban": "DE-SECRET-IBAN"})
+    status, page = await viewer.get(f"/jobs/{job.job_id}/edit")
+    assert status == 403 and "DE-SECRET-IBAN" not in page
+    viewer_csrf = CSRF.search((await viewer.get("/"))[1])
+    assert viewer_csrf is not None
+    form = {"name": "ledger", "job_type": "t", "schedule": "interval", "every_seconds": "60"}
+    assert (await viewer.post(f"/jobs/{job.job_id}/edit", form, csrf=viewer_csrf.group(1))).status == 403
+
+    status, page = await a.get(f"/jobs/{job.job_id}/edit")
+    assert status == 200 and "DE-SECRET-IBAN" not in page and "leave empty to keep the current payload" in page
+    assert (await a.post(f"/jobs/{job.job_id}/edit", form, csrf=await a.csrf())).status == 303  # payload left empty
+    async with console.client("client-a") as api:
+        kept = await api.get_job(job.job_id)
+    assert kept.spec.payload == job.spec.payload and kept.spec.schedule.every == timedelta(seconds=60)
+    assert (await a.post(f"/jobs/{job.job_id}/edit", {**form, "payload": '{"n": 2}'}, csrf=await a.csrf())).status == 303
+    async with console.client("client-a") as api:
+        assert (await api.get_job(job.job_id)).spec.payload == b'{"n": 2}'
+    assert (await a.post(f"/jobs/{job.job_id}/edit", {**form, "clear_payload": "on"}, csrf=await a.csrf())).status == 303
+    async with console.client("client-a") as api:
+        assert (await api.get_job(job.job_id)).spec.payload == b""

@@ -101,3 +101,17 @@ def test_stall_sites_are_bounded_in_number() -> None:
         probe.observe(asked=float(index), woke=index + 0.02, site=f"module:f{index}")
     assert registry.get_sample_value("stalls_total", {"cause": "other"}) == 5
     assert registry.get_sample_value("stalls_total", {"cause": "module:f0"}) == 1
+
+
+def test_a_stall_is_named_by_the_innermost_frame_of_fastlane_anywhere_in_the_package() -> None:
+    # The probe lives in fastlane/runtime/: the frames it names are those of the whole package.
+    import sys as _sys
+    from pathlib import Path as _Path
+
+    import fastlane
+    from fastlane.runtime.stalls import site_of
+
+    path = str(_Path(fastlane.__file__).parent / "engine" / "release.py")
+    namespace: dict = {"__name__": "fastlane.engine.release", "sys": _sys}
+    exec(compile("def release_on_time():\n    return sys._getframe()\n", path, "exec"), namespace)
+    assert site_of(namespace["release_on_time"]()) == "fastlane.engine.release:release_on_time"

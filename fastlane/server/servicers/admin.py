@@ -1,9 +1,17 @@
-"""AdminService: what this node knows of the cluster, and API tokens."""
+"""AdminService: what this node knows of the cluster, and API tokens.
+
+What a caller sees of the cluster depends on its role (:func:`_view_of`): an admin (or anyone,
+authentication off) sees it all; a worker the nodes with their addresses, which it dials to follow
+the cluster's membership; a client or viewer the nodes without addresses. None but an admin sees
+the shards (owners, fencing tokens, lease expiries), and the workers listed are the caller's
+tenant's and those serving every tenant.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import timedelta
+from typing import NamedTuple
 
 import grpc
 
@@ -37,7 +45,8 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         request: admin_pb2.GetClusterRequest,
         context: grpc.aio.ServicerContext[admin_pb2.GetClusterRequest, admin_pb2.ClusterStatus],
     ) -> admin_pb2.ClusterStatus:
-        shards = await self._store.shards.list_shards()
+        view = _view_of()
+        shards = await self._store.shards.list_shards() if view.shards else []
         now = await self._store.db_now()
         nodes = []
         for node in await self._store.shards.list_nodes():
@@ -55,6 +64,9 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             nodes.append(status)
         if not any(node.node_id == self._node_id for node in nodes):
             nodes.append(self._node_status())  # not yet heartbeaten
+        if not view.addresses:
+            for status in nodes:
+                status.ClearField("address")
         return admin_pb2.ClusterStatus(
             database_time=wire.timestamp(now),
             nodes=nodes,
@@ -127,6 +139,20 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         in_force = await self._quotas.quota_of(tenant) if self._quotas is not None else override
         return admin_pb2.QuotaStatus(tenant=tenant, in_force=wire.quota_to_pb(in_force),
                                      override=wire.quota_to_pb(override))
+
+
+class _ClusterView(NamedTuple):
+    addresses: bool  # the nodes' addresses
+    shards: bool  # the shards: owners, fencing tokens, lease expiries
+
+
+def _view_of() -> _ClusterView:
+    """What the caller may see of the cluster: an admin (or anyone, authentication off) all of it;
+    a worker the nodes' addresses too, to follow the membership; a client or viewer neither."""
+    caller = current_caller.get()
+    if caller.tenant is None or caller.role is Role.ADMIN:
+        return _ClusterView(addresses=True, shards=True)
+    return _ClusterView(addresses=caller.role is Role.WORKER, shards=False)
 
 
 def _may_see(worker: admin_pb2.WorkerStatus) -> bool:

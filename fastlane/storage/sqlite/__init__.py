@@ -17,7 +17,8 @@ __all__ = ["SQLiteDatabase", "SQLiteStore"]
 
 
 class SQLiteStore(SQLStore):
-    """The store on one SQLite file."""
+    """The store on one SQLite file; ``node_lock``: a node's, which holds the file alone
+    (:mod:`.node_lock`) until it is closed."""
 
-    def __init__(self, url: str, *, shard_count: int, rng: random.Random | None = None) -> None:
-        super().__init__(SQLiteDatabase(url), shard_count=shard_count, rng=rng)
+    def __init__(self, url: str, *, shard_count: int, rng: random.Random | None = None, node_lock: bool = False) -> None:
+        super().__init__(SQLiteDatabase(url, node_lock=node_lock), shard_count=shard_count, rng=rng)

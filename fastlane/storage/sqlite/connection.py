@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import sqlite3
 import sys
@@ -23,8 +24,10 @@ import aiosqlite
 import orjson
 
 from fastlane.domain.errors import StorageUnavailable
+from fastlane.errors import ConfigurationError
 from fastlane.runtime.clock import from_micros, to_micros
 from fastlane.storage.driver_errors import SQLITE_DRIVER_ERRORS, classify_sqlite, sqlite_write_fault
+from fastlane.storage.sqlite.node_lock import NodeLock
 from fastlane.storage.turns import WriteTurns
 
 # How much lower than the rest of the process SQLite's connection threads run (Linux nice levels).
@@ -55,12 +58,23 @@ def _now_us() -> int:
 
 
 class SQLiteConnections:
-    """The connections of a store on one SQLite file: a write connection (serialised) and a read one."""
+    """The connections of a store on one SQLite file: a write connection (serialised) and a read one.
 
-    def __init__(self, url: str) -> None:
+    ``node_lock``: the store of a node, which holds the file alone (:mod:`.node_lock`) from its
+    first connection until :meth:`close`.
+    """
+
+    def __init__(self, url: str, *, node_lock: bool = False) -> None:
+        """Raises:
+            ConfigurationError: The file's directory does not exist (it is not made: a typo in
+                the path would otherwise start a node on an empty database somewhere else).
+        """
         self.url = url
         # sqlite:///relative.db and sqlite:////absolute/path.db, as SQLAlchemy reads them.
         self.path = Path(url.removeprefix("sqlite:///"))
+        if not os.path.lexists(self.path.parent):
+            raise ConfigurationError(f"the directory {self.path.parent} does not exist; create it first ({url})")
+        self._node_lock = NodeLock(self.path, url) if node_lock else None
         self._writer: aiosqlite.Connection | None = None
         self._reader: aiosqlite.Connection | None = None
         self._write_lock = WriteTurns()
@@ -90,10 +104,18 @@ class SQLiteConnections:
             self._write_fault_changed = asyncio.Event()
 
     async def _connect(self) -> aiosqlite.Connection:
+        """A new connection, set up.
+
+        Raises:
+            StorageUnavailable: The file cannot be opened now (retried).
+            ConfigurationError: Another node holds the file (with ``node_lock``).
+        """
         connection: aiosqlite.Connection | None = None
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            connection = await aiosqlite.connect(self.path, isolation_level=None)
+            _check_directory(self.path.parent)  # gone since start-up, or never one: retried
+            if self._node_lock is not None:
+                self._node_lock.acquire()
+            connection = await _opened(aiosqlite.connect(self.path, isolation_level=None))
             connection.row_factory = sqlite3.Row
             await connection.create_function("fl_now_us", 0, _now_us)
             # aiosqlite runs each connection in a thread of its own, and an SQL function runs in it.
@@ -188,11 +210,42 @@ class SQLiteConnections:
                 raise classify_sqlite(error, path=str(self.path)) from error
 
     async def close(self) -> None:
-        for name in ("_writer", "_reader"):
-            connection = getattr(self, name)
-            setattr(self, name, None)
-            if connection is not None:
-                await connection.close()
+        """Close both connections (waiting for their threads) and release the node's lock."""
+        try:
+            for name in ("_writer", "_reader"):
+                connection = getattr(self, name)
+                setattr(self, name, None)
+                if connection is not None:
+                    with contextlib.suppress(sqlite3.Error, ValueError):  # a broken one is closed all the same
+                        await connection.close()
+        finally:
+            if self._node_lock is not None:
+                self._node_lock.release()
+
+
+def _check_directory(directory: Path) -> None:
+    """Raise the OSError that keeps a file from being made in ``directory`` (a missing one, or a
+    file in its place), before SQLite says only "unable to open database file"."""
+    if not directory.is_dir():
+        os.stat(directory)  # FileNotFoundError if it is missing
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(directory))
+
+
+async def _opened(pending: aiosqlite.Connection) -> aiosqlite.Connection:
+    """Await ``pending``'s connection; if that fails (or is cancelled), wait for its thread to end.
+
+    aiosqlite stops a connection that could not open by queueing a stop whose answer its thread
+    hands to the event loop, and nobody waits for it: when the loop closes first (a node stopped
+    while it retries an unopenable file) the thread dies with "Event loop is closed". Joined here,
+    the thread is gone before the error reaches anyone.
+    """
+    try:
+        return await pending
+    except BaseException:
+        thread = getattr(pending, "_thread", None)  # aiosqlite's worker thread (0.20 and later)
+        if isinstance(thread, threading.Thread) and thread.is_alive():
+            await asyncio.shield(asyncio.to_thread(thread.join, 5.0))
+        raise
 
 
 # -- small query helpers ---------------------------------------------------------------------------
