@@ -17,6 +17,7 @@ from fastlane.server.plans import start_plan, stop_plan
 from fastlane.server.services import Ending, Loop, Phase, Start, Step, Supervisor, walk
 from fastlane.server.settings import Settings
 from fastlane.storage import open_store
+from fastlane.testing import until
 
 
 @pytest.fixture(autouse=True)
@@ -29,7 +30,7 @@ async def test_the_stop_plan_runs_its_steps_in_the_declared_order_each_logged(ca
     done: list[str] = []
 
     async def flush() -> None:
-        await asyncio.sleep(0.01)  # a later step waits for it
+        await asyncio.sleep(0)  # gives the loop away: a later step still waits for it
         done.append("flush")
 
     steps = [Step("first", lambda: done.append("first")), Step("flush", flush), Step("last", lambda: done.append("last"))]
@@ -75,8 +76,7 @@ async def test_a_service_added_to_the_plan_is_supervised_and_restarted() -> None
     async with asyncio.TaskGroup() as group:
         services = Supervisor(group, metrics=metrics, stop=stop, gave_up=gave_up.append)
         services.start([Start(service)], Phase.START)
-        while service.starts < 3:
-            await asyncio.sleep(0.001)
+        await until(lambda: service.starts >= 3, 5, "the service's third start")
         stop.set()
     assert gave_up == []
     assert metrics.loop_failures.labels(loop="flaky")._value.get() == 2
@@ -111,10 +111,10 @@ async def test_services_start_in_their_phase_and_end_as_their_plan_line_says() -
     async with asyncio.TaskGroup() as group:
         services = Supervisor(group, metrics=Metrics(), stop=stop, gave_up=lambda failure: None)
         services.start(plan, Phase.START)
-        await asyncio.sleep(0.01)
+        await until(lambda: len(started) == 3, 5, "the start-phase services")
         assert started == ["probe", "journal", "listener"]
         services.start(plan, Phase.READY)
-        await asyncio.sleep(0.01)
+        await until(lambda: len(started) == 4, 5, "the ready-phase service")
         assert started[-1] == "health"
         stop.set()
         services.cancel(Ending.FIRST)
@@ -125,13 +125,16 @@ async def test_services_start_in_their_phase_and_end_as_their_plan_line_says() -
 async def test_a_drain_that_finishes_in_time_is_not_abandoned() -> None:
     stop = asyncio.Event()
 
+    running = asyncio.Event()
+
     async def journal() -> None:
+        running.set()
         await stop.wait()
 
     async with asyncio.TaskGroup() as group:
         services = Supervisor(group, metrics=Metrics(), stop=stop, gave_up=lambda failure: None)
         services.start([Start(Loop("journal", journal), Ending.DRAINED)], Phase.START)
-        await asyncio.sleep(0.01)
+        await asyncio.wait_for(running.wait(), 5)
         stop.set()
         assert await services.drain(1.0)
 
