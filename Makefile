@@ -7,29 +7,38 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 BASE   := $(VENV)/.installed-base
 
-.PHONY: install demo test test-fast typecheck lint chaos proto proto-check bench-spread bench-burst clean tools screenshots
+.PHONY: install demo test test-fast typecheck lint chaos proto proto-check reference reference-check docs docs-serve bench-spread bench-burst clean tools screenshots
+
+# pip -qq: errors only, so a first `make demo` shows the demo, not the installer's notes (a
+# machine's own pip configuration may add warnings about its package locations). setuptools'
+# note on editable installs (fastlane.bench is mapped from bench/) is information, not a fault.
+PIP := PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip -qq
+# Material for MkDocs prints a notice about MkDocs 2 at every build; the build itself is strict.
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs
 
 # The package alone (what the demo needs), then the test and benchmark extras on top.
 $(BASE): pyproject.toml
 	@echo "setting up $(VENV): fastlane and its dependencies (first run only)"
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e .
+	$(PIP) install --upgrade pip
+	$(PIP) install -e .
 	touch $(BASE)
 
 $(STAMP): $(BASE)
 	@echo "adding the test and benchmark tools to $(VENV) (first run only)"
-	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	$(PIP) install -e '.[dev,bench]'
 	touch $(STAMP)
 
 install: $(STAMP)
 
 ## demo: a daemon on SQLite, a demo worker and demo jobs; prints each run with its trigger lag
+## (DURATION=SECONDS: how long it runs, default 300; Ctrl-C stops it earlier)
+DURATION ?= 300
 demo: $(BASE)
-	$(BIN)/fastlane demo
+	$(BIN)/fastlane demo --duration $(DURATION)
 
 ## test: lint and type check, then the whole suite, SQLite and PostgreSQL (a throwaway cluster unless FASTLANE_TEST_PG_DSN is set)
-test: $(STAMP) proto-check lint typecheck tools
+test: $(STAMP) proto-check reference-check docs lint typecheck tools
 	$(BIN)/python -m pytest
 
 ## tools: what the suite needs beyond Python packages (promtool, for the alert rules), fetched into .venv if missing
@@ -63,6 +72,21 @@ proto: $(STAMP)
 proto-check: $(STAMP)
 	$(BIN)/python scripts/gen_proto.py --check
 
+## reference: regenerate docs/reference/ (CLI, settings, environment, metrics, gRPC API) from the code
+reference: $(STAMP)
+	$(BIN)/python scripts/gen_reference.py
+
+reference-check: $(STAMP)
+	$(BIN)/python scripts/gen_reference.py --check
+
+## docs: build the documentation site into site/, strictly (a broken link or anchor fails it)
+docs: $(STAMP)
+	$(MKDOCS) build --strict --quiet
+
+## docs-serve: the documentation site on http://127.0.0.1:8000 with live reload
+docs-serve: $(STAMP)
+	$(MKDOCS) serve --dev-addr 127.0.0.1:8000
+
 ## bench-spread, bench-burst: the headline benchmarks at full size (see bench/README.md)
 bench-spread: $(STAMP)
 	$(BIN)/fastlane bench spread --out bench/results/spread
@@ -71,4 +95,4 @@ bench-burst: $(STAMP)
 	$(BIN)/fastlane bench burst --out bench/results/burst
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build site *.egg-info

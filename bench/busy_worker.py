@@ -11,7 +11,7 @@ sleeps FASTLANE_BENCH_HANDLER_MS milliseconds: with ``--concurrency N`` the work
 ``N x 1000 / FASTLANE_BENCH_HANDLER_MS`` runs a second per node stream, a capacity known in advance.
 With FASTLANE_BENCH_HANDLER_JITTER = J above 0 each sleep is drawn evenly from ``[1 - J, 1 + J]``
 times that, the same on average: handlers that all take the same time end in step (see
-bench/README.md, "fairness" and "priority"). The file is set by FASTLANE_BENCH_RECORD.
+docs/benchmarks.md, "Handlers in step"). The file is set by FASTLANE_BENCH_RECORD.
 """
 
 from __future__ import annotations

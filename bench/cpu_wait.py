@@ -5,13 +5,13 @@ was runnable but not running since the run before it started (the second field o
 ``/proc/thread-self/schedstat``, in nanoseconds), as ``cpu_wait_us=N``. A run that started late
 while the thread had waited about that long is counted as waiting for a CPU: other processes held
 the cores (on a small machine the node, PostgreSQL and the harness share them with the worker).
-Measured this way in ``fastlane bench spread --backend postgres``, and with ``perf sched``, late
-starts were the loop thread waiting 1-3.6 ms behind a PostgreSQL backend's time slice.
+There a late start is typically the loop thread waiting behind a PostgreSQL backend's time slice:
+this counter says how long the thread waited, and ``perf sched`` shows the same from outside.
 
 The wait is counted since the run before started, not from this run's instant: where runs are
 sparse (``fairness``'s quiet tenant alone) part of it may be long past; where several start in one
-wake-up the first takes the whole wait. Reading the counter costs about a microsecond (one
-``pread`` of an open descriptor); where it cannot be read (not Linux) nothing is recorded.
+wake-up the first takes the whole wait. Reading the counter is cheap (one ``pread`` of an open
+descriptor); where it cannot be read (not Linux) nothing is recorded.
 """
 
 from __future__ import annotations

@@ -42,8 +42,8 @@ JOB_TYPE = "bench.noop"
 LAUNCH_LEAD = timedelta(seconds=4)
 LAUNCH_LEAD_PER_EXTRA_NODE = timedelta(seconds=2)
 CALIBRATION_JOBS = 200
-INSERT_SAFETY = 1.6  # planned insert time = measured rate x this: creation slows as the database grows (measured
-# 887 -> 831 jobs/s over 30,000 jobs) and at 1.3 one run in six started its processes a second late
+INSERT_SAFETY = 1.6  # planned insert time = measured rate x this: creation slows as the database grows, and too
+# small a margin starts the processes after the first runs are due (lead_in_overrun_s says by how much)
 CREATE_WORST_S = 1 / 200  # a bound on creating one job through the store, for hard deadlines only
 START_ALLOWANCE_S = 120.0  # a bound on starting and stopping the processes, for hard deadlines only
 JOB_CREATION = "through the store (open_store(url).jobs.create_job) before the daemon started, not through the API"

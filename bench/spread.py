@@ -3,7 +3,7 @@
     python -m fastlane.bench.spread [--backend postgres] [--scale 0.01] [--json] [--out DIR]
 
 Kept so the old entry point still works; it takes the flags of ``fastlane bench spread``
-(see ``fastlane bench --help`` and bench/README.md).
+(see ``fastlane bench --help`` and docs/benchmarks.md).
 """
 
 from __future__ import annotations

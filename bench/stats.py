@@ -124,7 +124,7 @@ def late_starts_waiting_for_cpu(records: Iterable[RunRecord], late_ms: float = L
     peer, an older worker, not Linux). ``worker_cpu_wait_ms``: percentiles of those waits.
 
     The wait counted is the thread's since the run before started, so part of it may fall before
-    this run's instant: an attribution, not a proof (bench/README.md, *What the figures mean*).
+    this run's instant: an attribution, not a proof (docs/benchmarks.md, *What the figures mean*).
     """
     known = [(record.started_us - record.scheduled_us, record.cpu_wait_us) for record in records
              if record.started_us and record.cpu_wait_us is not None]

@@ -10,8 +10,8 @@ per worker process: 200 runs/s with one process). One run, two phases of 20 s ea
   every slot it may have.
 
 The noisy tenant's runs are one-shot jobs (40,000 of them) rather than 2,000 interval jobs every
-second: with the interval jobs' runs piling up unstarted, a node on PostgreSQL fell seconds
-behind releasing runs (of both tenants), which is not what this scenario is about.
+second: interval jobs' runs piling up unstarted would have the node fall behind releasing runs (of
+both tenants), and this scenario measures the quiet tenant's wait for a slot, not that.
 
 The target is the quiet tenant's p99 start lag in the second phase over its p99 in the first
 (≤ 2): both from the same run, node and machine.
@@ -56,7 +56,7 @@ from fastlane.bench.stats import Deliveries, histogram_quantiles, stall_causes
 from fastlane.bench.targets import NOISY, QUIET_ALONE, QUIET_WITH_NOISY
 
 HANDLER_MS = 50
-HANDLER_JITTER = 0.0  # 0: every handler takes exactly HANDLER_MS (see bench/README.md on handlers in step)
+HANDLER_JITTER = 0.0  # 0: every handler takes exactly HANDLER_MS (see docs/benchmarks.md, "Handlers in step")
 CONCURRENCY = 10  # per worker process: 10 x 1000 / 50 = 200 runs/s
 QUIET_TENANT = "quiet"
 NOISY_TENANT = "noisy"

@@ -19,7 +19,7 @@ high runs would fall behind the backlog after about 9 s and wait as long as it; 
 -1000 (55 s) they stay ahead for all 40 s.
 
 Why a reserve: with every slot busy, a high run that falls due waits for a handler to end, and
-handlers that all take 50 ms end together (see bench/README.md), so it waits up to a whole
+handlers that all take 50 ms end together (see docs/benchmarks.md), so it waits up to a whole
 handler's time however high its priority. So the nodes run with ``--priority-reserve
 100=N``: low runs hold at most the slots less N of each stream, and a high run finds a free one
 at its instant (it is sent ahead and starts on it). N is the high runs a stream has at once, plus
@@ -59,7 +59,7 @@ from fastlane.bench.targets import HIGH_PRIORITY, LOW_PRIORITY
 from fastlane.engine.dispatch.ready_queue import AGING_BOUND_SECONDS, AGING_PER_SECOND
 
 HANDLER_MS = 50
-HANDLER_JITTER = 0.0  # 0: every handler takes exactly HANDLER_MS (see bench/README.md on handlers in step)
+HANDLER_JITTER = 0.0  # 0: every handler takes exactly HANDLER_MS (see docs/benchmarks.md, "Handlers in step")
 CONCURRENCY = 10  # per worker process: 10 x 1000 / 50 = 200 runs/s
 TIMES_CAPACITY = 2.0  # offered load during the overload
 HIGH_EVERY = 10  # one run in ten is of high priority

@@ -24,7 +24,7 @@ from fastlane.testing.history import count_old_runs, seed_old_history
 OLD_RUNS = 1_000_000
 TRIMMED = "fastlane_history_trimmed_total"
 OLD_AGE = timedelta(days=40)  # past the default retention of 30 days
-SEED_WORST_S_PER_RUN = 0.0002  # a bound for hard deadlines only: 24-34 s per million measured on SQLite
+SEED_WORST_S_PER_RUN = 0.0002  # a bound for hard deadlines only, well above what seeding takes
 SETUP_S = START_ALLOWANCE_S
 
 

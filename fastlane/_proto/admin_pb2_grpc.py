@@ -26,7 +26,8 @@ if _version_not_supported:
 
 
 class AdminServiceStub:
-    """Missing associated documentation comment in .proto file."""
+    """The state of the cluster, API tokens and tenants' quotas.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -67,30 +68,37 @@ class AdminServiceStub:
 
 
 class AdminServiceServicer:
-    """Missing associated documentation comment in .proto file."""
+    """The state of the cluster, API tokens and tenants' quotas.
+    """
 
     def GetCluster(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """The nodes, shards and workers as the node that answers knows them. What a caller sees depends
+        on its token's role: an admin (or anyone, without --auth) sees everything; a worker the nodes
+        with their addresses; a client or viewer the nodes without addresses. Only an admin sees the
+        shards.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def CreateToken(self, request, context):
-        """API tokens; admin tokens only. The secret is returned once, by CreateToken; the store keeps
-        only its hash.
+        """Make an API token; admin tokens only. The secret is returned once, here; the store keeps only
+        its hash.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListTokens(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """The API tokens, never their secrets; admin tokens only.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def RevokeToken(self, request, context):
-        """Revoking twice is not an error; the first revocation time stays.
+        """Revoke an API token: every node refuses it within seconds; admin tokens only. Revoking twice
+        is not an error; the first revocation time stays.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -154,7 +162,8 @@ def add_AdminServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class AdminService:
-    """Missing associated documentation comment in .proto file."""
+    """The state of the cluster, API tokens and tenants' quotas.
+    """
 
     @staticmethod
     def GetCluster(request,

@@ -27,7 +27,8 @@ if _version_not_supported:
 
 
 class JobServiceStub:
-    """Missing associated documentation comment in .proto file."""
+    """Define, change, trigger and inspect jobs, and read who changed them.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -88,7 +89,8 @@ class JobServiceStub:
 
 
 class JobServiceServicer:
-    """Missing associated documentation comment in .proto file."""
+    """Define, change, trigger and inspect jobs, and read who changed them.
+    """
 
     def CreateJob(self, request, context):
         """Idempotent on (tenant, name): the same spec returns the existing job (created = false); a
@@ -99,37 +101,45 @@ class JobServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetJob(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """One job, with its payload; NOT_FOUND if the tenant has no job of that id.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListJobs(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """A page of the tenant's jobs, in id order (or in name order with name_prefix); listed jobs come
+        without their payload unless include_payload is set.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def UpdateJob(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Replace a job's spec. A changed schedule starts afresh from now; an unchanged one keeps its
+        next fire time.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def PauseJob(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Stop an active job firing until it is resumed.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ResumeJob(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Let a paused (or errored) job fire again; fire times missed meanwhile follow its misfire policy.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def DeleteJob(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Delete a job: its runs waiting to start are cancelled; its runs stay in the history.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -219,7 +229,8 @@ def add_JobServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class JobService:
-    """Missing associated documentation comment in .proto file."""
+    """Define, change, trigger and inspect jobs, and read who changed them.
+    """
 
     @staticmethod
     def CreateJob(request,

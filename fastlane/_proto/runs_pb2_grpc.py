@@ -27,7 +27,8 @@ if _version_not_supported:
 
 
 class RunServiceStub:
-    """Missing associated documentation comment in .proto file."""
+    """Read the history of runs, and cancel or retry one.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -58,16 +59,19 @@ class RunServiceStub:
 
 
 class RunServiceServicer:
-    """Missing associated documentation comment in .proto file."""
+    """Read the history of runs, and cancel or retry one.
+    """
 
     def ListRuns(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """A page of the tenant's runs, newest scheduled time first (in id order with id_prefix).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetRun(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """One run with its attempts and its checkpoint; NOT_FOUND if the tenant has no run of that id.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -118,7 +122,8 @@ def add_RunServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class RunService:
-    """Missing associated documentation comment in .proto file."""
+    """Read the history of runs, and cancel or retry one.
+    """
 
     @staticmethod
     def ListRuns(request,

@@ -26,7 +26,8 @@ if _version_not_supported:
 
 
 class WorkerServiceStub:
-    """Missing associated documentation comment in .proto file."""
+    """The stream between a worker and a node; a worker keeps one open to every node.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -42,7 +43,8 @@ class WorkerServiceStub:
 
 
 class WorkerServiceServicer:
-    """Missing associated documentation comment in .proto file."""
+    """The stream between a worker and a node; a worker keeps one open to every node.
+    """
 
     def Connect(self, request_iterator, context):
         """The worker opens the stream with a Hello, then grants credits, heartbeats and reports
@@ -69,7 +71,8 @@ def add_WorkerServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class WorkerService:
-    """Missing associated documentation comment in .proto file."""
+    """The stream between a worker and a node; a worker keeps one open to every node.
+    """
 
     @staticmethod
     def Connect(request_iterator,

@@ -26,7 +26,8 @@ if _version_not_supported:
 
 
 class WorkflowServiceStub:
-    """Missing associated documentation comment in .proto file."""
+    """Define workflows, start their runs, and follow and steer those runs.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -77,7 +78,8 @@ class WorkflowServiceStub:
 
 
 class WorkflowServiceServicer:
-    """Missing associated documentation comment in .proto file."""
+    """Define workflows, start their runs, and follow and steer those runs.
+    """
 
     def CreateWorkflow(self, request, context):
         """Store a definition as the workflow's next version; the same definition again returns the
@@ -89,13 +91,15 @@ class WorkflowServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetWorkflow(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """One version of a workflow (the latest unless the request names one).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListWorkflows(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """A page of the tenant's workflows, the latest version of each, in name order.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -108,13 +112,15 @@ class WorkflowServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListWorkflowRuns(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """A page of a workflow's runs (of every version), newest first.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetWorkflowRun(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """A workflow run with the version it runs and the state of each of its steps.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -186,7 +192,8 @@ def add_WorkflowServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class WorkflowService:
-    """Missing associated documentation comment in .proto file."""
+    """Define workflows, start their runs, and follow and steer those runs.
+    """
 
     @staticmethod
     def CreateWorkflow(request,

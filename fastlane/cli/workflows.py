@@ -44,25 +44,26 @@ def register(commands: Any) -> None:
     listing.set_defaults(handler=list_workflows, command_parser=listing)
 
     get = verbs.add_parser("get", parents=[client_flags()], help="a workflow's definition")
-    get.add_argument("name", metavar="NAME")
+    get.add_argument("name", metavar="NAME", help="the workflow's name")
     get.add_argument("--version", type=int, default=0, metavar="N", help="this version (default: the latest)")
     json_flag(get)
     get.set_defaults(handler=get_workflow, command_parser=get)
 
     trigger = verbs.add_parser("trigger", parents=[client_flags()], help="start a run of a workflow now")
-    trigger.add_argument("name", metavar="NAME")
+    trigger.add_argument("name", metavar="NAME", help="the workflow's name; the run follows its latest version")
     trigger.add_argument("--input", default=None, metavar="JSON", help="the run's input, as JSON (default: null)")
     json_flag(trigger)
     trigger.set_defaults(handler=trigger_workflow, command_parser=trigger)
 
     runs = verbs.add_parser("runs", parents=[client_flags()], help="a workflow's runs, newest first")
-    runs.add_argument("name", metavar="NAME")
+    runs.add_argument("name", metavar="NAME", help="the workflow's name")
     runs.add_argument("--limit", type=int, default=20, metavar="N", help="at most N (1..1000; default 20)")
     json_flag(runs)
     runs.set_defaults(handler=list_runs, command_parser=runs)
 
     show = verbs.add_parser("show", parents=[client_flags()], help="a workflow run's graph, with each step's state")
-    show.add_argument("workflow_run_id", metavar="WORKFLOW_RUN_ID")
+    show.add_argument("workflow_run_id", metavar="WORKFLOW_RUN_ID",
+                      help="the workflow run's id, as `workflows trigger` and `workflows runs` print it")
     show.add_argument("--dot", action="store_true", help="print the graph in Graphviz's dot language")
     json_flag(show)
     show.set_defaults(handler=show_run, command_parser=show)
@@ -71,7 +72,8 @@ def register(commands: Any) -> None:
                            ("resume", "run a failed or cancelled workflow run on: failed steps again, not the "
                                       "succeeded ones")):
         steer = verbs.add_parser(verb, parents=[client_flags()], help=helptext)
-        steer.add_argument("workflow_run_id", metavar="WORKFLOW_RUN_ID")
+        steer.add_argument("workflow_run_id", metavar="WORKFLOW_RUN_ID",
+                           help="the workflow run's id, as `workflows trigger` and `workflows runs` print it")
         json_flag(steer)
         steer.set_defaults(handler=steer_run, command_parser=steer)
 

@@ -24,7 +24,10 @@ from fastlane.domain.models import Schedule
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--duration", type=float, default=20.0, help="seconds to let the jobs run (default 20)")
+    # Long enough to open the web console it prints and watch runs arrive there.
+    parser.add_argument("--duration", type=float, default=300.0, metavar="SECONDS",
+                        help="seconds to let the jobs run before the history is printed and everything stops "
+                             "(default: %(default).0f; Ctrl-C stops earlier)")
     parser.add_argument("--dir", help="where to keep the demo database and logs (default: a temporary directory)")
 
 

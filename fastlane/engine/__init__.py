@@ -7,7 +7,7 @@ work (:mod:`.lane`), dispatch to workers (:mod:`.dispatch`), routing of other no
 small Protocols declared beside it, which a test fakes in a few lines):
 
 1. *Load the window* — :mod:`.window`, :class:`~.window.WindowLoader`: the jobs of owned shards due
-   within ``--window`` are read into memory, whole on acquisition, then only what enters it.
+   within the window (10 s ahead, a lane setting) are read into memory, whole on acquisition, then only what enters it.
 2. *Plan* — :mod:`.write_ahead` (the planned heap of :class:`~.write_ahead.WriteAhead`), deciding
    with :func:`fastlane.domain.policies.plan_occurrence`; a queue over its backlog limit
    (:mod:`.backlog`, :class:`~.backlog.BacklogLimits`) has its due jobs *deferred*.

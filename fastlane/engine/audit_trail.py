@@ -2,9 +2,10 @@
 
 Each user step waits for its event to be written (the trail is history, not a best effort), but
 the events of calls that arrive while a write is under way go together in the next one: one
-transaction for many events (a group commit). A lone call costs one write, as before; 200
-concurrent job creations cost a handful instead of 200 — measured on SQLite, the audit's
-per-call write had cut API job creation from 721 to 471 a second.
+transaction for many events (a group commit). A lone call costs one write; 200 concurrent job
+creations cost a handful of writes instead of 200. A write per call would add a transaction to
+every job creation, and on SQLite, whose one writer serves every transaction in turn, that would
+bound how many jobs the API creates a second.
 
 A write that fails is not the caller's failure: the change it records is already committed, and
 failing the call would invite the caller to make it again. The event is logged whole instead, so

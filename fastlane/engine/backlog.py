@@ -12,19 +12,19 @@ limit is the smaller of:
 Why a pace as well as a count: to keep its workers busy a queue needs a backlog only as long as it
 takes to write a run and hand it over (the write lead, well under a second); anything more can
 only wait. A count that suits a queue taking thousands a second is a long wait for one taking a
-hundred, and a flood fills it at the flood's own rate: in ``fastlane bench fairness`` (workers
-taking ~150 runs/s, one tenant offering 2,000/s) the node and PostgreSQL wrote 2,000 runs a second
-for five seconds before 10,000 were waiting, keeping both cores busy meanwhile, and the other tenant's
-runs, sent ahead and due on the instant, started up to 4 ms late while their worker waited for a
-core. Bounded by its pace the flood's queue stops being written within a second.
+hundred, and a flood fills it at the flood's own rate: a tenant offering ten times what its
+workers take has the node and the database write its runs for seconds before a count of 10,000
+is reached, runs that can only wait, and on a small machine those writes take the cores that
+other tenants' workers need to start their runs on the instant. Bounded by its pace the flood's
+queue stops being written within a second (``fastlane bench fairness`` measures this).
 
 The pace is measured at most once a :data:`PACE_WINDOW`, whenever the write-ahead looks at its
 backlogs (all the time under load; after an idle spell the first window spans it, and reads low),
 from the running totals of attempts assigned per queue (``InFlight.assigned_totals``); a queue's
 pace is the higher of its last two windows, so one slow second (a worker reconnecting) does not
-halve its limit. Before a queue has a pace its limit is :data:`MIN_BACKLOG`: with runs handed over
-within ~0.3 s of being written that feeds workers taking over 3,000 runs a second, and after one
-window the pace lifts the limit to what they take.
+halve its limit. Before a queue has a pace its limit is :data:`MIN_BACKLOG`: as runs are handed
+over well within a second of being written, that keeps workers taking thousands of runs a second
+busy, and after one window the pace lifts the limit to what they take.
 """
 
 from __future__ import annotations

@@ -155,10 +155,9 @@ class ReleaseTimer:
 
         It sleeps on an alarm (:mod:`fastlane.runtime.alarm`: a kernel timer on Linux), not on the
         loop's timer: that one runs a wait shorter than half a millisecond at once, so with runs
-        due every half millisecond (a tenant's flood of 2,000 a second, blocked by its cap in
-        `fastlane bench fairness`) this loop spun between instants: the loop thread was 90 % busy
-        for the flood's first 1.2 s, about half of it here, and every other thread that needs the
-        GIL (SQLite's writer) waited for it while the spinning thread gave it up and took it back."""
+        due every half millisecond (a tenant's flood held back by its cap) this loop would spin
+        between instants, keeping the loop thread busy, and every other thread that needs the GIL
+        (SQLite's writer) would wait while the spinning thread gives it up and takes it back."""
         # A clock that follows real time (the wall clock, or the node's corrected to the
         # database's) gets the kernel's timer; a clock a test injects, the loop's.
         if isinstance(self._clock, CorrectedClock):

@@ -12,10 +12,12 @@ for SQLite's writer, which say how busy the fire path is, not what trimming cost
 takes at most a tenth of the database's time (per node) however large the backlog (say
 1,000,000 old runs when retention is first turned on), and the fire path's writes never wait
 behind more than one small batch. With nothing old left it looks again every
-:data:`IDLE_INTERVAL` seconds. Why a tenth: on a 2-core machine running node, database and worker
-(``fastlane bench retention``), a quarter raised spread's p99 start lag 1.8x on PostgreSQL, the
-database's CPU taken from the worker; a tenth still deleted 5,500 runs a second there while 1,000
-a second fell due. On SQLite the same tenth deletes only a few hundred a second under that load.
+:data:`IDLE_INTERVAL` seconds. Why a tenth: where node, database and workers share a few cores,
+the database's time spent trimming is CPU taken from the workers that start runs, so a larger
+share shows in the fire path's start lag (``fastlane bench retention`` compares the two); a tenth
+of PostgreSQL's time still deletes old runs far faster than they finish. SQLite's one writer
+makes each delete wait its turn behind the fire path's writes, so there the same tenth deletes
+far fewer a second.
 
 A trim that fails is never the node's failure: the database being out of reach is waited out with
 backoff; anything else is logged with its traceback, counted in

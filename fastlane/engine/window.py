@@ -1,9 +1,9 @@
-"""Load the window: the jobs due within ``--window`` of the shards this node owns, read into memory.
+"""Load the window: the jobs due within the window (a lane setting, 10 s) of the shards this node owns, read into memory.
 
 The window is loaded whole per shard on acquisition (with the runs written but never sent, which
 are released again); afterwards the loader reads only what *enters* the window (a watermark, the
 write-ahead's ``horizon``), jobs changed through this node arrive by direct call (``FastLane.job_changed``),
-and a slower full scan (``--full-scan-interval``) is the safety net. What is read goes to the plan
+and a slower full scan (every ``full_scan_interval`` of the lane settings) is the safety net. What is read goes to the plan
 (:class:`Planner`, the write-ahead); pending runs found go to the release queue (:class:`Recovery`).
 """
 

@@ -48,8 +48,9 @@ MAX_WRITTEN_AHEAD = 150_000  # runs written ahead of a crowd and waiting in memo
 # again. Short against the time a backlog at its limit takes to drain (2 s of its pace by default).
 BACKLOG_RECHECK = timedelta(milliseconds=50)
 # Jobs planned in one go when a scan reads many: every 30 s it reads the whole window, and with it
-# the jobs deferred (about 32,000 in `fastlane bench fairness`, which took 60 ms to plan at once,
-# a stall of the loop that other tenants' runs waited out). 500 take about a millisecond.
+# the jobs deferred (a flooding tenant's tens of thousands). Planned at once they would stall the
+# loop for as long as planning them all takes, and other tenants' runs would wait it out; a slice
+# of 500 keeps each step short, with the loop free between slices.
 PLAN_SLICE = 500
 # The lead follows the writes: at least this many times the slowest of the recent batch writes
 # (waiting for the database's writer included), so a write that slows down (an SQLite checkpoint,
@@ -266,14 +267,13 @@ class WriteAhead:
         one run per occurrence its misfire policy keeps (one for ``fire_once``, the default).
 
         Written on, runs of a queue over its backlog could only wait, and writing them takes the
-        node's time and the database's from runs that can start: measured with 20,000 runs/s
-        offered on PostgreSQL, writing every due run succeeded at two thirds of the rate of 10,000
-        offered. Its due jobs are deferred instead (unchanged in the database), and when they are
-        planned again their misfire policy decides what of the missed occurrences runs. Giving
-        back only the room keeps the queue near its limit: all of them at once (a flood's
-        thousands) were written in one go, a burst that delayed another tenant's runs by up to
-        139 ms in ``fastlane bench fairness`` and sent the queue over its limit again. Other
-        queues are written as usual.
+        node's time and the database's from runs that can start: offered more than it can take,
+        a node writing every due run succeeds fewer runs a second than at its capacity. Its due
+        jobs are deferred instead (unchanged in the database), and when they are planned again
+        their misfire policy decides what of the missed occurrences runs. Giving back only the
+        room keeps the queue near its limit: given back all at once, a flood's thousands would be
+        written in one go, a burst that holds up other tenants' runs and sends the queue over its
+        limit again. Other queues are written as usual.
         """
         self._limits.measure(now_s)
         limit = self._limits.limit
@@ -440,8 +440,8 @@ def catch_up_through(through: datetime, now: datetime, lead: timedelta) -> datet
     and every job that should be written by now (due within the lead). On time the two agree;
     behind (a slow write, a busy disk) the batch catches up at once. A batch costs mostly its
     round trips and its turn at the database's writer, so catching up one slot per batch would
-    fall further behind at every slow write: measured on SQLite at 1,000 runs/s, one slot per
-    batch released runs up to half a second late."""
+    fall further behind at every slow write, and the runs of the slots left behind would be
+    released late."""
     return max(through, now + lead)
 
 

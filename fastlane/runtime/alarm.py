@@ -5,9 +5,8 @@ on theirs. The event loop's own timers cannot do that: uvloop's (libuv's) count 
 milliseconds, and a wait of less than half of one is not a timer at all but a callback run at
 once, so a loop waiting for an instant that close spins until it comes. A thread that sleeps
 precisely and then calls into the loop can, but it must take the GIL back after its sleep, and
-while the loop thread runs Python that wait is the larger part of the lateness (measured in a
-1,000 runs/s spread: the thread's wake-up p99 2.2 ms, of which the operating system's scheduling
-was about half). A Linux ``timerfd`` needs neither: the kernel makes the descriptor readable on the
+while the loop thread runs Python that wait can be longer than the sleep's own error; the thread
+must also be scheduled onto a core before it can wake the loop. A Linux ``timerfd`` needs neither: the kernel makes the descriptor readable on the
 instant, to the nanosecond, and the loop's own poll wakes on it, so nothing waits for the GIL and
 there is no extra thread to schedule. Python exposes ``timerfd`` from 3.13 only, so it is called
 through ``ctypes``; where that is not possible (another OS, a libc without it), the loop's timer

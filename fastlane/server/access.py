@@ -9,6 +9,11 @@ valid token that may not do this); a token that cannot be checked because the da
 is UNAVAILABLE, which clients retry. Lookups of token ids the node has not seen are limited per
 client address (:func:`source_of`), so guessing ids from one place soon costs the database nothing.
 
+Nothing a caller sends is read before its token is checked: a method that takes one request is
+served as one that takes a stream of them (the same on the wire), so the check runs before the
+first message is received, and a refused caller's payload is never read, parsed or held beyond
+what the transport's flow control lets it send unasked.
+
 A stream outlives the check made when it opened: while a worker stream is open its token is
 checked again every :data:`~fastlane.auth.authenticator.CACHE_SECONDS`, and the stream is ended
 with UNAUTHENTICATED once the token is revoked or expires.
@@ -78,21 +83,21 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):
         if handler.unary_unary is not None:
             unary: Callable[..., Any] = handler.unary_unary  # async under grpc.aio, whatever the stubs say
 
-            async def unary_unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            async def unary_unary(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]) -> Any:
                 await admit(method, context)
-                return await unary(request, context)
+                return await unary(await _only_request(requests, context), context)
 
-            return grpc.unary_unary_rpc_method_handler(
+            return grpc.stream_unary_rpc_method_handler(
                 _as_behaviour(unary_unary), request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer)
         if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(
+            return grpc.stream_stream_rpc_method_handler(
                 self._streaming(handler.unary_stream, method), request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer)
         if handler.stream_stream is not None:
             return grpc.stream_stream_rpc_method_handler(
-                self._streaming(handler.stream_stream, method), request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer)
+                self._streaming(handler.stream_stream, method, streamed=True),
+                request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
         if handler.stream_unary is not None:
             stream_unary: Callable[..., Any] = handler.stream_unary
 
@@ -105,21 +110,27 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):
                 response_serializer=handler.response_serializer)
         return handler
 
-    def _streaming(self, behaviour: Callable[..., Any], method: str) -> Callable[..., Any]:
+    def _streaming(self, behaviour: Callable[..., Any], method: str, *, streamed: bool = False) -> Callable[..., Any]:
         """A server-streaming behaviour behind the check: an async generator (reflection) or a
-        coroutine that writes with ``context.write`` (the worker stream), re-checked while open."""
+        coroutine that writes with ``context.write`` (the worker stream), re-checked while open.
+        Served with a stream of requests either way; ``streamed`` says the method takes one, else
+        its one request is read after the check and handed on alone."""
         admit, recheck = self._admit, self._watch_token
+
+        async def request_of(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            return requests if streamed else await _only_request(requests, context)
+
         if inspect.isasyncgenfunction(behaviour):
-            async def generator(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+            async def generator(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
                 await admit(method, context)
-                async for response in behaviour(request, context):
+                async for response in behaviour(await request_of(requests, context), context):
                     yield response
 
             return generator
 
-        async def coroutine(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        async def coroutine(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             caller = await admit(method, context)
-            serving = asyncio.ensure_future(behaviour(request, context))
+            serving = asyncio.ensure_future(behaviour(await request_of(requests, context), context))
             watching = asyncio.ensure_future(recheck(caller, serving))
             try:
                 return await serving
@@ -149,6 +160,14 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):
                 serving.cancel()
                 return refusal
         return None
+
+
+async def _only_request(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+    """The one request of a unary method, read once the caller is admitted."""
+    async for request in requests:
+        return request
+    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the call ended without its request")
+    raise AssertionError("unreachable: context.abort raises")
 
 
 def source_of(peer: str | None) -> str:

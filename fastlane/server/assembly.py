@@ -193,7 +193,7 @@ def build(settings: Settings, store: Store, *, clock: Clock, metrics: Metrics, r
     console: ConsoleServer | None = None
     activity: Activity | None = None
     if settings.console_listen is not None:
-        # Imported only for a node that serves it: aiohttp and Jinja2 add about 12 MB to a node.
+        # Imported only for a node that serves it: aiohttp and Jinja2 add megabytes to a node.
         from fastlane.console import console_server
 
         tls_files = (settings.tls_cert, settings.tls_key) if settings.tls_cert and settings.tls_key else None

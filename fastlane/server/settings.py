@@ -40,7 +40,7 @@ DEFAULT_DB_URL = "sqlite:///fastlane.db"
 
 
 def default_node_id() -> str:
-    """The pod name in Kubernetes (HOSTNAME), else host name and process id."""
+    """$FASTLANE_NODE_ID (in Kubernetes, set to the pod's name), else host name and process id."""
     return os.environ.get("FASTLANE_NODE_ID") or f"{socket.gethostname()}-{os.getpid()}"
 
 
@@ -49,42 +49,59 @@ def default_node_id() -> str:
 class Settings:
     """How one node runs. Durations are timedeltas; the CLI converts from seconds."""
 
+    # The database: sqlite:///path/to/file.db, or postgresql://user@host/db (every server of a
+    # primary and its standbys may be named, with target_session_attrs=read-write).
     db_url: str = DEFAULT_DB_URL
-    listen: str = DEFAULT_SERVER
-    advertise: str | None = None  # the address other nodes and workers use; default: listen
-    node_id: str = field(default_factory=default_node_id)
+    listen: str = DEFAULT_SERVER  # the HOST:PORT of the gRPC API
+    # The HOST:PORT other nodes and workers reach this node at; None: the listen address.
+    advertise: str | None = None
+    node_id: str = field(default_factory=default_node_id)  # this node's name, unique in the cluster
+    # The HOST:PORT of the Prometheus metrics, over plain HTTP without a token; None: not served.
     metrics_listen: str | None = None
     # Under --auth, /metrics shows tenants and job types as pseudonyms unless this is set.
     metrics_names: bool = False
-    health_listen: str | None = None  # the health service alone, plain gRPC (for probes)
-    console_listen: str | None = None  # the web console (HTTP, or HTTPS with the API's TLS files)
+    # The HOST:PORT of the gRPC health service alone, in plain gRPC without a token (for probes);
+    # None: not served apart from the API.
+    health_listen: str | None = None
+    # The HOST:PORT of the web console (HTTP, or HTTPS with the API's TLS files); None: not served.
+    console_listen: str | None = None
     # Every call but health checks needs an API token (fastlane tokens create).
     auth: bool = False
-    # TLS for the API: certificate and key files (re-read when they change), and the CA that
-    # client certificates must be signed by (mutual TLS) if set.
+    # TLS for the API: the PEM certificate (chain) it serves, re-read when the file changes; None:
+    # no TLS.
     tls_cert: Path | None = None
-    tls_key: Path | None = None
+    tls_key: Path | None = None  # the PEM private key of tls_cert, re-read with it
+    # The PEM CA that client certificates must be signed by (mutual TLS); None: none are asked for.
     tls_client_ca: Path | None = None
-    insecure: bool = False  # allow a non-loopback address without the protection it would need
+    # Allow the API and the console on a non-loopback address without tokens and TLS, and the
+    # metrics without tokens (for development).
+    insecure: bool = False
     # Quotas of every tenant without an override of its own (fastlane quotas set); generous, to
     # stop a runaway client rather than to ration normal use.
     quotas: TenantQuota = field(default_factory=lambda: DEFAULT_QUOTAS)
-    shard_count: int = DEFAULT_SHARD_COUNT
+    shard_count: int = DEFAULT_SHARD_COUNT  # the shards jobs are split into; the same on every node of a cluster
+    # How long a shard lease lasts without renewal: a crashed node's shards move after it.
     shard_lease_ttl: timedelta = DEFAULT_SHARD_LEASE_TTL
-    # The fast lane's (see LaneSettings for what each means).
+    # The fast lane's settings below (with max_backlog, max_backlog_seconds, send_ahead and
+    # priority_reserve) are LaneSettings' fields: what each means is written there.
+
     window: timedelta = LANE_DEFAULTS.window
     lead: timedelta = LANE_DEFAULTS.lead
     scan_interval: timedelta = LANE_DEFAULTS.scan_interval
     full_scan_interval: timedelta = LANE_DEFAULTS.full_scan_interval
     max_batch: int = LANE_DEFAULTS.max_batch
-    max_clock_offset: timedelta = DEFAULT_MAX_CLOCK_OFFSET  # beyond it a node owns no shards
+    # The most this node's wall clock may differ from the database's: beyond it the node owns no
+    # shards (within it, the node fires on its clock corrected to the database's).
+    max_clock_offset: timedelta = DEFAULT_MAX_CLOCK_OFFSET
     # Released runs a node keeps in memory per job type while no worker takes them; beyond it they
     # wait in the database (where they already are) and are read back as workers take runs.
     max_ready_per_type: int = DEFAULT_MAX_READY_PER_TYPE
-    max_ready_bytes_per_type: int = DEFAULT_MAX_READY_BYTES_PER_TYPE  # payload bytes of those runs, at most
+    # The most payload bytes of released runs a node keeps in memory per job type while no worker
+    # takes them; beyond it runs wait in the database the same way.
+    max_ready_bytes_per_type: int = DEFAULT_MAX_READY_BYTES_PER_TYPE
     max_backlog: int = LANE_DEFAULTS.max_backlog
     max_backlog_seconds: float = LANE_DEFAULTS.max_backlog_seconds
-    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES  # largest job payload the API accepts
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES  # the largest job payload the API accepts
     send_ahead: timedelta = LANE_DEFAULTS.send_ahead
     # Runs a tenant takes per turn when runs of several tenants wait for the same workers; 1 for
     # every tenant not named. Give every node of a cluster the same weights.

@@ -291,7 +291,9 @@ def build_runs(rows: Iterable[Row], *, job_ids: Iterable[str] = ()) -> list[Run]
     kept once: a batch's rows share their statement's ``created_at`` (and ``updated_at``, until
     dispatched), a run's ``available_at`` is its ``scheduled_for`` (until retried), its tenant and
     job type are those of every run of its queue, and ``job_ids`` are the ids the window already
-    holds (a recurring job's run shares its planned job's id). About 300 bytes a run less."""
+    holds (a recurring job's run shares its planned job's id). A run waiting in memory (in the
+    lane until its instant, in a ready queue after it) then holds one object per distinct value
+    rather than one per column."""
     interned = {job_id: job_id for job_id in job_ids}
     runs: list[Run] = []
     previous: Run | None = None

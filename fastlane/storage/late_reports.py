@@ -2,8 +2,8 @@
 
 A node sends a run to a worker first and records the dispatch a few milliseconds later (the fast
 lane). If it dies in between, the worker still runs the attempt and reports it, to another node,
-with a lease token no attempt row carries. Such a report used to be dropped, so history showed
-one attempt where workers had run two. Now it is recorded as an attempt of its own
+with a lease token no attempt row carries. Dropped, such a report would leave history showing
+one attempt where workers had run two, so it is recorded as an attempt of its own
 (``reported_late``), with the reporting worker and the times it gives:
 
 - If the run is still waiting for its first delivery as far as the database knows (``scheduled``,

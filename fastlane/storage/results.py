@@ -15,8 +15,8 @@ class ResultOutcome:
     finished: it is now ``scheduled`` and due at once.
 
     A store may hand over the run's row rather than the run: the node needs only ``state`` for
-    most results (a success), and building thousands of full runs a second for nothing shows in
-    its CPU profile. ``run`` is then built when first asked for.
+    most results (a success), and building a full run for each of thousands of results a second
+    would be CPU spent for nothing. ``run`` is then built when first asked for.
     """
 
     __slots__ = ("accepted", "released", "_run", "_row")

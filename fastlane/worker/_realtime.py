@@ -2,9 +2,10 @@
 (``Worker(realtime_priority=N)``, ``fastlane worker --realtime-priority N``).
 
 Why: when every core is busy (a database, a node, other workers on the same machine), a woken
-normal thread waits for a core. On a 2-core machine sharing it with PostgreSQL, the loop thread
-waited 1-3.6 ms behind a database backend at the instants that started late, short CPU slice
-(``_slice``) or not (bench/README.md, tenth sitting). A ``SCHED_FIFO`` thread takes the CPU from
+normal thread waits for a core. On a small machine shared with PostgreSQL, the loop thread can
+wake on a held run's instant and wait behind a database backend's stretch of work before it runs,
+with a short CPU slice (``_slice``) or without: the scheduler treats both as normal threads
+sharing the core fairly. A ``SCHED_FIFO`` thread takes the CPU from
 every normal thread the moment it wakes, so a held run starts on its instant (once the GIL is
 free: a normal thread holding it still has to let go).
 

@@ -32,9 +32,9 @@ MAX_HOLD_NS = 10_000_000_000
 # A first attempt not sent ahead that comes late (due LATE_NS or more ago: it waited for a credit,
 # out of a backlog) when a held run's instant is at most YIELD_NS away waits for that instant and
 # starts just after it: starting a batch of runs keeps the loop a fraction of a
-# millisecond, which a run promised its instant would otherwise wait out (in `fastlane bench
-# fairness`, most quiet runs that started 0.6-1.4 ms late were due while a batch of the flooding
-# tenant's runs started), and a run already that late loses nothing by it.
+# millisecond, which a run promised its instant would otherwise wait out (a quiet tenant's held
+# run due while a batch of a flooding tenant's late runs starts), and a run already that late
+# loses nothing by it.
 LATE_NS = 10_000_000
 YIELD_NS = 2_000_000
 

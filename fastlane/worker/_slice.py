@@ -4,8 +4,8 @@ their instant also on a busy machine.
 When a held run's alarm rings, the loop thread wakes; if another task (a neighbouring process's
 busy thread) has the CPU, Linux's scheduler (EEVDF, since 6.6) lets the woken thread take the CPU
 only if its virtual deadline is the earlier one, and that deadline is the thread's time slice
-after its virtual runtime: with the default slice (1.4 ms on this project's 2-CPU machines), a
-thread often waits for the running one's slice to end. Since Linux 6.12 a normal thread may ask
+after its virtual runtime: with the default slice (a millisecond or more, which the kernel scales
+with the number of CPUs), a thread often waits for the running one's slice to end. Since Linux 6.12 a normal thread may ask
 for a shorter slice (``sched_setattr`` with ``sched_runtime``; no privilege needed, 0.1 to 100 ms):
 it then wakes with an early deadline and preempts at once. Its share of the CPU does not change,
 only how finely it is cut; a loop that mostly sleeps until its next instant is the case the

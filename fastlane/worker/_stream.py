@@ -378,9 +378,10 @@ class NodeStream:
     async def _flush_results(self, outbound: asyncio.Queue[pb.WorkerMessage | None]) -> None:
         # Results of runs finishing within RESULT_COALESCE of the last message go in one message,
         # with the credits they free (in a CreditGrant of its own to a node older than
-        # Welcome.takes_credits_with_results). At a steady 1,000 runs/s a message (and a grant)
-        # per run made the stream's writes the largest cost on the worker's loop, the loop that
-        # must start held runs on their instant.
+        # Welcome.takes_credits_with_results). Each message costs the worker's loop more than the
+        # results it carries, so a message (and a grant) per run would make the stream's writes the
+        # largest cost on that loop at a steady rate, and it is the loop that must start held runs
+        # on their instant.
         loop = asyncio.get_running_loop()
         last_sent = -RESULT_COALESCE
         while True:

@@ -135,8 +135,8 @@ class RunContext:
         await self._slot.heartbeat()
 
 
-# Short enough to preempt a busy neighbour at once on waking (the default slice here is 1.4 ms),
-# long enough to stay above the kernel's floor: see fastlane/worker/_slice.py.
+# Short enough to preempt a busy neighbour at once on waking (the kernel's default slice is a
+# millisecond or more), long enough to stay above the kernel's floor: see fastlane/worker/_slice.py.
 DEFAULT_CPU_SLICE = timedelta(microseconds=200)
 
 

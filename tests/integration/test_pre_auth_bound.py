@@ -1,5 +1,7 @@
-"""What a caller without a token can make a node hold: one message of the largest valid request per
-call in flight. A larger message is refused by the transport before the token is checked."""
+"""What a caller can make a node hold before its token is checked: nothing of its request. The
+check runs before the first message is read (see ``test_access_reads_nothing_first``), so a caller
+without a valid token is refused whatever it sends; an admitted caller's message is still bounded
+by the transport at the largest valid request."""
 
 from __future__ import annotations
 
@@ -12,12 +14,16 @@ import pytest
 from fastlane._proto import common_pb2 as pb
 from fastlane._proto import jobs_pb2, jobs_pb2_grpc
 from fastlane.auth.authenticator import Authenticator
+from fastlane.auth.issuing import issue_token
+from fastlane.domain.access import Role
 from fastlane.server.grpc_server import MESSAGE_ENVELOPE_BYTES, max_message_bytes
 from fastlane.server.node import Node
 from fastlane.server.settings import Settings
+from fastlane.storage import open_store
 from fastlane.testing.processes import free_port
 
 MAX_PAYLOAD = 200_000  # under the checkpoint limit: the bound is the checkpoint's (1 MiB) + the envelope
+SHARDS = 4
 
 
 def create(payload_bytes: int) -> jobs_pb2.CreateJobRequest:
@@ -25,7 +31,7 @@ def create(payload_bytes: int) -> jobs_pb2.CreateJobRequest:
                                                      payload=b"p" * payload_bytes))
 
 
-async def test_a_request_over_the_bound_is_refused_before_any_token_is_checked(tmp_path, monkeypatch):
+async def test_no_token_is_refused_before_the_request_and_a_token_meets_the_transport_bound(tmp_path, monkeypatch):
     checked = 0
     authenticate = Authenticator.authenticate
 
@@ -35,26 +41,35 @@ async def test_a_request_over_the_bound_is_refused_before_any_token_is_checked(t
         return await authenticate(self, *args, **kwargs)
 
     monkeypatch.setattr(Authenticator, "authenticate", counted)
-    settings = Settings(db_url=f"sqlite:///{tmp_path}/node.db", listen=f"127.0.0.1:{free_port()}", node_id="node-a",
-                        shard_count=4, auth=True, max_payload_bytes=MAX_PAYLOAD)
+    db_url = f"sqlite:///{tmp_path}/node.db"
+    settings = Settings(db_url=db_url, listen=f"127.0.0.1:{free_port()}", node_id="node-a",
+                        shard_count=SHARDS, auth=True, max_payload_bytes=MAX_PAYLOAD)
     node = Node(settings)
     task = asyncio.create_task(node.run())
+    store = open_store(db_url, shard_count=SHARDS)
     try:
         await asyncio.wait_for(node.ready.wait(), 20)
+        _, secret = await issue_token(store, tenant="a", role=Role.CLIENT, name="client")
         bound = max_message_bytes(MAX_PAYLOAD)
         async with grpc.aio.insecure_channel(settings.listen, options=[
                 ("grpc.max_send_message_length", 64 << 20)]) as channel:
             jobs = jobs_pb2_grpc.JobServiceStub(channel)
-            with pytest.raises(grpc.aio.AioRpcError) as refused:
-                await jobs.CreateJob(create(bound + 1), timeout=10)
-            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, refused.value.details()
-            assert checked == 0, "the token was checked for a message over the bound"
-            # Within the bound, the call reaches the access check (and is refused there).
+            # Without a token, a message over the bound is refused by the check, unread.
             with pytest.raises(grpc.aio.AioRpcError) as unauthenticated:
-                await jobs.CreateJob(create(bound - MESSAGE_ENVELOPE_BYTES), timeout=10)
+                await jobs.CreateJob(create(bound + 1), timeout=10)
             assert unauthenticated.value.code() == grpc.StatusCode.UNAUTHENTICATED
             assert checked == 1
+            # With one, the transport refuses a message over the bound, and takes one within it.
+            token = (("authorization", f"Bearer {secret}"),)
+            with pytest.raises(grpc.aio.AioRpcError) as too_large:
+                await jobs.CreateJob(create(bound + 1), metadata=token, timeout=10)
+            assert too_large.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, too_large.value.details()
+            with pytest.raises(grpc.aio.AioRpcError) as within:
+                await jobs.CreateJob(create(bound - MESSAGE_ENVELOPE_BYTES), metadata=token, timeout=10)
+            # Read and validated: over --max-payload-bytes, so refused by the payload rule.
+            assert within.value.code() == grpc.StatusCode.INVALID_ARGUMENT, within.value.details()
     finally:
+        await store.close()
         node.request_stop()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(task, 20)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import re
+import sys
+import types
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -216,3 +219,20 @@ async def test_the_docs_example_runs_and_passes():
     namespace: dict[str, object] = {"__name__": "docs_example"}
     exec(compile(block, str(docs), "exec"), namespace)
     await namespace["test_report_build"]()  # type: ignore[operator]
+
+
+async def test_the_tutorials_handler_and_its_test_run_as_written(monkeypatch: pytest.MonkeyPatch):
+    """The tutorial's tasks.py (its first two blocks) and its test_tasks.py, as a reader pastes them."""
+    tutorial = README.parent / "docs" / "tutorial.md"
+    blocks = re.findall(r"```python\n(.*?)```", tutorial.read_text(), re.S)
+    tasks_source = blocks[0] + blocks[1]
+    test_source = next(block for block in blocks if "from tasks import worker" in block)
+    tasks = types.ModuleType("tasks")
+    exec(compile(tasks_source, f"{tutorial}:tasks.py", "exec"), tasks.__dict__)
+    monkeypatch.setitem(sys.modules, "tasks", tasks)
+    namespace: dict[str, object] = {"__name__": "test_tasks"}
+    exec(compile(test_source, f"{tutorial}:test_tasks.py", "exec"), namespace)
+    tests = [name for name in namespace if name.startswith("test_")]
+    assert tests == ["test_greet_returns_whom_it_greeted"]
+    await namespace[tests[0]]()  # type: ignore[operator]
+    assert set(tasks.worker.job_types) == {"greet", "flaky"}

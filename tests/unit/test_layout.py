@@ -1,4 +1,4 @@
-"""The layout stays the way the README's code map describes it.
+"""The layout stays the way docs/internals/code-map.md describes it.
 
 Read from the source, not from what happens to be imported: every ``import`` inside ``fastlane``
 (at module level, inside functions and under ``TYPE_CHECKING`` alike) is an edge, and the graph
@@ -143,7 +143,16 @@ def setuptools_config() -> dict:
 def test_the_wheel_ships_every_package_and_only_fastlane(setuptools_config: dict) -> None:
     listed = set(setuptools_config["packages"])
     package_dirs = {name for name, path in modules().items() if path.name == "__init__.py"}
-    assert listed == package_dirs
+    # A directory of data files only (templates, migrations) is listed as a package too, with its
+    # files in package-data: setuptools warns about one that is not.
+    data_dirs = {
+        ".".join(path.relative_to(ROOT).parts)
+        for path in (ROOT / "fastlane").rglob("*")
+        if path.is_dir() and path.name != "__pycache__" and not (path / "__init__.py").exists()
+        and any(child.is_file() for child in path.iterdir())
+    }
+    assert listed == package_dirs | data_dirs
+    assert set(setuptools_config["package-data"]) - {"fastlane"} == data_dirs
     assert all(name == "fastlane" or name.startswith("fastlane.") for name in listed)
     for package, directory in setuptools_config["package-dir"].items():
         assert (ROOT / directory / "__init__.py").exists(), package

@@ -108,3 +108,14 @@ def test_the_dashboard_shows_the_event_loop_lag_histogram_and_the_trigger_lag_sl
     ids = [panel["id"] for panel in panels]
     assert len(ids) == len(set(ids)), "panel ids must be unique"
     assert all(panel["gridPos"]["x"] + panel["gridPos"]["w"] <= 24 for panel in panels)
+
+
+def test_every_alert_has_a_runbook_section() -> None:
+    """The alerts' descriptions are one line; the runbook says what to run, under the alert's name."""
+    document = yaml.safe_load(RULES.read_text())
+    alerts = {rule["alert"] for group in document["groups"] for rule in group["rules"] if "alert" in rule}
+    runbook = (REPO / "docs" / "runbook.md").read_text()
+    sections = set(re.findall(r"^## (\w+)$", runbook, re.M))
+    assert alerts, "no alert found in the rules file"
+    assert sorted(alerts - sections) == [], "alerts without a section in docs/runbook.md"
+    assert sorted(sections - alerts) == [], "runbook sections for alerts that no longer exist"

@@ -21,7 +21,7 @@ from fastlane.server.grpc_server import (
 from fastlane.storage import open_store
 from fastlane.storage.sqlite.node_lock import NodeLock, lock_path
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+SECURITY = Path(__file__).resolve().parents[2] / "SECURITY.md"
 
 
 @pytest.mark.parametrize(("payload", "message"), [
@@ -37,8 +37,8 @@ def test_the_largest_message_is_the_largest_valid_request(payload: int, message:
     assert "grpc.max_concurrent_streams" not in options
 
 
-def test_the_readme_states_the_bounds_the_server_sets() -> None:
-    text = README.read_text()
+def test_the_security_policy_states_the_bounds_the_server_sets() -> None:
+    text = SECURITY.read_text()
     assert MESSAGE_ENVELOPE_BYTES == 64 << 10 and "64 KiB" in text
     assert f"{MAX_CONCURRENT_RPCS:,} calls" in text
 

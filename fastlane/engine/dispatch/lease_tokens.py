@@ -16,7 +16,7 @@ def new_lease_token() -> int:
     It is the attempt's credential: whoever presents (run_id, lease_token) speaks for the
     attempt, so it must not be derivable from another attempt's lease token (a counter would be).
     Drawn from the operating system's CSPRNG a block at a time: a crowd of runs needs tens of
-    thousands of tokens a second, and one system call each showed on the fire path."""
+    thousands of tokens a second, and a system call for each would be a cost on the fire path."""
     for (value,) in _TOKEN_BLOCK:
         lease_token = value & MAX_LEASE_TOKEN
         if lease_token:

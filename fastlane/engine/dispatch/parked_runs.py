@@ -1,6 +1,6 @@
 """Released runs left in the database because their job type's ready queue was full.
 
-A node keeps at most ``--max-ready`` runs (and bytes) of a type in memory; beyond that a released
+A node keeps at most ``--max-ready-per-type`` runs (and ``--max-ready-bytes-per-type`` bytes) of a type in memory; beyond that a released
 run is *parked*: only its id, shard and due time stay here, oldest first. Once the queue is down
 to half, parked runs are read back from the database in batches, as runs of the database
 (``confirm_first``): one another attempt took meanwhile is not sent twice, one no longer

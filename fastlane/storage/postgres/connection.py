@@ -29,8 +29,8 @@ Connection: TypeAlias = "asyncpg.Connection[asyncpg.Record]"
 # a generic plan until the table's statistics change (an ANALYZE, usually autovacuum's, within a
 # minute or more). On a new database the hot statements are planned while `runs` and `attempts`
 # are nearly empty, so they scan them whole and joined by hash; as the tables grow each result's
-# update read every attempt (`fastlane bench spread --backend postgres`: 0.5 ms a result batch,
-# growing with the table). Prepared again every few seconds, a plan follows the tables as they
+# update reads every attempt, a cost that grows with the table. Prepared again every few seconds, a
+# plan follows the tables as they
 # grow; a prepare costs a round trip and a few planned runs, a few dozen a second in all.
 STATEMENT_LIFETIME = timedelta(seconds=5)
 

@@ -33,9 +33,9 @@ from fastlane.storage.turns import WriteTurns
 # How much lower than the rest of the process SQLite's connection threads run (Linux nice levels).
 # Their work has a deadline of the write lead (250 ms or more ahead), while the event loop's timers
 # and a worker's start of a held run on the same machine are due within a millisecond: when they
-# compete for a core, the kernel should give it to the wake-up. Measured with `fastlane bench
-# spread --no-peer --scale 0.3` (SQLite, node and worker on 2 cores), three runs each, alternating:
-# start p99 median 1.14 ms at the same priority, 0.72 ms at +10; `sustained` kept its throughput.
+# compete for a core, the kernel should give it to the wake-up. Lowered, they still have every
+# core nothing more urgent wants, which is soon enough for a deadline that far ahead (`fastlane
+# bench spread` and `sustained` on SQLite show start lag and throughput).
 CONNECTION_THREAD_NICENESS = 10
 
 

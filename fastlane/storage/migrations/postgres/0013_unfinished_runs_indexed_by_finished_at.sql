@@ -34,7 +34,7 @@ CREATE INDEX runs_unfinished_by_key ON runs (tenant, concurrency_key)
     WHERE concurrency_key IS NOT NULL AND finished_at IS NULL;
 ALTER TABLE runs SET (fillfactor = 70);
 -- An attempt's result changes no indexed column either, but at thousands of runs a second its
--- row sits on a page filled by the same batch insert: during `fastlane bench sustained --backend
--- postgres --scale 0.5` 228 of 148,068 result updates were heap-only (at a tenth of that load,
--- 94 %: version 11). The same room makes them so.
+-- row sits on a page filled by the same batch insert, with no room left for the new version, so
+-- almost none of those updates could be heap-only (at a tenth of that load most are: version 11).
+-- The same room makes them so.
 ALTER TABLE attempts SET (fillfactor = 70);
