@@ -87,7 +87,7 @@ docs: $(STAMP)
 docs-serve: $(STAMP)
 	$(MKDOCS) serve --dev-addr 127.0.0.1:8000
 
-## bench-spread, bench-burst: the headline benchmarks at full size (see bench/README.md)
+## bench-spread, bench-burst: the headline benchmarks at full size (see docs/benchmarks.md)
 bench-spread: $(STAMP)
 	$(BIN)/fastlane bench spread --out bench/results/spread
 
