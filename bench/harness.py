@@ -47,6 +47,9 @@ INSERT_SAFETY = 1.6  # planned insert time = measured rate x this: creation slow
 CREATE_WORST_S = 1 / 200  # a bound on creating one job through the store, for hard deadlines only
 START_ALLOWANCE_S = 120.0  # a bound on starting and stopping the processes, for hard deadlines only
 JOB_CREATION = "through the store (open_store(url).jobs.create_job) before the daemon started, not through the API"
+# The scenarios that create their jobs and workflows as a user would, while the node runs.
+THROUGH_API = "through the API (the Python client) while the node runs"
+SCENARIOS_THROUGH_API = ("soak", "workflow")
 
 
 class BenchTimeout(Exception):
@@ -137,6 +140,7 @@ class Bench:
     realtime_priority: int = 1
     floor: bool = False  # sustained and burst: measure the database's floor first (bench/scenarios/floor.py)
     profile: bool = False  # sustained and burst: sample node-1's stacks with py-spy (bench/profile.py)
+    hours: float | None = None  # soak: how long it runs (None: its quick default)
     pg: ThrowawayPostgres | None = None
     progress: Progress = field(default_factory=Progress)
     notes: list[str] = field(default_factory=list)

@@ -92,6 +92,28 @@ _FIGURES: tuple[tuple[str, str, str], ...] = (
     ("late_starts", "runs started 1 ms or more late", ""),
     ("late_starts_waiting_for_cpu", "of those, the worker's loop thread waited for a CPU half as long or more", ""),
     ("worker_cpu_wait_ms", "worker loop thread's wait for a CPU between starts (p50 / p99 / max)", "ms"),
+    ("hours", "soak: hours", "h"),
+    ("slice_s", "each slice", "s"),
+    ("faults", "faults (worker killed, PostgreSQL restarted)", ""),
+    ("occurrences_expected", "occurrences due before the load stopped", ""),
+    ("lost", "of those, never run", ""),
+    ("twice", "run by two runs or more", ""),
+    ("started_again_after_a_kill", "handlers entered again for one run after its worker was killed", ""),
+    ("one_shots", "one-shot jobs created through the API", ""),
+    ("workflow_runs", "workflow runs triggered", ""),
+    ("workflow_steps_lost", "workflow steps never ended", ""),
+    ("workflow_steps_twice", "workflow steps started twice", ""),
+    ("calls_retried", "API calls retried while the database was away", ""),
+    ("start_lag_drift", "start-lag p99 outside faults, last slice / first", ""),
+    ("node_peak_rss_bytes", "node's peak RSS", "bytes"),
+    ("stall_causes", "node's event-loop stalls by cause", ""),
+)
+_SLICE_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("slice", "slice"), ("from_s", "from s"), ("rss_bytes", "RSS"), ("open_files", "files"),
+    ("threads", "threads"), ("db_connections", "db conns"), ("loop_lag_p99_ms", "loop p99 ms"),
+    ("loop_lag_p999_ms", "loop p99.9 ms"), ("runs_due", "runs due"), ("start_lag_p99_ms", "start p99 ms"),
+    ("start_lag_max_ms", "start max ms"), ("steady_start_lag_p99_ms", "start p99 ms, no fault"),
+    ("history_trimmed", "history trimmed"),
 )
 
 
@@ -125,7 +147,12 @@ def render_markdown(document: Mapping[str, Any]) -> str:
     lines.append("")
     results = document.get("results") or []
     # Pages fetched (console) have times, not lags: a table of their own instead of the lags'.
-    lines += _pages_table(results) if any("pages" in result for result in results) else _results_table(results)
+    if any("pages" in result for result in results):
+        lines += _pages_table(results)
+    elif any("slices" in result for result in results):
+        lines += _slices_table(results)
+    else:
+        lines += _results_table(results)
     ratios = document.get("ratios") or {}
     if ratios:
         lines += ["", "## fastlane : APScheduler (below 1: fastlane is faster)", ""]
@@ -189,6 +216,20 @@ def _pages_table(results: Sequence[Mapping[str, Any]]) -> list[str]:
     return rows
 
 
+def _slices_table(results: Sequence[Mapping[str, Any]]) -> list[str]:
+    rows = ["| " + " | ".join(label for _, label in _SLICE_COLUMNS) + " |", "|" + "---:|" * len(_SLICE_COLUMNS)]
+    for result in results:
+        for row in result.get("slices") or ():
+            cells = [_bytes(row.get(key)) if key == "rss_bytes" else _blank_if_none(row.get(key))
+                     for key, _ in _SLICE_COLUMNS]
+            rows.append("| " + " | ".join(cells) + " |")
+    rows += ["", "Per slice: the node's largest RSS, open files, threads and database connections (PostgreSQL "
+             "sessions; on SQLite, its open database files) of the samples taken in it; its event-loop lag "
+             "(bucket bounds); the start lag (handler entered − scheduled) of the runs due in it, and its p99 "
+             "without the runs due while a fault was recovered from."]
+    return rows
+
+
 def _ratios_table(ratios: Mapping[str, Mapping[str, Mapping[str, float | None]]]) -> list[str]:
     peers = list(ratios)
     rows = ["| lag | " + " | ".join(f"vs {peer}" for peer in peers) + " |", "|---|" + "---:|" * len(peers)]
@@ -227,6 +268,8 @@ def _figure_rows(results: Sequence[Mapping[str, Any]]) -> list[str]:
                 cells.append("")
             elif unit == "bytes" and key.endswith("_bytes"):
                 cells.append(_bytes(value))
+            elif isinstance(value, Mapping) and "p99" not in value:  # counts by name
+                cells.append(", ".join(f"{name} {_number(count)}" for name, count in value.items()) or "none")
             elif isinstance(value, Mapping):
                 cells.append(" / ".join(_ms(value.get(key)) or "—" for key in ("p50", "p99", "max")) + f" {unit}")
             else:

@@ -23,7 +23,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from fastlane.bench.harness import JOB_CREATION, Bench, BenchTimeout, Progress
+from fastlane.bench.harness import JOB_CREATION, SCENARIOS_THROUGH_API, THROUGH_API, Bench, BenchTimeout, Progress
 from fastlane.bench.pgcluster import DURABLE_SETTINGS, ThrowawayPostgres
 from fastlane.bench.report import render_markdown, to_json, write_outputs
 from fastlane.bench.scenarios import SCENARIOS, Scenario
@@ -52,6 +52,7 @@ class Options:
     realtime_priority: int = 1  # of the threads that start runs, fastlane's and the peer's; 0: normal
     floor: bool = False  # sustained and burst: the database's floor first, and fastlane's runs/s as a ratio to it
     profile: bool = False  # sustained and burst: py-spy on node-1 over the measured interval
+    hours: float | None = None  # soak: how long (None: its quick default)
     json: bool = False
     out: str | None = None
 
@@ -67,7 +68,7 @@ def run_benchmark(options: Options) -> int:
         bench = Bench(scenario=options.scenario, backend=options.backend, nodes=options.nodes,
                       workers=options.workers, scale=options.scale, peer=options.peer, secure=options.secure,
                       durable=options.durable, realtime_priority=options.realtime_priority,
-                      floor=options.floor, profile=options.profile, workdir=Path(scratch),
+                      floor=options.floor, profile=options.profile, hours=options.hours, workdir=Path(scratch),
                       progress=progress)
         try:
             results = _run(scenario, bench)
@@ -137,7 +138,7 @@ def build_document(bench: Bench, results: list[dict[str, object]], *, started_at
         "scale": bench.scale,
         "started_at": started_at.isoformat(timespec="seconds"),
         "elapsed_s": round(elapsed_s, 1),
-        "job_creation": JOB_CREATION,
+        "job_creation": THROUGH_API if bench.scenario in SCENARIOS_THROUGH_API else JOB_CREATION,
         "machine": machine(),
         "realtime_priority": bench.realtime_priority,
         "results": results,

@@ -43,6 +43,10 @@ WORKFLOW_HANDOFF_P99_MS = 10.0  # a workflow step starts within this of its pare
 TRIMMING_VS_KEEPING_AT_MOST = 1.1  # trimming old history raises spread's p99 start lag by at most 10 %
 CONSOLE_PAGE_P95_MS = 200.0  # every console page, over 100,000 jobs and 1,000,000 runs
 CONSOLE_RUNS = 1_000_000
+SOAK_GROWTH_AT_MOST = 1.05  # a resource's maximum in any later slice over the first slice's
+SOAK_DRIFT_AT_MOST = 1.10  # the last slice's start-lag p99 (outside fault windows) over the first's
+SOAK_RESOURCES = {"rss_bytes": "RSS", "open_files": "open files", "threads": "threads",
+                  "db_connections": "database connections"}
 
 
 def result_of(document: Mapping[str, Any], system: str) -> Mapping[str, Any] | None:
@@ -80,6 +84,8 @@ def evaluate(document: Mapping[str, Any]) -> list[Target]:
         return _workflow(fastlane)
     if scenario == "console":
         return _console(fastlane)
+    if scenario == "soak":
+        return _soak(fastlane)
     return []
 
 
@@ -274,4 +280,29 @@ def _console(fastlane: Mapping[str, Any] | None) -> list[Target]:
         targets.append(Target(name=f"console page {page.get('page')}: p95 (≤{CONSOLE_PAGE_P95_MS:g} ms)",
                               limit=CONSOLE_PAGE_P95_MS, op="<=", unit="ms", measured=lag_of(page, "ms", "p95"),
                               note="; ".join(filter(None, [note, scaled]))))
+    return targets
+
+
+def _soak(fastlane: Mapping[str, Any] | None) -> list[Target]:
+    """Nothing grows from the first slice on, the start lag does not drift, nothing lost or twice."""
+    if fastlane is None:
+        return []
+    slices = len(fastlane.get("slices") or ())
+    few = "" if slices >= 2 else "one slice: nothing to compare"
+    grown = fastlane.get("growth") or {}
+    targets = [Target(name=f"soak: {label}, largest later slice / first (≤{SOAK_GROWTH_AT_MOST:g})",
+                      limit=SOAK_GROWTH_AT_MOST, op="<=", unit="x", measured=grown.get(name), applies=slices >= 2,
+                      note=few)
+               for name, label in SOAK_RESOURCES.items()]
+    targets.append(Target(name=f"soak: start-lag p99 outside faults, last slice / first (≤{SOAK_DRIFT_AT_MOST:g})",
+                          limit=SOAK_DRIFT_AT_MOST, op="<=", unit="x", measured=fastlane.get("start_lag_drift"),
+                          applies=slices >= 2, note=few))
+    expected = int(fastlane.get("occurrences_expected", 0))
+    steps = int(fastlane.get("workflow_steps_expected", 0))
+    lost = int(fastlane.get("lost", 0)) + int(fastlane.get("workflow_steps_lost", 0))
+    twice = int(fastlane.get("twice", 0)) + int(fastlane.get("workflow_steps_twice", 0))
+    targets.append(Target(name="soak: occurrences and workflow steps lost (0)", limit=0, op="<=", unit="",
+                          measured=lost, note=f"of {expected:,} occurrences and {steps:,} workflow steps"))
+    targets.append(Target(name="soak: occurrences run twice, workflow steps started twice (0)", limit=0, op="<=",
+                          unit="", measured=twice))
     return targets

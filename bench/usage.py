@@ -83,6 +83,44 @@ def current_rss(pid: int | None) -> int | None:
     return proc_status(pid).get("VmRSS") if pid else None
 
 
+def open_files(pid: int | None) -> int | None:
+    """How many file descriptors a live process holds (sockets and pipes too); None if it is gone."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd")) if pid else None
+    except OSError:
+        return None
+
+
+def files_open_under(pid: int | None, prefix: str) -> int | None:
+    """How many of a live process's descriptors name a path starting with ``prefix`` (an SQLite
+    database, its journal and shared memory: one set per connection)."""
+    if not pid:
+        return None
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return None
+    count = 0
+    for name in names:
+        try:
+            count += os.readlink(f"/proc/{pid}/fd/{name}").startswith(prefix)
+        except OSError:  # closed meanwhile
+            continue
+    return count
+
+
+def thread_count(pid: int | None) -> int | None:
+    """The threads of a live process; None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("Threads:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def harness_memory() -> ProcessMemory:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return ProcessMemory("harness", os.getpid(), usage.ru_maxrss * 1024, round(usage.ru_utime + usage.ru_stime, 2))

@@ -21,6 +21,7 @@ from fastlane.bench.scenarios import (
     priority,
     retention,
     scale,
+    soak,
     sustained,
     workflow,
 )
@@ -46,6 +47,7 @@ SCENARIOS: dict[str, Scenario] = {
     "workflow": Scenario(measure=workflow.workflow, budget=workflow.budget),
     "console": Scenario(measure=console.console, budget=console.budget),
     "floor": Scenario(measure=floor.floor, budget=floor.budget),
+    "soak": Scenario(measure=soak.soak, budget=soak.budget),
 }
 # The scenarios that take --floor (a floor measured first, their runs/s as a ratio to it) and
 # --profile (py-spy on node-1 over the measured interval).

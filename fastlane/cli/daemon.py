@@ -45,6 +45,7 @@ from fastlane.domain.limits import (
 )
 from fastlane.domain.quotas import TenantQuota
 from fastlane.rpc.channel import DEFAULT_SERVER
+from fastlane.server.grpc_server import MESSAGE_ENVELOPE_BYTES
 from fastlane.server.settings import DEFAULT_DB_URL, DEFAULT_QUOTAS, Settings, default_node_id
 from fastlane.storage import DEFAULT_SHARD_COUNT, open_store, redacted_url
 
@@ -194,8 +195,10 @@ def register(commands: Any) -> None:
         metavar="N",
         type=positive_int,
         default=defaults.max_payload_bytes,
-        help=f"largest job payload accepted, in bytes (default: {defaults.max_payload_bytes}, at most "
-        f"{PAYLOAD_CEILING_BYTES})",
+        help=f"largest job payload (and workflow input) accepted, in bytes; a larger one is refused with "
+        f"INVALID_ARGUMENT naming the field, and a request larger than this (or than a worker's largest "
+        f"checkpoint) plus {MESSAGE_ENVELOPE_BYTES >> 10} KiB is refused by the transport before it is parsed "
+        f"(default: {defaults.max_payload_bytes}, at most {PAYLOAD_CEILING_BYTES})",
     )
     max_ahead_ms = MAX_SEND_AHEAD.total_seconds() * 1000
     serve.add_argument(

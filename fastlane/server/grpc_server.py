@@ -39,12 +39,13 @@ SERVICE_NAMES = (
     workflows_pb2.DESCRIPTOR.services_by_name["WorkflowService"].full_name,
 )
 
-# What a caller can make the node hold before its token is checked: the access check runs in the
-# handler, once the request is received and parsed, so each call in flight may hold one message of
-# the largest size the server takes. Both factors are bounded: a message is at most the largest
-# valid request (the largest payload or checkpoint, plus this envelope for the rest of the
-# request), and at most MAX_CONCURRENT_RPCS calls and streams are in flight at once (beyond it a
-# call is refused with RESOURCE_EXHAUSTED). No per-connection stream limit: a client opening
+# What a caller can make the node hold: the access check (fastlane.server.access) runs before a
+# call's request is read, so a caller without a valid token holds no more than the transport's
+# buffers; a caller with one may hold one message of the largest size the server takes per call
+# in flight. Both factors are bounded: a message is at most the largest valid request (the
+# largest payload or checkpoint, plus this envelope for the rest of the request), and at most
+# MAX_CONCURRENT_RPCS calls and streams are in flight at once (beyond it a call is refused with
+# RESOURCE_EXHAUSTED). No per-connection stream limit: a client opening
 # more streams than the limit before it has read the server's HTTP/2 settings has the rest reset
 # (REFUSED_STREAM, which grpc reports as UNAVAILABLE), so a burst of calls on a new channel fails.
 # The README's security section states the product.

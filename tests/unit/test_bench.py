@@ -491,7 +491,7 @@ def test_bench_help_documents_every_flag(capsys: pytest.CaptureFixture[str]) -> 
     assert main(["bench", "--help"]) == 0
     text = capsys.readouterr().out
     for flag in ("--backend", "--nodes", "--workers", "--scale", "--durable", "--realtime-priority", "--json", "--out",
-                 "spread", "burst",
+                 "--hours", "soak", "spread", "burst",
                  "sustained", "cron", "scale", "failover"):
         assert flag in text
 
@@ -506,6 +506,12 @@ def test_bench_help_documents_every_flag(capsys: pytest.CaptureFixture[str]) -> 
     ["bench", "spread", "--realtime-priority", "100"],
     ["bench", "spread", "--realtime-priority", "-1"],
     ["bench", "spread", "--realtime-priority", "x"],
+    ["bench", "spread", "--hours", "1"],  # hours are the soak's
+    ["bench", "soak", "--hours", "0"],
+    ["bench", "soak", "--hours", "nan"],
+    ["bench", "soak", "--hours", "169"],
+    ["bench", "soak", "--scale", "0.5"],
+    ["bench", "soak", "--backend", "postgres", "--nodes", "2"],
 ])
 def test_bench_refuses_impossible_combinations(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 2

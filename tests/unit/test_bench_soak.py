@@ -1,0 +1,138 @@
+"""The soak benchmark's arithmetic: slices, resource maxima, occurrences accounted one by one,
+growth and drift, its targets and its report."""
+
+from __future__ import annotations
+
+import pytest
+from fastlane.bench.report import render_markdown
+from fastlane.bench.soak_figures import (
+    FaultWindow,
+    ResourceMaxima,
+    Slicing,
+    account,
+    drift,
+    growth,
+    periodic_instants,
+    read_occurrences,
+    slice_rows,
+    slicing_for,
+    workflow_steps,
+)
+from fastlane.bench.targets import evaluate
+
+S = 1_000_000  # a second in microseconds
+
+
+def line(run_id: str, scheduled: int, started: int, job_id: str = "job") -> str:
+    """A no-op worker's record (bench/lag_worker.py): run, scheduled, released, received, job, started."""
+    return f"{run_id} {scheduled} {scheduled} {scheduled} {job_id} {started}\n"
+
+
+@pytest.mark.parametrize(("duration_s", "seconds", "count"), [
+    (3600, 300, 12),  # an hour: five-minute slices
+    (1800, 300, 6),
+    (600, 100, 6),  # shorter than half an hour: sixths
+    (72, 20, 3),  # but never under 20 s
+])
+def test_a_soak_is_cut_into_five_minute_slices_or_sixths_of_a_short_run(duration_s: float, seconds: float,
+                                                                         count: int) -> None:
+    slicing = slicing_for(10 * S, duration_s)
+    assert (slicing.seconds, slicing.count) == (seconds, count)
+    assert slicing.index(10 * S) == 0
+    assert slicing.index(10 * S - 1) is None  # before the soak
+    assert slicing.index(round(10 * S + seconds * S)) == 1
+    assert slicing.index(slicing.end_us) is None  # after its last slice
+
+
+def test_each_slice_keeps_the_largest_sample_of_each_resource_and_a_missing_one_is_left_out() -> None:
+    maxima = ResourceMaxima(Slicing(start_us=0, seconds=10, count=2))
+    maxima.add(1 * S, {"rss_bytes": 100, "db_connections": 5})
+    maxima.add(2 * S, {"rss_bytes": 90, "db_connections": None})  # the server restarting: no count
+    maxima.add(11 * S, {"rss_bytes": 120, "db_connections": 4})
+    maxima.add(25 * S, {"rss_bytes": 999})  # after the last slice
+    assert maxima.maxima == [{"rss_bytes": 100, "db_connections": 5}, {"rss_bytes": 120, "db_connections": 4}]
+
+
+def test_periodic_instants_are_the_phase_plus_whole_periods_within_the_range() -> None:
+    assert list(periodic_instants(3 * S, 2 * S, 4 * S, 10 * S)) == [5 * S, 7 * S, 9 * S]
+    assert list(periodic_instants(0, 5 * S, 10 * S, 20 * S)) == [10 * S, 15 * S]  # the start itself counts
+    assert list(periodic_instants(0, 5 * S, 11 * S, 15 * S)) == []  # the end does not
+
+
+def test_an_occurrence_never_run_is_lost_and_one_run_by_two_runs_is_twice() -> None:
+    lines = [line("r1", 10 * S, 10 * S, "a"), line("r2", 12 * S, 12 * S, "a"),
+             line("r3", 12 * S, 12 * S, "a"),  # a second run of a's occurrence at 12 s: twice
+             line("r4", 10 * S, 10 * S, "b")]
+    found = read_occurrences(lines, Slicing(start_us=10 * S, seconds=10, count=1), [])
+    accounting = account({"a": [10 * S, 12 * S, 14 * S], "b": [10 * S]}, found)
+    assert (accounting.expected, accounting.lost, accounting.twice) == (4, 1, 1)
+    assert accounting.examples == (f"a@{14 * S}",)
+
+
+def test_a_run_started_again_after_its_worker_was_killed_is_a_retry_not_a_second_run() -> None:
+    lines = [line("r1", 10 * S, 10 * S + 500), line("r1", 10 * S, 40 * S)]  # the same run, its lease expired
+    found = read_occurrences(lines, Slicing(start_us=10 * S, seconds=10, count=1), [])
+    assert found.started_again == 1
+    assert account({"job": [10 * S]}, found).twice == 0
+    assert found.start_lags_by_slice == [[0.5]]  # its first start is the one measured
+
+
+def test_start_lags_go_to_the_slice_the_run_was_due_in_and_fault_windows_are_left_out_of_the_steady_ones() -> None:
+    slicing = Slicing(start_us=0, seconds=10, count=2)
+    fault = FaultWindow("worker", start_us=12 * S, end_us=15 * S)
+    lines = [line("r1", 1 * S, 1 * S + 1000), line("r2", 11 * S, 11 * S + 2000),
+             line("r3", 13 * S, 13 * S + 9_000_000),  # due while the worker was away
+             "torn line\n", line("r4", 30 * S, 30 * S)]  # after the soak: not in a slice
+    found = read_occurrences(lines, slicing, [fault])
+    assert found.start_lags_by_slice == [[1.0], [2.0, 9000.0]]
+    assert found.steady_lags_by_slice == [[1.0], [2.0]]
+    rows = slice_rows(slicing, ResourceMaxima(slicing), found, [{"p99": 0.5, "p999": 2.5}], [7.0])
+    assert rows[1]["start_lag_p99_ms"] == 9000.0 and rows[1]["steady_start_lag_p99_ms"] == 2.0
+    assert rows[0]["loop_lag_p999_ms"] == 2.5 and rows[0]["history_trimmed"] == 7
+    assert rows[1]["loop_lag_p99_ms"] is None and rows[1]["history_trimmed"] is None  # no scrape after it
+
+
+def test_workflow_steps_that_ended_and_those_started_twice() -> None:
+    lines = ["S r1 w1 a 1\n", "E r1 w1 a 2\n", "S r2 w1 b 3\n", "S r3 w1 b 4\n", "E r3 w1 b 5\n", "garbled\n"]
+    ended, twice = workflow_steps(lines)
+    assert ended == {("w1", "a"), ("w1", "b")} and twice == 1
+
+
+def test_growth_is_the_largest_later_slice_over_the_first_and_drift_the_last_over_the_first() -> None:
+    rows = [{"rss_bytes": 100, "steady_start_lag_p99_ms": 2.0}, {"rss_bytes": 104, "steady_start_lag_p99_ms": 9.0},
+            {"rss_bytes": 103, "steady_start_lag_p99_ms": 2.1}]
+    assert growth(rows, "rss_bytes") == 1.04
+    assert drift(rows) == 1.05  # the last slice against the first, whatever came between
+    assert growth(rows[:1], "rss_bytes") is None and drift(rows[:1]) is None  # one slice: nothing to compare
+    assert growth([{"rss_bytes": None}, {"rss_bytes": 5}], "rss_bytes") is None
+
+
+def soak_document(*, rss_growth: float, lost: int, twice: int = 0, slices: int = 3) -> dict[str, object]:
+    result = {"system": "fastlane", "scenario": "soak", "slices": [{"slice": n + 1} for n in range(slices)],
+              "growth": {"rss_bytes": rss_growth, "open_files": 1.0, "threads": 1.0, "db_connections": 1.0},
+              "start_lag_drift": 1.02, "occurrences_expected": 1000, "lost": lost, "twice": twice,
+              "workflow_steps_expected": 30, "workflow_steps_lost": 0, "workflow_steps_twice": 0,
+              "faults": {"worker": 3, "postgres": 3}}
+    return {"scenario": "soak", "results": [result]}
+
+
+def test_soak_targets_fail_when_a_resource_grows_or_an_occurrence_is_lost_or_run_twice() -> None:
+    met = {target.name: target.status.value for target in evaluate(soak_document(rss_growth=1.04, lost=0))}
+    assert set(met.values()) == {"MET"} and len(met) == 7
+    grown = {target.name: target.status.value for target in evaluate(soak_document(rss_growth=1.2, lost=1, twice=1))}
+    assert sorted(name for name, status in grown.items() if status == "MISSED") == [
+        "soak: RSS, largest later slice / first (≤1.05)", "soak: occurrences and workflow steps lost (0)",
+        "soak: occurrences run twice, workflow steps started twice (0)"]
+
+
+def test_a_soak_of_one_slice_cannot_speak_to_growth() -> None:
+    statuses = {target.name: target.status.value for target in evaluate(soak_document(rss_growth=9.0, lost=0, slices=1))}
+    assert statuses["soak: RSS, largest later slice / first (≤1.05)"] == "N/A"
+
+
+def test_the_soak_report_has_a_row_per_slice_and_the_counts_of_faults() -> None:
+    document = soak_document(rss_growth=1.0, lost=0)
+    document["results"][0]["slices"] = [{"slice": 1, "from_s": 0, "rss_bytes": 64 << 20, "start_lag_p99_ms": 0.4}]
+    text = render_markdown(document)
+    assert "| 1 | 0 | 64.0 MiB |" in text
+    assert "worker 3, postgres 3" in text
