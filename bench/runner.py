@@ -25,6 +25,7 @@ from typing import Any
 
 from fastlane.bench.harness import JOB_CREATION, SCENARIOS_THROUGH_API, THROUGH_API, Bench, BenchTimeout, Progress
 from fastlane.bench.pgcluster import DURABLE_SETTINGS, ThrowawayPostgres
+from fastlane.bench.repeat import render_repeated, repeated_document
 from fastlane.bench.report import render_markdown, to_json, write_outputs
 from fastlane.bench.scenarios import SCENARIOS, Scenario
 from fastlane.bench.scenarios.floor import SYSTEM as FLOOR_SYSTEM
@@ -53,17 +54,42 @@ class Options:
     floor: bool = False  # sustained and burst: the database's floor first, and fastlane's runs/s as a ratio to it
     profile: bool = False  # sustained and burst: py-spy on node-1 over the measured interval
     hours: float | None = None  # soak: how long (None: its quick default)
+    repeat: int = 1  # runs of the scenario, each from scratch, reported side by side
     json: bool = False
     out: str | None = None
 
 
 def run_benchmark(options: Options) -> int:
-    """Run the scenario, print the report (Markdown, or JSON with ``json``), write ``out``."""
+    """Run the scenario (``repeat`` times), print the report (Markdown, or JSON with ``json``), write ``out``."""
+    out = Path(options.out) if options.out else None
+    if options.repeat == 1:
+        document = _measure_once(options, out, Progress())
+        if isinstance(document, int):
+            return document
+        print(to_json(document) if options.json else render_markdown(document))
+        return EXIT_OK
+    documents = []
+    for index in range(1, options.repeat + 1):
+        print(f"run {index} of {options.repeat}", file=sys.stderr)
+        document = _measure_once(options, out / f"run-{index}" if out else None, Progress())
+        if isinstance(document, int):
+            return document  # a run that failed ends the series: its error says why
+        documents.append(document)
+    repeated = repeated_document(documents)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "result.json").write_text(to_json(repeated) + "\n")
+        (out / "result.md").write_text(render_repeated(repeated))
+        print(f"wrote {out / 'result.json'}, {out / 'result.md'}", file=sys.stderr)
+    print(to_json(repeated) if options.json else render_repeated(repeated))
+    return EXIT_OK
+
+
+def _measure_once(options: Options, out: Path | None, progress: Progress) -> dict[str, Any] | int:
+    """One run of the scenario: its document (written to ``out``), or the exit code it failed with."""
     scenario = SCENARIOS[options.scenario]
     started_at = datetime.now(UTC)
     started = time.monotonic()
-    progress = Progress()
-    out = Path(options.out) if options.out else None
     with tempfile.TemporaryDirectory(prefix="fastlane-bench-") as scratch:
         bench = Bench(scenario=options.scenario, backend=options.backend, nodes=options.nodes,
                       workers=options.workers, scale=options.scale, peer=options.peer, secure=options.secure,
@@ -88,8 +114,7 @@ def run_benchmark(options: Options) -> int:
     if out is not None:
         written = write_outputs(document, out, bench.samples)
         print(f"wrote {', '.join(str(path) for path in written)}", file=sys.stderr)
-    print(to_json(document) if options.json else render_markdown(document))
-    return EXIT_OK
+    return document
 
 
 def _run(scenario: Scenario, bench: Bench) -> list[dict[str, object]]:

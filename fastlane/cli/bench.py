@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from fastlane.cli.arguments import UsageError, positive_int, whole_number_from_0_up_to
+from fastlane.cli.arguments import UsageError, positive_int, whole_number_from_0_up_to, whole_number_up_to
 
 SCENARIOS: dict[str, str] = {
     "spread": "30,000 one-shot jobs due at 1,000/s over 30 s: release and delivery lag; also on APScheduler",
@@ -104,6 +104,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="soak: how long to run, in hours (e.g. 1 for the record, at most 168); its figures "
                              "come in five-minute slices, or in sixths of a run shorter than half an hour "
                              "(default: 0.1)")
+    parser.add_argument("--repeat", metavar="N", type=whole_number_up_to(100), default=1,
+                        help="run the scenario N times (1..100), each from scratch, and report every run side by "
+                             "side with the worst figure of any run and each target's status run by run; with "
+                             "--out, each run's files go to DIR/run-K/ (default: 1)")
     parser.add_argument("--json", action="store_true",
                         help="print the result as one JSON document instead of the Markdown report")
     parser.add_argument("--out", metavar="DIR",
@@ -132,6 +136,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("floor measures the database alone: leave --nodes at 1")
     if args.hours is not None and args.scenario != "soak":
         raise UsageError("--hours applies to soak")
+    if args.scenario == "soak" and args.repeat != 1:
+        raise UsageError("a soak is one long run: give it more --hours rather than --repeat")
     if args.scenario == "soak" and (nodes != 1 or args.scale != 1.0):
         raise UsageError("soak runs one node at its own steady rate: leave --nodes and --scale, and set --hours")
     if args.scenario == "scale" and nodes != 1:
@@ -144,5 +150,6 @@ def run(args: argparse.Namespace) -> int:
                                         secure=args.secure, durable=args.durable,
                                         realtime_priority=args.realtime_priority,
                                         floor=args.floor, profile=args.profile, hours=args.hours,
+                                        repeat=args.repeat,
                                         json=args.json, out=args.out))
     return status

@@ -491,7 +491,7 @@ def test_bench_help_documents_every_flag(capsys: pytest.CaptureFixture[str]) -> 
     assert main(["bench", "--help"]) == 0
     text = capsys.readouterr().out
     for flag in ("--backend", "--nodes", "--workers", "--scale", "--durable", "--realtime-priority", "--json", "--out",
-                 "--hours", "soak", "spread", "burst",
+                 "--hours", "--repeat", "soak", "spread", "burst",
                  "sustained", "cron", "scale", "failover"):
         assert flag in text
 
@@ -512,6 +512,9 @@ def test_bench_help_documents_every_flag(capsys: pytest.CaptureFixture[str]) -> 
     ["bench", "soak", "--hours", "169"],
     ["bench", "soak", "--scale", "0.5"],
     ["bench", "soak", "--backend", "postgres", "--nodes", "2"],
+    ["bench", "soak", "--repeat", "2"],
+    ["bench", "spread", "--repeat", "0"],
+    ["bench", "spread", "--repeat", "101"],
 ])
 def test_bench_refuses_impossible_combinations(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 2
@@ -551,6 +554,24 @@ def test_a_tiny_spread_run_delivers_every_job_once(tmp_path: Path) -> None:
     assert threads == {"fastlane node-1": 0, "fastlane worker-1": 1, "apscheduler-memory": 1,
                        "apscheduler-sqlalchemy": 1, "harness": None}
     assert (out / "result.md").read_text().startswith("# fastlane bench: spread")
+
+
+@pytest.mark.e2e
+def test_a_repeated_tiny_spread_reports_each_run_and_the_worst(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    completed = subprocess.run(
+        [sys.executable, "-m", "fastlane", "bench", "spread", "--scale", "0.01", "--no-peer", "--repeat", "2", "--json",
+         "--out", str(out)],
+        cwd=ROOT, env=child_environment(), capture_output=True, timeout=300, check=False,
+    )
+    assert completed.returncode == 0, completed.stderr.decode()[-3000:]
+    document = orjson.loads(completed.stdout)
+    assert document["repeat"] == 2 and len(document["runs"]) == 2
+    p99s = [next(r for r in run["results"] if r["system"] == "fastlane")["start_lag_ms"]["p99"]
+            for run in document["runs"]]
+    assert document["worst"]["fastlane"]["p99"] == max(p99s)
+    assert all((out / f"run-{index}" / "result.json").exists() for index in (1, 2))  # each run kept its own
+    assert (out / "result.md").read_text().startswith("# fastlane bench: spread, 2 runs")
 
 
 @pytest.mark.e2e
