@@ -8,7 +8,9 @@ parsed here and raise :class:`~fastlane.errors.InvalidArgument` (exit 1), naming
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import sys
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -17,7 +19,13 @@ import orjson
 
 from fastlane.auth.tls import ClientTls
 from fastlane.domain import validation
-from fastlane.domain.limits import MAX_HISTORY_RETENTION, MAX_TENANT_IN_FLIGHT, MAX_TENANT_WEIGHT, MIN_HISTORY_RETENTION
+from fastlane.domain.limits import (
+    MAX_HISTORY_RETENTION,
+    MAX_TENANT_IN_FLIGHT,
+    MAX_TENANT_WEIGHT,
+    MIN_HISTORY_RETENTION,
+    PAYLOAD_CEILING_BYTES,
+)
 from fastlane.domain.models import DEFAULT_TENANT, Schedule
 from fastlane.domain.schedules import parse_at, validate_schedule, zone
 from fastlane.engine.dispatch.reserve import PriorityReserve
@@ -112,13 +120,33 @@ def priority_reserve(text: str) -> PriorityReserve:
     return reserve
 
 
+# Every duration a command takes is written one way: seconds, or a number with one of these units.
+DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0}
+DURATION_SYNTAX = "a number of seconds, or a number and a unit: 500ms, 90s, 15m, 2h, 1d"
+
+
+def duration_seconds(text: str) -> float:
+    """``text`` as seconds: ``90`` (seconds) or ``90s``, ``1.5m``, ``2h``, ``1d``, ``250ms``.
+
+    Raises:
+        ValueError: not a finite number, with or without a known unit.
+    """
+    body = text.strip().lower()
+    unit = next((name for name in sorted(DURATION_UNITS, key=len, reverse=True) if body.endswith(name)), "")
+    value = float(body[: len(body) - len(unit)] if unit else body) * DURATION_UNITS.get(unit, 1.0)
+    if not math.isfinite(value):
+        raise ValueError(text)
+    return value
+
+
 def positive_seconds(text: str) -> float:
+    """An argparse type: a positive duration (:func:`duration_seconds`), in seconds."""
     try:
-        value = float(text)
+        value = duration_seconds(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration: {DURATION_SYNTAX}") from None
     if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text} must be a positive number of seconds")
+        raise argparse.ArgumentTypeError(f"{text} must be a positive duration")
     return value
 
 
@@ -213,6 +241,8 @@ def client_flags(*, tenant: bool = True) -> argparse.ArgumentParser:
         default=10.0,
         help="give up on the daemon after this many seconds (default: 10)",
     )
+    group.add_argument("-v", "--verbose", action="store_true",
+                       help="with an error the daemon sent, also show its gRPC status code (as --json does)")
     security_flags(group)
     return parent
 
@@ -261,12 +291,14 @@ def rate_or_unlimited(text: str) -> float | None:
 
 
 def lifetime(text: str) -> timedelta:
-    """A token lifetime: a number and a unit, ``90m``, ``12h``, ``30d`` or ``3600s``."""
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
-    number, unit = text[:-1], text[-1:].lower()
-    if unit not in units or not number.isdigit() or int(number) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive whole number and a unit: 90m, 12h, 30d")
-    return timedelta(seconds=int(number) * units[unit])
+    """A token lifetime: a duration (:func:`duration_seconds`) of at least a second: ``90m``, ``12h``, ``30d``."""
+    try:
+        seconds = duration_seconds(text)
+    except ValueError:
+        seconds = 0.0
+    if not seconds >= 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a duration of a second or more ({DURATION_SYNTAX})")
+    return timedelta(seconds=seconds)
 
 
 def json_flag(parser: argparse.ArgumentParser) -> None:
@@ -287,7 +319,8 @@ def add_schedule_flags(parser: argparse.ArgumentParser, *, allow_now: bool, tz_h
         help='cron expression: 5 fields, 6 with seconds first, or @daily etc., e.g. "30 2 * * *"',
     )
     kinds.add_argument(
-        "--every", metavar="SECONDS", type=positive_seconds, help="fire repeatedly, this many seconds apart"
+        "--every", metavar="SECONDS", type=positive_seconds,
+        help="fire repeatedly, this long apart: seconds, or with a unit (90s, 15m, 2h, 1d)"
     )
     parser.add_argument("--tz", metavar="ZONE", help=tz_help)
     parser.add_argument(
@@ -332,14 +365,53 @@ def instant_flag(text: str, flag: str) -> datetime:
         raise InvalidArgument(flag, error.problem) from None
 
 
-def json_payload(text: str | None) -> bytes:
-    """The bytes of ``--payload``: its UTF-8 text, once it is known to be valid JSON."""
-    if text is None:
-        return b""
+STDIN = "-"  # a payload or input read from standard input
+
+
+def json_document(value: str | None, path: str | None, *, flag: str, file_flag: str) -> bytes | None:
+    """The bytes of a JSON document given as text (``flag``; ``-``: standard input) or as a file
+    (``file_flag``; ``-`` too), once they are known to be valid JSON; None when neither was given.
+
+    A file or standard input is read up to :data:`PAYLOAD_CEILING_BYTES`, the most any node takes,
+    so a large payload needs no room on the command line (which ends around 128 KiB).
+
+    Raises:
+        InvalidArgument: unreadable, larger than the ceiling, or not JSON, naming the flag.
+    """
+    if value is None and path is None:
+        return None
+    named = file_flag if path is not None else flag
+    if path is not None or value == STDIN:
+        data = _read_bounded(path if path is not None else STDIN, named)
+    else:
+        assert value is not None
+        data = value.encode()
     try:
-        orjson.loads(text)
+        orjson.loads(data)
     except orjson.JSONDecodeError as error:
-        raise InvalidArgument(
-            "--payload", f'is not valid JSON ({error}); e.g. --payload \'{{"to": "a@b.c"}}\''
-        ) from None
-    return text.encode()
+        raise InvalidArgument(named, f'is not valid JSON ({error}); e.g. {flag} \'{{"to": "a@b.c"}}\'') from None
+    return data
+
+
+def _read_bounded(path: str, flag: str) -> bytes:
+    try:
+        if path == STDIN:
+            stream = getattr(sys.stdin, "buffer", None)
+            data = stream.read(PAYLOAD_CEILING_BYTES + 1) if stream is not None else sys.stdin.read().encode()
+        else:
+            with open(path, "rb") as source:
+                data = source.read(PAYLOAD_CEILING_BYTES + 1)
+    except OSError as error:
+        raise InvalidArgument(flag, f"cannot be read: {error.strerror or error} ({path})") from None
+    if len(data) > PAYLOAD_CEILING_BYTES:
+        raise InvalidArgument(flag, f"is larger than {PAYLOAD_CEILING_BYTES >> 20} MiB, more than any node takes")
+    return data
+
+
+def add_json_flags(parser: argparse._ActionsContainer, flag: str, what: str, example: str) -> None:
+    """``flag`` (JSON text, or ``-`` for standard input) and ``flag-file`` (a file), one or the other."""
+    either = parser.add_mutually_exclusive_group()
+    either.add_argument(flag, metavar="JSON", help=f"{what}, as JSON, e.g. '{example}'; '-' reads it from standard input")
+    either.add_argument(f"{flag}-file", metavar="FILE",
+                        help=f"{what}, read from a JSON file ('-': standard input), up to "
+                             f"{PAYLOAD_CEILING_BYTES >> 20} MiB: for a document too large for a command line")

@@ -9,11 +9,12 @@ from typing import Any
 
 from fastlane.cli.arguments import (
     UsageError,
+    add_json_flags,
     add_schedule_flags,
     client_flags,
     instant_flag,
+    json_document,
     json_flag,
-    json_payload,
     positive_int,
     positive_seconds,
     schedule_from_flags,
@@ -148,7 +149,7 @@ def register(commands: Any) -> None:
 
 def _add_policy_flags(parser: argparse.ArgumentParser) -> None:
     policies = parser.add_argument_group("payload and policies")
-    policies.add_argument("--payload", metavar="JSON", help="JSON document handed to the worker, e.g. '{\"id\": 7}'")
+    add_json_flags(policies, "--payload", "the document handed to the worker", '{"id": 7}')
     policies.add_argument(
         "--priority", metavar="N", type=int, default=0,
         help="higher first among the tenant's runs waiting for a worker, -1000..1000; a waiting run gains 20 a "
@@ -269,7 +270,7 @@ def spec_from_flags(args: argparse.Namespace) -> JobSpec:
         name=args.name,
         job_type=args.job_type,
         schedule=schedule_from_flags(args),
-        payload=json_payload(args.payload),
+        payload=_payload(args) or b"",
         priority=args.priority,
         concurrency_key=args.concurrency_key,
         concurrency_limit=args.concurrency_limit,
@@ -324,8 +325,8 @@ def updated_spec(spec: JobSpec, args: argparse.Namespace) -> JobSpec:
              "timeout": None if args.timeout is None else timedelta(seconds=args.timeout),
              "lease_ttl": None if args.lease_ttl is None else timedelta(seconds=args.lease_ttl)}
     changes.update({name: value for name, value in plain.items() if value is not None})
-    if args.payload is not None:
-        changes["payload"] = json_payload(args.payload)
+    if (payload := _payload(args)) is not None:
+        changes["payload"] = payload
     retry = _replaced(spec.retry, max_attempts=args.max_attempts,
                       max_retry_time=_seconds(args.max_retry_time), backoff_base=_seconds(args.backoff_base),
                       backoff_cap=_seconds(args.backoff_cap))
@@ -480,3 +481,7 @@ def preview_schedule(args: argparse.Namespace) -> int:
     if not fires:
         note(f"(this schedule fires no more times after {rfc3339(after)})")
     return 0
+
+
+def _payload(args: argparse.Namespace) -> bytes | None:
+    return json_document(args.payload, args.payload_file, flag="--payload", file_flag="--payload-file")

@@ -20,13 +20,14 @@ from typing import Any
 import grpc
 
 from fastlane.cli import cluster, completion, daemon, jobs, quotas, runs, tokens, workflows
-from fastlane.cli.arguments import TOKEN_ENV, UsageError, default_server
+from fastlane.cli.arguments import DURATION_SYNTAX, TOKEN_ENV, UsageError, default_server
 from fastlane.errors import FastlaneError, RemoteError
 
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # as a process ended by SIGPIPE: the reader of the output went away
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fastlane",
         description="fastlane: a precise, durable, sharded job scheduler.",
-        epilog="Run `fastlane COMMAND --help` for the flags of a command.",
+        epilog=f"Run `fastlane COMMAND --help` for the flags of a command. A flag that takes a duration "
+               f"(SECONDS, LIFETIME) takes {DURATION_SYNTAX}.",
     )
     parser.add_argument("--version", action="version", version=f"fastlane {installed_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -111,7 +113,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _report(str(error))
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return _reader_gone()
     return EXIT_ERROR  # not reached: error() always exits
+
+
+def _reader_gone() -> int:
+    """``fastlane jobs list | head``: the rest of the output has no reader, which is no error. Standard
+    output is pointed at /dev/null so that the interpreter's last flush does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no file descriptor behind sys.stdout (a test's capture)
+        pass
+    return EXIT_BROKEN_PIPE
 
 
 def _exit_code(exit_request: SystemExit) -> int:
@@ -152,7 +167,10 @@ def _report_remote(error: RemoteError, args: argparse.Namespace) -> int:
     if error.code is grpc.StatusCode.PERMISSION_DENIED:
         return _report(f"permission denied: {error.details} — the token's role and tenant decide what it may do "
                        "(`fastlane tokens list` shows them): use a token that allows this")
-    return _report(str(error))
+    # The daemon's own sentence; its status code is for scripts (--json) and for -v.
+    if getattr(args, "json", False) or getattr(args, "verbose", False):
+        return _report(f"{error.details} ({error.code.name})")
+    return _report(error.details or error.code.name)
 
 
 # What gRPC's transport says when TLS goes wrong; matched on its text, the only place it is told.

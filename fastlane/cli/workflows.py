@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from fastlane.cli.arguments import client_flags, json_flag
+from fastlane.cli.arguments import add_json_flags, client_flags, json_document, json_flag
 from fastlane.cli.output import print_fields, print_json, print_table
 from fastlane.cli.remote import run_remote
 from fastlane.client import Client
@@ -51,7 +51,7 @@ def register(commands: Any) -> None:
 
     trigger = verbs.add_parser("trigger", parents=[client_flags()], help="start a run of a workflow now")
     trigger.add_argument("name", metavar="NAME", help="the workflow's name; the run follows its latest version")
-    trigger.add_argument("--input", default=None, metavar="JSON", help="the run's input, as JSON (default: null)")
+    add_json_flags(trigger, "--input", "the run's input (default: null)", '{"day": "2026-06-01"}')
     json_flag(trigger)
     trigger.set_defaults(handler=trigger_workflow, command_parser=trigger)
 
@@ -124,12 +124,8 @@ def get_workflow(args: argparse.Namespace) -> int:
 
 
 def trigger_workflow(args: argparse.Namespace) -> int:
-    value = None
-    if args.input is not None:
-        try:
-            value = orjson.loads(args.input)
-        except orjson.JSONDecodeError as error:
-            raise InvalidArgument("--input", f"is not JSON: {error}") from None
+    given = json_document(args.input, args.input_file, flag="--input", file_flag="--input-file")
+    value = None if given is None else orjson.loads(given)
 
     async def trigger(client: Client) -> int:
         run = await client.trigger_workflow(args.name, value)

@@ -13,6 +13,7 @@ import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import grpc
 import orjson
@@ -642,6 +643,18 @@ async def test_cli_create_then_list_runs_as_json(daemon: FakeDaemon, capsys: pyt
     assert triggered["manual"] is True
 
 
+async def test_cli_takes_a_payload_too_large_for_a_command_line_from_a_file(
+    daemon: FakeDaemon, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    payload = {"rows": ["x" * 100] * 2_000}  # 200 KiB: "--payload $(cat f)" fails with "Argument list too long"
+    path = tmp_path / "payload.json"
+    path.write_bytes(orjson.dumps(payload))
+    code, out, err = await run_cli(capsys, "jobs", "create", "--name", "big", "--type", "t", "--now",
+                                   "--payload-file", str(path), "--json", "--server", daemon.address, "--tenant", TENANT)
+    assert (code, err) == (0, "")
+    assert orjson.loads(out)["payload"] == payload
+
+
 async def test_cli_human_output_is_an_aligned_table(daemon: FakeDaemon, capsys: pytest.CaptureFixture[str]) -> None:
     remote = ("--server", daemon.address, "--tenant", TENANT)
     for name in ("a", "much-longer-name"):
@@ -665,6 +678,19 @@ async def test_cli_reports_not_found_without_a_traceback(
     assert code == 1
     assert out == ""
     assert err.startswith("error: ") and "missing-id" in err and "Traceback" not in err
+
+
+async def test_cli_errors_are_plain_sentences_and_the_status_code_comes_with_verbose_or_json(
+    daemon: FakeDaemon, capsys: pytest.CaptureFixture[str]
+) -> None:
+    remote = ("--server", daemon.address, "--tenant", TENANT)
+    await run_cli(capsys, "jobs", "create", "--name", "n", "--type", "t", "--every", "60", *remote)
+    other = ("jobs", "create", "--name", "n", "--type", "t", "--every", "90", *remote)  # the name, another spec
+    code, _, plain = await run_cli(capsys, *other)
+    _, _, verbose = await run_cli(capsys, *other, "-v")
+    _, _, scripted = await run_cli(capsys, *other, "--json")
+    assert code == 1 and plain.startswith("error: ") and "ALREADY_EXISTS" not in plain
+    assert verbose == scripted == plain.rstrip("\n") + " (ALREADY_EXISTS)\n"
 
 
 async def test_cli_cluster_lists_nodes_and_shards(daemon: FakeDaemon, capsys: pytest.CaptureFixture[str]) -> None:

@@ -5,6 +5,8 @@ Nothing here needs a daemon; commands that would reach one are pointed at a clos
 
 from __future__ import annotations
 
+import argparse
+import io
 import math
 import socket
 import sys
@@ -17,10 +19,12 @@ import pytest
 
 import fastlane.cli.remote
 from fastlane.auth.tls import ClientTls
+from fastlane.cli import arguments
+from fastlane.cli.arguments import json_document
 from fastlane.cli.main import main
 from fastlane.cli.output import format_fields, format_table
 from fastlane.engine.dispatch.reserve import PriorityReserve
-from fastlane.errors import ConfigurationError
+from fastlane.errors import ConfigurationError, InvalidArgument
 from fastlane.server.settings import Settings
 from fastlane.storage import redacted_url
 
@@ -183,6 +187,56 @@ def test_invalid_payload_json_is_rejected_before_any_network_call(
     assert code == 1
     assert out == ""
     assert err.startswith("error: --payload: is not valid JSON")
+
+
+def test_a_payload_file_that_is_not_json_or_cannot_be_read_is_named(
+    capsys: pytest.CaptureFixture[str], no_daemon: None, tmp_path: Path
+) -> None:
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    code, _, err = run(capsys, "jobs", "create", "--name", "n", "--type", "t", "--now", "--payload-file", str(broken))
+    assert (code, err.startswith("error: --payload-file: is not valid JSON")) == (1, True)
+    code, _, err = run(capsys, "jobs", "create", "--name", "n", "--type", "t", "--now",
+                       "--payload-file", str(tmp_path / "missing.json"))
+    assert code == 1 and err.startswith("error: --payload-file: cannot be read: No such file or directory")
+
+
+def test_payload_and_payload_file_go_alone(capsys: pytest.CaptureFixture[str], no_daemon: None, tmp_path: Path) -> None:
+    code, _, err = run(capsys, "jobs", "create", "--name", "n", "--type", "t", "--now", "--payload", "{}",
+                       "--payload-file", str(tmp_path / "p.json"))
+    assert code == 2 and "not allowed with argument" in err
+
+
+def test_a_json_document_comes_from_its_text_a_file_or_standard_input(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    big = orjson.dumps({"rows": ["x" * 100] * 2_000})  # 200 KiB: past what a command line holds
+    path = tmp_path / "payload.json"
+    path.write_bytes(big)
+    assert json_document(None, str(path), flag="--payload", file_flag="--payload-file") == big
+    assert json_document('{"id": 7}', None, flag="--payload", file_flag="--payload-file") == b'{"id": 7}'
+    assert json_document(None, None, flag="--payload", file_flag="--payload-file") is None
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(big)))
+    assert json_document("-", None, flag="--payload", file_flag="--payload-file") == big
+
+
+def test_a_json_document_larger_than_any_node_takes_is_refused_without_reading_it_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(arguments, "PAYLOAD_CEILING_BYTES", 1_000)
+    path = tmp_path / "huge.json"
+    path.write_bytes(b'"' + b"x" * 2_000 + b'"')
+    with pytest.raises(InvalidArgument, match="--payload-file: is larger than"):
+        json_document(None, str(path), flag="--payload", file_flag="--payload-file")
+
+
+def test_a_workflow_input_file_is_read_and_checked_before_any_network_call(
+    capsys: pytest.CaptureFixture[str], no_daemon: None, tmp_path: Path
+) -> None:
+    broken = tmp_path / "input.json"
+    broken.write_text("[1,")
+    code, _, err = run(capsys, "workflows", "trigger", "month-end", "--input-file", str(broken))
+    assert code == 1 and err.startswith("error: --input-file: is not valid JSON")
 
 
 def test_create_without_a_schedule_is_a_usage_error(capsys: pytest.CaptureFixture[str], no_daemon: None) -> None:
@@ -592,3 +646,42 @@ def test_serve_refuses_a_history_retention_out_of_bounds(value: str, capsys: pyt
 def test_settings_refuse_a_history_retention_out_of_bounds(retention: timedelta) -> None:
     with pytest.raises(ConfigurationError, match="--history-retention"):
         Settings(history_retention=retention)
+
+
+def test_output_cut_short_by_its_reader_ends_quietly(monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """``fastlane jobs preview ... | head -1``: the reader goes away, and no traceback follows."""
+
+    class GoneReader(io.StringIO):
+        def write(self, text: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(sys, "stdout", GoneReader())
+    code = main(["jobs", "preview", "--cron", "* * * * *", "--count", "1000"])
+    assert code == 141  # as a process ended by SIGPIPE
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("90", 90.0), ("90s", 90.0), ("1.5m", 90.0), ("2h", 7200.0), ("1d", 86_400.0), ("250ms", 0.25), (" 15M ", 900.0),
+])
+def test_every_duration_is_written_one_way(text: str, seconds: float) -> None:
+    assert arguments.duration_seconds(text) == seconds
+    assert arguments.positive_seconds(text) == seconds
+    if seconds >= 1:  # a token lives a second at least
+        assert arguments.lifetime(text) == timedelta(seconds=seconds)
+
+
+@pytest.mark.parametrize("text", ["", "m", "90x", "ninety", "nan", "inf", "1e400", "-5m", "0", "0s"])
+def test_a_duration_that_is_none_is_refused_with_the_syntax(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="duration"):
+        arguments.positive_seconds(text)
+
+
+def test_every_and_expires_take_the_same_durations(capsys: pytest.CaptureFixture[str], no_daemon: None) -> None:
+    code, out, _ = run(capsys, "jobs", "preview", "--every", "15m", "--after", "2026-06-01T00:00:00Z", "--count", "2",
+                       "--json")
+    assert code == 0
+    fires = [row["utc"] for row in orjson.loads(out)]
+    assert fires == ["2026-06-01T00:15:00Z", "2026-06-01T00:30:00Z"]
+    assert arguments.lifetime("3600") == arguments.lifetime("60m") == timedelta(hours=1)  # a bare number: seconds
