@@ -44,8 +44,10 @@ from fastlane.domain.models import (
     MisfirePolicy,
     OverlapPolicy,
     RetryPolicy,
+    Schedule,
+    ScheduleKind,
 )
-from fastlane.domain.schedules import fire_notes, local_time, preview
+from fastlane.domain.schedules import fire_notes, local_time, preview, zone
 from fastlane.domain.validation import validate_spec
 from fastlane.errors import InvalidArgument, RemoteError
 from fastlane.rpc.wire import rfc3339
@@ -102,6 +104,9 @@ def register(commands: Any) -> None:
         help=f"only jobs in this state ({', '.join(state.value for state in JobState)})",
     )
     listing.add_argument("--type", dest="job_type", metavar="TYPE", help="only jobs of this type")
+    names = listing.add_mutually_exclusive_group()
+    names.add_argument("--name", metavar="NAME", help="only the job of this name")
+    names.add_argument("--name-prefix", metavar="TEXT", help="only jobs whose name starts with TEXT (as the console's search)")
     listing.add_argument(
         "--limit", metavar="N", type=positive_int, default=100, help="show at most this many jobs (default: 100)"
     )
@@ -312,13 +317,26 @@ async def _warn_if_unserved(client: Client, job: Job) -> None:
              "will wait until one does (`fastlane cluster` lists the workers and their job types)")
 
 
+def _rezoned_or_reanchored(schedule: Schedule, args: argparse.Namespace) -> Schedule:
+    """The job's own schedule with only its zone (a cron job) or its anchor (an interval job) changed."""
+    if args.tz is not None:
+        zone(args.tz)  # names an unknown zone before anything else
+        if schedule.kind is not ScheduleKind.CRON or args.anchor is not None:
+            raise UsageError("--tz alone changes the zone of a cron job's schedule; with another schedule, give "
+                             "--cron too")
+        return replace(schedule, timezone=args.tz)
+    if schedule.kind is not ScheduleKind.INTERVAL:
+        raise UsageError("--anchor alone moves an interval job's instants; with another schedule, give --every too")
+    return replace(schedule, anchor=instant_flag(args.anchor, "--anchor"))
+
+
 def updated_spec(spec: JobSpec, args: argparse.Namespace) -> JobSpec:
     """``spec`` with the parts the update flags give replaced, validated."""
     changes: dict[str, Any] = {}
     if any(getattr(args, kind, None) not in (None, False) for kind in ("now", "at", "cron", "every")):
         changes["schedule"] = schedule_from_flags(args)
     elif args.tz is not None or args.anchor is not None:
-        raise UsageError("--tz and --anchor go with a new schedule (--cron or --every)")
+        changes["schedule"] = _rezoned_or_reanchored(spec.schedule, args)
     plain = {"job_type": args.job_type, "priority": args.priority, "concurrency_key": args.concurrency_key,
              "concurrency_limit": args.concurrency_limit, "overlap": args.overlap and OverlapPolicy(args.overlap),
              "delivery": args.delivery and Delivery(args.delivery),
@@ -390,7 +408,8 @@ def list_jobs(args: argparse.Namespace) -> int:
     async def collect(client: Client) -> int:
         jobs, more = await collect_pages(
             lambda size, token: client.list_jobs(
-                state=args.state, job_type=args.job_type, page_size=size, page_token=token
+                state=args.state, job_type=args.job_type, page_size=size, page_token=token,
+                name=args.name, name_prefix=args.name_prefix,
             ),
             args.limit,
         )

@@ -50,10 +50,36 @@ def build_parser() -> argparse.ArgumentParser:
     _register_demo(commands)
     _register_bench(commands)
     shell = commands.add_parser("completion", help="print a shell completion script (bash or zsh)",
-                                description=completion.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                                description=help_text(completion.__doc__),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     completion.add_arguments(shell)
     shell.set_defaults(handler=completion.run, command_parser=shell, whole_parser=build_parser)
+    _describe_from_summaries(parser)
     return parser
+
+
+def _describe_from_summaries(parser: argparse.ArgumentParser) -> None:
+    """Give every subcommand without a description its one-line summary as one, so that its
+    ``--help`` opens by saying what it does, as the list of commands does."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            summaries = {choice.dest: choice.help for choice in action._choices_actions}
+            for name, command in action.choices.items():
+                summary = summaries.get(name)
+                if not command.description and summary:
+                    command.description = summary[0].upper() + summary[1:] + ("" if summary.endswith(".") else ".")
+                _describe_from_summaries(command)
+
+
+_ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")  # :mod:`fastlane.x`, :func:`~a.b`
+_LITERAL = re.compile(r"``([^`]+)``")
+
+
+def help_text(docstring: str | None) -> str:
+    """A module docstring as a terminal shows it: reStructuredText's markup dropped (``x`` and
+    :role:`x` become x, a literal block's ``::`` becomes ``:``), its words kept."""
+    text = _LITERAL.sub(r"\1", _ROLE.sub(r"\1", docstring or ""))
+    return text.replace("::\n", ":\n")
 
 
 def installed_version() -> str:
@@ -76,7 +102,7 @@ def _register_demo(commands: Any) -> None:
     # A module docstring may open with its own command name: "``fastlane demo``: what it does".
     if summary.startswith("``") and "``: " in summary:
         summary = summary.split("``: ", 1)[1]
-    parser = commands.add_parser("demo", help=summary, description=demo.__doc__)
+    parser = commands.add_parser("demo", help=help_text(summary), description=help_text(demo.__doc__))
     demo.add_arguments(parser)
     parser.set_defaults(handler=demo.run, command_parser=parser)
 
@@ -91,7 +117,7 @@ def _register_bench(commands: Any) -> None:
     summary = (bench.__doc__ or "run a benchmark scenario").strip().splitlines()[0]
     if summary.startswith("``") and "``: " in summary:
         summary = summary.split("``: ", 1)[1]
-    parser = commands.add_parser("bench", help=summary, description=bench.__doc__)
+    parser = commands.add_parser("bench", help=help_text(summary), description=help_text(bench.__doc__))
     bench.add_arguments(parser)
     parser.set_defaults(handler=bench.run, command_parser=parser)
 
@@ -100,11 +126,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``fastlane`` command line; return the process exit code."""
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # told by the command's own parser, with its usage, not the top level's
+            (getattr(args, "command_parser", None) or parser).error(f"unrecognized arguments: {' '.join(extra)}")
         try:
             return int(args.handler(args) or EXIT_OK)
         except UsageError as error:
-            args.command_parser.error(str(error))  # prints usage, raises SystemExit(2)
+            # Flags that parse but do not go together: the sentence says which, the whole usage
+            # would bury it.
+            prog = args.command_parser.prog
+            print(f"{prog}: error: {error}\n(`{prog} --help` lists its flags)", file=sys.stderr)
+            return EXIT_USAGE
     except SystemExit as exit_request:
         return _exit_code(exit_request)
     except RemoteError as error:

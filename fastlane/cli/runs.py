@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
+
+import orjson
 
 from fastlane.cli.arguments import client_flags, json_flag, positive_int, positive_seconds
 from fastlane.cli.lookup import resolve_job, resolve_run
@@ -67,6 +70,9 @@ def register(commands: Any) -> None:
                       help="how often to ask the node (default: 1)")
     tail.add_argument("--for", dest="duration", metavar="SECONDS", type=positive_seconds,
                       help="stop after this long (default: until Ctrl-C)")
+    tail.add_argument("--json", action="store_true",
+                      help="print each run as one JSON object a line (as `runs list --json` shows a run, with "
+                           "its job's name), for scripts")
     tail.set_defaults(handler=tail_runs, command_parser=tail)
 
     get = actions.add_parser(
@@ -187,7 +193,8 @@ def tail_runs(args: argparse.Namespace) -> int:
         stop_at = None if args.duration is None else loop.time() + args.duration
         shown: dict[str, tuple[str, int, float]] = {}  # run id -> what was printed of it
         names: dict[str, str] = {}
-        print("  ".join(RUN_COLUMNS), flush=True)
+        if not args.json:
+            print(tail_line(RUN_COLUMNS), flush=True)
         while True:
             page = await client.list_runs(job_id=args.job_id, page_size=TAIL_PAGE)
             changed = [run for run in reversed(page.items) if shown.get(run.run_id) != _shown_as(run)]
@@ -199,7 +206,10 @@ def tail_runs(args: argparse.Namespace) -> int:
                 names.update(await job_names(client, unknown))
             for run in changed:
                 shown[run.run_id] = _shown_as(run)
-                print("  ".join(cell(value) for value in _run_row(run, names)), flush=True)
+                if args.json:
+                    print(orjson.dumps({**run_view(run), "job_name": names.get(run.job_id)}).decode(), flush=True)
+                else:
+                    print(tail_line([cell(value) for value in _run_row(run, names)]), flush=True)
             # Forget runs older than the page: runs are listed newest first, so they never return.
             on_page = {run.run_id for run in page.items}
             shown = {run_id: mark for run_id, mark in shown.items() if run_id in on_page} or shown
@@ -212,6 +222,16 @@ def tail_runs(args: argparse.Namespace) -> int:
         return run_remote(args, follow)
     except KeyboardInterrupt:  # Ctrl-C is how one stops following
         return 0
+
+
+# The widths of ``runs tail``'s columns: rows come one at a time, so they cannot be measured as a
+# table's are; a longer cell pushes only its own row (the last column, the error, is never padded).
+TAIL_WIDTHS = (36, 20, 10, 27, 9, 9, 8, 8)
+
+
+def tail_line(cells: Sequence[str]) -> str:
+    padded = [text.ljust(width) for text, width in zip(cells, TAIL_WIDTHS, strict=False)]
+    return "  ".join([*padded, *cells[len(TAIL_WIDTHS):]]).rstrip()
 
 
 def _shown_as(run: Run) -> tuple[str, int, float]:

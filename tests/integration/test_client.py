@@ -693,6 +693,22 @@ async def test_cli_errors_are_plain_sentences_and_the_status_code_comes_with_ver
     assert verbose == scripted == plain.rstrip("\n") + " (ALREADY_EXISTS)\n"
 
 
+async def test_cli_lists_jobs_by_name_or_name_prefix(daemon: FakeDaemon, capsys: pytest.CaptureFixture[str]) -> None:
+    remote = ("--server", daemon.address, "--tenant", TENANT)
+    code, _, _ = await run_cli(capsys, "jobs", "list", "--name-prefix", "nig", *remote)
+    assert code == 0 and daemon.state.list_jobs_requests[-1].name_prefix == "nig"
+    code, _, _ = await run_cli(capsys, "jobs", "list", "--name", "nightly", *remote)
+    assert code == 0 and daemon.state.list_jobs_requests[-1].name == "nightly"
+
+
+async def test_cli_a_flag_a_command_does_not_take_is_named_with_that_commands_usage(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, _, err = await run_cli(capsys, "jobs", "list", "--nmae", "x")
+    assert code == 2
+    assert "usage: fastlane jobs list" in err and "unrecognized arguments: --nmae x" in err
+
+
 async def test_cli_cluster_lists_nodes_and_shards(daemon: FakeDaemon, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = await run_cli(capsys, "cluster", "--json", "--server", daemon.address)
 
@@ -762,6 +778,24 @@ async def test_cli_update_replaces_the_parts_given_and_keeps_the_rest(
     code, _, err = await run_cli(capsys, "jobs", "update", job_id, "--concurrency-limit", "3", *remote)
     assert code != 0 and "concurrency" in err  # a limit without a key, checked against the job as it is
     assert daemon.state.jobs[job_id].spec == updated
+
+
+async def test_cli_update_moves_a_cron_job_to_another_zone_with_tz_alone(
+    daemon: FakeDaemon, capsys: pytest.CaptureFixture[str],
+) -> None:
+    remote = ("--server", daemon.address, "--tenant", TENANT)
+    _, out, _ = await run_cli(capsys, "jobs", "create", "--name", "nightly", "--type", "t", "--cron", "30 2 * * *",
+                              "--tz", "Europe/Paris", "--json", *remote)
+    cron_id = orjson.loads(out)["job_id"]
+    code, _, err = await run_cli(capsys, "jobs", "update", cron_id, "--tz", "America/New_York", *remote)
+    assert code == 0, err
+    assert daemon.state.jobs[cron_id].spec.schedule == Schedule.cron_expr("30 2 * * *", "America/New_York")
+    code, _, err = await run_cli(capsys, "jobs", "update", cron_id, "--tz", "Mars/Olympus", *remote)
+    assert code == 1 and "Mars/Olympus" in err  # an unknown zone is named
+    _, out, _ = await run_cli(capsys, "jobs", "create", "--name", "often", "--type", "t", "--every", "60", "--json",
+                              *remote)
+    code, _, err = await run_cli(capsys, "jobs", "update", orjson.loads(out)["job_id"], "--tz", "Europe/Paris", *remote)
+    assert code == 2 and "--tz alone changes the zone of a cron job" in err
 
 
 async def test_cli_finds_a_job_by_its_name_as_well_as_its_id(daemon: FakeDaemon, capsys: pytest.CaptureFixture[str]) -> None:
@@ -834,6 +868,25 @@ async def test_cli_runs_tail_prints_the_latest_then_each_new_or_changed_run(
     assert shown[:10] == [(run.run_id, "succeeded") for run, _ in old[2:]]  # the latest ten, oldest first
     assert shown[10:] == [(new.run_id, "running"), (new.run_id, "succeeded")]
     assert all(line.split()[1] == "nightly" for line in lines[1:])
+    # Rows come one at a time, yet line up under the header: each column starts where its title does.
+    starts = [lines[0].index(title) for title in ("JOB", "STATE", "SCHEDULED_FOR", "LAG")]
+    for line in lines[1:]:
+        assert all(line[start - 2:start] == "  " and line[start] != " " for start in starts), line
+
+
+async def test_cli_tail_as_json_prints_a_run_a_line(daemon: FakeDaemon, capsys: pytest.CaptureFixture[str]) -> None:
+    remote = ("--server", daemon.address, "--tenant", TENANT)
+    _, out, _ = await run_cli(capsys, "jobs", "create", "--name", "nightly", "--type", "t", "--every", "60", "--json",
+                              *remote)
+    job_id = orjson.loads(out)["job_id"]
+    runs = [finished_run(job_id, minutes, RunState.SUCCEEDED) for minutes in range(3)]
+    for run, attempts in runs:
+        daemon.state.add_run(run, attempts)
+    code, out, _ = await run_cli(capsys, "runs", "tail", "--for", "0.3", "--interval", "0.1", "--json", *remote)
+    shown = [orjson.loads(line) for line in out.splitlines()]
+    assert code == 0
+    assert [(row["run_id"], row["state"], row["job_name"]) for row in shown] == [
+        (run.run_id, "succeeded", "nightly") for run, _ in runs]
 
 
 async def test_cli_takes_a_unique_start_of_an_id_and_says_when_a_verb_changed_nothing(

@@ -268,7 +268,16 @@ def test_malformed_command_lines_are_usage_errors(
 
     assert code == 2
     assert out == ""
-    assert "usage: fastlane" in err
+    assert "usage: fastlane" in err or "--help` lists its flags" in err
+
+
+def test_flags_that_do_not_go_together_are_named_without_the_whole_usage(
+    capsys: pytest.CaptureFixture[str], no_daemon: None
+) -> None:
+    code, _, err = run(capsys, "jobs", "create", "--name", "n", "--type", "t", "--every", "60", "--tz", "Europe/Paris")
+    assert code == 2
+    assert err == ("fastlane jobs create: error: --tz only goes with --cron (fire times of --at and --every do not "
+                   "depend on a zone)\n(`fastlane jobs create --help` lists its flags)\n")
 
 
 # -- help --------------------------------------------------------------------------------------
@@ -685,3 +694,23 @@ def test_every_and_expires_take_the_same_durations(capsys: pytest.CaptureFixture
     fires = [row["utc"] for row in orjson.loads(out)]
     assert fires == ["2026-06-01T00:15:00Z", "2026-06-01T00:30:00Z"]
     assert arguments.lifetime("3600") == arguments.lifetime("60m") == timedelta(hours=1)  # a bare number: seconds
+
+
+def _commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    found = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, command in action.choices.items():
+                found += [((*path, name), command), *_commands(command, (*path, name))]
+    return found
+
+
+def test_every_command_says_what_it_does_in_plain_text() -> None:
+    from fastlane.cli.main import build_parser
+
+    commands = _commands(build_parser())
+    assert len(commands) > 30
+    for path, command in commands:
+        text = command.format_help()
+        assert command.description, f"fastlane {' '.join(path)} --help has no description"
+        assert "``" not in text and ":mod:`" not in text and ":func:`" not in text, f"markup in {path}: {text[:300]}"
