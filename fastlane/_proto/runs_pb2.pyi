@@ -1,4 +1,7 @@
+import datetime
+
 from fastlane._proto import common_pb2 as _common_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -16,20 +19,24 @@ class RunRef(_message.Message):
     def __init__(self, tenant: _Optional[str] = ..., run_id: _Optional[str] = ...) -> None: ...
 
 class ListRunsRequest(_message.Message):
-    __slots__ = ("tenant", "job_id", "states", "page_size", "page_token", "id_prefix")
+    __slots__ = ("tenant", "job_id", "states", "page_size", "page_token", "id_prefix", "scheduled_from", "scheduled_before")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     STATES_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     ID_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULED_FROM_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULED_BEFORE_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     job_id: str
     states: _containers.RepeatedScalarFieldContainer[str]
     page_size: int
     page_token: str
     id_prefix: str
-    def __init__(self, tenant: _Optional[str] = ..., job_id: _Optional[str] = ..., states: _Optional[_Iterable[str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., id_prefix: _Optional[str] = ...) -> None: ...
+    scheduled_from: _timestamp_pb2.Timestamp
+    scheduled_before: _timestamp_pb2.Timestamp
+    def __init__(self, tenant: _Optional[str] = ..., job_id: _Optional[str] = ..., states: _Optional[_Iterable[str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., id_prefix: _Optional[str] = ..., scheduled_from: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., scheduled_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class ListRunsResponse(_message.Message):
     __slots__ = ("runs", "next_page_token")

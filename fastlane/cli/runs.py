@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
 
-from fastlane.cli.arguments import client_flags, json_flag, positive_int, positive_seconds
+from fastlane.cli.arguments import UsageError, client_flags, duration_seconds, json_flag, positive_int, positive_seconds
 from fastlane.cli.lookup import resolve_job, resolve_run
 from fastlane.cli.output import cell, note, print_fields, print_json, print_table
 from fastlane.cli.remote import collect_pages, run_remote
@@ -30,7 +30,8 @@ from fastlane.client import Client
 from fastlane.domain.audit import AuditTarget
 from fastlane.domain.lifecycle import cancel_in_effect
 from fastlane.domain.models import Run, RunState
-from fastlane.errors import RemoteNotFound
+from fastlane.domain.schedules import parse_at
+from fastlane.errors import RemoteNotFound, ScheduleError
 
 # Long error texts would stretch every row of the table; `runs get` shows them whole.
 TABLE_ERROR_WIDTH = 60
@@ -54,6 +55,10 @@ def register(commands: Any) -> None:
         choices=[state.value for state in RunState],
         help=f"only runs in this state; repeat for several ({', '.join(state.value for state in RunState)})",
     )
+    listing.add_argument("--since", metavar="WHEN", type=_when,
+                         help="only runs scheduled at or after WHEN: an RFC 3339 instant, or a duration ago (2h, 30m, 1d)")
+    listing.add_argument("--until", metavar="WHEN", type=_when,
+                         help="only runs scheduled before WHEN (an instant, or a duration ago, as --since)")
     listing.add_argument(
         "--limit", metavar="N", type=positive_int, default=100, help="show at most this many runs (default: 100)"
     )
@@ -159,13 +164,30 @@ async def job_names(client: Client, runs: list[Run]) -> dict[str, str]:
     return dict(await asyncio.gather(*(name_of(job_id) for job_id in job_ids)))
 
 
+def _when(text: str) -> datetime:
+    """An argparse type: an RFC 3339 instant, or a duration before now (``2h``: two hours ago)."""
+    try:
+        return datetime.now(UTC) - timedelta(seconds=duration_seconds(text))
+    except (ValueError, OverflowError):
+        pass
+    try:
+        return parse_at(text)
+    except ScheduleError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither an RFC 3339 instant (e.g. 2027-03-14T07:00:00Z) nor a "
+                                         "duration ago (2h, 30m, 1d)") from None
+
+
 def list_runs(args: argparse.Namespace) -> int:
+    if args.since is not None and args.until is not None and args.until <= args.since:
+        raise UsageError("--until must be later than --since")
+
     async def collect(client: Client) -> int:
         if args.job_id:
             args.job_id = (await resolve_job(client, args.job_id)).job_id
         runs, more = await collect_pages(
             lambda size, token: client.list_runs(
-                job_id=args.job_id, states=args.states or (), page_size=size, page_token=token
+                job_id=args.job_id, states=args.states or (), page_size=size, page_token=token,
+                scheduled_from=args.since, scheduled_before=args.until,
             ),
             args.limit,
         )

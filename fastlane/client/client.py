@@ -269,9 +269,12 @@ class Client:
         page_size: int = 100,
         page_token: str = "",
         id_prefix: str | None = None,
+        scheduled_from: datetime | None = None,
+        scheduled_before: datetime | None = None,
     ) -> Page[Run]:
         """One page of runs, newest scheduled time first; with ``id_prefix``, the runs whose id
-        starts with it, in id order (one page only)."""
+        starts with it, in id order (one page only); with ``scheduled_from`` and
+        ``scheduled_before``, only the runs scheduled in ``[scheduled_from, scheduled_before)``."""
         request = runs_pb2.ListRunsRequest(
             tenant=self.tenant,
             job_id=job_id or "",
@@ -279,6 +282,8 @@ class Client:
             page_size=page_size,
             page_token=page_token,
             id_prefix=id_prefix or "",
+            scheduled_from=wire.timestamp(scheduled_from),
+            scheduled_before=wire.timestamp(scheduled_before),
         )
         response = await self._connection.call(self._connection.stubs.runs.ListRuns, request)
         return Page(items=[wire.run_from_pb(run) for run in response.runs], next_page_token=response.next_page_token)

@@ -168,8 +168,11 @@ class RunStore(Protocol):
         states: Collection[RunState] = (),
         limit: int = 100,
         page_token: str = "",
+        scheduled_from: datetime | None = None,
+        scheduled_before: datetime | None = None,
     ) -> Page[Run]:
-        """Runs newest first (by scheduled time)."""
+        """Runs newest first (by scheduled time); with ``scheduled_from`` and ``scheduled_before``,
+        only those scheduled in ``[scheduled_from, scheduled_before)``."""
         ...
 
     async def list_attempts(self, run_id: str) -> list[Attempt]: ...

@@ -572,6 +572,25 @@ async def test_list_runs_pages_newest_first_and_filters_by_state(store):
         await store.runs.get_run("acme", runs[0].run_id)
 
 
+async def test_list_runs_keeps_the_runs_scheduled_within_a_time_range(store):
+    job, _ = await store.jobs.create_job(spec())
+    runs = [await store.runs.create_manual_run("default", job.job_id) for _ in range(4)]
+    instants = sorted(run.scheduled_for for run in runs)  # manual runs: scheduled when made, each later
+    assert len(set(instants)) == 4
+
+    middle = await store.runs.list_runs("default", scheduled_from=instants[1], scheduled_before=instants[3])
+    assert [run.scheduled_for for run in middle.items] == [instants[2], instants[1]]  # from inclusive, before not
+    since = await store.runs.list_runs("default", scheduled_from=instants[2])
+    assert [run.scheduled_for for run in since.items] == [instants[3], instants[2]]
+    until = await store.runs.list_runs("default", scheduled_before=instants[1], job_id=job.job_id)
+    assert [run.scheduled_for for run in until.items] == [instants[0]]
+    # Paging within the range goes on where the page ended, and stays in the range.
+    first = await store.runs.list_runs("default", scheduled_from=instants[1], limit=2)
+    rest = await store.runs.list_runs("default", scheduled_from=instants[1], limit=2, page_token=first.next_page_token)
+    assert [run.scheduled_for for run in first.items + rest.items] == [instants[3], instants[2], instants[1]]
+    assert (await store.runs.list_runs("acme", scheduled_from=instants[0])).items == []  # another tenant's: none
+
+
 # -- overlap, cancel, replay, delivery semantics ------------------------------------------------
 
 

@@ -536,6 +536,10 @@ def list_runs(draw: st.DrawFn) -> Probe:
     if draw(st.booleans()):
         request.id_prefix = draw(st.one_of(strings(), st.sampled_from(("0", "0d43", "\U0010ffff", "-"))))
         fields.append("id_prefix")
+    for bound in ("scheduled_from", "scheduled_before"):  # each alone, both, reversed, out of range
+        if draw(st.booleans()):
+            getattr(request, bound).CopyFrom(draw(timestamps()))
+            fields.append(bound)
     job_id = _pick(draw, strings(), fuzz_one_in=2)
     token = _pick(draw, st.one_of(st.sampled_from(PAGE_TOKEN_EDGES), strings()), fuzz_one_in=2)
     index = draw(st.integers(0, 10**6))

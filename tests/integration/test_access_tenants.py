@@ -71,6 +71,10 @@ async def test_a_client_of_one_tenant_sees_and_touches_nothing_of_another(secure
         assert (await a.list_jobs(name_prefix="pay")).items == []  # nor of its name
         assert [job.name for job in (await b.list_jobs(name_prefix="pay")).items] == ["payroll"]
         assert (await a.list_runs(id_prefix=their_run.run_id[:8])).items == []
+        around = their_run.scheduled_for - timedelta(hours=1)  # nor in a time range that holds it
+        assert (await a.list_runs(scheduled_from=around)).items == []
+        assert [run.run_id for run in (await b.list_runs(scheduled_from=around)).items] == [their_run.run_id]
+        await refused(b.list_runs(scheduled_from=around, scheduled_before=around), grpc.StatusCode.INVALID_ARGUMENT)
 
         # A spec naming tenant b, sent by a's client, is refused too.
         with pytest.raises(RemoteError) as spec_for_b:

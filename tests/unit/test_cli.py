@@ -714,3 +714,20 @@ def test_every_command_says_what_it_does_in_plain_text() -> None:
         text = command.format_help()
         assert command.description, f"fastlane {' '.join(path)} --help has no description"
         assert "``" not in text and ":mod:`" not in text and ":func:`" not in text, f"markup in {path}: {text[:300]}"
+
+
+def test_runs_list_since_and_until_take_an_instant_or_a_duration_ago(
+    capsys: pytest.CaptureFixture[str], no_daemon: None
+) -> None:
+    from datetime import UTC, datetime
+
+    from fastlane.cli.runs import _when
+
+    before = datetime.now(UTC)
+    two_hours_ago = _when("2h")
+    assert before - timedelta(hours=2, seconds=1) <= two_hours_ago <= datetime.now(UTC) - timedelta(hours=2)
+    assert _when("2026-06-01T00:00:00Z") == datetime(2026, 6, 1, tzinfo=UTC)
+    with pytest.raises(argparse.ArgumentTypeError, match="neither an RFC 3339 instant"):
+        _when("yesterday")
+    code, _, err = run(capsys, "runs", "list", "--since", "1h", "--until", "2h")  # until two hours ago: before since
+    assert code == 2 and "--until must be later than --since" in err

@@ -32,13 +32,22 @@ class RunServicer(runs_pb2_grpc.RunServiceServicer):
             raise InvalidArgument("states", f"at most {len(RunState)} states may be given")
         job_id = validation.identifier("job_id", request.job_id, required=False) or None
         tenant, limit = tenant_of(request.tenant), validation.page_size(request.page_size)
+        scheduled_from = wire.instant_in("scheduled_from", request.scheduled_from) \
+            if request.HasField("scheduled_from") else None
+        scheduled_before = wire.instant_in("scheduled_before", request.scheduled_before) \
+            if request.HasField("scheduled_before") else None
+        if scheduled_from is not None and scheduled_before is not None and scheduled_before <= scheduled_from:
+            raise InvalidArgument("scheduled_before", "must be later than scheduled_from")
         if request.id_prefix:  # one page, in id order: for finding a run by the start of its id
             prefix = validation.identifier("id_prefix", request.id_prefix)
             found = [run for run in await self._store.runs.runs_by_id_prefix(tenant, prefix, limit)
-                     if (job_id is None or run.job_id == job_id) and (not states or run.state in states)]
+                     if (job_id is None or run.job_id == job_id) and (not states or run.state in states)
+                     and (scheduled_from is None or run.scheduled_for >= scheduled_from)
+                     and (scheduled_before is None or run.scheduled_for < scheduled_before)]
             return runs_pb2.ListRunsResponse(runs=[wire.run_to_pb(run) for run in found])
         page = await self._store.runs.list_runs(
             tenant, job_id=job_id, states=states, limit=limit, page_token=request.page_token,
+            scheduled_from=scheduled_from, scheduled_before=scheduled_before,
         )
         return runs_pb2.ListRunsResponse(runs=[wire.run_to_pb(run) for run in page.items],
                                          next_page_token=page.next_page_token)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection
+from datetime import datetime
 
 from fastlane.domain import lifecycle
 from fastlane.domain.errors import JobNotFound, RunNotFound
@@ -76,6 +77,8 @@ class SQLRuns(StorePart):
         states: Collection[RunState] = (),
         limit: int = 100,
         page_token: str = "",
+        scheduled_from: datetime | None = None,
+        scheduled_before: datetime | None = None,
     ) -> Page[Run]:
         before_time, before_id = None, ""
         if page_token:
@@ -84,7 +87,8 @@ class SQLRuns(StorePart):
         async with self._db.read() as tx:
             rows = await tx.fetch(
                 self._q.LIST_RUNS,
-                tenant, job_id, [s.value for s in states], before_time, before_id, common.page_limit(limit) + 1,
+                tenant, job_id, [s.value for s in states], before_time, before_id, scheduled_from, scheduled_before,
+                common.page_limit(limit) + 1,
             )
         return common.page_of([codec.build_listed_run(row) for row in rows], limit, common.run_page_key)
 

@@ -276,7 +276,9 @@ class Statements:
         WHERE tenant = $1 AND ($2::text IS NULL OR job_id = $2)
           AND (cardinality($3::text[]) = 0 OR state = ANY($3::text[]))
           AND ($4::timestamptz IS NULL OR (scheduled_for, run_id) < ($4, $5))
-        ORDER BY scheduled_for DESC, run_id DESC LIMIT $6
+          AND ($6::timestamptz IS NULL OR scheduled_for >= $6)
+          AND ($7::timestamptz IS NULL OR scheduled_for < $7)
+        ORDER BY scheduled_for DESC, run_id DESC LIMIT $8
     """
     LIST_ATTEMPTS = "SELECT * FROM attempts WHERE run_id = $1 ORDER BY attempt"
     # A workflow step's output, kept for the steps after it (only results that carry one).
