@@ -29,10 +29,9 @@ class Slicing:
 
     def index(self, instant_us: int) -> int | None:
         """The slice an instant falls in, None before the first or after the last."""
-        if instant_us < self.start_us:
+        if not self.start_us <= instant_us < self.end_us:
             return None
-        index = int((instant_us - self.start_us) // (self.seconds * 1_000_000))
-        return index if index < self.count else None
+        return min(int((instant_us - self.start_us) // (self.seconds * 1_000_000)), self.count - 1)
 
     @property
     def end_us(self) -> int:
@@ -40,9 +39,10 @@ class Slicing:
 
 
 def slicing_for(start_us: int, duration_s: float, *, full_slice_s: float = 300.0, minimum_s: float = 20.0) -> Slicing:
-    """Five-minute slices for a long soak; a short one is cut into six (of at least ``minimum_s``)."""
+    """Five-minute slices for a long soak; a short one is cut into six (of at least ``minimum_s``).
+    The soak lasts the whole slices nearest its duration: 1.1 h is thirteen slices, 65 minutes."""
     seconds = full_slice_s if duration_s >= 6 * full_slice_s else max(minimum_s, duration_s / 6)
-    return Slicing(start_us=start_us, seconds=seconds, count=max(1, int(duration_s // seconds)))
+    return Slicing(start_us=start_us, seconds=seconds, count=max(1, round(duration_s / seconds)))
 
 
 @dataclass(slots=True)
@@ -143,19 +143,19 @@ def account(expected: Mapping[str, Iterable[int]], found: Occurrences) -> Accoun
 
 def workflow_steps(lines: Iterable[str]) -> tuple[set[tuple[str, str]], int]:
     """From the workflow worker's records (``bench/workflow_worker.py``): the (workflow run, step)
-    pairs that ended, and how many steps were started more than once."""
+    pairs that ended, and how many steps were run by a second run (a run whose handler is entered
+    again, after its lease expired, is one run retried: not counted)."""
     ended: set[tuple[str, str]] = set()
-    started: set[tuple[str, str]] = set()
+    runs: dict[tuple[str, str], str] = {}
     twice = 0
     for line in lines:
         fields = line.split()
         if len(fields) != 5:
             continue
-        kind, _run_id, workflow_run_id, step, _at = fields
+        kind, run_id, workflow_run_id, step, _at = fields
         key = (workflow_run_id, step)
         if kind == "S":
-            twice += key in started
-            started.add(key)
+            twice += runs.setdefault(key, run_id) != run_id
         elif kind == "E":
             ended.add(key)
     return ended, twice

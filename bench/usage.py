@@ -100,6 +100,7 @@ def files_open_under(pid: int | None, prefix: str) -> int | None:
         names = os.listdir(f"/proc/{pid}/fd")
     except OSError:
         return None
+    prefix = os.path.realpath(prefix)  # the links name real paths: a temporary directory may be a symlink
     count = 0
     for name in names:
         try:

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import asyncpg
+import grpc
 from fastlane.bench.cluster import WORKER_CONCURRENCY, WORKER_TARGET
 from fastlane.bench.harness import JOB_TYPE, SHARDS, START_ALLOWANCE_S, Bench, Deadline, micros, now_utc
 from fastlane.bench.processes import Daemon, WorkerProcess, child_environment
@@ -60,7 +61,7 @@ from fastlane.bench.usage import current_rss, files_open_under, open_files, peak
 
 from fastlane.client import Client
 from fastlane.domain.models import JobSpec, MisfireKind, MisfirePolicy, Schedule
-from fastlane.errors import FastlaneError
+from fastlane.errors import RemoteError
 from fastlane.testing.history import seed_old_history
 
 DEFAULT_HOURS = 0.1
@@ -80,13 +81,15 @@ FAULT_SETTLE_S = 15.0
 OLD_RUNS = 100_000
 OLD_AGE = timedelta(days=40)
 RETENTION_DAYS = "0.04167"  # the shortest retention the node takes (one hour), rounded up
-LEAD_S = 5.0  # from creating the periodic jobs to their first instant
+LEAD_S = 15.0  # from starting to create the periodic jobs to their first instant
 DRAIN_S = 120.0  # the most the last runs are waited for once the load stops
 QUIET_S = 5.0  # the records have drained when they have not grown for this long
 # A run a killed worker had been sent is dispatched again once its attempt's lease expires (the
 # node cannot know whether the handler began): the drain waits that long after the last fault.
 RUN_LEASE_S = next(spec.default for spec in fields(JobSpec) if spec.name == "lease_ttl").total_seconds()
 RETRY_S = 0.2  # between attempts of a call the node refused while its database was away
+RETRY_FOR_S = 120.0  # the longest a call is retried: far longer than a restart takes
+RETRIED = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.ABORTED})
 TRIMMED = "fastlane_history_trimmed_total"
 LOOP_LAG = "fastlane_event_loop_lag_seconds"
 STALLS = "fastlane_event_loop_stalls_total"
@@ -136,13 +139,17 @@ async def soak(bench: Bench) -> list[dict[str, object]]:
             periodic = await _create_periodic(client, first, bench)
             await client.create_workflow({"name": WORKFLOW, "steps": [
                 {"name": name, "job_type": WORKFLOW_JOB_TYPE, "after": parents} for name, parents in WORKFLOW_STEPS.items()]})
+            if now_utc() >= first:  # a job made after its first instant never had it: it would count as lost
+                raise RuntimeError(f"creating the jobs took more than {LEAD_S:g} s, past their first instant")
             slicing = slicing_for(micros(first), duration_s)
             run = _Soak(bench, node, noop, slicing, url)
             end = datetime.fromtimestamp(slicing.end_us / 1e6, UTC)
             await run.until(end, client)
+            if len(run.scrapes) == slicing.count:  # the scrape at the end, if the end came first
+                run.scrapes.append(await asyncio.to_thread(node.metrics))
             bench.progress.phase("load stopped: pausing the periodic jobs, draining the last runs")
             for job_id in periodic:
-                await _retrying(lambda job_id=job_id: client.pause_job(job_id), run.load)
+                await _retrying(lambda job_id=job_id: client.pause_job(job_id), run.load)  # bounded: RETRY_FOR_S
             last_fault = max((fault.end_us for fault in run.faults), default=0)
             await _drain(record, steps_record, not_before_us=last_fault + round((RUN_LEASE_S + QUIET_S) * 1e6))
         node_rss_peak = peak_rss(node.pid)
@@ -226,14 +233,12 @@ class _Soak:
             if now_utc() >= end:
                 return
 
-            async def create(count: int = count) -> tuple[str, int]:
-                at = now_utc() + timedelta(seconds=ONE_SHOT_LEAD_S)
-                job, _ = await client.create_job(JobSpec(name=f"once-{count}", job_type=JOB_TYPE,
-                                                         schedule=Schedule.at_instant(at)))
-                return job.job_id, micros(at)
-
-            job_id, at = await _retrying(create, self.load)
-            self.load.one_shots[job_id] = at
+            # Made once: a retry sends the same job, which the node creates once (a repeat of an
+            # existing job's name and spec returns that job).
+            at = now_utc() + timedelta(seconds=ONE_SHOT_LEAD_S)
+            spec = JobSpec(name=f"once-{count}", job_type=JOB_TYPE, schedule=Schedule.at_instant(at))
+            job, _ = await _retrying(lambda spec=spec: client.create_job(spec), self.load)
+            self.load.one_shots[job.job_id] = micros(at)
 
     async def _workflows(self, client: Client, end: datetime) -> None:
         index = 0
@@ -263,7 +268,8 @@ class _Soak:
             return None  # the server is restarting: this sample says nothing of the node
         try:
             found = await connection.fetchval(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid() "
+                "AND backend_type = 'client backend'",  # not autovacuum's workers on the same database
                 url_database(self._url))
             return int(found)
         finally:
@@ -280,8 +286,9 @@ class _Soak:
             self.bench.progress.phase(f"slice {index + 1}: killing the worker and starting it again")
             started = micros(now_utc())
             self.noop.kill()
+            await _wait_workers(self.node, 1, at_most=True)  # the node has seen it go ...
             self.noop.start()
-            await _wait_workers(self.node, 2)
+            await _wait_workers(self.node, 2)  # ... and the new one come
             self.faults.append(FaultWindow("worker", started, micros(now_utc()) + round(FAULT_SETTLE_S * 1e6)))
             if self.bench.pg is not None:
                 await _sleep_until(self._at(index, 2 / 3))
@@ -311,21 +318,29 @@ async def _create_periodic(client: Client, first: datetime, bench: Bench) -> dic
 
 
 async def _retrying(call: Callable[[], Awaitable[T]], load: Load) -> T:
-    """A client call, again after a short pause for as long as the node cannot serve it (its
-    database restarting): the load goes on as a client's would."""
+    """A client call, again after a short pause while the node cannot serve it (its database
+    restarting), for RETRY_FOR_S at most: the load goes on as a client's would. Any other error
+    ends the soak."""
+    deadline = Deadline(RETRY_FOR_S)
     while True:
         try:
             return await call()
-        except FastlaneError:
+        except RemoteError as error:
+            if error.code not in RETRIED or deadline.expired:
+                raise
             load.refused_calls += 1
             await asyncio.sleep(RETRY_S)
 
 
-async def _wait_workers(node: Daemon, wanted: int) -> None:
+async def _wait_workers(node: Daemon, wanted: int, *, at_most: bool = False) -> None:
+    """Until ``wanted`` workers (or, ``at_most``, no more than that) are connected to the node."""
     deadline = Deadline(START_ALLOWANCE_S)
-    while await asyncio.to_thread(lambda: node.metrics().get("fastlane_workers_connected", 0.0)) < wanted:
+    while True:
+        connected = await asyncio.to_thread(lambda: node.metrics().get("fastlane_workers_connected", 0.0))
+        if (connected <= wanted) if at_most else (connected >= wanted):
+            return
         if deadline.expired:
-            raise RuntimeError(f"{wanted} workers did not connect in time")
+            raise RuntimeError(f"the node did not have {'at most ' if at_most else ''}{wanted} workers in time")
         await asyncio.sleep(0.1)
 
 

@@ -138,8 +138,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--hours applies to soak")
     if args.scenario == "soak" and args.repeat != 1:
         raise UsageError("a soak is one long run: give it more --hours rather than --repeat")
-    if args.scenario == "soak" and (nodes != 1 or args.scale != 1.0):
-        raise UsageError("soak runs one node at its own steady rate: leave --nodes and --scale, and set --hours")
+    if args.scenario == "soak" and (nodes != 1 or args.scale != 1.0 or args.workers != 1):
+        raise UsageError("soak runs one node and its two workers at its own steady rate: leave --nodes, --workers "
+                         "and --scale, and set --hours")
     if args.scenario == "scale" and nodes != 1:
         raise UsageError("scale measures one node: leave --nodes at 1")
     from fastlane.bench.runner import Options, run_benchmark

@@ -513,6 +513,7 @@ def test_bench_help_documents_every_flag(capsys: pytest.CaptureFixture[str]) -> 
     ["bench", "soak", "--scale", "0.5"],
     ["bench", "soak", "--backend", "postgres", "--nodes", "2"],
     ["bench", "soak", "--repeat", "2"],
+    ["bench", "soak", "--workers", "3"],
     ["bench", "spread", "--repeat", "0"],
     ["bench", "spread", "--repeat", "101"],
 ])

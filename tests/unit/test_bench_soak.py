@@ -3,6 +3,8 @@ growth and drift, its targets and its report."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from fastlane.bench.report import render_markdown
 from fastlane.bench.soak_figures import (
@@ -32,7 +34,9 @@ def line(run_id: str, scheduled: int, started: int, job_id: str = "job") -> str:
     (3600, 300, 12),  # an hour: five-minute slices
     (1800, 300, 6),
     (600, 100, 6),  # shorter than half an hour: sixths
-    (72, 20, 3),  # but never under 20 s
+    (72, 20, 4),  # but never under 20 s, and as many as come nearest the duration
+    (200, 200 / 6, 6),  # a sixth that rounds up still makes six
+    (3960, 300, 13),  # 1.1 h: thirteen five-minute slices
 ])
 def test_a_soak_is_cut_into_five_minute_slices_or_sixths_of_a_short_run(duration_s: float, seconds: float,
                                                                          count: int) -> None:
@@ -40,7 +44,7 @@ def test_a_soak_is_cut_into_five_minute_slices_or_sixths_of_a_short_run(duration
     assert (slicing.seconds, slicing.count) == (seconds, count)
     assert slicing.index(10 * S) == 0
     assert slicing.index(10 * S - 1) is None  # before the soak
-    assert slicing.index(round(10 * S + seconds * S)) == 1
+    assert slicing.index(10 * S + math.ceil(seconds * S)) == 1
     assert slicing.index(slicing.end_us) is None  # after its last slice
 
 
@@ -92,10 +96,11 @@ def test_start_lags_go_to_the_slice_the_run_was_due_in_and_fault_windows_are_lef
     assert rows[1]["loop_lag_p99_ms"] is None and rows[1]["history_trimmed"] is None  # no scrape after it
 
 
-def test_workflow_steps_that_ended_and_those_started_twice() -> None:
-    lines = ["S r1 w1 a 1\n", "E r1 w1 a 2\n", "S r2 w1 b 3\n", "S r3 w1 b 4\n", "E r3 w1 b 5\n", "garbled\n"]
+def test_workflow_steps_that_ended_and_those_run_by_a_second_run() -> None:
+    lines = ["S r1 w1 a 1\n", "E r1 w1 a 2\n", "S r2 w1 b 3\n", "S r3 w1 b 4\n", "E r3 w1 b 5\n", "garbled\n",
+             "S r4 w1 c 6\n", "S r4 w1 c 9\n", "E r4 w1 c 10\n"]  # c: one run, entered again: a retry
     ended, twice = workflow_steps(lines)
-    assert ended == {("w1", "a"), ("w1", "b")} and twice == 1
+    assert ended == {("w1", "a"), ("w1", "b"), ("w1", "c")} and twice == 1  # b only
 
 
 def test_growth_is_the_largest_later_slice_over_the_first_and_drift_the_last_over_the_first() -> None:
