@@ -65,7 +65,8 @@ def target_tally(documents: Sequence[Mapping[str, Any]]) -> list[dict[str, objec
         for target in document.get("targets") or ():
             statuses = order.setdefault(str(target.get("name")), [""] * len(documents))
             statuses[index] = str(target.get("status"))
-    return [{"name": name, "statuses": statuses, "met": statuses.count("MET")} for name, statuses in order.items()]
+    return [{"name": name, "statuses": statuses, "met": statuses.count("MET"),
+             "judged": sum(status in ("MET", "MISSED") for status in statuses)} for name, statuses in order.items()]
 
 
 def repeated_document(documents: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -78,7 +79,8 @@ def repeated_document(documents: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 def render_repeated(document: Mapping[str, Any]) -> str:
     runs: list[Mapping[str, Any]] = document.get("runs") or []
     systems = systems_of(runs)
-    lines = [f"# fastlane bench: {document.get('scenario')}, {document.get('repeat')} runs", "",
+    count = document.get("repeat")
+    lines = [f"# fastlane bench: {document.get('scenario')}, {count} run{'' if count == 1 else 's'}", "",
              f"Backend {document.get('backend')}. Each run is the scenario from scratch (its own database and "
              "processes); the worst row is the largest figure of any run.", ""]
     header = ["run", "speed ref ms"]
@@ -112,7 +114,8 @@ def render_repeated(document: Mapping[str, Any]) -> str:
         for row in tally:
             statuses = row["statuses"]
             assert isinstance(statuses, list)
-            lines.append(f"| {row['name']} | " + " | ".join(statuses) + f" | {row['met']} of {len(runs)} |")
+            met_in = f"{row['met']} of {row['judged']}" if row["judged"] else "not judged"
+            lines.append(f"| {row['name']} | " + " | ".join(statuses) + f" | {met_in} |")
     notes = [f"run {index}: {note}" for index, run in enumerate(runs, start=1) for note in run.get("notes") or ()]
     if notes:
         lines += ["", "## Notes", ""] + [f"- {note}" for note in notes]

@@ -68,13 +68,17 @@ def run_benchmark(options: Options) -> int:
             return document
         print(to_json(document) if options.json else render_markdown(document))
         return EXIT_OK
-    documents = []
+    documents: list[dict[str, Any]] = []
+    failed: int | None = None
     for index in range(1, options.repeat + 1):
         print(f"run {index} of {options.repeat}", file=sys.stderr)
         document = _measure_once(options, out / f"run-{index}" if out else None, Progress())
         if isinstance(document, int):
-            return document  # a run that failed ends the series: its error says why
+            failed = document  # a run that failed ends the series (its error says why); the runs done are reported
+            break
         documents.append(document)
+    if not documents:
+        return failed if failed is not None else EXIT_FAILED
     repeated = repeated_document(documents)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
@@ -82,7 +86,7 @@ def run_benchmark(options: Options) -> int:
         (out / "result.md").write_text(render_repeated(repeated))
         print(f"wrote {out / 'result.json'}, {out / 'result.md'}", file=sys.stderr)
     print(to_json(repeated) if options.json else render_repeated(repeated))
-    return EXIT_OK
+    return EXIT_OK if failed is None else failed
 
 
 def _measure_once(options: Options, out: Path | None, progress: Progress) -> dict[str, Any] | int:

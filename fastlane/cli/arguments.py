@@ -8,7 +8,6 @@ parsed here and raise :class:`~fastlane.errors.InvalidArgument` (exit 1), naming
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 from collections.abc import Callable
@@ -123,6 +122,7 @@ def priority_reserve(text: str) -> PriorityReserve:
 # Every duration a command takes is written one way: seconds, or a number with one of these units.
 DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0}
 DURATION_SYNTAX = "a number of seconds, or a number and a unit: 500ms, 90s, 15m, 2h, 1d"
+MAX_DURATION_S = 100 * 365 * 86_400.0  # a century: beyond any bound the API takes, within what a timedelta holds
 
 
 def duration_seconds(text: str) -> float:
@@ -134,7 +134,7 @@ def duration_seconds(text: str) -> float:
     body = text.strip().lower()
     unit = next((name for name in sorted(DURATION_UNITS, key=len, reverse=True) if body.endswith(name)), "")
     value = float(body[: len(body) - len(unit)] if unit else body) * DURATION_UNITS.get(unit, 1.0)
-    if not math.isfinite(value):
+    if not abs(value) <= MAX_DURATION_S:  # NaN and infinities fail here too
         raise ValueError(text)
     return value
 
@@ -190,8 +190,18 @@ def whole_number_from_0_up_to(maximum: int) -> Callable[[str], int]:
 
 
 def seconds_up_to(maximum: float) -> Callable[[str], float]:
-    """An argparse type: a number of seconds in ``0..maximum``."""
-    return _number_up_to(maximum, "seconds", "s")
+    """An argparse type: a duration (:func:`duration_seconds`) in ``0..maximum`` seconds."""
+
+    def seconds(text: str) -> float:
+        try:
+            value = duration_seconds(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a duration: {DURATION_SYNTAX}") from None
+        if not 0 <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"{text} is out of range (0..{maximum:g} s)")
+        return value
+
+    return seconds
 
 
 def milliseconds_up_to(maximum: float) -> Callable[[str], float]:

@@ -89,8 +89,11 @@ def register(commands: Any) -> None:
     )
     update.add_argument("job_id", metavar="JOB", help="id or name of the job, or a unique start of its id")
     update.add_argument("--type", dest="job_type", metavar="TYPE", help="job type; routes runs to workers handling it")
-    add_schedule_flags(update, allow_now=True, tz_help="with --cron: IANA time zone (default: UTC)",
-                       anchor_default="when the job is updated", required=False)
+    add_schedule_flags(update, allow_now=True,
+                       tz_help="IANA time zone: of a new --cron (default: UTC), or alone, the job's cron schedule "
+                               "moved to this zone",
+                       anchor_default="when the job is updated; alone, the job's interval instants moved to it",
+                       required=False)
     _add_policy_flags(update)
     update.set_defaults(priority=None)  # unset: keep the job's (create's default is 0)
     json_flag(update)
@@ -366,7 +369,8 @@ def _seconds(value: float | None) -> timedelta | None:
     return None if value is None else timedelta(seconds=value)
 
 
-_UPDATE_FLAGS = ("now", "at", "cron", "every", "tz", "anchor", "job_type", "payload", "priority", "concurrency_key",
+_UPDATE_FLAGS = ("now", "at", "cron", "every", "tz", "anchor", "job_type", "payload", "payload_file", "priority",
+                 "concurrency_key",
                  "concurrency_limit", "max_attempts", "max_retry_time", "backoff_base", "backoff_cap", "misfire",
                  "misfire_grace", "fire_all_cap", "overlap", "delivery", "timeout", "lease_ttl")
 

@@ -36,6 +36,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=int, default=60, help="how long to fuzz (default: 60)")
     parser.add_argument("--timeout", type=int, default=10,
                         help="seconds one input may take before it counts as a crash (default: 10)")
+    parser.add_argument("--corpus", type=Path, default=None,
+                        help="the directory the inputs found go to (default: a new temporary one); the fuzzer "
+                             "ends the process, so no temporary directory of its own would be removed")
     args = parser.parse_args()
     with atheris.instrument_imports(include=["fastlane"]):
         for module in INSTRUMENTED:
@@ -48,15 +51,15 @@ def main() -> int:
         parser.error(f"no target {args.target!r}: one of {', '.join(coverage_targets.TARGETS)}")
     crashes = coverage_targets.CRASHES / target.name
     crashes.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f"fuzz-{target.name}-") as corpus:
-        for index, seed in enumerate(target.seeds(SEEDS)):
-            (Path(corpus) / f"seed-{index}").write_bytes(seed)
-        for index, kept in enumerate(coverage_targets.kept_crashes(target.name)):
-            (Path(corpus) / f"kept-{index}").write_bytes(kept.read_bytes())
-        atheris.Setup([sys.argv[0], corpus, f"-max_total_time={args.seconds}", f"-timeout={args.timeout}",
-                       f"-artifact_prefix={crashes}/", "-rss_limit_mb=2048", "-print_final_stats=1"],
-                      target.check)
-        atheris.Fuzz()  # exits the process: 0 when the time ran out with no crash
+    corpus = args.corpus or Path(tempfile.mkdtemp(prefix=f"fuzz-{target.name}-"))
+    corpus.mkdir(parents=True, exist_ok=True)
+    for index, seed in enumerate(target.seeds(SEEDS)):
+        (corpus / f"seed-{index}").write_bytes(seed)
+    for index, kept in enumerate(coverage_targets.kept_crashes(target.name)):
+        (corpus / f"kept-{index}").write_bytes(kept.read_bytes())
+    atheris.Setup([sys.argv[0], str(corpus), f"-max_total_time={args.seconds}", f"-timeout={args.timeout}",
+                   f"-artifact_prefix={crashes}/", "-rss_limit_mb=2048", "-print_final_stats=1"], target.check)
+    atheris.Fuzz()  # ends the process: 0 when the time ran out with no crash
     return 0
 
 

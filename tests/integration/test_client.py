@@ -68,6 +68,7 @@ class FakeState:
     runs: dict[str, tuple[Run, list[Attempt]]] = field(default_factory=dict)
     list_jobs_requests: list[jobs_pb2.ListJobsRequest] = field(default_factory=list)
     list_runs_calls: int = 0
+    list_runs_requests: list[runs_pb2.ListRunsRequest] = field(default_factory=list)
     tenants_seen: set[str] = field(default_factory=set)
 
     def job(self, tenant: str, job_id: str) -> Job:
@@ -212,6 +213,7 @@ class FakeRunService(runs_pb2_grpc.RunServiceServicer):
 
     async def ListRuns(self, request, context):
         self.state.list_runs_calls += 1
+        self.state.list_runs_requests.append(request)
         matching = [
             run
             for run, _ in self.state.runs.values()
@@ -699,6 +701,29 @@ async def test_cli_lists_jobs_by_name_or_name_prefix(daemon: FakeDaemon, capsys:
     assert code == 0 and daemon.state.list_jobs_requests[-1].name_prefix == "nig"
     code, _, _ = await run_cli(capsys, "jobs", "list", "--name", "nightly", *remote)
     assert code == 0 and daemon.state.list_jobs_requests[-1].name == "nightly"
+
+
+async def test_cli_runs_list_sends_the_time_range(daemon: FakeDaemon, capsys: pytest.CaptureFixture[str]) -> None:
+    remote = ("--server", daemon.address, "--tenant", TENANT)
+    code, _, err = await run_cli(capsys, "runs", "list", "--since", "2026-01-01T00:00:00Z", "--until", "1h", *remote)
+    assert code == 0, err
+    sent = daemon.state.list_runs_requests[-1]
+    assert wire.instant_in("from", sent.scheduled_from) == datetime(2026, 1, 1, tzinfo=UTC)
+    hour_ago = datetime.now(UTC) - timedelta(hours=1)
+    assert abs(wire.instant_in("before", sent.scheduled_before) - hour_ago) < timedelta(seconds=30)
+
+
+async def test_cli_update_takes_a_payload_from_a_file_alone(
+    daemon: FakeDaemon, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    remote = ("--server", daemon.address, "--tenant", TENANT)
+    _, out, _ = await run_cli(capsys, "jobs", "create", "--name", "n", "--type", "t", "--every", "60", "--json", *remote)
+    job_id = orjson.loads(out)["job_id"]
+    path = tmp_path / "payload.json"
+    path.write_text('{"to": "a@b.c"}')
+    code, _, err = await run_cli(capsys, "jobs", "update", job_id, "--payload-file", str(path), *remote)
+    assert code == 0, err
+    assert daemon.state.jobs[job_id].spec.payload == b'{"to": "a@b.c"}'
 
 
 async def test_cli_a_flag_a_command_does_not_take_is_named_with_that_commands_usage(

@@ -681,7 +681,7 @@ def test_every_duration_is_written_one_way(text: str, seconds: float) -> None:
         assert arguments.lifetime(text) == timedelta(seconds=seconds)
 
 
-@pytest.mark.parametrize("text", ["", "m", "90x", "ninety", "nan", "inf", "1e400", "-5m", "0", "0s"])
+@pytest.mark.parametrize("text", ["", "m", "90x", "ninety", "nan", "inf", "1e400", "-5m", "0", "0s", "1e20", "1e12d"])
 def test_a_duration_that_is_none_is_refused_with_the_syntax(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError, match="duration"):
         arguments.positive_seconds(text)
@@ -694,6 +694,11 @@ def test_every_and_expires_take_the_same_durations(capsys: pytest.CaptureFixture
     fires = [row["utc"] for row in orjson.loads(out)]
     assert fires == ["2026-06-01T00:15:00Z", "2026-06-01T00:30:00Z"]
     assert arguments.lifetime("3600") == arguments.lifetime("60m") == timedelta(hours=1)  # a bare number: seconds
+    assert arguments.seconds_up_to(60)("1m") == 60.0  # and the bounded ones, as --max-backlog-seconds
+    with pytest.raises(argparse.ArgumentTypeError, match="out of range"):
+        arguments.seconds_up_to(60)("2m")
+    with pytest.raises(argparse.ArgumentTypeError):
+        arguments.lifetime("1e20")  # past a century: refused, not a traceback
 
 
 def _commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], argparse.ArgumentParser]]:
