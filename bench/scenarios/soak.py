@@ -142,6 +142,7 @@ async def soak(bench: Bench) -> list[dict[str, object]]:
             if now_utc() >= first:  # a job made after its first instant never had it: it would count as lost
                 raise RuntimeError(f"creating the jobs took more than {LEAD_S:g} s, past their first instant")
             slicing = slicing_for(micros(first), duration_s)
+            bench.progress.phase(f"soaking: {slicing.count} slices of {slicing.seconds:g} s")
             run = _Soak(bench, node, noop, slicing, url)
             end = datetime.fromtimestamp(slicing.end_us / 1e6, UTC)
             await run.until(end, client)

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from fastlane.cli.arguments import (
@@ -13,12 +12,12 @@ from fastlane.cli.arguments import (
     add_schedule_flags,
     client_flags,
     instant_flag,
-    json_document,
     json_flag,
     positive_int,
     positive_seconds,
     schedule_from_flags,
 )
+from fastlane.cli.job_specs import spec_from_flags, updated_spec
 from fastlane.cli.lookup import resolve_job
 from fastlane.cli.output import note, print_fields, print_json, print_table
 from fastlane.cli.remote import collect_pages, run_remote
@@ -35,20 +34,15 @@ from fastlane.client import Client
 from fastlane.domain.audit import AuditTarget
 from fastlane.domain.limits import MAX_CONCURRENCY_LIMIT, MAX_PREVIEW
 from fastlane.domain.models import (
-    DEFAULT_TENANT,
     Delivery,
     Job,
-    JobSpec,
     JobState,
     MisfireKind,
     MisfirePolicy,
     OverlapPolicy,
     RetryPolicy,
-    Schedule,
-    ScheduleKind,
 )
-from fastlane.domain.schedules import fire_notes, local_time, preview, zone
-from fastlane.domain.validation import validate_spec
+from fastlane.domain.schedules import fire_notes, local_time, preview
 from fastlane.errors import InvalidArgument, RemoteError
 from fastlane.rpc.wire import rfc3339
 
@@ -239,54 +233,6 @@ def _add_policy_flags(parser: argparse.ArgumentParser) -> None:
 # -- create ------------------------------------------------------------------------------------
 
 
-def spec_from_flags(args: argparse.Namespace) -> JobSpec:
-    """The job spec ``jobs create`` sends, validated locally so mistakes need no daemon to report."""
-    # Flags left out keep the model's defaults, so the CLI and the SDK create identical jobs.
-    options: dict[str, Any] = {}
-    retry = RetryPolicy()
-    if args.max_attempts is not None:
-        retry = replace(retry, max_attempts=args.max_attempts)
-    if args.max_retry_time is not None:
-        retry = replace(retry, max_retry_time=timedelta(seconds=args.max_retry_time))
-    if args.backoff_base is not None:
-        retry = replace(retry, backoff_base=timedelta(seconds=args.backoff_base))
-    if args.backoff_cap is not None:
-        retry = replace(retry, backoff_cap=timedelta(seconds=args.backoff_cap))
-    if retry != RetryPolicy():
-        options["retry"] = retry
-    misfire = MisfirePolicy()
-    if args.misfire is not None:
-        misfire = replace(misfire, kind=MisfireKind(args.misfire))
-    if args.misfire_grace is not None:
-        misfire = replace(misfire, grace=timedelta(seconds=args.misfire_grace))
-    if args.fire_all_cap is not None:
-        misfire = replace(misfire, fire_all_cap=args.fire_all_cap)
-    if misfire != MisfirePolicy():
-        options["misfire"] = misfire
-    if args.overlap is not None:
-        options["overlap"] = OverlapPolicy(args.overlap)
-    if args.delivery is not None:
-        options["delivery"] = Delivery(args.delivery)
-    if args.timeout is not None:
-        options["timeout"] = timedelta(seconds=args.timeout)
-    if args.lease_ttl is not None:
-        options["lease_ttl"] = timedelta(seconds=args.lease_ttl)
-    spec = JobSpec(
-        # Checked here with a placeholder when no --tenant is given: the client sends the spec
-        # without one, and the node puts the token's tenant (or the default) in.
-        tenant=args.tenant or DEFAULT_TENANT,
-        name=args.name,
-        job_type=args.job_type,
-        schedule=schedule_from_flags(args),
-        payload=_payload(args) or b"",
-        priority=args.priority,
-        concurrency_key=args.concurrency_key,
-        concurrency_limit=args.concurrency_limit,
-        **options,
-    )
-    return validate_spec(spec)
-
-
 def create_job(args: argparse.Namespace) -> int:
     spec = spec_from_flags(args)  # before connecting: a bad flag never costs a round trip
     at = spec.schedule.at
@@ -318,55 +264,6 @@ async def _warn_if_unserved(client: Client, job: Job) -> None:
     if not any(job.job_type in worker.job_types and worker.tenant in ("", job.tenant) for worker in workers):
         note(f"warning: no connected worker serves job type {job.job_type!r} for tenant {job.tenant!r}: its runs "
              "will wait until one does (`fastlane cluster` lists the workers and their job types)")
-
-
-def _rezoned_or_reanchored(schedule: Schedule, args: argparse.Namespace) -> Schedule:
-    """The job's own schedule with only its zone (a cron job) or its anchor (an interval job) changed."""
-    if args.tz is not None:
-        zone(args.tz)  # names an unknown zone before anything else
-        if schedule.kind is not ScheduleKind.CRON or args.anchor is not None:
-            raise UsageError("--tz alone changes the zone of a cron job's schedule; with another schedule, give "
-                             "--cron too")
-        return replace(schedule, timezone=args.tz)
-    if schedule.kind is not ScheduleKind.INTERVAL:
-        raise UsageError("--anchor alone moves an interval job's instants; with another schedule, give --every too")
-    return replace(schedule, anchor=instant_flag(args.anchor, "--anchor"))
-
-
-def updated_spec(spec: JobSpec, args: argparse.Namespace) -> JobSpec:
-    """``spec`` with the parts the update flags give replaced, validated."""
-    changes: dict[str, Any] = {}
-    if any(getattr(args, kind, None) not in (None, False) for kind in ("now", "at", "cron", "every")):
-        changes["schedule"] = schedule_from_flags(args)
-    elif args.tz is not None or args.anchor is not None:
-        changes["schedule"] = _rezoned_or_reanchored(spec.schedule, args)
-    plain = {"job_type": args.job_type, "priority": args.priority, "concurrency_key": args.concurrency_key,
-             "concurrency_limit": args.concurrency_limit, "overlap": args.overlap and OverlapPolicy(args.overlap),
-             "delivery": args.delivery and Delivery(args.delivery),
-             "timeout": None if args.timeout is None else timedelta(seconds=args.timeout),
-             "lease_ttl": None if args.lease_ttl is None else timedelta(seconds=args.lease_ttl)}
-    changes.update({name: value for name, value in plain.items() if value is not None})
-    if (payload := _payload(args)) is not None:
-        changes["payload"] = payload
-    retry = _replaced(spec.retry, max_attempts=args.max_attempts,
-                      max_retry_time=_seconds(args.max_retry_time), backoff_base=_seconds(args.backoff_base),
-                      backoff_cap=_seconds(args.backoff_cap))
-    misfire = _replaced(spec.misfire, kind=args.misfire and MisfireKind(args.misfire),
-                        grace=_seconds(args.misfire_grace), fire_all_cap=args.fire_all_cap)
-    if retry != spec.retry:
-        changes["retry"] = retry
-    if misfire != spec.misfire:
-        changes["misfire"] = misfire
-    return validate_spec(replace(spec, **changes))
-
-
-def _replaced(policy: Any, **fields: Any) -> Any:
-    given = {name: value for name, value in fields.items() if value is not None}
-    return replace(policy, **given) if given else policy
-
-
-def _seconds(value: float | None) -> timedelta | None:
-    return None if value is None else timedelta(seconds=value)
 
 
 _UPDATE_FLAGS = ("now", "at", "cron", "every", "tz", "anchor", "job_type", "payload", "payload_file", "priority",
@@ -505,6 +402,3 @@ def preview_schedule(args: argparse.Namespace) -> int:
         note(f"(this schedule fires no more times after {rfc3339(after)})")
     return 0
 
-
-def _payload(args: argparse.Namespace) -> bytes | None:
-    return json_document(args.payload, args.payload_file, flag="--payload", file_flag="--payload-file")

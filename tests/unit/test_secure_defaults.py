@@ -78,8 +78,8 @@ def test_tokens_made_list_and_revoked_directly_against_the_database(tmp_path, ca
 
 @pytest.mark.parametrize("argv, message", [
     (["tokens", "create", "--tenant", "ops", "--role", "owner"], "invalid choice"),
-    (["tokens", "create", "--tenant", "ops", "--role", "admin", "--expires", "soon"], "expected a positive"),
-    (["tokens", "create", "--tenant", "ops", "--role", "admin", "--expires", "0d"], "expected a positive"),
+    (["tokens", "create", "--tenant", "ops", "--role", "admin", "--expires", "soon"], "expected a duration of a second or more"),
+    (["tokens", "create", "--tenant", "ops", "--role", "admin", "--expires", "0d"], "expected a duration of a second or more"),
 ])
 def test_token_flags_are_checked(argv, message, capsys):
     assert main(argv) == 2
