@@ -511,9 +511,10 @@ ENVIRONMENT = (
              "The node's unique name when `--node-id` is not given; in Kubernetes, set it to the pod's name.",
              "the host name and process id"),
     Variable("FASTLANE_SERVER", "the client commands, `fastlane worker`",
-             "The node to call when `--server` is not given (`HOST:PORT`; a host alone means port 7070). For "
-             "`fastlane worker`, one node's address, which replaces the worker object's list of nodes (a "
-             "worker that follows the cluster, as it does by default, finds the other nodes from it).",
+             "The node to call when `--server` is not given (`HOST:PORT`; a host alone means port 7070). "
+             "Several addresses may be given, separated by commas: the client commands call the first, and "
+             "`fastlane worker` connects to each, in place of the worker object's own list of nodes (a "
+             "worker that follows the cluster, as it does by default, finds the other nodes from them).",
              "`127.0.0.1:7070`; for `fastlane worker`, the worker's own list"),
     Variable("FASTLANE_TOKEN", "the client commands, `fastlane worker`, `fastlane.client.Client`, "
              "`fastlane.worker.Worker`",

@@ -40,8 +40,26 @@ class UsageError(Exception):
 
 
 def default_server() -> str:
-    """The daemon address used when ``--server`` is not given: $FASTLANE_SERVER, else the default."""
-    return os.environ.get(SERVER_ENV) or DEFAULT_SERVER  # argparse passes it through server_address too
+    """The daemon address used when ``--server`` is not given: the first of $FASTLANE_SERVER, else
+    the default (argparse passes it through :func:`server_address` too)."""
+    return next(iter(_listed_servers()), DEFAULT_SERVER)
+
+
+def servers_from_env() -> list[str]:
+    """Every node $FASTLANE_SERVER names (``HOST:PORT``, several separated by commas), for
+    ``fastlane worker``; empty when it is not set.
+
+    Raises:
+        ConfigurationError: an address in it is not ``HOST:PORT``, naming the variable.
+    """
+    try:
+        return [server_address(address) for address in _listed_servers()]
+    except argparse.ArgumentTypeError as error:
+        raise ConfigurationError(f"${SERVER_ENV}: {error}") from None
+
+
+def _listed_servers() -> list[str]:
+    return [address.strip() for address in os.environ.get(SERVER_ENV, "").split(",") if address.strip()]
 
 
 _GRPC_SCHEMES = ("dns:", "ipv4:", "ipv6:", "unix:", "unix-abstract:", "vsock:")

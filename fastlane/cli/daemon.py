@@ -28,6 +28,7 @@ from fastlane.cli.arguments import (
     seconds_up_to,
     security_flags,
     server_address,
+    servers_from_env,
     tenant_max_in_flight,
     tenant_weight,
     whole_number_from_0_up_to,
@@ -373,7 +374,7 @@ def run_worker(args: argparse.Namespace) -> int:
     logs.configure(os.environ.get("FASTLANE_LOG_LEVEL", "INFO"),
                    json=None if args.log_format is None else args.log_format == "json")
     # Flags, then $FASTLANE_SERVER, override what the Worker object was built with.
-    servers = args.servers or ([server_address(os.environ[SERVER_ENV])] if os.environ.get(SERVER_ENV) else [])
+    servers = args.servers or servers_from_env()
     return _finish(run_worker_cli(args.target, servers, args.concurrency,
                                   token=load_token(args.token_file), tls=client_tls(args),
                                   realtime_priority=args.realtime_priority))

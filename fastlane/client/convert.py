@@ -27,7 +27,9 @@ def cluster_from_pb(status: admin_pb2.ClusterStatus) -> ClusterStatus:
             NodeStatus(
                 node_id=node.node_id, address=node.address, shards_owned=node.shards_owned,
                 workers_connected=node.workers_connected, clock_offset_ms=node.clock_offset_ms,
-                heap_size=node.heap_size, ready_runs=node.ready_runs, ready=node.ready, eligible=node.eligible,
+                heap_size=node.heap_size if node.HasField("heap_size") else None,
+                ready_runs=node.ready_runs if node.HasField("ready_runs") else None,
+                ready=node.ready if node.HasField("ready") else None, eligible=node.eligible,
                 note=node.note, heartbeat_at=wire.instant(node.heartbeat_at, node.HasField("heartbeat_at")),
                 live=node.live,
             )

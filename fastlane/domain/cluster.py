@@ -16,9 +16,10 @@ class NodeStatus:
     shards_owned: int
     workers_connected: int
     clock_offset_ms: float  # its wall clock against the database's
-    heap_size: int  # runs in its in-memory window
-    ready_runs: int  # runs due and waiting for a worker credit; known only for the node that answered
-    ready: bool
+    # Known only for the node that answered (None for the others, whose state is their heartbeat row's):
+    heap_size: int | None  # runs in its in-memory window
+    ready_runs: int | None  # runs due and waiting for a worker credit
+    ready: bool | None  # it has taken its shards and serves
     eligible: bool  # False: it owns no shards, and ``note`` says why (its clock offset, say)
     note: str
     heartbeat_at: datetime | None

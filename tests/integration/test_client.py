@@ -238,7 +238,10 @@ class FakeAdminService(admin_pb2_grpc.AdminServiceServicer):
     async def GetCluster(self, request, context):
         return admin_pb2.ClusterStatus(
             database_time=wire.timestamp(T0),
-            nodes=[admin_pb2.NodeStatus(node_id="node-a", address="127.0.0.1:7070", shards_owned=2, ready=True)],
+            nodes=[admin_pb2.NodeStatus(node_id="node-a", address="127.0.0.1:7070", shards_owned=2, ready=True,
+                                        heap_size=5, ready_runs=0),
+                   # Another node, as the one that answers knows it: its heartbeat row, not its own state.
+                   admin_pb2.NodeStatus(node_id="node-b", address="127.0.0.1:7071", shards_owned=0, live=True)],
             shards=[
                 admin_pb2.ShardStatus(shard_id=0, owner="node-a", token=4, lease_expires_at=wire.timestamp(T0)),
                 admin_pb2.ShardStatus(shard_id=1, owner="", token=0),
@@ -552,7 +555,8 @@ async def test_cluster_and_wait_ready(client: Client, daemon: FakeDaemon) -> Non
 
     status = await client.cluster()
 
-    assert [node.node_id for node in status.nodes] == ["node-a"]
+    assert [node.node_id for node in status.nodes] == ["node-a", "node-b"]
+    assert [(node.ready, node.heap_size) for node in status.nodes] == [(True, 5), (None, None)]  # b's: not known
     assert [shard.owner for shard in status.shards] == ["node-a", ""]
 
 
@@ -741,6 +745,8 @@ async def test_cli_cluster_lists_nodes_and_shards(daemon: FakeDaemon, capsys: py
     assert code == 0
     assert view["database_time"] == "2027-03-13T12:00:00Z"
     assert view["nodes"][0]["node_id"] == "node-a"
+    assert [(node["ready"], node["heap_size"], node["ready_runs"]) for node in view["nodes"]] == [
+        (True, 5, 0), (None, None, None)]  # the other node's own state is not known here: not "no"
     assert view["shards"][1] == {
         "shard_id": 1, "owner": None, "token": 0, "lease_expires_at": None, "lease_expires_in_seconds": None,
     }
@@ -748,6 +754,10 @@ async def test_cli_cluster_lists_nodes_and_shards(daemon: FakeDaemon, capsys: py
                                 "in_flight": 1, "node_id": "node-a"}]
     code, out, _ = await run_cli(capsys, "cluster", "--server", daemon.address)
     lines = out.splitlines()
+    header = next(line for line in lines if line.startswith("NODE_ID"))
+    ready_column = header.split().index("READY")
+    rows = {line.split()[0]: line.split() for line in lines if line.startswith("node-")}
+    assert (rows["node-a"][ready_column], rows["node-b"][ready_column]) == ("yes", "-")
     assert lines[lines.index(next(line for line in lines if line.startswith("WORKER"))) + 1].split() == [
         "w1", "(all)", "report.build,t", "4", "1", "node-a"]
     assert lines[-1] == "shards: 2 (node-a: 1; unowned: 1) — --shards lists each"

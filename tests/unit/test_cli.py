@@ -486,6 +486,20 @@ def test_worker_passes_only_the_overrides_given(monkeypatch: pytest.MonkeyPatch,
     ]
 
 
+def test_fastlane_server_may_name_several_nodes(monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    calls: list[list[str]] = []
+    fake = SimpleNamespace(run_worker_cli=lambda target, servers, *args, **kwargs: calls.append(servers) or 0)
+    monkeypatch.setitem(sys.modules, "fastlane.worker", fake)
+    monkeypatch.setenv("FASTLANE_SERVER", "node-0:7070, node-1 ,")
+    assert main(["worker", "app.tasks:worker"]) == 0
+    assert calls == [["node-0:7070", "node-1:7070"]]  # each one, a bare host on the default port
+    assert arguments.default_server() == "node-0:7070"  # a client command calls the first
+    monkeypatch.setenv("FASTLANE_SERVER", "node-0:7070,node-1:99999")
+    assert main(["worker", "app.tasks:worker"]) == 1
+    assert capsys.readouterr().err.startswith("error: $FASTLANE_SERVER: 'node-1:99999' is not HOST:PORT")
+
+
 @pytest.mark.parametrize("value", ["100", "-1", "1.5", "x", ""])
 def test_worker_refuses_a_realtime_priority_outside_0_to_99(value: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["worker", "app.tasks:worker", "--realtime-priority", value]) == 2
