@@ -264,6 +264,10 @@ class RunSlot:
             beat.checkpoint, self.unsent_checkpoint = self.unsent_checkpoint, None
         return beat
 
+    def has_unsent_state(self) -> bool:
+        """Whether the node has not heard this attempt's latest progress or checkpoint."""
+        return self.unsent_checkpoint is not None or (self.progress is not None and self.progress != self.sent_progress)
+
     def resync(self) -> None:
         # A new connection may reach a node that never saw the last beat: send everything again.
         self.sent_progress = None
@@ -302,6 +306,9 @@ class RunBook:
         self._pending_credits = 0
         self.pending_awaited = False  # a result others wait on is among the pending
         self._changed: set[RunKey] = set()  # due in the next prompt heartbeat
+        # The last heartbeat of attempts that ended with progress or a checkpoint the node has not
+        # heard: sent just before their results, so that a retry resumes from what the handler saved.
+        self._final_beats: list[pb.RunHeartbeat] = []
         self.results_ready = asyncio.Event()
         self.settled = asyncio.Event()  # a run finished, a result was acknowledged, the stream went down
 
@@ -348,6 +355,8 @@ class RunBook:
         if self.in_flight.pop(slot.key, None) is None:
             return  # aborted, or already settled after a cancel
         self._changed.discard(slot.key)
+        if slot.has_unsent_state():
+            self._final_beats.append(slot.beat())
         if not self.unacked:
             self.ack_clock = time.monotonic()
         self.unacked[slot.key] = result
@@ -375,6 +384,11 @@ class RunBook:
     def pending_count(self) -> int:
         """Results finished and not yet taken for sending."""
         return len(self._pending)
+
+    def take_final_beats(self) -> list[pb.RunHeartbeat]:
+        """The heartbeats to send before the pending results (see ``_final_beats``); then forgotten."""
+        beats, self._final_beats = self._final_beats, []
+        return beats
 
     def take_pending(self) -> tuple[list[pb.RunResult], int]:
         """The results not yet sent and the credits they free; both are then forgotten here."""

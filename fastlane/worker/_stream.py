@@ -393,8 +393,11 @@ class NodeStream:
                 await asyncio.sleep(wait)
             last_sent = loop.time()
             self._runs.results_ready.clear()
+            beats = list(heartbeat_messages(self._runs.take_final_beats()))
             batch, credits = self._runs.take_pending()
             messages = list(result_messages(batch))
+            for message in beats:  # on the same stream just before the results: the node records them first
+                outbound.put_nowait(message)
             grant = 0 if self._draining else credits
             if grant and messages and self._credits_with_results:
                 messages[-1].results.credits, grant = grant, 0  # one message: a node that says it reads them

@@ -63,6 +63,24 @@ async def test_a_handler_that_returns_succeeds_with_its_output():
     assert result.started_at <= result.finished_at and result.started_at.tzinfo is UTC
 
 
+async def test_a_checkpoint_saved_just_before_the_handler_fails_reaches_the_node_with_its_result():
+    """No heartbeat between the checkpoint and the failure: the last one goes just before the
+    result, so the retry resumes from what the handler saved."""
+    worker = Worker(drain_timeout=1.0)
+
+    @worker.handler("import")
+    async def import_rows(ctx: RunContext) -> None:
+        ctx.save_checkpoint(b"row 4000")
+        ctx.report_progress(0.4)
+        raise RetryableError("the source closed the connection")
+
+    async with FakeNode(heartbeat_interval=timedelta(hours=1)) as node, node.serving(worker):  # no periodic beat
+        result = await node.run("import", {})
+
+    assert result.outcome is AttemptOutcome.FAILED
+    assert result.checkpoint == b"row 4000" and result.progress == pytest.approx(0.4)  # a float32 on the wire
+
+
 async def test_retryable_and_permanent_errors_come_back_as_their_outcomes():
     worker, _ = worker_with_handlers()
     async with FakeNode() as node, node.serving(worker):
