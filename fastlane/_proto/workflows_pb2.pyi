@@ -106,16 +106,18 @@ class WorkflowRun(_message.Message):
     def __init__(self, workflow_run_id: _Optional[str] = ..., tenant: _Optional[str] = ..., workflow_name: _Optional[str] = ..., version: _Optional[int] = ..., state: _Optional[str] = ..., input: _Optional[bytes] = ..., error: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., job_id: _Optional[str] = ...) -> None: ...
 
 class ListWorkflowRunsRequest(_message.Message):
-    __slots__ = ("tenant", "name", "page_size", "page_token")
+    __slots__ = ("tenant", "name", "page_size", "page_token", "id_prefix")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    ID_PREFIX_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     name: str
     page_size: int
     page_token: str
-    def __init__(self, tenant: _Optional[str] = ..., name: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+    id_prefix: str
+    def __init__(self, tenant: _Optional[str] = ..., name: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., id_prefix: _Optional[str] = ...) -> None: ...
 
 class ListWorkflowRunsResponse(_message.Message):
     __slots__ = ("runs", "next_page_token")

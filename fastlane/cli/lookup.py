@@ -51,6 +51,16 @@ async def resolve_job(client: Client, reference: str) -> Job:
     return await client.get_job(job_id)
 
 
+async def resolve_workflow_run(client: Client, reference: str) -> str:
+    """The id of the workflow run ``reference`` names: its id, or a unique prefix of it."""
+    try:
+        return (await client.get_workflow_run(reference))[0].workflow_run_id
+    except RemoteNotFound:
+        return await by_id_prefix(reference, "workflow run",
+                                  lambda prefix: client.list_workflow_runs(id_prefix=prefix, page_size=2),
+                                  lambda run: run.workflow_run_id, "`fastlane workflows runs NAME` shows them")
+
+
 async def resolve_run(client: Client, reference: str) -> str:
     """The id of the run ``reference`` names: its id, or a unique prefix of it (as the demo and
     a narrow terminal show them)."""

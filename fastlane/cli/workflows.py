@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 from fastlane.cli.arguments import add_json_flags, client_flags, json_document, json_flag
+from fastlane.cli.lookup import resolve_workflow_run
 from fastlane.cli.output import print_fields, print_json, print_table
 from fastlane.cli.remote import run_remote
 from fastlane.client import Client
@@ -63,7 +64,7 @@ def register(commands: Any) -> None:
 
     show = verbs.add_parser("show", parents=[client_flags()], help="a workflow run's graph, with each step's state")
     show.add_argument("workflow_run_id", metavar="WORKFLOW_RUN_ID",
-                      help="the workflow run's id, as `workflows trigger` and `workflows runs` print it")
+                      help="the workflow run's id, as `workflows trigger` and `workflows runs` print it, or a unique start of it")
     show.add_argument("--dot", action="store_true", help="print the graph in Graphviz's dot language")
     json_flag(show)
     show.set_defaults(handler=show_run, command_parser=show)
@@ -73,7 +74,7 @@ def register(commands: Any) -> None:
                                       "succeeded ones")):
         steer = verbs.add_parser(verb, parents=[client_flags()], help=helptext)
         steer.add_argument("workflow_run_id", metavar="WORKFLOW_RUN_ID",
-                           help="the workflow run's id, as `workflows trigger` and `workflows runs` print it")
+                           help="the workflow run's id, as `workflows trigger` and `workflows runs` print it, or a unique start of it")
         json_flag(steer)
         steer.set_defaults(handler=steer_run, command_parser=steer)
 
@@ -154,7 +155,7 @@ def list_runs(args: argparse.Namespace) -> int:
 
 def show_run(args: argparse.Namespace) -> int:
     async def show(client: Client) -> int:
-        run, workflow, steps = await client.get_workflow_run(args.workflow_run_id)
+        run, workflow, steps = await client.get_workflow_run(await resolve_workflow_run(client, args.workflow_run_id))
         if args.dot:
             print(dot_graph(run, workflow, steps))
         elif args.json:
@@ -169,9 +170,9 @@ def show_run(args: argparse.Namespace) -> int:
 def steer_run(args: argparse.Namespace) -> int:
     async def steer(client: Client) -> int:
         if args.verb == "cancel":
-            run = await client.cancel_workflow_run(args.workflow_run_id)
+            run = await client.cancel_workflow_run(await resolve_workflow_run(client, args.workflow_run_id))
         else:
-            run = await client.resume_workflow_run(args.workflow_run_id)
+            run = await client.resume_workflow_run(await resolve_workflow_run(client, args.workflow_run_id))
         if args.json:
             print_json(run_view(run))
         else:

@@ -339,10 +339,12 @@ class Client:
         request = workflows_pb2.TriggerWorkflowRequest(tenant=self.tenant, name=name, input=encode_payload(input))
         return workflow_run_from_pb(await self._connection.call(self._connection.stubs.workflows.TriggerWorkflow, request))
 
-    async def list_workflow_runs(self, name: str, *, page_size: int = 100, page_token: str = "") -> Page[WorkflowRun]:
-        """The runs of a workflow (every version), newest first."""
+    async def list_workflow_runs(self, name: str = "", *, page_size: int = 100, page_token: str = "",
+                                 id_prefix: str | None = None) -> Page[WorkflowRun]:
+        """The runs of a workflow (every version), newest first; with ``id_prefix``, the runs whose
+        id starts with it (of any workflow when ``name`` is empty), in id order (one page only)."""
         request = workflows_pb2.ListWorkflowRunsRequest(tenant=self.tenant, name=name, page_size=page_size,
-                                                        page_token=page_token)
+                                                        page_token=page_token, id_prefix=id_prefix or "")
         response = await self._connection.call(self._connection.stubs.workflows.ListWorkflowRuns, request)
         return Page(items=[workflow_run_from_pb(r) for r in response.runs], next_page_token=response.next_page_token)
 

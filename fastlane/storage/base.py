@@ -395,6 +395,10 @@ class WorkflowStore(Protocol):
         """The runs of a workflow (every version), newest first."""
         ...
 
+    async def workflow_runs_by_id_prefix(self, tenant: str, prefix: str, limit: int) -> list[WorkflowRun]:
+        """Up to ``limit`` of the tenant's workflow runs whose id starts with ``prefix``, in id order."""
+        ...
+
 
 class Store(Protocol):
     """Durable state of a fastlane cluster, in parts, one concept each; the store itself owns the

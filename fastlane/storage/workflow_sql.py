@@ -59,6 +59,9 @@ WORKFLOW_RUN_COLUMNS = """
 """
 LOCK_WORKFLOW_RUN = WORKFLOW_RUN_COLUMNS + " WHERE r.workflow_run_id = $1 {LOCK}"
 GET_WORKFLOW_RUN = WORKFLOW_RUN_COLUMNS + " WHERE r.workflow_run_id = $1 AND r.tenant = $2"
+WORKFLOW_RUNS_BY_ID_RANGE = WORKFLOW_RUN_COLUMNS + """
+    WHERE r.workflow_run_id >= $1 AND r.workflow_run_id < $2 AND r.tenant = $3 ORDER BY r.workflow_run_id LIMIT $4
+"""
 LIST_WORKFLOW_RUNS = WORKFLOW_RUN_COLUMNS + """
     WHERE r.tenant = $1 AND r.job_id = $2
       AND (CAST($3 AS text) IS NULL OR r.created_at < $4 OR (r.created_at = $4 AND r.workflow_run_id < $3))

@@ -297,6 +297,13 @@ class SQLWorkflows:
             workflow = await _workflow_by_id(tx, run.workflow_id)
             return WorkflowRunDetail(run=run, workflow=workflow, steps=await _step_runs(tx, workflow_run_id))
 
+    async def workflow_runs_by_id_prefix(self, tenant: str, prefix: str, limit: int) -> list[WorkflowRun]:
+        """Up to ``limit`` of the tenant's workflow runs whose id starts with ``prefix``, in id order."""
+        low, high = common.id_prefix_range(prefix)
+        async with self._workflow_tx(write=False) as tx:
+            rows = await tx.fetch(sql.WORKFLOW_RUNS_BY_ID_RANGE, low, high, tenant, common.page_limit(limit))
+        return common.with_id_prefix([_workflow_run(row) for row in rows], prefix, lambda run: run.workflow_run_id).items
+
     async def list_workflow_runs(self, tenant: str, name: str, *, limit: int = 100,
                                  page_token: str = "") -> Page[WorkflowRun]:
         """The runs of a workflow (every version), newest first."""

@@ -175,3 +175,16 @@ async def test_steps_released_here_are_not_announced_and_the_others_are(store, d
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
+
+
+async def test_workflow_runs_are_found_by_the_start_of_their_id_in_their_tenant_only(store):
+    await store.workflows.create_workflow(parse_definition(DIAMOND))
+    runs = [(await store.workflows.trigger_workflow("default", "diamond", b""))[0] for _ in range(3)]
+    target = runs[1].workflow_run_id
+    found = await store.workflows.workflow_runs_by_id_prefix("default", target[:8], limit=2)
+    assert target in [run.workflow_run_id for run in found]
+    assert all(run.workflow_run_id.startswith(target[:8]) for run in found)
+    assert [run.workflow_run_id for run in await store.workflows.workflow_runs_by_id_prefix("default", target, 2)] \
+        == [target]
+    assert await store.workflows.workflow_runs_by_id_prefix("acme", target[:8], limit=2) == []  # another tenant's
+    assert await store.workflows.workflow_runs_by_id_prefix("default", "zzzz", limit=2) == []

@@ -648,7 +648,7 @@ def api_probes() -> st.SearchStrategy[Probe]:
         list_runs(), run_ref("GetRun"), run_ref("CancelRun"), run_ref("RetryRun"),
         get_cluster(), create_token(), token_listing(), revoke_token(), set_quota(), get_quota(),
         create_workflow(), create_workflow(), trigger_workflow(), workflow_run_ref("GetWorkflowRun"),
-        workflow_run_ref("CancelWorkflowRun"), workflow_run_ref("ResumeWorkflowRun"),
+        workflow_run_ref("CancelWorkflowRun"), workflow_run_ref("ResumeWorkflowRun"), list_workflow_runs(),
     )
 
 
@@ -697,6 +697,24 @@ def trigger_workflow(draw: st.DrawFn) -> Probe:
         input=draw(st.sampled_from((b"", b"{}", b'{"items": [1, 2, 3]}', b"[", b"\xff")) | st.binary(max_size=64)),
     )
     return Probe("WorkflowService", "TriggerWorkflow", ("name", "input"), lambda memory: request)
+
+
+@st.composite
+def list_workflow_runs(draw: st.DrawFn) -> Probe:
+    """By name, by the start of an id (of a run that exists, or fuzzed), or both, with any page."""
+    name = draw(st.sampled_from(("fuzz-flow", "fuzz-flow-2", "")) | strings())
+    page_size = draw(st.one_of(st.just(0), int32s()))
+    token = draw(st.one_of(st.just(""), st.sampled_from(PAGE_TOKEN_EDGES), strings()))
+    prefix = _pick(draw, st.one_of(strings(), st.sampled_from(("0", "0d43", "\U0010ffff", "-"))), fuzz_one_in=2)
+    index = draw(st.integers(0, 10**6))
+
+    def build(memory: Memory) -> Message:
+        known = memory.workflow_runs[index % len(memory.workflow_runs)][:8] if memory.workflow_runs else ""
+        return workflows_pb2.ListWorkflowRunsRequest(name=name, page_size=page_size, page_token=token,
+                                                     id_prefix=known if prefix is KNOWN else prefix)  # type: ignore[arg-type]
+
+    fields = ("name", "page_size", "page_token") + (() if prefix is KNOWN else ("id_prefix",))
+    return Probe("WorkflowService", "ListWorkflowRuns", fields, build)
 
 
 @st.composite

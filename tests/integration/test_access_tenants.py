@@ -297,6 +297,9 @@ async def test_a_tenant_sees_and_steers_no_workflow_or_workflow_run_of_another(s
         await refused(a.get_workflow_run(their_run.workflow_run_id), not_found)
         await refused(a.cancel_workflow_run(their_run.workflow_run_id), not_found)
         await refused(a.resume_workflow_run(their_run.workflow_run_id), not_found)
+        assert (await a.list_workflow_runs(id_prefix=their_run.workflow_run_id[:8])).items == []  # nor by its start
+        assert [run.workflow_run_id for run in (await b.list_workflow_runs(id_prefix=their_run.workflow_run_id[:8])).items] \
+            == [their_run.workflow_run_id]
         assert (await a.list_workflows()).items == []
         # a's own workflow of the same name is another workflow, in its own tenant.
         mine, created = await a.create_workflow(definition)

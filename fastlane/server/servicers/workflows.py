@@ -73,9 +73,15 @@ class WorkflowServicer(workflows_pb2_grpc.WorkflowServiceServicer):
         self, request: pb.ListWorkflowRunsRequest,
         context: grpc.aio.ServicerContext[pb.ListWorkflowRunsRequest, pb.ListWorkflowRunsResponse],
     ) -> pb.ListWorkflowRunsResponse:
-        page = await self._store.workflows.list_workflow_runs(tenant_of(request.tenant), _name(request.name),
-                                                    limit=validation.page_size(request.page_size),
-                                                    page_token=request.page_token)
+        tenant, limit = tenant_of(request.tenant), validation.page_size(request.page_size)
+        if request.id_prefix:  # one page, in id order: for finding a run by the start of its id
+            prefix = validation.identifier("id_prefix", request.id_prefix)
+            name = _name(request.name) if request.name else None
+            found = [run for run in await self._store.workflows.workflow_runs_by_id_prefix(tenant, prefix, limit)
+                     if name is None or run.workflow_name == name]
+            return pb.ListWorkflowRunsResponse(runs=[workflow_run_to_pb(r) for r in found])
+        page = await self._store.workflows.list_workflow_runs(tenant, _name(request.name), limit=limit,
+                                                              page_token=request.page_token)
         return pb.ListWorkflowRunsResponse(runs=[workflow_run_to_pb(r) for r in page.items],
                                            next_page_token=page.next_page_token)
 
