@@ -16,8 +16,7 @@ descriptor); where it cannot be read (not Linux) nothing is recorded.
 
 from __future__ import annotations
 
-import os
-import threading
+from fastlane.runtime.run_queue import RunQueueWait
 
 
 class CpuWait:
@@ -25,21 +24,11 @@ class CpuWait:
     to the next (the first start has none: before it lie the worker's connecting and waiting)."""
 
     def __init__(self) -> None:
-        self._thread = threading.get_native_id()
-        try:
-            # thread-self names the calling thread: the one whose loop runs the handlers.
-            self._fd: int | None = os.open("/proc/thread-self/schedstat", os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            self._fd = None
+        self._waits = RunQueueWait()
         self._last: int | None = None
 
     def _total_ns(self) -> int | None:
-        if self._fd is None or threading.get_native_id() != self._thread:
-            return None  # another thread's wait would be misread as this one's
-        try:
-            return int(os.pread(self._fd, 128, 0).split()[1])
-        except (OSError, ValueError, IndexError):
-            return None
+        return self._waits.total_ns()
 
     def since_last_us(self) -> int | None:
         """Microseconds the thread waited for a CPU since the last call; None on the first call,

@@ -214,8 +214,9 @@ class Metrics:
                                   "How much later than asked the node's event loop woke (sampled every 5 ms)",
                                   buckets=_LAG_BUCKETS, registry=registry)
         self.loop_stalls = Counter("fastlane_event_loop_stalls_total",
-                                   "Event-loop wake-ups 2 ms or more late, by cause: gc, the module:function the loop "
-                                   "was in, or other", ["cause"], registry=registry)
+                                   "Event-loop wake-ups 2 ms or more late, by cause: gc, cpu_wait (the loop thread "
+                                   "waited for a CPU another process had), the module:function the loop was in, or "
+                                   "other", ["cause"], registry=registry)
         self.gc_pauses = Histogram("fastlane_gc_pause_seconds", "Cyclic garbage collections by generation",
                                    ["generation"], buckets=_LAG_BUCKETS, registry=registry)
         self.write_ahead_deferred = Gauge(

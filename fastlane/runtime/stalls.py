@@ -5,10 +5,13 @@ callback, a large decode, a collection of the old generation) shows up as trigge
 sleeps a short, fixed interval again and again and records how much later than asked it woke:
 that is the loop's lag, the delay any timer due at that moment suffered too. Collections are
 timed through :data:`gc.callbacks`; a stall is put down to the collector when collections took
-most of it. Otherwise a watchdog thread, which looks at the loop thread's stack whenever the
-probe has not ticked for a while, names the function the loop was in (the innermost fastlane
-frame): so a stall is counted by cause — ``gc``, ``module:function`` or ``other`` — and the
-worst is logged, which says not only that the loop stalled but where.
+most of it. It is put down to ``cpu_wait`` when the loop thread was runnable but not running
+(another process had the core: :mod:`fastlane.runtime.run_queue`) for half of it or more: the
+loop suffered that stall rather than caused it. Otherwise a watchdog thread, which looks at the
+loop thread's stack whenever the probe has not ticked for a while, names the function the loop was
+in (the innermost fastlane frame): so a stall is counted by cause — ``gc``, ``cpu_wait``,
+``module:function`` or ``other`` — and the worst is logged, which says not only that the loop
+stalled but where.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from types import FrameType
 from typing import Any
 
 from prometheus_client import Counter, Histogram
+
+from fastlane.runtime.run_queue import RunQueueWait
 
 log = logging.getLogger("fastlane.stalls")
 
@@ -161,27 +166,33 @@ class LoopLagProbe:
             self._gc.install()
         if self._watchdog is not None:
             self._watchdog.start()
+        waits = RunQueueWait()  # made here: the loop thread's own
+        waited_before = waits.total_ns()  # one reading a wake-up: each is the next one's start
         try:
             while True:
                 asked = self._now()
                 await asyncio.sleep(self._interval)
-                woke = self._now()
+                woke, waited_after = self._now(), waits.total_ns()
                 site = self._watchdog.tick() if self._watchdog is not None else None
-                self.observe(asked, woke, site)
+                cpu_wait = None if waited_before is None or waited_after is None else (waited_after - waited_before) / 1e9
+                self.observe(asked, woke, site, cpu_wait)
+                waited_before = waited_after
         finally:
+            waits.close()
             if self._gc is not None:
                 self._gc.uninstall()
             if self._watchdog is not None:
                 self._watchdog.stop()
 
-    def observe(self, asked: float, woke: float, site: str | None = None) -> float:
+    def observe(self, asked: float, woke: float, site: str | None = None, cpu_wait: float | None = None) -> float:
         """Record one wake-up: the loop was asked to wake at ``asked + interval`` and woke at ``woke``;
-        ``site`` is where the watchdog saw the loop thread meanwhile, if it looked."""
+        ``site`` is where the watchdog saw the loop thread meanwhile, if it looked; ``cpu_wait``
+        the seconds the loop thread waited for a CPU meanwhile, where the kernel says."""
         lag = max(woke - asked - self._interval, 0.0)
         if self._lag is not None:
             self._lag.observe(lag)
         if lag >= STALL:
-            cause = self._cause(asked, woke, lag, site)
+            cause = self._cause(asked, woke, lag, site, cpu_wait)
             if self._stalls is not None:
                 self._stalls.labels(cause).inc()
             if lag > self.worst[0]:
@@ -193,9 +204,11 @@ class LoopLagProbe:
             self.worst, self._reported_at = (0.0, ""), woke
         return lag
 
-    def _cause(self, asked: float, woke: float, lag: float, site: str | None) -> str:
+    def _cause(self, asked: float, woke: float, lag: float, site: str | None, cpu_wait: float | None) -> str:
         if self._gc is not None and self._gc.within(asked, woke) >= lag / 2:
             return "gc"
+        if cpu_wait is not None and cpu_wait >= lag / 2:
+            return "cpu_wait"  # preempted: the frame the watchdog saw did not hold the loop
         if site is None:
             return "other"
         if site not in self._sites and len(self._sites) >= MAX_SITES:

@@ -125,8 +125,8 @@ def test_late_starts_are_put_down_to_a_cpu_wait_when_the_thread_waited_half_as_l
 
 def test_the_cpu_wait_counter_reads_increments_of_the_run_queue_wait(monkeypatch: pytest.MonkeyPatch) -> None:
     readings = iter([b"5 3000000 7\n", b"6 4500000 8\n", b"garbled\n", b"7 4600000 9\n", b"8 4700000 9\n"])
-    monkeypatch.setattr("fastlane.bench.cpu_wait.os.open", lambda path, flags: 99)
-    monkeypatch.setattr("fastlane.bench.cpu_wait.os.pread", lambda fd, size, offset: next(readings))
+    monkeypatch.setattr("fastlane.runtime.run_queue.os.open", lambda path, flags: 99)
+    monkeypatch.setattr("fastlane.runtime.run_queue.os.pread", lambda fd, size, offset: next(readings))
     counter = CpuWait()
     assert counter.since_last_us() is None  # the first start: before it lay the worker's start-up
     assert counter.since_last_us() == 1500  # (4,500,000 - 3,000,000) ns
@@ -142,7 +142,7 @@ def test_the_cpu_wait_counter_says_nothing_without_the_kernels_file_or_on_anothe
         raise FileNotFoundError(path)
 
     with monkeypatch.context() as patch:
-        patch.setattr("fastlane.bench.cpu_wait.os.open", no_such_file)
+        patch.setattr("fastlane.runtime.run_queue.os.open", no_such_file)
         absent = CpuWait()
         assert [absent.since_last_us(), absent.since_last_us()] == [None, None]
     if not Path("/proc/thread-self/schedstat").exists():

@@ -60,6 +60,47 @@ def test_gc_pauses_are_timed_by_generation_through_gc_callbacks() -> None:
     assert registry.get_sample_value("gc_seconds_count", {"generation": "2"}) == 1
 
 
+def test_a_stall_the_loop_thread_spent_waiting_for_a_cpu_is_put_down_to_cpu_wait() -> None:
+    registry, lag, stalls, _ = instruments()
+    pauses = GcPauses()
+    probe = LoopLagProbe(lag=lag, stalls=stalls, gc_pauses=pauses, interval=0.005)
+
+    probe.observe(asked=1.0, woke=1.025, site="fastlane.x:f", cpu_wait=0.012)  # 20 ms late, 12 waiting for a core
+    probe.observe(asked=2.0, woke=2.025, site="fastlane.x:f", cpu_wait=0.004)  # mostly in f itself
+    probe.observe(asked=3.0, woke=3.025, cpu_wait=None)  # where the kernel does not say
+    pauses._recent.append(Pause(ended=4.02, seconds=0.018, generation=2))
+    probe.observe(asked=4.0, woke=4.025, cpu_wait=0.015)  # a collection first: the collector is named
+
+    counts = {cause: registry.get_sample_value("stalls_total", {"cause": cause})
+              for cause in ("cpu_wait", "fastlane.x:f", "other", "gc")}
+    assert counts == {"cpu_wait": 1, "fastlane.x:f": 1, "other": 1, "gc": 1}
+
+
+async def test_the_probe_reads_its_loop_threads_run_queue_wait_around_each_sleep(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    class FakeWaits:
+        total = 0
+
+        def total_ns(self) -> int:
+            return FakeWaits.total
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr("fastlane.runtime.stalls.RunQueueWait", FakeWaits)
+    registry, lag, stalls, _ = instruments()
+    probe = LoopLagProbe(lag=lag, stalls=stalls, interval=0.001)
+    task = asyncio.create_task(probe.run())
+    await asyncio.sleep(0.01)
+    FakeWaits.total += 30_000_000  # the kernel says: 30 ms runnable, not running
+    time.sleep(0.03)  # hold the loop meanwhile
+    await asyncio.sleep(0.01)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+    assert registry.get_sample_value("stalls_total", {"cause": "cpu_wait"}) >= 1
+    assert probe.worst[1] == "cpu_wait"
+
+
 async def test_the_probe_sees_a_blocked_loop() -> None:
     registry, lag, stalls, _ = instruments()
     probe = LoopLagProbe(lag=lag, stalls=stalls, interval=0.001)
