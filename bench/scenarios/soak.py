@@ -158,7 +158,13 @@ async def soak(bench: Bench) -> list[dict[str, object]]:
         noop.stop()
         stepper.stop()
         node.stop()
+    return [_figures(bench, run, periodic, record, steps_record, node_rss_peak)]
 
+
+def _figures(bench: Bench, run: _Soak, periodic: dict[str, tuple[int, int]], record: Path, steps_record: Path,
+             node_rss_peak: int | None) -> dict[str, object]:
+    """The soak's result: every occurrence accounted for, the slices' figures, growth and drift."""
+    slicing = run.slicing
     found = read_occurrences(_lines(record), slicing, run.faults)
     expected: dict[str, range | list[int]] = {
         job_id: periodic_instants(phase, period, slicing.start_us, slicing.end_us)
@@ -188,7 +194,7 @@ async def soak(bench: Bench) -> list[dict[str, object]]:
     }
     if len(run.scrapes) >= 2:
         result["stall_causes"] = stall_causes(run.scrapes[0], run.scrapes[-1], STALLS)
-    return [result]
+    return result
 
 
 class _Soak:

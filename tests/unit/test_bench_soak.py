@@ -141,3 +141,26 @@ def test_the_soak_report_has_a_row_per_slice_and_the_counts_of_faults() -> None:
     text = render_markdown(document)
     assert "| 1 | 0 | 64.0 MiB |" in text
     assert "worker 3, postgres 3" in text
+
+
+def test_the_soak_result_accounts_every_occurrence_from_the_workers_records(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from types import SimpleNamespace
+
+    from fastlane.bench.scenarios.soak import WORKFLOW_STEPS, Load, _figures
+
+    slicing = Slicing(start_us=0, seconds=10, count=2)
+    record, steps = tmp_path / "received.txt", tmp_path / "steps.txt"
+    # An interval job every 5 s from 0 (its instant at 15 s never ran), and a one-shot at 12 s.
+    record.write_text(line("r1", 0, 1000, "every") + line("r2", 5 * S, 5 * S + 2000, "every")
+                      + line("r3", 10 * S, 10 * S + 500, "every") + line("r4", 12 * S, 12 * S + 700, "once"))
+    steps.write_text("".join(f"S s-{step} w1 {step} 1\nE s-{step} w1 {step} 2\n" for step in WORKFLOW_STEPS))
+    run = SimpleNamespace(slicing=slicing, faults=[], load=Load(one_shots={"once": 12 * S}, workflow_runs=["w1"]),
+                          scrapes=[{"fastlane_history_trimmed_total": 0.0}, {"fastlane_history_trimmed_total": 40.0}],
+                          resources=ResourceMaxima(slicing))
+    bench = SimpleNamespace(backend="sqlite", hours=None)
+    result = _figures(bench, run, {"every": (0, 5 * S)}, record, steps, None)  # type: ignore[arg-type]
+    assert (result["occurrences_expected"], result["lost"], result["twice"]) == (5, 1, 0)
+    assert result["lost_examples"] == [f"every@{15 * S}"]
+    assert (result["workflow_steps_expected"], result["workflow_steps_lost"]) == (len(WORKFLOW_STEPS), 0)
+    rows = result["slices"]
+    assert [row["runs_due"] for row in rows] == [2, 2] and rows[0]["history_trimmed"] == 40
