@@ -90,6 +90,7 @@ class Node:
                 if settings.metrics_listen:
                     self.metrics.serve(settings.metrics_listen, names_in_clear=not settings.auth or settings.metrics_names,
                                        secret=settings.db_url.encode())
+                    log.info("metrics on http://%s/metrics", settings.metrics_listen)
                 try:
                     version = await self._migrate(store)
                 except StorageUnavailable:

@@ -293,6 +293,8 @@ class Worker:
             priority = self._realtime_priority
             if priority and (realtime := request_realtime(priority, on_lowered=self._request_cpu_slice)):
                 log.info("this thread runs at real-time priority %d (SCHED_FIFO)", priority)
+            log.info("worker %s serving %s, %d at once, on %s", self.worker_id, ", ".join(sorted(self._handlers)),
+                     self._concurrency, ", ".join(self._servers))
             streams = self._streams = ClusterStreams(self._servers, self._open_stream, self._open_channel)
             for address in self._servers:
                 streams.add(address)
