@@ -57,3 +57,6 @@ def test_a_scrape_of_a_node_given_no_choice_names_nothing():
     with urllib.request.urlopen(f"http://{address}/metrics?name[]=fastlane_unserved_runs", timeout=5) as response:
         text = response.read().decode()
     assert "fastlane_unserved_runs{" in text and "acme" not in text and "payroll.run" not in text
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as response:
+        everything = response.read().decode()
+    assert "fastlane_runs_total" in everything and "_created" not in everything  # no doubled series
