@@ -642,7 +642,8 @@ def metrics_page() -> Page:
     intro = (
         "The metrics a node serves in the Prometheus text format on `fastlane serve --metrics HOST:PORT`. "
         "Counters are scraped with the `_total` suffix shown; a histogram as `_bucket` (one series per upper "
-        "bound, `le`), `_sum` and `_count`; a node serves no `_created` series. Under `--auth` the values of the {named} labels are pseudonyms (`t-` or `j-` "
+        "bound, `le`), `_sum` and `_count`; a node serves no `_created` series. Under `--auth` the values "
+        f"of the {named} labels are pseudonyms (`t-` or `j-` "
         "and 10 hexadecimal digits, the same on every node given the same `--db` URL) unless "
         "`--metrics-names` is given."
     )

@@ -247,7 +247,7 @@ class Metrics:
         # No `_created` series beside each counter and histogram (the client library's default):
         # they double the series a scrape stores and answer no question an operator asks. Set for
         # the whole process, which is a node's own.
-        disable_created_metrics()
+        disable_created_metrics()  # type: ignore[no-untyped-call]  # the library leaves it unannotated
         registry = self.exposed(names_in_clear=names_in_clear, secret=secret)
         try:
             start_http_server(int(port), addr=host.strip("[]") or "127.0.0.1", registry=registry)
