@@ -27,6 +27,7 @@ from fastlane._proto import workers_pb2_grpc as pb_grpc
 from fastlane.domain.models import AttemptOutcome
 from fastlane.runtime.clock import StepWatch
 from fastlane.worker._clock import ClockEstimate, ClockEstimator
+from fastlane.worker._outage import Outage, unreachable
 from fastlane.worker._runs import Launch, RunBook, RunSlot, Verdict, heartbeat_messages, result_messages
 
 log = logging.getLogger("fastlane.worker")
@@ -34,8 +35,6 @@ log = logging.getLogger("fastlane.worker")
 _DEFAULT_HEARTBEAT_INTERVAL = 5.0
 _BACKOFF_START = 0.1
 _BACKOFF_CAP = 2.0
-# How long into an outage a warning is logged: then each this many seconds apart, once past the list.
-_OUTAGE_WARNINGS = (10.0, 30.0, 60.0, 120.0, 300.0)
 _REFUSED_RETRY = 30.0  # seconds between attempts while a node refuses this worker's API token
 # Results messages go at most one per RESULT_COALESCE (see _flush_results), so results of runs
 # ending close together share one; at once when this many are waiting.
@@ -197,16 +196,12 @@ class NodeStream:
                     log.debug("reconnecting to %s in %.2f s (attempt %d, after %s)", self.address, pause, failures,
                               self._last_end)
                 else:
-                    # One line as the outage begins, at INFO; then a warning at growing intervals
-                    # with what to check: the retries themselves would flood the log.
+                    # INFO as an outage begins, then warnings at growing intervals (_outage.py): not every retry.
                     level = logging.INFO if failures == 1 else logging.DEBUG
                     log.log(level, "reconnecting to %s in %.2f s (attempt %d, after %s)",
                             self.address, pause, failures, self._last_end)
                     if (lasted := outage.warning_due()) is not None:
-                        log.warning("cannot reach %s for %.0f s (%d attempts; last: %s): check that a node listens "
-                                    "there (`fastlane cluster --server %s`), the address (--server, $FASTLANE_SERVER) "
-                                    "and that the TLS flags match the node's; its runs wait until then",
-                                    self.address, lasted, failures, self._last_end, self.address)
+                        log.warning("%s", unreachable(self.address, lasted, failures, self._last_end))
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(pause):
                         await self._closing.wait()
@@ -503,31 +498,3 @@ def _describe(error: BaseException) -> str:
     if isinstance(error, grpc.aio.AioRpcError):
         return f"{error.code().name}: {error.details()}"
     return f"{type(error).__name__}: {error}"
-
-
-class Outage:
-    """When a stream's node has been out of reach long enough to warn again (``now``: a monotonic
-    clock, for tests): at each of :data:`_OUTAGE_WARNINGS` seconds, then every last one of them."""
-
-    def __init__(self, now: Callable[[], float] = time.monotonic) -> None:
-        self._now = now
-        self._since: float | None = None
-        self._warned = 0  # warnings given in this outage
-
-    def warning_due(self) -> float | None:
-        """Note a failed attempt; the outage's length when a warning is due now, else None."""
-        now = self._now()
-        if self._since is None:
-            self._since = now
-        lasted = now - self._since
-        steps = _OUTAGE_WARNINGS
-        due_at = steps[self._warned] if self._warned < len(steps) else steps[-1] * (self._warned - len(steps) + 2)
-        if lasted < due_at:
-            return None
-        self._warned += 1
-        return lasted
-
-    def ended(self) -> float | None:
-        """The stream is up again: how long the outage lasted, if it was warned of (else None)."""
-        since, warned, self._since, self._warned = self._since, self._warned, None, 0
-        return None if since is None or not warned else self._now() - since

@@ -9,7 +9,7 @@ import pytest
 
 from fastlane import Worker
 from fastlane.testing.processes import free_port
-from fastlane.worker._stream import Outage
+from fastlane.worker._outage import Outage
 
 
 def test_an_outage_is_warned_of_at_10_30_60_120_and_300_s_then_every_300_s() -> None:
