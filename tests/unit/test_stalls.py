@@ -90,10 +90,14 @@ async def test_the_probe_reads_its_loop_threads_run_queue_wait_around_each_sleep
     registry, lag, stalls, _ = instruments()
     probe = LoopLagProbe(lag=lag, stalls=stalls, interval=0.001)
     task = asyncio.create_task(probe.run())
-    await asyncio.sleep(0.01)
+    async with asyncio.timeout(10):
+        while not registry.get_sample_value("lag_seconds_count"):  # the probe is running
+            await asyncio.sleep(0)
     FakeWaits.total += 30_000_000  # the kernel says: 30 ms runnable, not running
-    time.sleep(0.03)  # hold the loop meanwhile
-    await asyncio.sleep(0.01)
+    time.sleep(0.03)  # the stimulus: hold the loop meanwhile
+    async with asyncio.timeout(10):
+        while not registry.get_sample_value("stalls_total", {"cause": "cpu_wait"}):
+            await asyncio.sleep(0)
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
 
