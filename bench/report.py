@@ -105,12 +105,14 @@ _FIGURES: tuple[tuple[str, str, str], ...] = (
     ("workflow_steps_twice", "workflow steps started twice", ""),
     ("calls_retried", "API calls retried while the database was away", ""),
     ("start_lag_drift", "start-lag p99 outside faults, last slice / first", ""),
+    ("rss_slope_mib_per_h", "node's RSS over the second half, least-squares slope", "MiB/h"),
     ("node_peak_rss_bytes", "node's peak RSS", "bytes"),
     ("stall_causes", "node's event-loop stalls by cause", ""),
 )
 _SLICE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("slice", "slice"), ("from_s", "from s"), ("rss_bytes", "RSS"), ("open_files", "files"),
-    ("threads", "threads"), ("db_connections", "db conns"), ("loop_lag_p99_ms", "loop p99 ms"),
+    ("threads", "threads"), ("db_connections", "db conns"), ("open_files_in_faults", "files in faults"),
+    ("db_connections_in_faults", "db conns in faults"), ("loop_lag_p99_ms", "loop p99 ms"),
     ("loop_lag_p999_ms", "loop p99.9 ms"), ("runs_due", "runs due"), ("start_lag_p99_ms", "start p99 ms"),
     ("start_lag_max_ms", "start max ms"), ("steady_start_lag_p99_ms", "start p99 ms, no fault"),
     ("history_trimmed", "history trimmed"),

@@ -1,9 +1,11 @@
 """What ``fastlane bench soak`` makes of its samples and the workers' records: pure functions.
 
 A soak is cut into slices of equal length. Each slice gets the largest figure of every resource
-sampled in it (a resource that grows shows it in its maxima, and a sample taken while a connection
-was being replaced does not hide it), and the start lags of the runs *due* in it, from the
-workers' records. Occurrences are checked one by one: every instant a periodic job had before
+sampled in it outside the fault windows (a resource that grows shows it in its maxima; a socket
+or connection held only while a worker or the database is being replaced is a fault's, not
+growth, and is reported apart), and the start lags of the runs *due* in it, from the workers'
+records. Growth is judged from the second slice on: the first is the warm-up, in which the node
+trims the seeded history and its allocator and caches fill for the first time. Occurrences are checked one by one: every instant a periodic job had before
 the load stopped, and every one-shot job created, must have been run, and by one run only.
 """
 
@@ -14,7 +16,7 @@ from dataclasses import dataclass, field
 
 from fastlane.bench.stats import parse_record, percentiles
 
-GROWTH_AT_MOST = 1.05  # a resource's maximum in a later slice, over its maximum in the first
+GROWTH_AT_MOST = 1.05  # a resource's maximum in a later slice, over its maximum in the first after the warm-up
 DRIFT_AT_MOST = 1.10  # the last slice's start-lag p99 (outside fault windows), over the first's
 RESOURCES = ("rss_bytes", "open_files", "threads", "db_connections")
 
@@ -46,23 +48,29 @@ def slicing_for(start_us: int, duration_s: float, *, full_slice_s: float = 300.0
 
 
 @dataclass(slots=True)
-class ResourceMaxima:
-    """The largest value of each resource sampled in each slice."""
+class ResourceSamples:
+    """Every resource sample of the soak, kept so the fault windows (known only as each fault
+    ends) can be told apart from the steady samples once the soak is over."""
 
     slicing: Slicing
-    maxima: list[dict[str, int]] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.maxima = [{} for _ in range(self.slicing.count)]
+    samples: list[tuple[int, dict[str, int]]] = field(default_factory=list)
 
     def add(self, instant_us: int, sample: Mapping[str, int | None]) -> None:
-        index = self.slicing.index(instant_us)
-        if index is None:
-            return
-        kept = self.maxima[index]
-        for name, value in sample.items():
-            if value is not None:
-                kept[name] = max(kept.get(name, value), value)
+        if self.slicing.index(instant_us) is not None:
+            self.samples.append((instant_us, {name: value for name, value in sample.items() if value is not None}))
+
+    def maxima(self, faults: Sequence[FaultWindow] = (), *, in_faults: bool = False) -> list[dict[str, int]]:
+        """The largest value of each resource in each slice: of the samples outside every fault
+        window, or (``in_faults``) of all of them."""
+        kept: list[dict[str, int]] = [{} for _ in range(self.slicing.count)]
+        for instant_us, sample in self.samples:
+            if not in_faults and any(fault.covers(instant_us) for fault in faults):
+                continue
+            index = self.slicing.index(instant_us)
+            assert index is not None  # add() kept only samples within a slice
+            for name, value in sample.items():
+                kept[index][name] = max(kept[index].get(name, value), value)
+        return kept
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,9 +169,11 @@ def workflow_steps(lines: Iterable[str]) -> tuple[set[tuple[str, str]], int]:
     return ended, twice
 
 
-def slice_rows(slicing: Slicing, resources: ResourceMaxima, found: Occurrences,
+def slice_rows(slicing: Slicing, resources: ResourceSamples, faults: Sequence[FaultWindow], found: Occurrences,
                loop_lag: Sequence[Mapping[str, float | None]], trimmed: Sequence[float]) -> list[dict[str, object]]:
-    """One row per slice: resources, loop lag, start lag (all runs due, and outside fault windows)."""
+    """One row per slice: resources (outside fault windows, and the most held during them), loop
+    lag, start lag (all runs due, and outside fault windows)."""
+    outside_faults, including_faults = resources.maxima(faults), resources.maxima(faults, in_faults=True)
     rows = []
     for index in range(slicing.count):
         everything = percentiles(found.start_lags_by_slice[index])
@@ -172,7 +182,8 @@ def slice_rows(slicing: Slicing, resources: ResourceMaxima, found: Occurrences,
         rows.append({
             "slice": index + 1,
             "from_s": round(index * slicing.seconds),
-            **{name: resources.maxima[index].get(name) for name in RESOURCES},
+            **{name: outside_faults[index].get(name) for name in RESOURCES},
+            **{f"{name}_in_faults": including_faults[index].get(name) for name in ("open_files", "db_connections")},
             "loop_lag_p99_ms": lag.get("p99"), "loop_lag_p999_ms": lag.get("p999"),
             "runs_due": len(found.start_lags_by_slice[index]),
             "start_lag_p99_ms": everything["p99"], "start_lag_max_ms": everything["max"],
@@ -183,13 +194,30 @@ def slice_rows(slicing: Slicing, resources: ResourceMaxima, found: Occurrences,
 
 
 def growth(rows: Sequence[Mapping[str, object]], name: str) -> float | None:
-    """The largest maximum of ``name`` in a slice after the first, over the first slice's: 1.0 is flat."""
+    """The largest maximum of ``name`` in a later slice over the first slice's after the warm-up
+    (the second, when there are three slices or more): 1.0 is flat."""
     values = [row.get(name) for row in rows]
+    if len(values) >= 3:
+        values = values[1:]
     first = values[0] if values else None
     later = [value for value in values[1:] if isinstance(value, int | float)]
     if not isinstance(first, int | float) or first <= 0 or not later:
         return None
     return round(max(later) / first, 4)
+
+
+def rss_slope_mib_per_hour(rows: Sequence[Mapping[str, object]], slice_s: float) -> float | None:
+    """The least-squares slope of the slices' RSS over the second half of the soak, in MiB an hour:
+    whether the node still grows once it has settled, which the ratio alone cannot tell."""
+    half = [(index, value) for index, row in enumerate(rows)
+            if index >= len(rows) // 2 and isinstance(value := row.get("rss_bytes"), int | float)]
+    if len(half) < 3:
+        return None
+    mean_x = sum(index for index, _ in half) / len(half)
+    mean_y = sum(value for _, value in half) / len(half)
+    spread = sum((index - mean_x) ** 2 for index, _ in half)
+    slope_per_slice = sum((index - mean_x) * (value - mean_y) for index, value in half) / spread
+    return round(slope_per_slice * 3600 / slice_s / 2**20, 3)
 
 
 def drift(rows: Sequence[Mapping[str, object]]) -> float | None:

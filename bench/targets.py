@@ -43,7 +43,7 @@ WORKFLOW_HANDOFF_P99_MS = 10.0  # a workflow step starts within this of its pare
 TRIMMING_VS_KEEPING_AT_MOST = 1.1  # trimming old history raises spread's p99 start lag by at most 10 %
 CONSOLE_PAGE_P95_MS = 200.0  # every console page, over 100,000 jobs and 1,000,000 runs
 CONSOLE_RUNS = 1_000_000
-SOAK_GROWTH_AT_MOST = 1.05  # a resource's maximum in any later slice over the first slice's
+SOAK_GROWTH_AT_MOST = 1.05  # a resource's maximum in any later slice over the first slice's after the warm-up
 SOAK_DRIFT_AT_MOST = 1.10  # the last slice's start-lag p99 (outside fault windows) over the first's
 SOAK_RESOURCES = {"rss_bytes": "RSS", "open_files": "open files", "threads": "threads",
                   "db_connections": "database connections"}
@@ -284,13 +284,13 @@ def _console(fastlane: Mapping[str, Any] | None) -> list[Target]:
 
 
 def _soak(fastlane: Mapping[str, Any] | None) -> list[Target]:
-    """Nothing grows from the first slice on, the start lag does not drift, nothing lost or twice."""
+    """Nothing grows after the first slice (the warm-up), the start lag does not drift, nothing lost or twice."""
     if fastlane is None:
         return []
     slices = len(fastlane.get("slices") or ())
     few = "" if slices >= 2 else "one slice: nothing to compare"
     grown = fastlane.get("growth") or {}
-    targets = [Target(name=f"soak: {label}, largest later slice / first (≤{SOAK_GROWTH_AT_MOST:g})",
+    targets = [Target(name=f"soak: {label} outside faults, largest later slice / first after the warm-up (≤{SOAK_GROWTH_AT_MOST:g})",
                       limit=SOAK_GROWTH_AT_MOST, op="<=", unit="x", measured=grown.get(name), applies=slices >= 2,
                       note=few)
                for name, label in SOAK_RESOURCES.items()]
