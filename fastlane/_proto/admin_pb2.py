@@ -26,43 +26,51 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x66\x61stlane/v1/admin.proto\x12\x0b\x66\x61stlane.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x13\n\x11GetClusterRequest\"\xc0\x01\n\rClusterStatus\x12\x31\n\rdatabase_time\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12&\n\x05nodes\x18\x02 \x03(\x0b\x32\x17.fastlane.v1.NodeStatus\x12(\n\x06shards\x18\x03 \x03(\x0b\x32\x18.fastlane.v1.ShardStatus\x12*\n\x07workers\x18\x04 \x03(\x0b\x32\x19.fastlane.v1.WorkerStatus\"y\n\x0cWorkerStatus\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x11\n\tjob_types\x18\x03 \x03(\t\x12\x0f\n\x07\x63redits\x18\x04 \x01(\x05\x12\x11\n\tin_flight\x18\x05 \x01(\x05\x12\x0f\n\x07node_id\x18\x06 \x01(\t\"\xc4\x02\n\nNodeStatus\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x14\n\x0cshards_owned\x18\x03 \x01(\x05\x12\x19\n\x11workers_connected\x18\x04 \x01(\x05\x12\x17\n\x0f\x63lock_offset_ms\x18\x05 \x01(\x01\x12\x16\n\theap_size\x18\x06 \x01(\x05H\x00\x88\x01\x01\x12\x17\n\nready_runs\x18\x07 \x01(\x05H\x01\x88\x01\x01\x12\x12\n\x05ready\x18\x08 \x01(\x08H\x02\x88\x01\x01\x12\x10\n\x08\x65ligible\x18\t \x01(\x08\x12\x0c\n\x04note\x18\n \x01(\t\x12\x30\n\x0cheartbeat_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0c\n\x04live\x18\x0c \x01(\x08\x42\x0c\n\n_heap_sizeB\r\n\x0b_ready_runsB\x08\n\x06_ready\"s\n\x0bShardStatus\x12\x10\n\x08shard_id\x18\x01 \x01(\x05\x12\r\n\x05owner\x18\x02 \x01(\t\x12\r\n\x05token\x18\x03 \x01(\x03\x12\x34\n\x10lease_expires_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x8a\x02\n\x08\x41piToken\x12\x10\n\x08token_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\x0c\n\x04name\x18\x04 \x01(\t\x12.\n\ncreated_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nexpires_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nrevoked_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0clast_used_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"o\n\x12\x43reateTokenRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12-\n\nexpires_in\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\"K\n\x13\x43reateTokenResponse\x12$\n\x05token\x18\x01 \x01(\x0b\x32\x15.fastlane.v1.ApiToken\x12\x0e\n\x06secret\x18\x02 \x01(\t\"#\n\x11ListTokensRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\";\n\x12ListTokensResponse\x12%\n\x06tokens\x18\x01 \x03(\x0b\x32\x15.fastlane.v1.ApiToken\"&\n\x12RevokeTokenRequest\x12\x10\n\x08token_id\x18\x01 \x01(\t\"\xa3\x01\n\x05Quota\x12\x15\n\x08max_jobs\x18\x01 \x01(\x03H\x00\x88\x01\x01\x12%\n\x18job_creations_per_second\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x1d\n\x10max_waiting_runs\x18\x03 \x01(\x03H\x02\x88\x01\x01\x42\x0b\n\t_max_jobsB\x1b\n\x19_job_creations_per_secondB\x13\n\x11_max_waiting_runs\"!\n\x0fGetQuotaRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\"V\n\x0fSetQuotaRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12$\n\x08override\x18\x02 \x01(\x0b\x32\x12.fastlane.v1.Quota\x12\r\n\x05reset\x18\x03 \x01(\x08\"i\n\x0bQuotaStatus\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12$\n\x08in_force\x18\x02 \x01(\x0b\x32\x12.fastlane.v1.Quota\x12$\n\x08override\x18\x03 \x01(\x0b\x32\x12.fastlane.v1.Quota2\xc8\x03\n\x0c\x41\x64minService\x12H\n\nGetCluster\x12\x1e.fastlane.v1.GetClusterRequest\x1a\x1a.fastlane.v1.ClusterStatus\x12P\n\x0b\x43reateToken\x12\x1f.fastlane.v1.CreateTokenRequest\x1a .fastlane.v1.CreateTokenResponse\x12M\n\nListTokens\x12\x1e.fastlane.v1.ListTokensRequest\x1a\x1f.fastlane.v1.ListTokensResponse\x12\x45\n\x0bRevokeToken\x12\x1f.fastlane.v1.RevokeTokenRequest\x1a\x15.fastlane.v1.ApiToken\x12\x42\n\x08GetQuota\x12\x1c.fastlane.v1.GetQuotaRequest\x1a\x18.fastlane.v1.QuotaStatus\x12\x42\n\x08SetQuota\x12\x1c.fastlane.v1.SetQuotaRequest\x1a\x18.fastlane.v1.QuotaStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x66\x61stlane/v1/admin.proto\x12\x0b\x66\x61stlane.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x13\n\x11GetClusterRequest\"\xc5\x01\n\x12GetClusterResponse\x12\x31\n\rdatabase_time\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12&\n\x05nodes\x18\x02 \x03(\x0b\x32\x17.fastlane.v1.NodeStatus\x12(\n\x06shards\x18\x03 \x03(\x0b\x32\x18.fastlane.v1.ShardStatus\x12*\n\x07workers\x18\x04 \x03(\x0b\x32\x19.fastlane.v1.WorkerStatus\"y\n\x0cWorkerStatus\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x11\n\tjob_types\x18\x03 \x03(\t\x12\x0f\n\x07\x63redits\x18\x04 \x01(\x05\x12\x11\n\tin_flight\x18\x05 \x01(\x05\x12\x0f\n\x07node_id\x18\x06 \x01(\t\"\xc4\x02\n\nNodeStatus\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x14\n\x0cshards_owned\x18\x03 \x01(\x05\x12\x19\n\x11workers_connected\x18\x04 \x01(\x05\x12\x17\n\x0f\x63lock_offset_ms\x18\x05 \x01(\x01\x12\x16\n\theap_size\x18\x06 \x01(\x05H\x00\x88\x01\x01\x12\x17\n\nready_runs\x18\x07 \x01(\x05H\x01\x88\x01\x01\x12\x12\n\x05ready\x18\x08 \x01(\x08H\x02\x88\x01\x01\x12\x10\n\x08\x65ligible\x18\t \x01(\x08\x12\x0c\n\x04note\x18\n \x01(\t\x12\x30\n\x0cheartbeat_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0c\n\x04live\x18\x0c \x01(\x08\x42\x0c\n\n_heap_sizeB\r\n\x0b_ready_runsB\x08\n\x06_ready\"s\n\x0bShardStatus\x12\x10\n\x08shard_id\x18\x01 \x01(\x05\x12\r\n\x05owner\x18\x02 \x01(\t\x12\r\n\x05token\x18\x03 \x01(\x03\x12\x34\n\x10lease_expires_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x9d\x02\n\x08\x41piToken\x12\x10\n\x08token_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x1f\n\x04role\x18\x03 \x01(\x0e\x32\x11.fastlane.v1.Role\x12\x0c\n\x04name\x18\x04 \x01(\t\x12.\n\ncreated_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nexpires_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nrevoked_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0clast_used_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x82\x01\n\x12\x43reateTokenRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x1f\n\x04role\x18\x02 \x01(\x0e\x32\x11.fastlane.v1.Role\x12\x0c\n\x04name\x18\x03 \x01(\t\x12-\n\nexpires_in\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\"K\n\x13\x43reateTokenResponse\x12$\n\x05token\x18\x01 \x01(\x0b\x32\x15.fastlane.v1.ApiToken\x12\x0e\n\x06secret\x18\x02 \x01(\t\"#\n\x11ListTokensRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\";\n\x12ListTokensResponse\x12%\n\x06tokens\x18\x01 \x03(\x0b\x32\x15.fastlane.v1.ApiToken\"&\n\x12RevokeTokenRequest\x12\x10\n\x08token_id\x18\x01 \x01(\t\";\n\x13RevokeTokenResponse\x12$\n\x05token\x18\x01 \x01(\x0b\x32\x15.fastlane.v1.ApiToken\"\xa3\x01\n\x05Quota\x12\x15\n\x08max_jobs\x18\x01 \x01(\x03H\x00\x88\x01\x01\x12%\n\x18job_creations_per_second\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x1d\n\x10max_waiting_runs\x18\x03 \x01(\x03H\x02\x88\x01\x01\x42\x0b\n\t_max_jobsB\x1b\n\x19_job_creations_per_secondB\x13\n\x11_max_waiting_runs\"!\n\x0fGetQuotaRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\"V\n\x0fSetQuotaRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12$\n\x08override\x18\x02 \x01(\x0b\x32\x12.fastlane.v1.Quota\x12\r\n\x05reset\x18\x03 \x01(\x08\";\n\x10GetQuotaResponse\x12\'\n\x05quota\x18\x01 \x01(\x0b\x32\x18.fastlane.v1.QuotaStatus\";\n\x10SetQuotaResponse\x12\'\n\x05quota\x18\x01 \x01(\x0b\x32\x18.fastlane.v1.QuotaStatus\"i\n\x0bQuotaStatus\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12$\n\x08in_force\x18\x02 \x01(\x0b\x32\x12.fastlane.v1.Quota\x12$\n\x08override\x18\x03 \x01(\x0b\x32\x12.fastlane.v1.Quota*_\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x0e\n\nROLE_ADMIN\x10\x01\x12\x0f\n\x0bROLE_CLIENT\x10\x02\x12\x0f\n\x0bROLE_WORKER\x10\x03\x12\x0f\n\x0bROLE_VIEWER\x10\x04\x32\xe2\x03\n\x0c\x41\x64minService\x12M\n\nGetCluster\x12\x1e.fastlane.v1.GetClusterRequest\x1a\x1f.fastlane.v1.GetClusterResponse\x12P\n\x0b\x43reateToken\x12\x1f.fastlane.v1.CreateTokenRequest\x1a .fastlane.v1.CreateTokenResponse\x12M\n\nListTokens\x12\x1e.fastlane.v1.ListTokensRequest\x1a\x1f.fastlane.v1.ListTokensResponse\x12P\n\x0bRevokeToken\x12\x1f.fastlane.v1.RevokeTokenRequest\x1a .fastlane.v1.RevokeTokenResponse\x12G\n\x08GetQuota\x12\x1c.fastlane.v1.GetQuotaRequest\x1a\x1d.fastlane.v1.GetQuotaResponse\x12G\n\x08SetQuota\x12\x1c.fastlane.v1.SetQuotaRequest\x1a\x1d.fastlane.v1.SetQuotaResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fastlane.v1.admin_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_ROLE']._serialized_start=2108
+  _globals['_ROLE']._serialized_end=2203
   _globals['_GETCLUSTERREQUEST']._serialized_start=105
   _globals['_GETCLUSTERREQUEST']._serialized_end=124
-  _globals['_CLUSTERSTATUS']._serialized_start=127
-  _globals['_CLUSTERSTATUS']._serialized_end=319
-  _globals['_WORKERSTATUS']._serialized_start=321
-  _globals['_WORKERSTATUS']._serialized_end=442
-  _globals['_NODESTATUS']._serialized_start=445
-  _globals['_NODESTATUS']._serialized_end=769
-  _globals['_SHARDSTATUS']._serialized_start=771
-  _globals['_SHARDSTATUS']._serialized_end=886
-  _globals['_APITOKEN']._serialized_start=889
-  _globals['_APITOKEN']._serialized_end=1155
-  _globals['_CREATETOKENREQUEST']._serialized_start=1157
-  _globals['_CREATETOKENREQUEST']._serialized_end=1268
-  _globals['_CREATETOKENRESPONSE']._serialized_start=1270
-  _globals['_CREATETOKENRESPONSE']._serialized_end=1345
-  _globals['_LISTTOKENSREQUEST']._serialized_start=1347
-  _globals['_LISTTOKENSREQUEST']._serialized_end=1382
-  _globals['_LISTTOKENSRESPONSE']._serialized_start=1384
-  _globals['_LISTTOKENSRESPONSE']._serialized_end=1443
-  _globals['_REVOKETOKENREQUEST']._serialized_start=1445
-  _globals['_REVOKETOKENREQUEST']._serialized_end=1483
-  _globals['_QUOTA']._serialized_start=1486
-  _globals['_QUOTA']._serialized_end=1649
-  _globals['_GETQUOTAREQUEST']._serialized_start=1651
-  _globals['_GETQUOTAREQUEST']._serialized_end=1684
-  _globals['_SETQUOTAREQUEST']._serialized_start=1686
-  _globals['_SETQUOTAREQUEST']._serialized_end=1772
-  _globals['_QUOTASTATUS']._serialized_start=1774
-  _globals['_QUOTASTATUS']._serialized_end=1879
-  _globals['_ADMINSERVICE']._serialized_start=1882
-  _globals['_ADMINSERVICE']._serialized_end=2338
+  _globals['_GETCLUSTERRESPONSE']._serialized_start=127
+  _globals['_GETCLUSTERRESPONSE']._serialized_end=324
+  _globals['_WORKERSTATUS']._serialized_start=326
+  _globals['_WORKERSTATUS']._serialized_end=447
+  _globals['_NODESTATUS']._serialized_start=450
+  _globals['_NODESTATUS']._serialized_end=774
+  _globals['_SHARDSTATUS']._serialized_start=776
+  _globals['_SHARDSTATUS']._serialized_end=891
+  _globals['_APITOKEN']._serialized_start=894
+  _globals['_APITOKEN']._serialized_end=1179
+  _globals['_CREATETOKENREQUEST']._serialized_start=1182
+  _globals['_CREATETOKENREQUEST']._serialized_end=1312
+  _globals['_CREATETOKENRESPONSE']._serialized_start=1314
+  _globals['_CREATETOKENRESPONSE']._serialized_end=1389
+  _globals['_LISTTOKENSREQUEST']._serialized_start=1391
+  _globals['_LISTTOKENSREQUEST']._serialized_end=1426
+  _globals['_LISTTOKENSRESPONSE']._serialized_start=1428
+  _globals['_LISTTOKENSRESPONSE']._serialized_end=1487
+  _globals['_REVOKETOKENREQUEST']._serialized_start=1489
+  _globals['_REVOKETOKENREQUEST']._serialized_end=1527
+  _globals['_REVOKETOKENRESPONSE']._serialized_start=1529
+  _globals['_REVOKETOKENRESPONSE']._serialized_end=1588
+  _globals['_QUOTA']._serialized_start=1591
+  _globals['_QUOTA']._serialized_end=1754
+  _globals['_GETQUOTAREQUEST']._serialized_start=1756
+  _globals['_GETQUOTAREQUEST']._serialized_end=1789
+  _globals['_SETQUOTAREQUEST']._serialized_start=1791
+  _globals['_SETQUOTAREQUEST']._serialized_end=1877
+  _globals['_GETQUOTARESPONSE']._serialized_start=1879
+  _globals['_GETQUOTARESPONSE']._serialized_end=1938
+  _globals['_SETQUOTARESPONSE']._serialized_start=1940
+  _globals['_SETQUOTARESPONSE']._serialized_end=1999
+  _globals['_QUOTASTATUS']._serialized_start=2001
+  _globals['_QUOTASTATUS']._serialized_end=2106
+  _globals['_ADMINSERVICE']._serialized_start=2206
+  _globals['_ADMINSERVICE']._serialized_end=2688
 # @@protoc_insertion_point(module_scope)

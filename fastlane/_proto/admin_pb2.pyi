@@ -3,6 +3,7 @@ import datetime
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
@@ -10,11 +11,24 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class Role(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ROLE_UNSPECIFIED: _ClassVar[Role]
+    ROLE_ADMIN: _ClassVar[Role]
+    ROLE_CLIENT: _ClassVar[Role]
+    ROLE_WORKER: _ClassVar[Role]
+    ROLE_VIEWER: _ClassVar[Role]
+ROLE_UNSPECIFIED: Role
+ROLE_ADMIN: Role
+ROLE_CLIENT: Role
+ROLE_WORKER: Role
+ROLE_VIEWER: Role
+
 class GetClusterRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
-class ClusterStatus(_message.Message):
+class GetClusterResponse(_message.Message):
     __slots__ = ("database_time", "nodes", "shards", "workers")
     DATABASE_TIME_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
@@ -94,13 +108,13 @@ class ApiToken(_message.Message):
     LAST_USED_AT_FIELD_NUMBER: _ClassVar[int]
     token_id: str
     tenant: str
-    role: str
+    role: Role
     name: str
     created_at: _timestamp_pb2.Timestamp
     expires_at: _timestamp_pb2.Timestamp
     revoked_at: _timestamp_pb2.Timestamp
     last_used_at: _timestamp_pb2.Timestamp
-    def __init__(self, token_id: _Optional[str] = ..., tenant: _Optional[str] = ..., role: _Optional[str] = ..., name: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., revoked_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_used_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    def __init__(self, token_id: _Optional[str] = ..., tenant: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., name: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., revoked_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_used_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class CreateTokenRequest(_message.Message):
     __slots__ = ("tenant", "role", "name", "expires_in")
@@ -109,10 +123,10 @@ class CreateTokenRequest(_message.Message):
     NAME_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_IN_FIELD_NUMBER: _ClassVar[int]
     tenant: str
-    role: str
+    role: Role
     name: str
     expires_in: _duration_pb2.Duration
-    def __init__(self, tenant: _Optional[str] = ..., role: _Optional[str] = ..., name: _Optional[str] = ..., expires_in: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    def __init__(self, tenant: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., name: _Optional[str] = ..., expires_in: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class CreateTokenResponse(_message.Message):
     __slots__ = ("token", "secret")
@@ -140,6 +154,12 @@ class RevokeTokenRequest(_message.Message):
     token_id: str
     def __init__(self, token_id: _Optional[str] = ...) -> None: ...
 
+class RevokeTokenResponse(_message.Message):
+    __slots__ = ("token",)
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    token: ApiToken
+    def __init__(self, token: _Optional[_Union[ApiToken, _Mapping]] = ...) -> None: ...
+
 class Quota(_message.Message):
     __slots__ = ("max_jobs", "job_creations_per_second", "max_waiting_runs")
     MAX_JOBS_FIELD_NUMBER: _ClassVar[int]
@@ -165,6 +185,18 @@ class SetQuotaRequest(_message.Message):
     override: Quota
     reset: bool
     def __init__(self, tenant: _Optional[str] = ..., override: _Optional[_Union[Quota, _Mapping]] = ..., reset: _Optional[bool] = ...) -> None: ...
+
+class GetQuotaResponse(_message.Message):
+    __slots__ = ("quota",)
+    QUOTA_FIELD_NUMBER: _ClassVar[int]
+    quota: QuotaStatus
+    def __init__(self, quota: _Optional[_Union[QuotaStatus, _Mapping]] = ...) -> None: ...
+
+class SetQuotaResponse(_message.Message):
+    __slots__ = ("quota",)
+    QUOTA_FIELD_NUMBER: _ClassVar[int]
+    quota: QuotaStatus
+    def __init__(self, quota: _Optional[_Union[QuotaStatus, _Mapping]] = ...) -> None: ...
 
 class QuotaStatus(_message.Message):
     __slots__ = ("tenant", "in_force", "override")

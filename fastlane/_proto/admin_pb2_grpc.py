@@ -38,7 +38,7 @@ class AdminServiceStub:
         self.GetCluster = channel.unary_unary(
                 '/fastlane.v1.AdminService/GetCluster',
                 request_serializer=fastlane_dot_v1_dot_admin__pb2.GetClusterRequest.SerializeToString,
-                response_deserializer=fastlane_dot_v1_dot_admin__pb2.ClusterStatus.FromString,
+                response_deserializer=fastlane_dot_v1_dot_admin__pb2.GetClusterResponse.FromString,
                 _registered_method=True)
         self.CreateToken = channel.unary_unary(
                 '/fastlane.v1.AdminService/CreateToken',
@@ -53,17 +53,17 @@ class AdminServiceStub:
         self.RevokeToken = channel.unary_unary(
                 '/fastlane.v1.AdminService/RevokeToken',
                 request_serializer=fastlane_dot_v1_dot_admin__pb2.RevokeTokenRequest.SerializeToString,
-                response_deserializer=fastlane_dot_v1_dot_admin__pb2.ApiToken.FromString,
+                response_deserializer=fastlane_dot_v1_dot_admin__pb2.RevokeTokenResponse.FromString,
                 _registered_method=True)
         self.GetQuota = channel.unary_unary(
                 '/fastlane.v1.AdminService/GetQuota',
                 request_serializer=fastlane_dot_v1_dot_admin__pb2.GetQuotaRequest.SerializeToString,
-                response_deserializer=fastlane_dot_v1_dot_admin__pb2.QuotaStatus.FromString,
+                response_deserializer=fastlane_dot_v1_dot_admin__pb2.GetQuotaResponse.FromString,
                 _registered_method=True)
         self.SetQuota = channel.unary_unary(
                 '/fastlane.v1.AdminService/SetQuota',
                 request_serializer=fastlane_dot_v1_dot_admin__pb2.SetQuotaRequest.SerializeToString,
-                response_deserializer=fastlane_dot_v1_dot_admin__pb2.QuotaStatus.FromString,
+                response_deserializer=fastlane_dot_v1_dot_admin__pb2.SetQuotaResponse.FromString,
                 _registered_method=True)
 
 
@@ -126,7 +126,7 @@ def add_AdminServiceServicer_to_server(servicer, server):
             'GetCluster': grpc.unary_unary_rpc_method_handler(
                     servicer.GetCluster,
                     request_deserializer=fastlane_dot_v1_dot_admin__pb2.GetClusterRequest.FromString,
-                    response_serializer=fastlane_dot_v1_dot_admin__pb2.ClusterStatus.SerializeToString,
+                    response_serializer=fastlane_dot_v1_dot_admin__pb2.GetClusterResponse.SerializeToString,
             ),
             'CreateToken': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateToken,
@@ -141,17 +141,17 @@ def add_AdminServiceServicer_to_server(servicer, server):
             'RevokeToken': grpc.unary_unary_rpc_method_handler(
                     servicer.RevokeToken,
                     request_deserializer=fastlane_dot_v1_dot_admin__pb2.RevokeTokenRequest.FromString,
-                    response_serializer=fastlane_dot_v1_dot_admin__pb2.ApiToken.SerializeToString,
+                    response_serializer=fastlane_dot_v1_dot_admin__pb2.RevokeTokenResponse.SerializeToString,
             ),
             'GetQuota': grpc.unary_unary_rpc_method_handler(
                     servicer.GetQuota,
                     request_deserializer=fastlane_dot_v1_dot_admin__pb2.GetQuotaRequest.FromString,
-                    response_serializer=fastlane_dot_v1_dot_admin__pb2.QuotaStatus.SerializeToString,
+                    response_serializer=fastlane_dot_v1_dot_admin__pb2.GetQuotaResponse.SerializeToString,
             ),
             'SetQuota': grpc.unary_unary_rpc_method_handler(
                     servicer.SetQuota,
                     request_deserializer=fastlane_dot_v1_dot_admin__pb2.SetQuotaRequest.FromString,
-                    response_serializer=fastlane_dot_v1_dot_admin__pb2.QuotaStatus.SerializeToString,
+                    response_serializer=fastlane_dot_v1_dot_admin__pb2.SetQuotaResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -181,7 +181,7 @@ class AdminService:
             target,
             '/fastlane.v1.AdminService/GetCluster',
             fastlane_dot_v1_dot_admin__pb2.GetClusterRequest.SerializeToString,
-            fastlane_dot_v1_dot_admin__pb2.ClusterStatus.FromString,
+            fastlane_dot_v1_dot_admin__pb2.GetClusterResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -262,7 +262,7 @@ class AdminService:
             target,
             '/fastlane.v1.AdminService/RevokeToken',
             fastlane_dot_v1_dot_admin__pb2.RevokeTokenRequest.SerializeToString,
-            fastlane_dot_v1_dot_admin__pb2.ApiToken.FromString,
+            fastlane_dot_v1_dot_admin__pb2.RevokeTokenResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -289,7 +289,7 @@ class AdminService:
             target,
             '/fastlane.v1.AdminService/GetQuota',
             fastlane_dot_v1_dot_admin__pb2.GetQuotaRequest.SerializeToString,
-            fastlane_dot_v1_dot_admin__pb2.QuotaStatus.FromString,
+            fastlane_dot_v1_dot_admin__pb2.GetQuotaResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -316,7 +316,7 @@ class AdminService:
             target,
             '/fastlane.v1.AdminService/SetQuota',
             fastlane_dot_v1_dot_admin__pb2.SetQuotaRequest.SerializeToString,
-            fastlane_dot_v1_dot_admin__pb2.QuotaStatus.FromString,
+            fastlane_dot_v1_dot_admin__pb2.SetQuotaResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -26,39 +26,61 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from fastlane._proto import common_pb2 as fastlane_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x66\x61stlane/v1/jobs.proto\x12\x0b\x66\x61stlane.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18\x66\x61stlane/v1/common.proto\"(\n\x06JobRef\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\"6\n\x10\x43reateJobRequest\x12\"\n\x04spec\x18\x01 \x01(\x0b\x32\x14.fastlane.v1.JobSpec\"C\n\x11\x43reateJobResponse\x12\x1d\n\x03job\x18\x01 \x01(\x0b\x32\x10.fastlane.v1.Job\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\xb8\x01\n\x0fListJobsRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x10\n\x08job_type\x18\x03 \x01(\t\x12\x11\n\tpage_size\x18\x04 \x01(\x05\x12\x12\n\npage_token\x18\x05 \x01(\t\x12\x17\n\x0finclude_payload\x18\x06 \x01(\x08\x12\x0c\n\x04name\x18\x07 \x01(\t\x12\x11\n\tid_prefix\x18\x08 \x01(\t\x12\x13\n\x0bname_prefix\x18\t \x01(\t\"K\n\x10ListJobsResponse\x12\x1e\n\x04jobs\x18\x01 \x03(\x0b\x32\x10.fastlane.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"F\n\x10UpdateJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\"\n\x04spec\x18\x02 \x01(\x0b\x32\x14.fastlane.v1.JobSpec\"\x13\n\x11\x44\x65leteJobResponse\"{\n\x16PreviewScheduleRequest\x12\'\n\x08schedule\x18\x01 \x01(\x0b\x32\x15.fastlane.v1.Schedule\x12)\n\x05\x61\x66ter\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x63ount\x18\x03 \x01(\x05\"B\n\x08\x46ireTime\x12\'\n\x03utc\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05local\x18\x02 \x01(\t\"D\n\x17PreviewScheduleResponse\x12)\n\nfire_times\x18\x01 \x03(\x0b\x32\x15.fastlane.v1.FireTime\"Y\n\x10ListAuditRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x13\n\x0btarget_kind\x18\x02 \x01(\t\x12\x11\n\ttarget_id\x18\x03 \x01(\t\x12\r\n\x05limit\x18\x04 \x01(\x05\"\xcf\x01\n\nAuditEvent\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\x03\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12&\n\x02\x61t\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06\x61\x63tion\x18\x04 \x01(\t\x12\x13\n\x0btarget_kind\x18\x05 \x01(\t\x12\x11\n\ttarget_id\x18\x06 \x01(\t\x12\x0e\n\x06job_id\x18\x07 \x01(\t\x12\x10\n\x08token_id\x18\x08 \x01(\t\x12\r\n\x05\x61\x63tor\x18\t \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\n \x01(\t\"<\n\x11ListAuditResponse\x12\'\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x17.fastlane.v1.AuditEvent2\x98\x05\n\nJobService\x12J\n\tCreateJob\x12\x1d.fastlane.v1.CreateJobRequest\x1a\x1e.fastlane.v1.CreateJobResponse\x12/\n\x06GetJob\x12\x13.fastlane.v1.JobRef\x1a\x10.fastlane.v1.Job\x12G\n\x08ListJobs\x12\x1c.fastlane.v1.ListJobsRequest\x1a\x1d.fastlane.v1.ListJobsResponse\x12<\n\tUpdateJob\x12\x1d.fastlane.v1.UpdateJobRequest\x1a\x10.fastlane.v1.Job\x12\x31\n\x08PauseJob\x12\x13.fastlane.v1.JobRef\x1a\x10.fastlane.v1.Job\x12\x32\n\tResumeJob\x12\x13.fastlane.v1.JobRef\x1a\x10.fastlane.v1.Job\x12@\n\tDeleteJob\x12\x13.fastlane.v1.JobRef\x1a\x1e.fastlane.v1.DeleteJobResponse\x12\x33\n\nTriggerJob\x12\x13.fastlane.v1.JobRef\x1a\x10.fastlane.v1.Run\x12\\\n\x0fPreviewSchedule\x12#.fastlane.v1.PreviewScheduleRequest\x1a$.fastlane.v1.PreviewScheduleResponse\x12J\n\tListAudit\x12\x1d.fastlane.v1.ListAuditRequest\x1a\x1e.fastlane.v1.ListAuditResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x66\x61stlane/v1/jobs.proto\x12\x0b\x66\x61stlane.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18\x66\x61stlane/v1/common.proto\"/\n\rGetJobRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\"/\n\x0eGetJobResponse\x12\x1d\n\x03job\x18\x01 \x01(\x0b\x32\x10.fastlane.v1.Job\"6\n\x10\x43reateJobRequest\x12\"\n\x04spec\x18\x01 \x01(\x0b\x32\x14.fastlane.v1.JobSpec\"C\n\x11\x43reateJobResponse\x12\x1d\n\x03job\x18\x01 \x01(\x0b\x32\x10.fastlane.v1.Job\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\xcf\x01\n\x0fListJobsRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12$\n\x05state\x18\x02 \x01(\x0e\x32\x15.fastlane.v1.JobState\x12\x10\n\x08job_type\x18\x03 \x01(\t\x12\x11\n\tpage_size\x18\x04 \x01(\x05\x12\x12\n\npage_token\x18\x05 \x01(\t\x12\x17\n\x0finclude_payload\x18\x06 \x01(\x08\x12\x0c\n\x04name\x18\x07 \x01(\t\x12\x11\n\tid_prefix\x18\x08 \x01(\t\x12\x13\n\x0bname_prefix\x18\t \x01(\t\"K\n\x10ListJobsResponse\x12\x1e\n\x04jobs\x18\x01 \x03(\x0b\x32\x10.fastlane.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"F\n\x10UpdateJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\"\n\x04spec\x18\x02 \x01(\x0b\x32\x14.fastlane.v1.JobSpec\"2\n\x11UpdateJobResponse\x12\x1d\n\x03job\x18\x01 \x01(\x0b\x32\x10.fastlane.v1.Job\"1\n\x0fPauseJobRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\"1\n\x10PauseJobResponse\x12\x1d\n\x03job\x18\x01 \x01(\x0b\x32\x10.fastlane.v1.Job\"2\n\x10ResumeJobRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\"2\n\x11ResumeJobResponse\x12\x1d\n\x03job\x18\x01 \x01(\x0b\x32\x10.fastlane.v1.Job\"2\n\x10\x44\x65leteJobRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\"\x13\n\x11\x44\x65leteJobResponse\"3\n\x11TriggerJobRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\"3\n\x12TriggerJobResponse\x12\x1d\n\x03run\x18\x01 \x01(\x0b\x32\x10.fastlane.v1.Run\"{\n\x16PreviewScheduleRequest\x12\'\n\x08schedule\x18\x01 \x01(\x0b\x32\x15.fastlane.v1.Schedule\x12)\n\x05\x61\x66ter\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x63ount\x18\x03 \x01(\x05\"B\n\x08\x46ireTime\x12\'\n\x03utc\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05local\x18\x02 \x01(\t\"D\n\x17PreviewScheduleResponse\x12)\n\nfire_times\x18\x01 \x03(\x0b\x32\x15.fastlane.v1.FireTime\"s\n\x10ListAuditRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12-\n\x0btarget_kind\x18\x02 \x01(\x0e\x32\x18.fastlane.v1.AuditTarget\x12\x11\n\ttarget_id\x18\x03 \x01(\t\x12\r\n\x05limit\x18\x04 \x01(\x05\"\x83\x02\n\nAuditEvent\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\x03\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12&\n\x02\x61t\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12(\n\x06\x61\x63tion\x18\x04 \x01(\x0e\x32\x18.fastlane.v1.AuditAction\x12-\n\x0btarget_kind\x18\x05 \x01(\x0e\x32\x18.fastlane.v1.AuditTarget\x12\x11\n\ttarget_id\x18\x06 \x01(\t\x12\x0e\n\x06job_id\x18\x07 \x01(\t\x12\x10\n\x08token_id\x18\x08 \x01(\t\x12\r\n\x05\x61\x63tor\x18\t \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\n \x01(\t\"<\n\x11ListAuditResponse\x12\'\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x17.fastlane.v1.AuditEvent*W\n\x0b\x41uditTarget\x12\x1c\n\x18\x41UDIT_TARGET_UNSPECIFIED\x10\x00\x12\x14\n\x10\x41UDIT_TARGET_JOB\x10\x01\x12\x14\n\x10\x41UDIT_TARGET_RUN\x10\x02*\xfe\x01\n\x0b\x41uditAction\x12\x1c\n\x18\x41UDIT_ACTION_UNSPECIFIED\x10\x00\x12\x18\n\x14\x41UDIT_ACTION_CREATED\x10\x01\x12\x18\n\x14\x41UDIT_ACTION_UPDATED\x10\x02\x12\x17\n\x13\x41UDIT_ACTION_PAUSED\x10\x03\x12\x18\n\x14\x41UDIT_ACTION_RESUMED\x10\x04\x12\x18\n\x14\x41UDIT_ACTION_DELETED\x10\x05\x12\x1a\n\x16\x41UDIT_ACTION_TRIGGERED\x10\x06\x12\x1a\n\x16\x41UDIT_ACTION_CANCELLED\x10\x07\x12\x18\n\x14\x41UDIT_ACTION_RETRIED\x10\x08\x32\x8a\x06\n\nJobService\x12J\n\tCreateJob\x12\x1d.fastlane.v1.CreateJobRequest\x1a\x1e.fastlane.v1.CreateJobResponse\x12\x41\n\x06GetJob\x12\x1a.fastlane.v1.GetJobRequest\x1a\x1b.fastlane.v1.GetJobResponse\x12G\n\x08ListJobs\x12\x1c.fastlane.v1.ListJobsRequest\x1a\x1d.fastlane.v1.ListJobsResponse\x12J\n\tUpdateJob\x12\x1d.fastlane.v1.UpdateJobRequest\x1a\x1e.fastlane.v1.UpdateJobResponse\x12G\n\x08PauseJob\x12\x1c.fastlane.v1.PauseJobRequest\x1a\x1d.fastlane.v1.PauseJobResponse\x12J\n\tResumeJob\x12\x1d.fastlane.v1.ResumeJobRequest\x1a\x1e.fastlane.v1.ResumeJobResponse\x12J\n\tDeleteJob\x12\x1d.fastlane.v1.DeleteJobRequest\x1a\x1e.fastlane.v1.DeleteJobResponse\x12M\n\nTriggerJob\x12\x1e.fastlane.v1.TriggerJobRequest\x1a\x1f.fastlane.v1.TriggerJobResponse\x12\\\n\x0fPreviewSchedule\x12#.fastlane.v1.PreviewScheduleRequest\x1a$.fastlane.v1.PreviewScheduleResponse\x12J\n\tListAudit\x12\x1d.fastlane.v1.ListAuditRequest\x1a\x1e.fastlane.v1.ListAuditResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fastlane.v1.jobs_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_JOBREF']._serialized_start=98
-  _globals['_JOBREF']._serialized_end=138
-  _globals['_CREATEJOBREQUEST']._serialized_start=140
-  _globals['_CREATEJOBREQUEST']._serialized_end=194
-  _globals['_CREATEJOBRESPONSE']._serialized_start=196
-  _globals['_CREATEJOBRESPONSE']._serialized_end=263
-  _globals['_LISTJOBSREQUEST']._serialized_start=266
-  _globals['_LISTJOBSREQUEST']._serialized_end=450
-  _globals['_LISTJOBSRESPONSE']._serialized_start=452
-  _globals['_LISTJOBSRESPONSE']._serialized_end=527
-  _globals['_UPDATEJOBREQUEST']._serialized_start=529
-  _globals['_UPDATEJOBREQUEST']._serialized_end=599
-  _globals['_DELETEJOBRESPONSE']._serialized_start=601
-  _globals['_DELETEJOBRESPONSE']._serialized_end=620
-  _globals['_PREVIEWSCHEDULEREQUEST']._serialized_start=622
-  _globals['_PREVIEWSCHEDULEREQUEST']._serialized_end=745
-  _globals['_FIRETIME']._serialized_start=747
-  _globals['_FIRETIME']._serialized_end=813
-  _globals['_PREVIEWSCHEDULERESPONSE']._serialized_start=815
-  _globals['_PREVIEWSCHEDULERESPONSE']._serialized_end=883
-  _globals['_LISTAUDITREQUEST']._serialized_start=885
-  _globals['_LISTAUDITREQUEST']._serialized_end=974
-  _globals['_AUDITEVENT']._serialized_start=977
-  _globals['_AUDITEVENT']._serialized_end=1184
-  _globals['_LISTAUDITRESPONSE']._serialized_start=1186
-  _globals['_LISTAUDITRESPONSE']._serialized_end=1246
-  _globals['_JOBSERVICE']._serialized_start=1249
-  _globals['_JOBSERVICE']._serialized_end=1913
+  _globals['_AUDITTARGET']._serialized_start=1821
+  _globals['_AUDITTARGET']._serialized_end=1908
+  _globals['_AUDITACTION']._serialized_start=1911
+  _globals['_AUDITACTION']._serialized_end=2165
+  _globals['_GETJOBREQUEST']._serialized_start=98
+  _globals['_GETJOBREQUEST']._serialized_end=145
+  _globals['_GETJOBRESPONSE']._serialized_start=147
+  _globals['_GETJOBRESPONSE']._serialized_end=194
+  _globals['_CREATEJOBREQUEST']._serialized_start=196
+  _globals['_CREATEJOBREQUEST']._serialized_end=250
+  _globals['_CREATEJOBRESPONSE']._serialized_start=252
+  _globals['_CREATEJOBRESPONSE']._serialized_end=319
+  _globals['_LISTJOBSREQUEST']._serialized_start=322
+  _globals['_LISTJOBSREQUEST']._serialized_end=529
+  _globals['_LISTJOBSRESPONSE']._serialized_start=531
+  _globals['_LISTJOBSRESPONSE']._serialized_end=606
+  _globals['_UPDATEJOBREQUEST']._serialized_start=608
+  _globals['_UPDATEJOBREQUEST']._serialized_end=678
+  _globals['_UPDATEJOBRESPONSE']._serialized_start=680
+  _globals['_UPDATEJOBRESPONSE']._serialized_end=730
+  _globals['_PAUSEJOBREQUEST']._serialized_start=732
+  _globals['_PAUSEJOBREQUEST']._serialized_end=781
+  _globals['_PAUSEJOBRESPONSE']._serialized_start=783
+  _globals['_PAUSEJOBRESPONSE']._serialized_end=832
+  _globals['_RESUMEJOBREQUEST']._serialized_start=834
+  _globals['_RESUMEJOBREQUEST']._serialized_end=884
+  _globals['_RESUMEJOBRESPONSE']._serialized_start=886
+  _globals['_RESUMEJOBRESPONSE']._serialized_end=936
+  _globals['_DELETEJOBREQUEST']._serialized_start=938
+  _globals['_DELETEJOBREQUEST']._serialized_end=988
+  _globals['_DELETEJOBRESPONSE']._serialized_start=990
+  _globals['_DELETEJOBRESPONSE']._serialized_end=1009
+  _globals['_TRIGGERJOBREQUEST']._serialized_start=1011
+  _globals['_TRIGGERJOBREQUEST']._serialized_end=1062
+  _globals['_TRIGGERJOBRESPONSE']._serialized_start=1064
+  _globals['_TRIGGERJOBRESPONSE']._serialized_end=1115
+  _globals['_PREVIEWSCHEDULEREQUEST']._serialized_start=1117
+  _globals['_PREVIEWSCHEDULEREQUEST']._serialized_end=1240
+  _globals['_FIRETIME']._serialized_start=1242
+  _globals['_FIRETIME']._serialized_end=1308
+  _globals['_PREVIEWSCHEDULERESPONSE']._serialized_start=1310
+  _globals['_PREVIEWSCHEDULERESPONSE']._serialized_end=1378
+  _globals['_LISTAUDITREQUEST']._serialized_start=1380
+  _globals['_LISTAUDITREQUEST']._serialized_end=1495
+  _globals['_AUDITEVENT']._serialized_start=1498
+  _globals['_AUDITEVENT']._serialized_end=1757
+  _globals['_LISTAUDITRESPONSE']._serialized_start=1759
+  _globals['_LISTAUDITRESPONSE']._serialized_end=1819
+  _globals['_JOBSERVICE']._serialized_start=2168
+  _globals['_JOBSERVICE']._serialized_end=2946
 # @@protoc_insertion_point(module_scope)

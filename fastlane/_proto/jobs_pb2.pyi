@@ -3,6 +3,7 @@ import datetime
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from fastlane._proto import common_pb2 as _common_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
@@ -10,13 +11,49 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
-class JobRef(_message.Message):
+class AuditTarget(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    AUDIT_TARGET_UNSPECIFIED: _ClassVar[AuditTarget]
+    AUDIT_TARGET_JOB: _ClassVar[AuditTarget]
+    AUDIT_TARGET_RUN: _ClassVar[AuditTarget]
+
+class AuditAction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    AUDIT_ACTION_UNSPECIFIED: _ClassVar[AuditAction]
+    AUDIT_ACTION_CREATED: _ClassVar[AuditAction]
+    AUDIT_ACTION_UPDATED: _ClassVar[AuditAction]
+    AUDIT_ACTION_PAUSED: _ClassVar[AuditAction]
+    AUDIT_ACTION_RESUMED: _ClassVar[AuditAction]
+    AUDIT_ACTION_DELETED: _ClassVar[AuditAction]
+    AUDIT_ACTION_TRIGGERED: _ClassVar[AuditAction]
+    AUDIT_ACTION_CANCELLED: _ClassVar[AuditAction]
+    AUDIT_ACTION_RETRIED: _ClassVar[AuditAction]
+AUDIT_TARGET_UNSPECIFIED: AuditTarget
+AUDIT_TARGET_JOB: AuditTarget
+AUDIT_TARGET_RUN: AuditTarget
+AUDIT_ACTION_UNSPECIFIED: AuditAction
+AUDIT_ACTION_CREATED: AuditAction
+AUDIT_ACTION_UPDATED: AuditAction
+AUDIT_ACTION_PAUSED: AuditAction
+AUDIT_ACTION_RESUMED: AuditAction
+AUDIT_ACTION_DELETED: AuditAction
+AUDIT_ACTION_TRIGGERED: AuditAction
+AUDIT_ACTION_CANCELLED: AuditAction
+AUDIT_ACTION_RETRIED: AuditAction
+
+class GetJobRequest(_message.Message):
     __slots__ = ("tenant", "job_id")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     job_id: str
     def __init__(self, tenant: _Optional[str] = ..., job_id: _Optional[str] = ...) -> None: ...
+
+class GetJobResponse(_message.Message):
+    __slots__ = ("job",)
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    job: _common_pb2.Job
+    def __init__(self, job: _Optional[_Union[_common_pb2.Job, _Mapping]] = ...) -> None: ...
 
 class CreateJobRequest(_message.Message):
     __slots__ = ("spec",)
@@ -44,7 +81,7 @@ class ListJobsRequest(_message.Message):
     ID_PREFIX_FIELD_NUMBER: _ClassVar[int]
     NAME_PREFIX_FIELD_NUMBER: _ClassVar[int]
     tenant: str
-    state: str
+    state: _common_pb2.JobState
     job_type: str
     page_size: int
     page_token: str
@@ -52,7 +89,7 @@ class ListJobsRequest(_message.Message):
     name: str
     id_prefix: str
     name_prefix: str
-    def __init__(self, tenant: _Optional[str] = ..., state: _Optional[str] = ..., job_type: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., include_payload: _Optional[bool] = ..., name: _Optional[str] = ..., id_prefix: _Optional[str] = ..., name_prefix: _Optional[str] = ...) -> None: ...
+    def __init__(self, tenant: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.JobState, str]] = ..., job_type: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., include_payload: _Optional[bool] = ..., name: _Optional[str] = ..., id_prefix: _Optional[str] = ..., name_prefix: _Optional[str] = ...) -> None: ...
 
 class ListJobsResponse(_message.Message):
     __slots__ = ("jobs", "next_page_token")
@@ -70,9 +107,65 @@ class UpdateJobRequest(_message.Message):
     spec: _common_pb2.JobSpec
     def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ...) -> None: ...
 
+class UpdateJobResponse(_message.Message):
+    __slots__ = ("job",)
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    job: _common_pb2.Job
+    def __init__(self, job: _Optional[_Union[_common_pb2.Job, _Mapping]] = ...) -> None: ...
+
+class PauseJobRequest(_message.Message):
+    __slots__ = ("tenant", "job_id")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    job_id: str
+    def __init__(self, tenant: _Optional[str] = ..., job_id: _Optional[str] = ...) -> None: ...
+
+class PauseJobResponse(_message.Message):
+    __slots__ = ("job",)
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    job: _common_pb2.Job
+    def __init__(self, job: _Optional[_Union[_common_pb2.Job, _Mapping]] = ...) -> None: ...
+
+class ResumeJobRequest(_message.Message):
+    __slots__ = ("tenant", "job_id")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    job_id: str
+    def __init__(self, tenant: _Optional[str] = ..., job_id: _Optional[str] = ...) -> None: ...
+
+class ResumeJobResponse(_message.Message):
+    __slots__ = ("job",)
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    job: _common_pb2.Job
+    def __init__(self, job: _Optional[_Union[_common_pb2.Job, _Mapping]] = ...) -> None: ...
+
+class DeleteJobRequest(_message.Message):
+    __slots__ = ("tenant", "job_id")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    job_id: str
+    def __init__(self, tenant: _Optional[str] = ..., job_id: _Optional[str] = ...) -> None: ...
+
 class DeleteJobResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class TriggerJobRequest(_message.Message):
+    __slots__ = ("tenant", "job_id")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    job_id: str
+    def __init__(self, tenant: _Optional[str] = ..., job_id: _Optional[str] = ...) -> None: ...
+
+class TriggerJobResponse(_message.Message):
+    __slots__ = ("run",)
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    run: _common_pb2.Run
+    def __init__(self, run: _Optional[_Union[_common_pb2.Run, _Mapping]] = ...) -> None: ...
 
 class PreviewScheduleRequest(_message.Message):
     __slots__ = ("schedule", "after", "count")
@@ -105,10 +198,10 @@ class ListAuditRequest(_message.Message):
     TARGET_ID_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     tenant: str
-    target_kind: str
+    target_kind: AuditTarget
     target_id: str
     limit: int
-    def __init__(self, tenant: _Optional[str] = ..., target_kind: _Optional[str] = ..., target_id: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+    def __init__(self, tenant: _Optional[str] = ..., target_kind: _Optional[_Union[AuditTarget, str]] = ..., target_id: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
 
 class AuditEvent(_message.Message):
     __slots__ = ("event_id", "tenant", "at", "action", "target_kind", "target_id", "job_id", "token_id", "actor", "detail")
@@ -125,14 +218,14 @@ class AuditEvent(_message.Message):
     event_id: int
     tenant: str
     at: _timestamp_pb2.Timestamp
-    action: str
-    target_kind: str
+    action: AuditAction
+    target_kind: AuditTarget
     target_id: str
     job_id: str
     token_id: str
     actor: str
     detail: str
-    def __init__(self, event_id: _Optional[int] = ..., tenant: _Optional[str] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., action: _Optional[str] = ..., target_kind: _Optional[str] = ..., target_id: _Optional[str] = ..., job_id: _Optional[str] = ..., token_id: _Optional[str] = ..., actor: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
+    def __init__(self, event_id: _Optional[int] = ..., tenant: _Optional[str] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., action: _Optional[_Union[AuditAction, str]] = ..., target_kind: _Optional[_Union[AuditTarget, str]] = ..., target_id: _Optional[str] = ..., job_id: _Optional[str] = ..., token_id: _Optional[str] = ..., actor: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class ListAuditResponse(_message.Message):
     __slots__ = ("events",)

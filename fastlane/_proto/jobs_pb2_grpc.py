@@ -3,7 +3,6 @@
 import grpc
 import warnings
 
-from fastlane._proto import common_pb2 as fastlane_dot_v1_dot_common__pb2
 from fastlane._proto import jobs_pb2 as fastlane_dot_v1_dot_jobs__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -43,8 +42,8 @@ class JobServiceStub:
                 _registered_method=True)
         self.GetJob = channel.unary_unary(
                 '/fastlane.v1.JobService/GetJob',
-                request_serializer=fastlane_dot_v1_dot_jobs__pb2.JobRef.SerializeToString,
-                response_deserializer=fastlane_dot_v1_dot_common__pb2.Job.FromString,
+                request_serializer=fastlane_dot_v1_dot_jobs__pb2.GetJobRequest.SerializeToString,
+                response_deserializer=fastlane_dot_v1_dot_jobs__pb2.GetJobResponse.FromString,
                 _registered_method=True)
         self.ListJobs = channel.unary_unary(
                 '/fastlane.v1.JobService/ListJobs',
@@ -54,27 +53,27 @@ class JobServiceStub:
         self.UpdateJob = channel.unary_unary(
                 '/fastlane.v1.JobService/UpdateJob',
                 request_serializer=fastlane_dot_v1_dot_jobs__pb2.UpdateJobRequest.SerializeToString,
-                response_deserializer=fastlane_dot_v1_dot_common__pb2.Job.FromString,
+                response_deserializer=fastlane_dot_v1_dot_jobs__pb2.UpdateJobResponse.FromString,
                 _registered_method=True)
         self.PauseJob = channel.unary_unary(
                 '/fastlane.v1.JobService/PauseJob',
-                request_serializer=fastlane_dot_v1_dot_jobs__pb2.JobRef.SerializeToString,
-                response_deserializer=fastlane_dot_v1_dot_common__pb2.Job.FromString,
+                request_serializer=fastlane_dot_v1_dot_jobs__pb2.PauseJobRequest.SerializeToString,
+                response_deserializer=fastlane_dot_v1_dot_jobs__pb2.PauseJobResponse.FromString,
                 _registered_method=True)
         self.ResumeJob = channel.unary_unary(
                 '/fastlane.v1.JobService/ResumeJob',
-                request_serializer=fastlane_dot_v1_dot_jobs__pb2.JobRef.SerializeToString,
-                response_deserializer=fastlane_dot_v1_dot_common__pb2.Job.FromString,
+                request_serializer=fastlane_dot_v1_dot_jobs__pb2.ResumeJobRequest.SerializeToString,
+                response_deserializer=fastlane_dot_v1_dot_jobs__pb2.ResumeJobResponse.FromString,
                 _registered_method=True)
         self.DeleteJob = channel.unary_unary(
                 '/fastlane.v1.JobService/DeleteJob',
-                request_serializer=fastlane_dot_v1_dot_jobs__pb2.JobRef.SerializeToString,
+                request_serializer=fastlane_dot_v1_dot_jobs__pb2.DeleteJobRequest.SerializeToString,
                 response_deserializer=fastlane_dot_v1_dot_jobs__pb2.DeleteJobResponse.FromString,
                 _registered_method=True)
         self.TriggerJob = channel.unary_unary(
                 '/fastlane.v1.JobService/TriggerJob',
-                request_serializer=fastlane_dot_v1_dot_jobs__pb2.JobRef.SerializeToString,
-                response_deserializer=fastlane_dot_v1_dot_common__pb2.Run.FromString,
+                request_serializer=fastlane_dot_v1_dot_jobs__pb2.TriggerJobRequest.SerializeToString,
+                response_deserializer=fastlane_dot_v1_dot_jobs__pb2.TriggerJobResponse.FromString,
                 _registered_method=True)
         self.PreviewSchedule = channel.unary_unary(
                 '/fastlane.v1.JobService/PreviewSchedule',
@@ -177,8 +176,8 @@ def add_JobServiceServicer_to_server(servicer, server):
             ),
             'GetJob': grpc.unary_unary_rpc_method_handler(
                     servicer.GetJob,
-                    request_deserializer=fastlane_dot_v1_dot_jobs__pb2.JobRef.FromString,
-                    response_serializer=fastlane_dot_v1_dot_common__pb2.Job.SerializeToString,
+                    request_deserializer=fastlane_dot_v1_dot_jobs__pb2.GetJobRequest.FromString,
+                    response_serializer=fastlane_dot_v1_dot_jobs__pb2.GetJobResponse.SerializeToString,
             ),
             'ListJobs': grpc.unary_unary_rpc_method_handler(
                     servicer.ListJobs,
@@ -188,27 +187,27 @@ def add_JobServiceServicer_to_server(servicer, server):
             'UpdateJob': grpc.unary_unary_rpc_method_handler(
                     servicer.UpdateJob,
                     request_deserializer=fastlane_dot_v1_dot_jobs__pb2.UpdateJobRequest.FromString,
-                    response_serializer=fastlane_dot_v1_dot_common__pb2.Job.SerializeToString,
+                    response_serializer=fastlane_dot_v1_dot_jobs__pb2.UpdateJobResponse.SerializeToString,
             ),
             'PauseJob': grpc.unary_unary_rpc_method_handler(
                     servicer.PauseJob,
-                    request_deserializer=fastlane_dot_v1_dot_jobs__pb2.JobRef.FromString,
-                    response_serializer=fastlane_dot_v1_dot_common__pb2.Job.SerializeToString,
+                    request_deserializer=fastlane_dot_v1_dot_jobs__pb2.PauseJobRequest.FromString,
+                    response_serializer=fastlane_dot_v1_dot_jobs__pb2.PauseJobResponse.SerializeToString,
             ),
             'ResumeJob': grpc.unary_unary_rpc_method_handler(
                     servicer.ResumeJob,
-                    request_deserializer=fastlane_dot_v1_dot_jobs__pb2.JobRef.FromString,
-                    response_serializer=fastlane_dot_v1_dot_common__pb2.Job.SerializeToString,
+                    request_deserializer=fastlane_dot_v1_dot_jobs__pb2.ResumeJobRequest.FromString,
+                    response_serializer=fastlane_dot_v1_dot_jobs__pb2.ResumeJobResponse.SerializeToString,
             ),
             'DeleteJob': grpc.unary_unary_rpc_method_handler(
                     servicer.DeleteJob,
-                    request_deserializer=fastlane_dot_v1_dot_jobs__pb2.JobRef.FromString,
+                    request_deserializer=fastlane_dot_v1_dot_jobs__pb2.DeleteJobRequest.FromString,
                     response_serializer=fastlane_dot_v1_dot_jobs__pb2.DeleteJobResponse.SerializeToString,
             ),
             'TriggerJob': grpc.unary_unary_rpc_method_handler(
                     servicer.TriggerJob,
-                    request_deserializer=fastlane_dot_v1_dot_jobs__pb2.JobRef.FromString,
-                    response_serializer=fastlane_dot_v1_dot_common__pb2.Run.SerializeToString,
+                    request_deserializer=fastlane_dot_v1_dot_jobs__pb2.TriggerJobRequest.FromString,
+                    response_serializer=fastlane_dot_v1_dot_jobs__pb2.TriggerJobResponse.SerializeToString,
             ),
             'PreviewSchedule': grpc.unary_unary_rpc_method_handler(
                     servicer.PreviewSchedule,
@@ -274,8 +273,8 @@ class JobService:
             request,
             target,
             '/fastlane.v1.JobService/GetJob',
-            fastlane_dot_v1_dot_jobs__pb2.JobRef.SerializeToString,
-            fastlane_dot_v1_dot_common__pb2.Job.FromString,
+            fastlane_dot_v1_dot_jobs__pb2.GetJobRequest.SerializeToString,
+            fastlane_dot_v1_dot_jobs__pb2.GetJobResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -329,7 +328,7 @@ class JobService:
             target,
             '/fastlane.v1.JobService/UpdateJob',
             fastlane_dot_v1_dot_jobs__pb2.UpdateJobRequest.SerializeToString,
-            fastlane_dot_v1_dot_common__pb2.Job.FromString,
+            fastlane_dot_v1_dot_jobs__pb2.UpdateJobResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -355,8 +354,8 @@ class JobService:
             request,
             target,
             '/fastlane.v1.JobService/PauseJob',
-            fastlane_dot_v1_dot_jobs__pb2.JobRef.SerializeToString,
-            fastlane_dot_v1_dot_common__pb2.Job.FromString,
+            fastlane_dot_v1_dot_jobs__pb2.PauseJobRequest.SerializeToString,
+            fastlane_dot_v1_dot_jobs__pb2.PauseJobResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -382,8 +381,8 @@ class JobService:
             request,
             target,
             '/fastlane.v1.JobService/ResumeJob',
-            fastlane_dot_v1_dot_jobs__pb2.JobRef.SerializeToString,
-            fastlane_dot_v1_dot_common__pb2.Job.FromString,
+            fastlane_dot_v1_dot_jobs__pb2.ResumeJobRequest.SerializeToString,
+            fastlane_dot_v1_dot_jobs__pb2.ResumeJobResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -409,7 +408,7 @@ class JobService:
             request,
             target,
             '/fastlane.v1.JobService/DeleteJob',
-            fastlane_dot_v1_dot_jobs__pb2.JobRef.SerializeToString,
+            fastlane_dot_v1_dot_jobs__pb2.DeleteJobRequest.SerializeToString,
             fastlane_dot_v1_dot_jobs__pb2.DeleteJobResponse.FromString,
             options,
             channel_credentials,
@@ -436,8 +435,8 @@ class JobService:
             request,
             target,
             '/fastlane.v1.JobService/TriggerJob',
-            fastlane_dot_v1_dot_jobs__pb2.JobRef.SerializeToString,
-            fastlane_dot_v1_dot_common__pb2.Run.FromString,
+            fastlane_dot_v1_dot_jobs__pb2.TriggerJobRequest.SerializeToString,
+            fastlane_dot_v1_dot_jobs__pb2.TriggerJobResponse.FromString,
             options,
             channel_credentials,
             insecure,

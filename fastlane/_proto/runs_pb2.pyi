@@ -10,13 +10,41 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
-class RunRef(_message.Message):
+class GetRunRequest(_message.Message):
     __slots__ = ("tenant", "run_id")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     run_id: str
     def __init__(self, tenant: _Optional[str] = ..., run_id: _Optional[str] = ...) -> None: ...
+
+class CancelRunRequest(_message.Message):
+    __slots__ = ("tenant", "run_id")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    run_id: str
+    def __init__(self, tenant: _Optional[str] = ..., run_id: _Optional[str] = ...) -> None: ...
+
+class CancelRunResponse(_message.Message):
+    __slots__ = ("run",)
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    run: _common_pb2.Run
+    def __init__(self, run: _Optional[_Union[_common_pb2.Run, _Mapping]] = ...) -> None: ...
+
+class RetryRunRequest(_message.Message):
+    __slots__ = ("tenant", "run_id")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    run_id: str
+    def __init__(self, tenant: _Optional[str] = ..., run_id: _Optional[str] = ...) -> None: ...
+
+class RetryRunResponse(_message.Message):
+    __slots__ = ("run",)
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    run: _common_pb2.Run
+    def __init__(self, run: _Optional[_Union[_common_pb2.Run, _Mapping]] = ...) -> None: ...
 
 class ListRunsRequest(_message.Message):
     __slots__ = ("tenant", "job_id", "states", "page_size", "page_token", "id_prefix", "scheduled_from", "scheduled_before")
@@ -30,13 +58,13 @@ class ListRunsRequest(_message.Message):
     SCHEDULED_BEFORE_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     job_id: str
-    states: _containers.RepeatedScalarFieldContainer[str]
+    states: _containers.RepeatedScalarFieldContainer[_common_pb2.RunState]
     page_size: int
     page_token: str
     id_prefix: str
     scheduled_from: _timestamp_pb2.Timestamp
     scheduled_before: _timestamp_pb2.Timestamp
-    def __init__(self, tenant: _Optional[str] = ..., job_id: _Optional[str] = ..., states: _Optional[_Iterable[str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., id_prefix: _Optional[str] = ..., scheduled_from: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., scheduled_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    def __init__(self, tenant: _Optional[str] = ..., job_id: _Optional[str] = ..., states: _Optional[_Iterable[_Union[_common_pb2.RunState, str]]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., id_prefix: _Optional[str] = ..., scheduled_from: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., scheduled_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class ListRunsResponse(_message.Message):
     __slots__ = ("runs", "next_page_token")
@@ -46,7 +74,7 @@ class ListRunsResponse(_message.Message):
     next_page_token: str
     def __init__(self, runs: _Optional[_Iterable[_Union[_common_pb2.Run, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
-class RunDetail(_message.Message):
+class GetRunResponse(_message.Message):
     __slots__ = ("run", "attempts", "checkpoint")
     RUN_FIELD_NUMBER: _ClassVar[int]
     ATTEMPTS_FIELD_NUMBER: _ClassVar[int]

@@ -3,7 +3,6 @@
 import grpc
 import warnings
 
-from fastlane._proto import common_pb2 as fastlane_dot_v1_dot_common__pb2
 from fastlane._proto import runs_pb2 as fastlane_dot_v1_dot_runs__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -43,18 +42,18 @@ class RunServiceStub:
                 _registered_method=True)
         self.GetRun = channel.unary_unary(
                 '/fastlane.v1.RunService/GetRun',
-                request_serializer=fastlane_dot_v1_dot_runs__pb2.RunRef.SerializeToString,
-                response_deserializer=fastlane_dot_v1_dot_runs__pb2.RunDetail.FromString,
+                request_serializer=fastlane_dot_v1_dot_runs__pb2.GetRunRequest.SerializeToString,
+                response_deserializer=fastlane_dot_v1_dot_runs__pb2.GetRunResponse.FromString,
                 _registered_method=True)
         self.CancelRun = channel.unary_unary(
                 '/fastlane.v1.RunService/CancelRun',
-                request_serializer=fastlane_dot_v1_dot_runs__pb2.RunRef.SerializeToString,
-                response_deserializer=fastlane_dot_v1_dot_common__pb2.Run.FromString,
+                request_serializer=fastlane_dot_v1_dot_runs__pb2.CancelRunRequest.SerializeToString,
+                response_deserializer=fastlane_dot_v1_dot_runs__pb2.CancelRunResponse.FromString,
                 _registered_method=True)
         self.RetryRun = channel.unary_unary(
                 '/fastlane.v1.RunService/RetryRun',
-                request_serializer=fastlane_dot_v1_dot_runs__pb2.RunRef.SerializeToString,
-                response_deserializer=fastlane_dot_v1_dot_common__pb2.Run.FromString,
+                request_serializer=fastlane_dot_v1_dot_runs__pb2.RetryRunRequest.SerializeToString,
+                response_deserializer=fastlane_dot_v1_dot_runs__pb2.RetryRunResponse.FromString,
                 _registered_method=True)
 
 
@@ -100,18 +99,18 @@ def add_RunServiceServicer_to_server(servicer, server):
             ),
             'GetRun': grpc.unary_unary_rpc_method_handler(
                     servicer.GetRun,
-                    request_deserializer=fastlane_dot_v1_dot_runs__pb2.RunRef.FromString,
-                    response_serializer=fastlane_dot_v1_dot_runs__pb2.RunDetail.SerializeToString,
+                    request_deserializer=fastlane_dot_v1_dot_runs__pb2.GetRunRequest.FromString,
+                    response_serializer=fastlane_dot_v1_dot_runs__pb2.GetRunResponse.SerializeToString,
             ),
             'CancelRun': grpc.unary_unary_rpc_method_handler(
                     servicer.CancelRun,
-                    request_deserializer=fastlane_dot_v1_dot_runs__pb2.RunRef.FromString,
-                    response_serializer=fastlane_dot_v1_dot_common__pb2.Run.SerializeToString,
+                    request_deserializer=fastlane_dot_v1_dot_runs__pb2.CancelRunRequest.FromString,
+                    response_serializer=fastlane_dot_v1_dot_runs__pb2.CancelRunResponse.SerializeToString,
             ),
             'RetryRun': grpc.unary_unary_rpc_method_handler(
                     servicer.RetryRun,
-                    request_deserializer=fastlane_dot_v1_dot_runs__pb2.RunRef.FromString,
-                    response_serializer=fastlane_dot_v1_dot_common__pb2.Run.SerializeToString,
+                    request_deserializer=fastlane_dot_v1_dot_runs__pb2.RetryRunRequest.FromString,
+                    response_serializer=fastlane_dot_v1_dot_runs__pb2.RetryRunResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -167,8 +166,8 @@ class RunService:
             request,
             target,
             '/fastlane.v1.RunService/GetRun',
-            fastlane_dot_v1_dot_runs__pb2.RunRef.SerializeToString,
-            fastlane_dot_v1_dot_runs__pb2.RunDetail.FromString,
+            fastlane_dot_v1_dot_runs__pb2.GetRunRequest.SerializeToString,
+            fastlane_dot_v1_dot_runs__pb2.GetRunResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -194,8 +193,8 @@ class RunService:
             request,
             target,
             '/fastlane.v1.RunService/CancelRun',
-            fastlane_dot_v1_dot_runs__pb2.RunRef.SerializeToString,
-            fastlane_dot_v1_dot_common__pb2.Run.FromString,
+            fastlane_dot_v1_dot_runs__pb2.CancelRunRequest.SerializeToString,
+            fastlane_dot_v1_dot_runs__pb2.CancelRunResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -221,8 +220,8 @@ class RunService:
             request,
             target,
             '/fastlane.v1.RunService/RetryRun',
-            fastlane_dot_v1_dot_runs__pb2.RunRef.SerializeToString,
-            fastlane_dot_v1_dot_common__pb2.Run.FromString,
+            fastlane_dot_v1_dot_runs__pb2.RetryRunRequest.SerializeToString,
+            fastlane_dot_v1_dot_runs__pb2.RetryRunResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,5 +1,6 @@
 import datetime
 
+from fastlane._proto import common_pb2 as _common_pb2
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
@@ -10,7 +11,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
-class WorkerMessage(_message.Message):
+class ConnectRequest(_message.Message):
     __slots__ = ("hello", "credit", "heartbeats", "results", "clock_probe")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     CREDIT_FIELD_NUMBER: _ClassVar[int]
@@ -83,16 +84,16 @@ class RunResult(_message.Message):
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     lease_token: int
-    outcome: str
+    outcome: _common_pb2.AttemptOutcome
     error_code: str
     error_message: str
     started_at: _timestamp_pb2.Timestamp
     finished_at: _timestamp_pb2.Timestamp
     error_traceback: str
     output: bytes
-    def __init__(self, run_id: _Optional[str] = ..., lease_token: _Optional[int] = ..., outcome: _Optional[str] = ..., error_code: _Optional[str] = ..., error_message: _Optional[str] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error_traceback: _Optional[str] = ..., output: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, run_id: _Optional[str] = ..., lease_token: _Optional[int] = ..., outcome: _Optional[_Union[_common_pb2.AttemptOutcome, str]] = ..., error_code: _Optional[str] = ..., error_message: _Optional[str] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error_traceback: _Optional[str] = ..., output: _Optional[bytes] = ...) -> None: ...
 
-class NodeMessage(_message.Message):
+class ConnectResponse(_message.Message):
     __slots__ = ("welcome", "assignments", "acks", "cancel", "clock_echo")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     ASSIGNMENTS_FIELD_NUMBER: _ClassVar[int]

@@ -37,8 +37,8 @@ class WorkerServiceStub:
         """
         self.Connect = channel.stream_stream(
                 '/fastlane.v1.WorkerService/Connect',
-                request_serializer=fastlane_dot_v1_dot_workers__pb2.WorkerMessage.SerializeToString,
-                response_deserializer=fastlane_dot_v1_dot_workers__pb2.NodeMessage.FromString,
+                request_serializer=fastlane_dot_v1_dot_workers__pb2.ConnectRequest.SerializeToString,
+                response_deserializer=fastlane_dot_v1_dot_workers__pb2.ConnectResponse.FromString,
                 _registered_method=True)
 
 
@@ -59,8 +59,8 @@ def add_WorkerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Connect': grpc.stream_stream_rpc_method_handler(
                     servicer.Connect,
-                    request_deserializer=fastlane_dot_v1_dot_workers__pb2.WorkerMessage.FromString,
-                    response_serializer=fastlane_dot_v1_dot_workers__pb2.NodeMessage.SerializeToString,
+                    request_deserializer=fastlane_dot_v1_dot_workers__pb2.ConnectRequest.FromString,
+                    response_serializer=fastlane_dot_v1_dot_workers__pb2.ConnectResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -89,8 +89,8 @@ class WorkerService:
             request_iterator,
             target,
             '/fastlane.v1.WorkerService/Connect',
-            fastlane_dot_v1_dot_workers__pb2.WorkerMessage.SerializeToString,
-            fastlane_dot_v1_dot_workers__pb2.NodeMessage.FromString,
+            fastlane_dot_v1_dot_workers__pb2.ConnectRequest.SerializeToString,
+            fastlane_dot_v1_dot_workers__pb2.ConnectResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -22,42 +22,59 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from fastlane._proto import common_pb2 as fastlane_dot_v1_dot_common__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x66\x61stlane/v1/workflows.proto\x12\x0b\x66\x61stlane.v1\x1a\x1fgoogle/protobuf/timestamp.proto\";\n\x15\x43reateWorkflowRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x12\n\ndefinition\x18\x02 \x01(\t\"R\n\x16\x43reateWorkflowResponse\x12\'\n\x08workflow\x18\x01 \x01(\x0b\x32\x15.fastlane.v1.Workflow\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\xa2\x01\n\x08Workflow\x12\x13\n\x0bworkflow_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x05\x12\x0e\n\x06job_id\x18\x04 \x01(\t\x12\x12\n\ndefinition\x18\x05 \x01(\t\x12.\n\ncreated_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06tenant\x18\x07 \x01(\t\"<\n\x0bWorkflowRef\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x05\"M\n\x14ListWorkflowsRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"Z\n\x15ListWorkflowsResponse\x12(\n\tworkflows\x18\x01 \x03(\x0b\x32\x15.fastlane.v1.Workflow\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"E\n\x16TriggerWorkflowRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05input\x18\x03 \x01(\x0c\"\xfc\x01\n\x0bWorkflowRun\x12\x17\n\x0fworkflow_run_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x15\n\rworkflow_name\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\x05\x12\r\n\x05state\x18\x05 \x01(\t\x12\r\n\x05input\x18\x06 \x01(\x0c\x12\r\n\x05\x65rror\x18\x07 \x01(\t\x12.\n\ncreated_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06job_id\x18\n \x01(\t\"q\n\x17ListWorkflowRunsRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\x12\x11\n\tid_prefix\x18\x05 \x01(\t\"[\n\x18ListWorkflowRunsResponse\x12&\n\x04runs\x18\x01 \x03(\x0b\x32\x18.fastlane.v1.WorkflowRun\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"9\n\x0eWorkflowRunRef\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x17\n\x0fworkflow_run_id\x18\x02 \x01(\t\"]\n\nStepStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x0f\n\x07run_ids\x18\x03 \x03(\t\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x12\n\nrun_states\x18\x05 \x03(\t\"\x8b\x01\n\x11WorkflowRunDetail\x12%\n\x03run\x18\x01 \x01(\x0b\x32\x18.fastlane.v1.WorkflowRun\x12\'\n\x08workflow\x18\x02 \x01(\x0b\x32\x15.fastlane.v1.Workflow\x12&\n\x05steps\x18\x03 \x03(\x0b\x32\x17.fastlane.v1.StepStatus2\x9e\x05\n\x0fWorkflowService\x12Y\n\x0e\x43reateWorkflow\x12\".fastlane.v1.CreateWorkflowRequest\x1a#.fastlane.v1.CreateWorkflowResponse\x12>\n\x0bGetWorkflow\x12\x18.fastlane.v1.WorkflowRef\x1a\x15.fastlane.v1.Workflow\x12V\n\rListWorkflows\x12!.fastlane.v1.ListWorkflowsRequest\x1a\".fastlane.v1.ListWorkflowsResponse\x12P\n\x0fTriggerWorkflow\x12#.fastlane.v1.TriggerWorkflowRequest\x1a\x18.fastlane.v1.WorkflowRun\x12_\n\x10ListWorkflowRuns\x12$.fastlane.v1.ListWorkflowRunsRequest\x1a%.fastlane.v1.ListWorkflowRunsResponse\x12M\n\x0eGetWorkflowRun\x12\x1b.fastlane.v1.WorkflowRunRef\x1a\x1e.fastlane.v1.WorkflowRunDetail\x12J\n\x11\x43\x61ncelWorkflowRun\x12\x1b.fastlane.v1.WorkflowRunRef\x1a\x18.fastlane.v1.WorkflowRun\x12J\n\x11ResumeWorkflowRun\x12\x1b.fastlane.v1.WorkflowRunRef\x1a\x18.fastlane.v1.WorkflowRunb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x66\x61stlane/v1/workflows.proto\x12\x0b\x66\x61stlane.v1\x1a\x18\x66\x61stlane/v1/common.proto\x1a\x1fgoogle/protobuf/timestamp.proto\";\n\x15\x43reateWorkflowRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x12\n\ndefinition\x18\x02 \x01(\t\"R\n\x16\x43reateWorkflowResponse\x12\'\n\x08workflow\x18\x01 \x01(\x0b\x32\x15.fastlane.v1.Workflow\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\xa2\x01\n\x08Workflow\x12\x13\n\x0bworkflow_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x05\x12\x0e\n\x06job_id\x18\x04 \x01(\t\x12\x12\n\ndefinition\x18\x05 \x01(\t\x12.\n\ncreated_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06tenant\x18\x07 \x01(\t\"C\n\x12GetWorkflowRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x05\">\n\x13GetWorkflowResponse\x12\'\n\x08workflow\x18\x01 \x01(\x0b\x32\x15.fastlane.v1.Workflow\"M\n\x14ListWorkflowsRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"Z\n\x15ListWorkflowsResponse\x12(\n\tworkflows\x18\x01 \x03(\x0b\x32\x15.fastlane.v1.Workflow\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"E\n\x16TriggerWorkflowRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05input\x18\x03 \x01(\x0c\"@\n\x17TriggerWorkflowResponse\x12%\n\x03run\x18\x01 \x01(\x0b\x32\x18.fastlane.v1.WorkflowRun\"\x9b\x02\n\x0bWorkflowRun\x12\x17\n\x0fworkflow_run_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x15\n\rworkflow_name\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\x05\x12,\n\x05state\x18\x05 \x01(\x0e\x32\x1d.fastlane.v1.WorkflowRunState\x12\r\n\x05input\x18\x06 \x01(\x0c\x12\r\n\x05\x65rror\x18\x07 \x01(\t\x12.\n\ncreated_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06job_id\x18\n \x01(\t\"q\n\x17ListWorkflowRunsRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\x12\x11\n\tid_prefix\x18\x05 \x01(\t\"[\n\x18ListWorkflowRunsResponse\x12&\n\x04runs\x18\x01 \x03(\x0b\x32\x18.fastlane.v1.WorkflowRun\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"@\n\x15GetWorkflowRunRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x17\n\x0fworkflow_run_id\x18\x02 \x01(\t\"C\n\x18\x43\x61ncelWorkflowRunRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x17\n\x0fworkflow_run_id\x18\x02 \x01(\t\"B\n\x19\x43\x61ncelWorkflowRunResponse\x12%\n\x03run\x18\x01 \x01(\x0b\x32\x18.fastlane.v1.WorkflowRun\"C\n\x18ResumeWorkflowRunRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x17\n\x0fworkflow_run_id\x18\x02 \x01(\t\"B\n\x19ResumeWorkflowRunResponse\x12%\n\x03run\x18\x01 \x01(\x0b\x32\x18.fastlane.v1.WorkflowRun\"\x8c\x01\n\nStepStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12%\n\x05state\x18\x02 \x01(\x0e\x32\x16.fastlane.v1.StepState\x12\x0f\n\x07run_ids\x18\x03 \x03(\t\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12)\n\nrun_states\x18\x05 \x03(\x0e\x32\x15.fastlane.v1.RunState\"\x90\x01\n\x16GetWorkflowRunResponse\x12%\n\x03run\x18\x01 \x01(\x0b\x32\x18.fastlane.v1.WorkflowRun\x12\'\n\x08workflow\x18\x02 \x01(\x0b\x32\x15.fastlane.v1.Workflow\x12&\n\x05steps\x18\x03 \x03(\x0b\x32\x17.fastlane.v1.StepStatus*\xb9\x01\n\x10WorkflowRunState\x12\"\n\x1eWORKFLOW_RUN_STATE_UNSPECIFIED\x10\x00\x12\x1e\n\x1aWORKFLOW_RUN_STATE_RUNNING\x10\x01\x12 \n\x1cWORKFLOW_RUN_STATE_SUCCEEDED\x10\x02\x12\x1d\n\x19WORKFLOW_RUN_STATE_FAILED\x10\x03\x12 \n\x1cWORKFLOW_RUN_STATE_CANCELLED\x10\x04*\xb9\x01\n\tStepState\x12\x1a\n\x16STEP_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12STEP_STATE_WAITING\x10\x01\x12\x15\n\x11STEP_STATE_ACTIVE\x10\x02\x12\x18\n\x14STEP_STATE_SUCCEEDED\x10\x03\x12\x15\n\x11STEP_STATE_FAILED\x10\x04\x12\x16\n\x12STEP_STATE_SKIPPED\x10\x05\x12\x18\n\x14STEP_STATE_CANCELLED\x10\x06\x32\xf8\x05\n\x0fWorkflowService\x12Y\n\x0e\x43reateWorkflow\x12\".fastlane.v1.CreateWorkflowRequest\x1a#.fastlane.v1.CreateWorkflowResponse\x12P\n\x0bGetWorkflow\x12\x1f.fastlane.v1.GetWorkflowRequest\x1a .fastlane.v1.GetWorkflowResponse\x12V\n\rListWorkflows\x12!.fastlane.v1.ListWorkflowsRequest\x1a\".fastlane.v1.ListWorkflowsResponse\x12\\\n\x0fTriggerWorkflow\x12#.fastlane.v1.TriggerWorkflowRequest\x1a$.fastlane.v1.TriggerWorkflowResponse\x12_\n\x10ListWorkflowRuns\x12$.fastlane.v1.ListWorkflowRunsRequest\x1a%.fastlane.v1.ListWorkflowRunsResponse\x12Y\n\x0eGetWorkflowRun\x12\".fastlane.v1.GetWorkflowRunRequest\x1a#.fastlane.v1.GetWorkflowRunResponse\x12\x62\n\x11\x43\x61ncelWorkflowRun\x12%.fastlane.v1.CancelWorkflowRunRequest\x1a&.fastlane.v1.CancelWorkflowRunResponse\x12\x62\n\x11ResumeWorkflowRun\x12%.fastlane.v1.ResumeWorkflowRunRequest\x1a&.fastlane.v1.ResumeWorkflowRunResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fastlane.v1.workflows_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CREATEWORKFLOWREQUEST']._serialized_start=77
-  _globals['_CREATEWORKFLOWREQUEST']._serialized_end=136
-  _globals['_CREATEWORKFLOWRESPONSE']._serialized_start=138
-  _globals['_CREATEWORKFLOWRESPONSE']._serialized_end=220
-  _globals['_WORKFLOW']._serialized_start=223
-  _globals['_WORKFLOW']._serialized_end=385
-  _globals['_WORKFLOWREF']._serialized_start=387
-  _globals['_WORKFLOWREF']._serialized_end=447
-  _globals['_LISTWORKFLOWSREQUEST']._serialized_start=449
-  _globals['_LISTWORKFLOWSREQUEST']._serialized_end=526
-  _globals['_LISTWORKFLOWSRESPONSE']._serialized_start=528
-  _globals['_LISTWORKFLOWSRESPONSE']._serialized_end=618
-  _globals['_TRIGGERWORKFLOWREQUEST']._serialized_start=620
-  _globals['_TRIGGERWORKFLOWREQUEST']._serialized_end=689
-  _globals['_WORKFLOWRUN']._serialized_start=692
-  _globals['_WORKFLOWRUN']._serialized_end=944
-  _globals['_LISTWORKFLOWRUNSREQUEST']._serialized_start=946
-  _globals['_LISTWORKFLOWRUNSREQUEST']._serialized_end=1059
-  _globals['_LISTWORKFLOWRUNSRESPONSE']._serialized_start=1061
-  _globals['_LISTWORKFLOWRUNSRESPONSE']._serialized_end=1152
-  _globals['_WORKFLOWRUNREF']._serialized_start=1154
-  _globals['_WORKFLOWRUNREF']._serialized_end=1211
-  _globals['_STEPSTATUS']._serialized_start=1213
-  _globals['_STEPSTATUS']._serialized_end=1306
-  _globals['_WORKFLOWRUNDETAIL']._serialized_start=1309
-  _globals['_WORKFLOWRUNDETAIL']._serialized_end=1448
-  _globals['_WORKFLOWSERVICE']._serialized_start=1451
-  _globals['_WORKFLOWSERVICE']._serialized_end=2121
+  _globals['_WORKFLOWRUNSTATE']._serialized_start=1979
+  _globals['_WORKFLOWRUNSTATE']._serialized_end=2164
+  _globals['_STEPSTATE']._serialized_start=2167
+  _globals['_STEPSTATE']._serialized_end=2352
+  _globals['_CREATEWORKFLOWREQUEST']._serialized_start=103
+  _globals['_CREATEWORKFLOWREQUEST']._serialized_end=162
+  _globals['_CREATEWORKFLOWRESPONSE']._serialized_start=164
+  _globals['_CREATEWORKFLOWRESPONSE']._serialized_end=246
+  _globals['_WORKFLOW']._serialized_start=249
+  _globals['_WORKFLOW']._serialized_end=411
+  _globals['_GETWORKFLOWREQUEST']._serialized_start=413
+  _globals['_GETWORKFLOWREQUEST']._serialized_end=480
+  _globals['_GETWORKFLOWRESPONSE']._serialized_start=482
+  _globals['_GETWORKFLOWRESPONSE']._serialized_end=544
+  _globals['_LISTWORKFLOWSREQUEST']._serialized_start=546
+  _globals['_LISTWORKFLOWSREQUEST']._serialized_end=623
+  _globals['_LISTWORKFLOWSRESPONSE']._serialized_start=625
+  _globals['_LISTWORKFLOWSRESPONSE']._serialized_end=715
+  _globals['_TRIGGERWORKFLOWREQUEST']._serialized_start=717
+  _globals['_TRIGGERWORKFLOWREQUEST']._serialized_end=786
+  _globals['_TRIGGERWORKFLOWRESPONSE']._serialized_start=788
+  _globals['_TRIGGERWORKFLOWRESPONSE']._serialized_end=852
+  _globals['_WORKFLOWRUN']._serialized_start=855
+  _globals['_WORKFLOWRUN']._serialized_end=1138
+  _globals['_LISTWORKFLOWRUNSREQUEST']._serialized_start=1140
+  _globals['_LISTWORKFLOWRUNSREQUEST']._serialized_end=1253
+  _globals['_LISTWORKFLOWRUNSRESPONSE']._serialized_start=1255
+  _globals['_LISTWORKFLOWRUNSRESPONSE']._serialized_end=1346
+  _globals['_GETWORKFLOWRUNREQUEST']._serialized_start=1348
+  _globals['_GETWORKFLOWRUNREQUEST']._serialized_end=1412
+  _globals['_CANCELWORKFLOWRUNREQUEST']._serialized_start=1414
+  _globals['_CANCELWORKFLOWRUNREQUEST']._serialized_end=1481
+  _globals['_CANCELWORKFLOWRUNRESPONSE']._serialized_start=1483
+  _globals['_CANCELWORKFLOWRUNRESPONSE']._serialized_end=1549
+  _globals['_RESUMEWORKFLOWRUNREQUEST']._serialized_start=1551
+  _globals['_RESUMEWORKFLOWRUNREQUEST']._serialized_end=1618
+  _globals['_RESUMEWORKFLOWRUNRESPONSE']._serialized_start=1620
+  _globals['_RESUMEWORKFLOWRUNRESPONSE']._serialized_end=1686
+  _globals['_STEPSTATUS']._serialized_start=1689
+  _globals['_STEPSTATUS']._serialized_end=1829
+  _globals['_GETWORKFLOWRUNRESPONSE']._serialized_start=1832
+  _globals['_GETWORKFLOWRUNRESPONSE']._serialized_end=1976
+  _globals['_WORKFLOWSERVICE']._serialized_start=2355
+  _globals['_WORKFLOWSERVICE']._serialized_end=3115
 # @@protoc_insertion_point(module_scope)

@@ -1,13 +1,45 @@
 import datetime
 
+from fastlane._proto import common_pb2 as _common_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class WorkflowRunState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    WORKFLOW_RUN_STATE_UNSPECIFIED: _ClassVar[WorkflowRunState]
+    WORKFLOW_RUN_STATE_RUNNING: _ClassVar[WorkflowRunState]
+    WORKFLOW_RUN_STATE_SUCCEEDED: _ClassVar[WorkflowRunState]
+    WORKFLOW_RUN_STATE_FAILED: _ClassVar[WorkflowRunState]
+    WORKFLOW_RUN_STATE_CANCELLED: _ClassVar[WorkflowRunState]
+
+class StepState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    STEP_STATE_UNSPECIFIED: _ClassVar[StepState]
+    STEP_STATE_WAITING: _ClassVar[StepState]
+    STEP_STATE_ACTIVE: _ClassVar[StepState]
+    STEP_STATE_SUCCEEDED: _ClassVar[StepState]
+    STEP_STATE_FAILED: _ClassVar[StepState]
+    STEP_STATE_SKIPPED: _ClassVar[StepState]
+    STEP_STATE_CANCELLED: _ClassVar[StepState]
+WORKFLOW_RUN_STATE_UNSPECIFIED: WorkflowRunState
+WORKFLOW_RUN_STATE_RUNNING: WorkflowRunState
+WORKFLOW_RUN_STATE_SUCCEEDED: WorkflowRunState
+WORKFLOW_RUN_STATE_FAILED: WorkflowRunState
+WORKFLOW_RUN_STATE_CANCELLED: WorkflowRunState
+STEP_STATE_UNSPECIFIED: StepState
+STEP_STATE_WAITING: StepState
+STEP_STATE_ACTIVE: StepState
+STEP_STATE_SUCCEEDED: StepState
+STEP_STATE_FAILED: StepState
+STEP_STATE_SKIPPED: StepState
+STEP_STATE_CANCELLED: StepState
 
 class CreateWorkflowRequest(_message.Message):
     __slots__ = ("tenant", "definition")
@@ -43,7 +75,7 @@ class Workflow(_message.Message):
     tenant: str
     def __init__(self, workflow_id: _Optional[str] = ..., name: _Optional[str] = ..., version: _Optional[int] = ..., job_id: _Optional[str] = ..., definition: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., tenant: _Optional[str] = ...) -> None: ...
 
-class WorkflowRef(_message.Message):
+class GetWorkflowRequest(_message.Message):
     __slots__ = ("tenant", "name", "version")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -52,6 +84,12 @@ class WorkflowRef(_message.Message):
     name: str
     version: int
     def __init__(self, tenant: _Optional[str] = ..., name: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+
+class GetWorkflowResponse(_message.Message):
+    __slots__ = ("workflow",)
+    WORKFLOW_FIELD_NUMBER: _ClassVar[int]
+    workflow: Workflow
+    def __init__(self, workflow: _Optional[_Union[Workflow, _Mapping]] = ...) -> None: ...
 
 class ListWorkflowsRequest(_message.Message):
     __slots__ = ("tenant", "page_size", "page_token")
@@ -81,6 +119,12 @@ class TriggerWorkflowRequest(_message.Message):
     input: bytes
     def __init__(self, tenant: _Optional[str] = ..., name: _Optional[str] = ..., input: _Optional[bytes] = ...) -> None: ...
 
+class TriggerWorkflowResponse(_message.Message):
+    __slots__ = ("run",)
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    run: WorkflowRun
+    def __init__(self, run: _Optional[_Union[WorkflowRun, _Mapping]] = ...) -> None: ...
+
 class WorkflowRun(_message.Message):
     __slots__ = ("workflow_run_id", "tenant", "workflow_name", "version", "state", "input", "error", "created_at", "finished_at", "job_id")
     WORKFLOW_RUN_ID_FIELD_NUMBER: _ClassVar[int]
@@ -97,13 +141,13 @@ class WorkflowRun(_message.Message):
     tenant: str
     workflow_name: str
     version: int
-    state: str
+    state: WorkflowRunState
     input: bytes
     error: str
     created_at: _timestamp_pb2.Timestamp
     finished_at: _timestamp_pb2.Timestamp
     job_id: str
-    def __init__(self, workflow_run_id: _Optional[str] = ..., tenant: _Optional[str] = ..., workflow_name: _Optional[str] = ..., version: _Optional[int] = ..., state: _Optional[str] = ..., input: _Optional[bytes] = ..., error: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., job_id: _Optional[str] = ...) -> None: ...
+    def __init__(self, workflow_run_id: _Optional[str] = ..., tenant: _Optional[str] = ..., workflow_name: _Optional[str] = ..., version: _Optional[int] = ..., state: _Optional[_Union[WorkflowRunState, str]] = ..., input: _Optional[bytes] = ..., error: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., job_id: _Optional[str] = ...) -> None: ...
 
 class ListWorkflowRunsRequest(_message.Message):
     __slots__ = ("tenant", "name", "page_size", "page_token", "id_prefix")
@@ -127,13 +171,41 @@ class ListWorkflowRunsResponse(_message.Message):
     next_page_token: str
     def __init__(self, runs: _Optional[_Iterable[_Union[WorkflowRun, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
-class WorkflowRunRef(_message.Message):
+class GetWorkflowRunRequest(_message.Message):
     __slots__ = ("tenant", "workflow_run_id")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     WORKFLOW_RUN_ID_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     workflow_run_id: str
     def __init__(self, tenant: _Optional[str] = ..., workflow_run_id: _Optional[str] = ...) -> None: ...
+
+class CancelWorkflowRunRequest(_message.Message):
+    __slots__ = ("tenant", "workflow_run_id")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    workflow_run_id: str
+    def __init__(self, tenant: _Optional[str] = ..., workflow_run_id: _Optional[str] = ...) -> None: ...
+
+class CancelWorkflowRunResponse(_message.Message):
+    __slots__ = ("run",)
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    run: WorkflowRun
+    def __init__(self, run: _Optional[_Union[WorkflowRun, _Mapping]] = ...) -> None: ...
+
+class ResumeWorkflowRunRequest(_message.Message):
+    __slots__ = ("tenant", "workflow_run_id")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    workflow_run_id: str
+    def __init__(self, tenant: _Optional[str] = ..., workflow_run_id: _Optional[str] = ...) -> None: ...
+
+class ResumeWorkflowRunResponse(_message.Message):
+    __slots__ = ("run",)
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    run: WorkflowRun
+    def __init__(self, run: _Optional[_Union[WorkflowRun, _Mapping]] = ...) -> None: ...
 
 class StepStatus(_message.Message):
     __slots__ = ("name", "state", "run_ids", "error", "run_states")
@@ -143,13 +215,13 @@ class StepStatus(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     RUN_STATES_FIELD_NUMBER: _ClassVar[int]
     name: str
-    state: str
+    state: StepState
     run_ids: _containers.RepeatedScalarFieldContainer[str]
     error: str
-    run_states: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., run_ids: _Optional[_Iterable[str]] = ..., error: _Optional[str] = ..., run_states: _Optional[_Iterable[str]] = ...) -> None: ...
+    run_states: _containers.RepeatedScalarFieldContainer[_common_pb2.RunState]
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[_Union[StepState, str]] = ..., run_ids: _Optional[_Iterable[str]] = ..., error: _Optional[str] = ..., run_states: _Optional[_Iterable[_Union[_common_pb2.RunState, str]]] = ...) -> None: ...
 
-class WorkflowRunDetail(_message.Message):
+class GetWorkflowRunResponse(_message.Message):
     __slots__ = ("run", "workflow", "steps")
     RUN_FIELD_NUMBER: _ClassVar[int]
     WORKFLOW_FIELD_NUMBER: _ClassVar[int]

@@ -42,8 +42,8 @@ class WorkflowServiceStub:
                 _registered_method=True)
         self.GetWorkflow = channel.unary_unary(
                 '/fastlane.v1.WorkflowService/GetWorkflow',
-                request_serializer=fastlane_dot_v1_dot_workflows__pb2.WorkflowRef.SerializeToString,
-                response_deserializer=fastlane_dot_v1_dot_workflows__pb2.Workflow.FromString,
+                request_serializer=fastlane_dot_v1_dot_workflows__pb2.GetWorkflowRequest.SerializeToString,
+                response_deserializer=fastlane_dot_v1_dot_workflows__pb2.GetWorkflowResponse.FromString,
                 _registered_method=True)
         self.ListWorkflows = channel.unary_unary(
                 '/fastlane.v1.WorkflowService/ListWorkflows',
@@ -53,7 +53,7 @@ class WorkflowServiceStub:
         self.TriggerWorkflow = channel.unary_unary(
                 '/fastlane.v1.WorkflowService/TriggerWorkflow',
                 request_serializer=fastlane_dot_v1_dot_workflows__pb2.TriggerWorkflowRequest.SerializeToString,
-                response_deserializer=fastlane_dot_v1_dot_workflows__pb2.WorkflowRun.FromString,
+                response_deserializer=fastlane_dot_v1_dot_workflows__pb2.TriggerWorkflowResponse.FromString,
                 _registered_method=True)
         self.ListWorkflowRuns = channel.unary_unary(
                 '/fastlane.v1.WorkflowService/ListWorkflowRuns',
@@ -62,18 +62,18 @@ class WorkflowServiceStub:
                 _registered_method=True)
         self.GetWorkflowRun = channel.unary_unary(
                 '/fastlane.v1.WorkflowService/GetWorkflowRun',
-                request_serializer=fastlane_dot_v1_dot_workflows__pb2.WorkflowRunRef.SerializeToString,
-                response_deserializer=fastlane_dot_v1_dot_workflows__pb2.WorkflowRunDetail.FromString,
+                request_serializer=fastlane_dot_v1_dot_workflows__pb2.GetWorkflowRunRequest.SerializeToString,
+                response_deserializer=fastlane_dot_v1_dot_workflows__pb2.GetWorkflowRunResponse.FromString,
                 _registered_method=True)
         self.CancelWorkflowRun = channel.unary_unary(
                 '/fastlane.v1.WorkflowService/CancelWorkflowRun',
-                request_serializer=fastlane_dot_v1_dot_workflows__pb2.WorkflowRunRef.SerializeToString,
-                response_deserializer=fastlane_dot_v1_dot_workflows__pb2.WorkflowRun.FromString,
+                request_serializer=fastlane_dot_v1_dot_workflows__pb2.CancelWorkflowRunRequest.SerializeToString,
+                response_deserializer=fastlane_dot_v1_dot_workflows__pb2.CancelWorkflowRunResponse.FromString,
                 _registered_method=True)
         self.ResumeWorkflowRun = channel.unary_unary(
                 '/fastlane.v1.WorkflowService/ResumeWorkflowRun',
-                request_serializer=fastlane_dot_v1_dot_workflows__pb2.WorkflowRunRef.SerializeToString,
-                response_deserializer=fastlane_dot_v1_dot_workflows__pb2.WorkflowRun.FromString,
+                request_serializer=fastlane_dot_v1_dot_workflows__pb2.ResumeWorkflowRunRequest.SerializeToString,
+                response_deserializer=fastlane_dot_v1_dot_workflows__pb2.ResumeWorkflowRunResponse.FromString,
                 _registered_method=True)
 
 
@@ -150,8 +150,8 @@ def add_WorkflowServiceServicer_to_server(servicer, server):
             ),
             'GetWorkflow': grpc.unary_unary_rpc_method_handler(
                     servicer.GetWorkflow,
-                    request_deserializer=fastlane_dot_v1_dot_workflows__pb2.WorkflowRef.FromString,
-                    response_serializer=fastlane_dot_v1_dot_workflows__pb2.Workflow.SerializeToString,
+                    request_deserializer=fastlane_dot_v1_dot_workflows__pb2.GetWorkflowRequest.FromString,
+                    response_serializer=fastlane_dot_v1_dot_workflows__pb2.GetWorkflowResponse.SerializeToString,
             ),
             'ListWorkflows': grpc.unary_unary_rpc_method_handler(
                     servicer.ListWorkflows,
@@ -161,7 +161,7 @@ def add_WorkflowServiceServicer_to_server(servicer, server):
             'TriggerWorkflow': grpc.unary_unary_rpc_method_handler(
                     servicer.TriggerWorkflow,
                     request_deserializer=fastlane_dot_v1_dot_workflows__pb2.TriggerWorkflowRequest.FromString,
-                    response_serializer=fastlane_dot_v1_dot_workflows__pb2.WorkflowRun.SerializeToString,
+                    response_serializer=fastlane_dot_v1_dot_workflows__pb2.TriggerWorkflowResponse.SerializeToString,
             ),
             'ListWorkflowRuns': grpc.unary_unary_rpc_method_handler(
                     servicer.ListWorkflowRuns,
@@ -170,18 +170,18 @@ def add_WorkflowServiceServicer_to_server(servicer, server):
             ),
             'GetWorkflowRun': grpc.unary_unary_rpc_method_handler(
                     servicer.GetWorkflowRun,
-                    request_deserializer=fastlane_dot_v1_dot_workflows__pb2.WorkflowRunRef.FromString,
-                    response_serializer=fastlane_dot_v1_dot_workflows__pb2.WorkflowRunDetail.SerializeToString,
+                    request_deserializer=fastlane_dot_v1_dot_workflows__pb2.GetWorkflowRunRequest.FromString,
+                    response_serializer=fastlane_dot_v1_dot_workflows__pb2.GetWorkflowRunResponse.SerializeToString,
             ),
             'CancelWorkflowRun': grpc.unary_unary_rpc_method_handler(
                     servicer.CancelWorkflowRun,
-                    request_deserializer=fastlane_dot_v1_dot_workflows__pb2.WorkflowRunRef.FromString,
-                    response_serializer=fastlane_dot_v1_dot_workflows__pb2.WorkflowRun.SerializeToString,
+                    request_deserializer=fastlane_dot_v1_dot_workflows__pb2.CancelWorkflowRunRequest.FromString,
+                    response_serializer=fastlane_dot_v1_dot_workflows__pb2.CancelWorkflowRunResponse.SerializeToString,
             ),
             'ResumeWorkflowRun': grpc.unary_unary_rpc_method_handler(
                     servicer.ResumeWorkflowRun,
-                    request_deserializer=fastlane_dot_v1_dot_workflows__pb2.WorkflowRunRef.FromString,
-                    response_serializer=fastlane_dot_v1_dot_workflows__pb2.WorkflowRun.SerializeToString,
+                    request_deserializer=fastlane_dot_v1_dot_workflows__pb2.ResumeWorkflowRunRequest.FromString,
+                    response_serializer=fastlane_dot_v1_dot_workflows__pb2.ResumeWorkflowRunResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -237,8 +237,8 @@ class WorkflowService:
             request,
             target,
             '/fastlane.v1.WorkflowService/GetWorkflow',
-            fastlane_dot_v1_dot_workflows__pb2.WorkflowRef.SerializeToString,
-            fastlane_dot_v1_dot_workflows__pb2.Workflow.FromString,
+            fastlane_dot_v1_dot_workflows__pb2.GetWorkflowRequest.SerializeToString,
+            fastlane_dot_v1_dot_workflows__pb2.GetWorkflowResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -292,7 +292,7 @@ class WorkflowService:
             target,
             '/fastlane.v1.WorkflowService/TriggerWorkflow',
             fastlane_dot_v1_dot_workflows__pb2.TriggerWorkflowRequest.SerializeToString,
-            fastlane_dot_v1_dot_workflows__pb2.WorkflowRun.FromString,
+            fastlane_dot_v1_dot_workflows__pb2.TriggerWorkflowResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -345,8 +345,8 @@ class WorkflowService:
             request,
             target,
             '/fastlane.v1.WorkflowService/GetWorkflowRun',
-            fastlane_dot_v1_dot_workflows__pb2.WorkflowRunRef.SerializeToString,
-            fastlane_dot_v1_dot_workflows__pb2.WorkflowRunDetail.FromString,
+            fastlane_dot_v1_dot_workflows__pb2.GetWorkflowRunRequest.SerializeToString,
+            fastlane_dot_v1_dot_workflows__pb2.GetWorkflowRunResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -372,8 +372,8 @@ class WorkflowService:
             request,
             target,
             '/fastlane.v1.WorkflowService/CancelWorkflowRun',
-            fastlane_dot_v1_dot_workflows__pb2.WorkflowRunRef.SerializeToString,
-            fastlane_dot_v1_dot_workflows__pb2.WorkflowRun.FromString,
+            fastlane_dot_v1_dot_workflows__pb2.CancelWorkflowRunRequest.SerializeToString,
+            fastlane_dot_v1_dot_workflows__pb2.CancelWorkflowRunResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -399,8 +399,8 @@ class WorkflowService:
             request,
             target,
             '/fastlane.v1.WorkflowService/ResumeWorkflowRun',
-            fastlane_dot_v1_dot_workflows__pb2.WorkflowRunRef.SerializeToString,
-            fastlane_dot_v1_dot_workflows__pb2.WorkflowRun.FromString,
+            fastlane_dot_v1_dot_workflows__pb2.ResumeWorkflowRunRequest.SerializeToString,
+            fastlane_dot_v1_dot_workflows__pb2.ResumeWorkflowRunResponse.FromString,
             options,
             channel_credentials,
             insecure,

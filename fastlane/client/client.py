@@ -53,6 +53,7 @@ from fastlane.domain.records import Page
 from fastlane.domain.workflows import StepView, Workflow, WorkflowRun
 from fastlane.rpc import wire
 from fastlane.rpc.channel import DEFAULT_SERVER
+from fastlane.rpc.enums import AUDIT_TARGET, JOB_STATE, ROLE, RUN_STATE
 
 # Keyword arguments of Client.create that go straight into the JobSpec.
 _POLICY_FIELDS: Final = frozenset(f.name for f in fields(JobSpec)) - {
@@ -173,7 +174,8 @@ class Client:
 
     async def get_job(self, job_id: str) -> Job:
         """The job with this id. Raises RemoteNotFound if there is none in the tenant."""
-        return wire.job_from_pb(await self._connection.call(self._connection.stubs.jobs.GetJob, self._job_ref(job_id)))
+        request = jobs_pb2.GetJobRequest(tenant=self.tenant, job_id=job_id)
+        return wire.job_from_pb((await self._connection.call(self._connection.stubs.jobs.GetJob, request)).job)
 
     async def list_jobs(
         self,
@@ -196,7 +198,7 @@ class Client:
         """
         request = jobs_pb2.ListJobsRequest(
             tenant=self.tenant,
-            state=str(state or ""),
+            state=JOB_STATE.filter(state, "state"),
             job_type=job_type or "",
             page_size=page_size,
             page_token=page_token,
@@ -226,23 +228,27 @@ class Client:
     async def update_job(self, job_id: str, spec: JobSpec) -> Job:
         """Replace a job's whole spec; its tenant and name cannot change."""
         request = jobs_pb2.UpdateJobRequest(job_id=job_id, spec=wire.spec_to_pb(self._own(spec)))
-        return wire.job_from_pb(await self._connection.call(self._connection.stubs.jobs.UpdateJob, request))
+        return wire.job_from_pb((await self._connection.call(self._connection.stubs.jobs.UpdateJob, request)).job)
 
     async def pause_job(self, job_id: str) -> Job:
         """Stop a job firing until it is resumed."""
-        return wire.job_from_pb(await self._connection.call(self._connection.stubs.jobs.PauseJob, self._job_ref(job_id)))
+        request = jobs_pb2.PauseJobRequest(tenant=self.tenant, job_id=job_id)
+        return wire.job_from_pb((await self._connection.call(self._connection.stubs.jobs.PauseJob, request)).job)
 
     async def resume_job(self, job_id: str) -> Job:
         """Resume a paused job; occurrences missed meanwhile follow its misfire policy."""
-        return wire.job_from_pb(await self._connection.call(self._connection.stubs.jobs.ResumeJob, self._job_ref(job_id)))
+        request = jobs_pb2.ResumeJobRequest(tenant=self.tenant, job_id=job_id)
+        return wire.job_from_pb((await self._connection.call(self._connection.stubs.jobs.ResumeJob, request)).job)
 
     async def delete_job(self, job_id: str) -> None:
         """Delete a job. Its runs stay in history; queued ones are cancelled."""
-        await self._connection.call(self._connection.stubs.jobs.DeleteJob, self._job_ref(job_id))
+        await self._connection.call(self._connection.stubs.jobs.DeleteJob,
+                                    jobs_pb2.DeleteJobRequest(tenant=self.tenant, job_id=job_id))
 
     async def trigger_job(self, job_id: str) -> Run:
         """Run the job once, now, outside its schedule; returns the new run."""
-        return wire.run_from_pb(await self._connection.call(self._connection.stubs.jobs.TriggerJob, self._job_ref(job_id)))
+        request = jobs_pb2.TriggerJobRequest(tenant=self.tenant, job_id=job_id)
+        return wire.run_from_pb((await self._connection.call(self._connection.stubs.jobs.TriggerJob, request)).run)
 
     async def preview(
         self, schedule: Schedule, *, after: datetime | None = None, count: int = 5
@@ -278,7 +284,7 @@ class Client:
         request = runs_pb2.ListRunsRequest(
             tenant=self.tenant,
             job_id=job_id or "",
-            states=[str(state) for state in states],
+            states=[RUN_STATE.named(state, "states") for state in states],
             page_size=page_size,
             page_token=page_token,
             id_prefix=id_prefix or "",
@@ -290,7 +296,7 @@ class Client:
 
     async def get_run(self, run_id: str) -> tuple[Run, list[Attempt]]:
         """A run and its attempts, first attempt first."""
-        request = runs_pb2.RunRef(tenant=self.tenant, run_id=run_id)
+        request = runs_pb2.GetRunRequest(tenant=self.tenant, run_id=run_id)
         detail = await self._connection.call(self._connection.stubs.runs.GetRun, request)
         attempts = [wire.attempt_from_pb(detail.run.run_id, attempt) for attempt in detail.attempts]
         # As listings say: when its first attempt's handler was entered, read from the attempts.
@@ -301,13 +307,13 @@ class Client:
 
     async def cancel_run(self, run_id: str) -> Run:
         """Cancel a run: a queued one never starts, a running one is told to stop."""
-        request = runs_pb2.RunRef(tenant=self.tenant, run_id=run_id)
-        return wire.run_from_pb(await self._connection.call(self._connection.stubs.runs.CancelRun, request))
+        request = runs_pb2.CancelRunRequest(tenant=self.tenant, run_id=run_id)
+        return wire.run_from_pb((await self._connection.call(self._connection.stubs.runs.CancelRun, request)).run)
 
     async def retry_run(self, run_id: str) -> Run:
         """Replay a dead or lost run now, as a new attempt with the same idempotency key."""
-        request = runs_pb2.RunRef(tenant=self.tenant, run_id=run_id)
-        return wire.run_from_pb(await self._connection.call(self._connection.stubs.runs.RetryRun, request))
+        request = runs_pb2.RetryRunRequest(tenant=self.tenant, run_id=run_id)
+        return wire.run_from_pb((await self._connection.call(self._connection.stubs.runs.RetryRun, request)).run)
 
     # -- workflows ------------------------------------------------------------------------------
 
@@ -325,8 +331,9 @@ class Client:
 
     async def get_workflow(self, name: str, version: int = 0) -> Workflow:
         """A version of a workflow (0: the latest)."""
-        request = workflows_pb2.WorkflowRef(tenant=self.tenant, name=name, version=version)
-        return workflow_from_pb(await self._connection.call(self._connection.stubs.workflows.GetWorkflow, request))
+        request = workflows_pb2.GetWorkflowRequest(tenant=self.tenant, name=name, version=version)
+        response = await self._connection.call(self._connection.stubs.workflows.GetWorkflow, request)
+        return workflow_from_pb(response.workflow)
 
     async def list_workflows(self, *, page_size: int = 100, page_token: str = "") -> Page[Workflow]:
         """The latest version of each workflow, by name."""
@@ -337,7 +344,8 @@ class Client:
     async def trigger_workflow(self, name: str, input: Any = None) -> WorkflowRun:  # noqa: A002 - the API's word
         """Start a run of the workflow's latest version now; ``input`` is sent as JSON."""
         request = workflows_pb2.TriggerWorkflowRequest(tenant=self.tenant, name=name, input=encode_payload(input))
-        return workflow_run_from_pb(await self._connection.call(self._connection.stubs.workflows.TriggerWorkflow, request))
+        response = await self._connection.call(self._connection.stubs.workflows.TriggerWorkflow, request)
+        return workflow_run_from_pb(response.run)
 
     async def list_workflow_runs(self, name: str = "", *, page_size: int = 100, page_token: str = "",
                                  id_prefix: str | None = None) -> Page[WorkflowRun]:
@@ -350,19 +358,21 @@ class Client:
 
     async def get_workflow_run(self, workflow_run_id: str) -> tuple[WorkflowRun, Workflow, list[StepView]]:
         """A workflow run, the version of the workflow it runs, and each step's state and runs."""
-        request = workflows_pb2.WorkflowRunRef(tenant=self.tenant, workflow_run_id=workflow_run_id)
+        request = workflows_pb2.GetWorkflowRunRequest(tenant=self.tenant, workflow_run_id=workflow_run_id)
         detail = await self._connection.call(self._connection.stubs.workflows.GetWorkflowRun, request)
         return workflow_run_from_pb(detail.run), workflow_from_pb(detail.workflow), step_views_from_pb(detail)
 
     async def cancel_workflow_run(self, workflow_run_id: str) -> WorkflowRun:
         """Cancel a workflow run: queued steps never start, running ones are told to stop."""
-        request = workflows_pb2.WorkflowRunRef(tenant=self.tenant, workflow_run_id=workflow_run_id)
-        return workflow_run_from_pb(await self._connection.call(self._connection.stubs.workflows.CancelWorkflowRun, request))
+        request = workflows_pb2.CancelWorkflowRunRequest(tenant=self.tenant, workflow_run_id=workflow_run_id)
+        response = await self._connection.call(self._connection.stubs.workflows.CancelWorkflowRun, request)
+        return workflow_run_from_pb(response.run)
 
     async def resume_workflow_run(self, workflow_run_id: str) -> WorkflowRun:
         """Run a failed or cancelled workflow run on: failed steps again, succeeded ones not."""
-        request = workflows_pb2.WorkflowRunRef(tenant=self.tenant, workflow_run_id=workflow_run_id)
-        return workflow_run_from_pb(await self._connection.call(self._connection.stubs.workflows.ResumeWorkflowRun, request))
+        request = workflows_pb2.ResumeWorkflowRunRequest(tenant=self.tenant, workflow_run_id=workflow_run_id)
+        response = await self._connection.call(self._connection.stubs.workflows.ResumeWorkflowRun, request)
+        return workflow_run_from_pb(response.run)
 
 
     # -- the audit trail ------------------------------------------------------------------------
@@ -373,7 +383,7 @@ class Client:
         """Who changed a job or a run, and when: its ``limit`` (at most 1000) newest events,
         newest first. ``kind`` is ``job`` (the job's events and its runs') or ``run``. A deleted
         job keeps its history; an id of another tenant has none."""
-        request = jobs_pb2.ListAuditRequest(tenant=self.tenant, target_kind=str(kind), target_id=target_id,
+        request = jobs_pb2.ListAuditRequest(tenant=self.tenant, target_kind=AUDIT_TARGET.named(kind, "kind"), target_id=target_id,
                                             limit=limit)
         response = await self._connection.call(self._connection.stubs.jobs.ListAudit, request)
         return [audit_event_from_pb(event) for event in response.events]
@@ -400,7 +410,7 @@ class Client:
         self, tenant: str, role: Role | str, *, name: str = "", expires_in: timedelta | None = None
     ) -> tuple[ApiToken, str]:
         """Create an API token; returns it and its secret (``fl_<id>_<secret>``), shown only now."""
-        request = admin_pb2.CreateTokenRequest(tenant=tenant, role=str(role), name=name,
+        request = admin_pb2.CreateTokenRequest(tenant=tenant, role=ROLE.named(role, "role"), name=name,
                                                expires_in=wire.duration(expires_in))
         response = await self._connection.call(self._connection.stubs.admin.CreateToken, request)
         return wire.token_from_pb(response.token), response.secret
@@ -413,26 +423,23 @@ class Client:
     async def revoke_token(self, token_id: str) -> ApiToken:
         """Revoke a token: every node refuses it within seconds. Revoking twice is not an error."""
         request = admin_pb2.RevokeTokenRequest(token_id=token_id)
-        return wire.token_from_pb(await self._connection.call(self._connection.stubs.admin.RevokeToken, request))
+        return wire.token_from_pb((await self._connection.call(self._connection.stubs.admin.RevokeToken, request)).token)
 
     # -- quotas ---------------------------------------------------------------------------------
 
     async def get_quota(self, tenant: str = "") -> tuple[TenantQuota, TenantQuota]:
         """A tenant's quotas in force, and its override (unset fields: the nodes' defaults).
         Empty ``tenant``: the client's own; another needs an admin token."""
-        status = await self._connection.call(self._connection.stubs.admin.GetQuota,
-                                  admin_pb2.GetQuotaRequest(tenant=tenant or self.tenant))
+        status = (await self._connection.call(self._connection.stubs.admin.GetQuota,
+                                              admin_pb2.GetQuotaRequest(tenant=tenant or self.tenant))).quota
         return wire.quota_from_pb(status.in_force), wire.quota_from_pb(status.override)
 
     async def set_quota(self, tenant: str, override: TenantQuota | None) -> tuple[TenantQuota, TenantQuota]:
         """Replace a tenant's quota override (admin tokens only); None removes it."""
         request = admin_pb2.SetQuotaRequest(tenant=tenant, reset=override is None,
                                             override=wire.quota_to_pb(override) if override else None)
-        status = await self._connection.call(self._connection.stubs.admin.SetQuota, request)
+        status = (await self._connection.call(self._connection.stubs.admin.SetQuota, request)).quota
         return wire.quota_from_pb(status.in_force), wire.quota_from_pb(status.override)
-
-    def _job_ref(self, job_id: str) -> jobs_pb2.JobRef:
-        return jobs_pb2.JobRef(tenant=self.tenant, job_id=job_id)
 
     def _own(self, spec: JobSpec) -> JobSpec:
         # The client speaks for one tenant: every spec it sends carries it, so a JobSpec built with

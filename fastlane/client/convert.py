@@ -4,23 +4,24 @@ converted in :mod:`fastlane.rpc.wire`)."""
 from __future__ import annotations
 
 from fastlane._proto import admin_pb2, jobs_pb2, workflows_pb2
-from fastlane.domain.audit import AuditAction, AuditEvent, AuditTarget
+from fastlane.domain.audit import AuditEvent
 from fastlane.domain.cluster import ClusterStatus, NodeStatus, ShardStatus, WorkerStatus
-from fastlane.domain.models import DEFAULT_TENANT, RunState
+from fastlane.domain.models import DEFAULT_TENANT
 from fastlane.domain.workflow_definitions import parse_definition
-from fastlane.domain.workflows import StepState, StepView, Workflow, WorkflowRun, WorkflowRunState
+from fastlane.domain.workflows import StepView, Workflow, WorkflowRun
 from fastlane.rpc import wire
+from fastlane.rpc.enums import AUDIT_ACTION, AUDIT_TARGET, RUN_STATE, STEP_STATE, WORKFLOW_RUN_STATE
 
 
 def audit_event_from_pb(event: jobs_pb2.AuditEvent) -> AuditEvent:
     return AuditEvent(
-        event_id=event.event_id, tenant=event.tenant, at=wire.epoch_plus(event.at), action=AuditAction(event.action),
-        target_kind=AuditTarget(event.target_kind), target_id=event.target_id, job_id=event.job_id,
+        event_id=event.event_id, tenant=event.tenant, at=wire.epoch_plus(event.at), action=AUDIT_ACTION.member(event.action, "action"),
+        target_kind=AUDIT_TARGET.member(event.target_kind, "target_kind"), target_id=event.target_id, job_id=event.job_id,
         token_id=event.token_id or None, actor=event.actor, detail=event.detail,
     )
 
 
-def cluster_from_pb(status: admin_pb2.ClusterStatus) -> ClusterStatus:
+def cluster_from_pb(status: admin_pb2.GetClusterResponse) -> ClusterStatus:
     return ClusterStatus(
         database_time=wire.instant(status.database_time, status.HasField("database_time")),
         nodes=tuple(
@@ -58,13 +59,14 @@ def workflow_run_from_pb(message: workflows_pb2.WorkflowRun) -> WorkflowRun:
     return WorkflowRun(
         workflow_run_id=message.workflow_run_id, tenant=message.tenant, workflow_id="", job_id=message.job_id,
         workflow_name=message.workflow_name, version=message.version, shard_id=0,
-        state=WorkflowRunState(message.state), input=message.input, error=message.error or None,
+        state=WORKFLOW_RUN_STATE.member(message.state, "state"), input=message.input, error=message.error or None,
         created_at=wire.epoch_plus(message.created_at), updated_at=wire.epoch_plus(message.created_at),
         finished_at=wire.instant(message.finished_at, message.HasField("finished_at")),
     )
 
 
-def step_views_from_pb(detail: workflows_pb2.WorkflowRunDetail) -> list[StepView]:
-    return [StepView(name=step.name, state=StepState(step.state), run_ids=tuple(step.run_ids),
-                     run_states=tuple(RunState(state) for state in step.run_states), items=len(step.run_ids),
+def step_views_from_pb(detail: workflows_pb2.GetWorkflowRunResponse) -> list[StepView]:
+    return [StepView(name=step.name, state=STEP_STATE.member(step.state, "state"), run_ids=tuple(step.run_ids),
+                     run_states=tuple(RUN_STATE.member(state, "run_states") for state in step.run_states),
+                     items=len(step.run_ids),
                      error=step.error or None) for step in detail.steps]

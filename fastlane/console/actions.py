@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import Any
 
 from aiohttp import web
 
-from fastlane._proto import common_pb2, jobs_pb2, runs_pb2, workflows_pb2
+from fastlane._proto import jobs_pb2, runs_pb2, workflows_pb2
 from fastlane.console.forms import KINDS, JobForm
 from fastlane.console.gateway import CallRefused
 from fastlane.console.guard import set_session_cookie
@@ -32,15 +33,23 @@ from fastlane.rpc import wire
 
 log = logging.getLogger("fastlane.console")
 
-JOB_ACTIONS = {  # path word: (API method, note shown after)
-    "pause": ("JobService/PauseJob", "paused"),
-    "resume": ("JobService/ResumeJob", "resumed"),
-    "trigger": ("JobService/TriggerJob", "triggered"),
-    "delete": ("JobService/DeleteJob", "deleted"),
+JOB_ACTIONS: dict[str, tuple[str, type[Any], type[Any], str]] = {
+    # path word: (API method, its request, its response, the note shown after)
+    "pause": ("JobService/PauseJob", jobs_pb2.PauseJobRequest, jobs_pb2.PauseJobResponse, "paused"),
+    "resume": ("JobService/ResumeJob", jobs_pb2.ResumeJobRequest, jobs_pb2.ResumeJobResponse, "resumed"),
+    "trigger": ("JobService/TriggerJob", jobs_pb2.TriggerJobRequest, jobs_pb2.TriggerJobResponse, "triggered"),
+    "delete": ("JobService/DeleteJob", jobs_pb2.DeleteJobRequest, jobs_pb2.DeleteJobResponse, "deleted"),
 }
-RUN_ACTIONS = {"cancel": ("RunService/CancelRun", "cancelled"), "retry": ("RunService/RetryRun", "retried")}
-WORKFLOW_RUN_ACTIONS = {"cancel": ("WorkflowService/CancelWorkflowRun", "cancelled"),
-                        "resume": ("WorkflowService/ResumeWorkflowRun", "resumed-workflow")}
+RUN_ACTIONS: dict[str, tuple[str, type[Any], type[Any], str]] = {
+    "cancel": ("RunService/CancelRun", runs_pb2.CancelRunRequest, runs_pb2.CancelRunResponse, "cancelled"),
+    "retry": ("RunService/RetryRun", runs_pb2.RetryRunRequest, runs_pb2.RetryRunResponse, "retried"),
+}
+WORKFLOW_RUN_ACTIONS: dict[str, tuple[str, type[Any], type[Any], str]] = {
+    "cancel": ("WorkflowService/CancelWorkflowRun", workflows_pb2.CancelWorkflowRunRequest,
+               workflows_pb2.CancelWorkflowRunResponse, "cancelled"),
+    "resume": ("WorkflowService/ResumeWorkflowRun", workflows_pb2.ResumeWorkflowRunRequest,
+               workflows_pb2.ResumeWorkflowRunResponse, "resumed-workflow"),
+}
 SIGNIN_REASONS = {"expired": "Your token is no longer valid (revoked or expired): sign in again.",
                   "signedout": "Signed out."}
 MAX_TOKEN_CHARS = 200
@@ -141,7 +150,8 @@ def _refuse_unless_may_edit(request: web.Request) -> None:
 async def edit_job_page(request: web.Request) -> web.Response:
     _refuse_unless_may_edit(request)
     job_id = request.match_info["job_id"]
-    job = wire.job_from_pb(await call_api(request, "JobService/GetJob", jobs_pb2.JobRef(job_id=job_id), common_pb2.Job))
+    job = wire.job_from_pb((await call_api(request, "JobService/GetJob", jobs_pb2.GetJobRequest(job_id=job_id),
+                                           jobs_pb2.GetJobResponse)).job)
     return _job_form_page(request, JobForm.from_spec(job.spec), job_id=job_id)
 
 
@@ -150,11 +160,12 @@ async def update_job(request: web.Request) -> web.StreamResponse:
     job_id = request.match_info["job_id"]
     fields = {key: str(value) for key, value in (await request.post()).items() if isinstance(value, str)}
     try:
-        current = wire.job_from_pb(await call_api(request, "JobService/GetJob", jobs_pb2.JobRef(job_id=job_id),
-                                                  common_pb2.Job))
+        current = wire.job_from_pb((await call_api(request, "JobService/GetJob", jobs_pb2.GetJobRequest(job_id=job_id),
+                                                   jobs_pb2.GetJobResponse)).job)
         form = JobForm.from_fields(fields)
         spec = wire.spec_to_pb(form.spec(tenant=current.tenant, based_on=current.spec))
-        await call_api(request, "JobService/UpdateJob", jobs_pb2.UpdateJobRequest(job_id=job_id, spec=spec), common_pb2.Job)
+        await call_api(request, "JobService/UpdateJob", jobs_pb2.UpdateJobRequest(job_id=job_id, spec=spec),
+                       jobs_pb2.UpdateJobResponse)
     except (InvalidArgument, CallRefused) as error:
         return _refused_form(request, fields, error, job_id=job_id)
     return see_other(f"/jobs/{job_id}?done=updated")
@@ -175,13 +186,12 @@ async def job_action(request: web.Request) -> web.StreamResponse:
     job_id, action = request.match_info["job_id"], request.match_info["action"]
     if action not in JOB_ACTIONS:
         raise web.HTTPNotFound(text=f"no job action {action!r}")
-    method, done = JOB_ACTIONS[action]
-    response_type = {"delete": jobs_pb2.DeleteJobResponse, "trigger": common_pb2.Run}.get(action, common_pb2.Job)
-    answer = await call_api(request, method, jobs_pb2.JobRef(job_id=job_id), response_type)
+    method, request_type, response_type, done = JOB_ACTIONS[action]
+    answer = await call_api(request, method, request_type(job_id=job_id), response_type)
     if action == "delete":
         return see_other("/jobs?done=deleted")
     if action == "trigger":
-        return see_other(f"/runs/{answer.run_id}?done=triggered")
+        return see_other(f"/runs/{answer.run.run_id}?done=triggered")
     return see_other(f"/jobs/{job_id}?done={done}")
 
 
@@ -192,8 +202,8 @@ async def run_action(request: web.Request) -> web.StreamResponse:
     run_id, action = request.match_info["run_id"], request.match_info["action"]
     if action not in RUN_ACTIONS:
         raise web.HTTPNotFound(text=f"no run action {action!r}")
-    method, done = RUN_ACTIONS[action]
-    await call_api(request, method, runs_pb2.RunRef(run_id=run_id), common_pb2.Run)
+    method, request_type, response_type, done = RUN_ACTIONS[action]
+    await call_api(request, method, request_type(run_id=run_id), response_type)
     return see_other(f"/runs/{run_id}?done={done}")
 
 
@@ -201,7 +211,6 @@ async def workflow_run_action(request: web.Request) -> web.StreamResponse:
     workflow_run_id, action = request.match_info["workflow_run_id"], request.match_info["action"]
     if action not in WORKFLOW_RUN_ACTIONS:
         raise web.HTTPNotFound(text=f"no workflow run action {action!r}")
-    method, done = WORKFLOW_RUN_ACTIONS[action]
-    await call_api(request, method, workflows_pb2.WorkflowRunRef(workflow_run_id=workflow_run_id),
-                   workflows_pb2.WorkflowRun)
+    method, request_type, response_type, done = WORKFLOW_RUN_ACTIONS[action]
+    await call_api(request, method, request_type(workflow_run_id=workflow_run_id), response_type)
     return see_other(f"/workflow-runs/{workflow_run_id}?done={done}")

@@ -12,16 +12,19 @@ from typing import Any
 import grpc
 from aiohttp import web
 
-from fastlane._proto import admin_pb2, common_pb2, jobs_pb2, runs_pb2, workflows_pb2
+from fastlane._proto import admin_pb2, jobs_pb2, runs_pb2, workflows_pb2
 from fastlane.auth.caller import Caller
 from fastlane.cli.views import attempt_note, describe_schedule, run_duration, run_lag
+from fastlane.client.convert import audit_event_from_pb, step_views_from_pb, workflow_run_from_pb
 from fastlane.console.chart import lag_chart
 from fastlane.console.gateway import CallRefused
 from fastlane.console.rendering import CONSOLE, call_api, caller_of, render
 from fastlane.domain import schedules
 from fastlane.domain.access import Role
 from fastlane.domain.models import Job, JobState, RunState, ScheduleKind
+from fastlane.errors import InvalidArgument
 from fastlane.rpc import wire
+from fastlane.rpc.enums import AUDIT_TARGET, JOB_STATE, RUN_STATE, WireEnum
 
 PAGE_SIZE = 50
 ID_CHARS = frozenset("0123456789abcdefABCDEF-")
@@ -50,6 +53,15 @@ def _note(request: web.Request) -> str | None:
     return NOTES.get(request.query.get("done", ""))
 
 
+def _filter_value(values: WireEnum[Any, Any], text: str, field: str) -> Any:
+    """A list filter from the query string as the API takes it: empty is any (0); a word that is
+    not one of the enumeration's is refused here, as the API would refuse it."""
+    try:
+        return values.filter(text, field)
+    except InvalidArgument as refused:
+        raise web.HTTPBadRequest(text=str(refused)) from None
+
+
 def _visible(caller: Caller, tenant: str) -> bool:
     """Whether a tenant's figures are the caller's to see: as the API shows workers (an admin sees all)."""
     return caller.tenant is None or caller.role is Role.ADMIN or caller.tenant == tenant
@@ -62,12 +74,12 @@ async def overview(request: web.Request) -> web.Response:
     recent = points[-6:]  # about the last minute
     seconds = sum(p.seconds for p in recent)
     released_per_second = sum(p.released for p in recent) / seconds if seconds else 0.0
-    status = await call_api(request, "AdminService/GetCluster", admin_pb2.GetClusterRequest(), admin_pb2.ClusterStatus)
+    status = await call_api(request, "AdminService/GetCluster", admin_pb2.GetClusterRequest(), admin_pb2.GetClusterResponse)
     dead = await call_api(request, "RunService/ListRuns",
-                          runs_pb2.ListRunsRequest(states=[RunState.DEAD.value], page_size=PAGE_SIZE),
+                          runs_pb2.ListRunsRequest(states=[RUN_STATE.number(RunState.DEAD)], page_size=PAGE_SIZE),
                           runs_pb2.ListRunsResponse)
     errored = await call_api(request, "JobService/ListJobs",
-                             jobs_pb2.ListJobsRequest(state=JobState.ERRORED.value, page_size=PAGE_SIZE),
+                             jobs_pb2.ListJobsRequest(state=JOB_STATE.number(JobState.ERRORED), page_size=PAGE_SIZE),
                              jobs_pb2.ListJobsResponse)
     unserved = sorted((job_type, tenant, int(count)) for (job_type, tenant), count in console.unserved().items()
                       if count and _visible(caller, tenant))
@@ -83,7 +95,8 @@ async def overview(request: web.Request) -> web.Response:
 
 async def jobs(request: web.Request) -> web.Response:
     query = request.query
-    q, state, job_type, token = (query.get(k, "").strip() for k in ("q", "state", "type", "page"))
+    q, state_text, job_type, token = (query.get(k, "").strip() for k in ("q", "state", "type", "page"))
+    state = _filter_value(JOB_STATE, state_text, "state")
     found: list[Job] = []
     next_token = ""
     if q:  # the start of a name, or of an id: one page either way
@@ -102,15 +115,15 @@ async def jobs(request: web.Request) -> web.Response:
         page = await call_api(request, "JobService/ListJobs", jobs_pb2.ListJobsRequest(
             state=state, job_type=job_type, page_size=PAGE_SIZE, page_token=token), jobs_pb2.ListJobsResponse)
         found, next_token = [wire.job_from_pb(m) for m in page.jobs], page.next_page_token
-    return render(request, "jobs.html", jobs=found, q=q, state=state, job_type=job_type, next_token=next_token,
+    return render(request, "jobs.html", jobs=found, q=q, state=state_text, job_type=job_type, next_token=next_token,
                   states=[s.value for s in JobState], describe=describe_schedule, note=_note(request),
                   first_page=not token)
 
 
 async def job(request: web.Request) -> web.Response:
     job_id = request.match_info["job_id"]
-    found = wire.job_from_pb(await call_api(request, "JobService/GetJob", jobs_pb2.JobRef(job_id=job_id),
-                                            common_pb2.Job))
+    found = wire.job_from_pb((await call_api(request, "JobService/GetJob", jobs_pb2.GetJobRequest(job_id=job_id),
+                                             jobs_pb2.GetJobResponse)).job)
     schedule = found.spec.schedule
     return render(request, "job.html", job=found, describe=describe_schedule, note=_note(request),
                   fires=await _fire_times(request, found),
@@ -140,18 +153,20 @@ async def _runs_and_history(request: web.Request, target_id: str, kind: str) -> 
                               runs_pb2.ListRunsResponse)
         context.update(runs=[wire.run_from_pb(m) for m in page.runs], lag=run_lag, took=run_duration)
     history = await call_api(request, "JobService/ListAudit", jobs_pb2.ListAuditRequest(
-        target_kind=kind, target_id=target_id, limit=HISTORY_EVENTS), jobs_pb2.ListAuditResponse)
-    context["history"] = [{"at": e.at.ToDatetime(tzinfo=UTC), "action": e.action, "target": f"{e.target_kind} {e.target_id}",
+        target_kind=AUDIT_TARGET.named(kind, "kind"), target_id=target_id, limit=HISTORY_EVENTS), jobs_pb2.ListAuditResponse)
+    events = [audit_event_from_pb(e) for e in history.events]
+    context["history"] = [{"at": e.at, "action": e.action, "target": f"{e.target_kind} {e.target_id}",
                            "actor": (f"{e.actor} ({e.token_id})" if e.actor else e.token_id) or "unauthenticated",
-                           "detail": e.detail} for e in history.events]
+                           "detail": e.detail} for e in events]
     return context
 
 
 async def runs(request: web.Request) -> web.Response:
     query = request.query
     state, job_id, token = (query.get(k, "").strip() for k in ("state", "job", "page"))
+    state_value = _filter_value(RUN_STATE, state, "state")
     page = await call_api(request, "RunService/ListRuns", runs_pb2.ListRunsRequest(
-        states=[state] if state else [], job_id=job_id, page_size=PAGE_SIZE, page_token=token), runs_pb2.ListRunsResponse)
+        states=[state_value] if state_value else [], job_id=job_id, page_size=PAGE_SIZE, page_token=token), runs_pb2.ListRunsResponse)
     return render(request, "runs.html", runs=[wire.run_from_pb(m) for m in page.runs], state=state, job_id=job_id,
                   next_token=page.next_page_token, states=[s.value for s in RunState], lag=run_lag, took=run_duration,
                   note=_note(request), first_page=not token)
@@ -159,7 +174,7 @@ async def runs(request: web.Request) -> web.Response:
 
 async def run(request: web.Request) -> web.Response:
     run_id = request.match_info["run_id"]
-    detail = await call_api(request, "RunService/GetRun", runs_pb2.RunRef(run_id=run_id), runs_pb2.RunDetail)
+    detail = await call_api(request, "RunService/GetRun", runs_pb2.GetRunRequest(run_id=run_id), runs_pb2.GetRunResponse)
     found = wire.run_from_pb(detail.run)
     attempts = [wire.attempt_from_pb(run_id, m) for m in detail.attempts]
     return render(request, "run.html", run=found, attempts=attempts, attempt_note=attempt_note, lag=run_lag(found),
@@ -167,7 +182,7 @@ async def run(request: web.Request) -> web.Response:
 
 
 async def cluster(request: web.Request) -> web.Response:
-    status = await call_api(request, "AdminService/GetCluster", admin_pb2.GetClusterRequest(), admin_pb2.ClusterStatus)
+    status = await call_api(request, "AdminService/GetCluster", admin_pb2.GetClusterRequest(), admin_pb2.GetClusterResponse)
     return render(request, "cluster.html", cluster=status, database_time=status.database_time.ToDatetime(tzinfo=UTC),
                   as_time=lambda ts: ts.ToDatetime(tzinfo=UTC))
 
@@ -182,17 +197,17 @@ async def workflows(request: web.Request) -> web.Response:
 
 async def workflow(request: web.Request) -> web.Response:
     name, token = request.query.get("name", ""), request.query.get("page", "")
-    definition = await call_api(request, "WorkflowService/GetWorkflow", workflows_pb2.WorkflowRef(name=name),
-                                workflows_pb2.Workflow)
+    definition = (await call_api(request, "WorkflowService/GetWorkflow", workflows_pb2.GetWorkflowRequest(name=name),
+                                 workflows_pb2.GetWorkflowResponse)).workflow
     page = await call_api(request, "WorkflowService/ListWorkflowRuns", workflows_pb2.ListWorkflowRunsRequest(
         name=name, page_size=PAGE_SIZE, page_token=token), workflows_pb2.ListWorkflowRunsResponse)
-    return render(request, "workflow.html", workflow=definition, runs=list(page.runs), next_token=page.next_page_token,
-                  first_page=not token, as_time=lambda ts: ts.ToDatetime(tzinfo=UTC), note=_note(request))
+    return render(request, "workflow.html", workflow=definition, runs=[workflow_run_from_pb(r) for r in page.runs],
+                  next_token=page.next_page_token, first_page=not token, note=_note(request))
 
 
 async def workflow_run(request: web.Request) -> web.Response:
-    detail = await call_api(request, "WorkflowService/GetWorkflowRun", workflows_pb2.WorkflowRunRef(
-        workflow_run_id=request.match_info["workflow_run_id"]), workflows_pb2.WorkflowRunDetail)
-    return render(request, "workflow_run.html", detail=detail, as_time=lambda ts: ts.ToDatetime(tzinfo=UTC),
-                  has_finished=detail.run.HasField("finished_at"), note=_note(request))
+    detail = await call_api(request, "WorkflowService/GetWorkflowRun", workflows_pb2.GetWorkflowRunRequest(
+        workflow_run_id=request.match_info["workflow_run_id"]), workflows_pb2.GetWorkflowRunResponse)
+    return render(request, "workflow_run.html", run=workflow_run_from_pb(detail.run), steps=step_views_from_pb(detail),
+                  note=_note(request))
 

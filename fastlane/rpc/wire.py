@@ -10,7 +10,6 @@ are checked against their members. The ranges a field may take are :mod:`fastlan
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from enum import StrEnum
 from typing import TypeVar, overload
 
 from google.protobuf.duration_pb2 import Duration
@@ -20,30 +19,26 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from fastlane._proto import admin_pb2
 from fastlane._proto import common_pb2 as pb
 from fastlane.domain import validation
-from fastlane.domain.access import ApiToken, Role
+from fastlane.domain.access import ApiToken
 from fastlane.domain.limits import MAX_CRON_LENGTH, MAX_TIMEZONE_LENGTH
 from fastlane.domain.models import (
     DEFAULT_TENANT,
     Attempt,
-    AttemptOutcome,
     Delivery,
     Job,
     JobSpec,
-    JobState,
-    MisfireKind,
     MisfirePolicy,
     OverlapPolicy,
     RetryPolicy,
     Run,
-    RunState,
     Schedule,
     ScheduleKind,
 )
 from fastlane.domain.quotas import TenantQuota
 from fastlane.errors import InvalidArgument
+from fastlane.rpc.enums import ATTEMPT_OUTCOME, DELIVERY, JOB_STATE, MISFIRE_KIND, OVERLAP_POLICY, ROLE, RUN_STATE
 from fastlane.runtime.clock import EPOCH
 
-E = TypeVar("E", bound=StrEnum)
 _Default = TypeVar("_Default", timedelta, None)  # a field with a default never comes back None
 
 
@@ -107,16 +102,6 @@ def duration(delta: timedelta | None) -> Duration | None:
     return Duration(seconds=sign * seconds, nanos=sign * remainder * 1_000)
 
 
-def enum_value(kind: type[E], text: str, field: str, default: E) -> E:
-    if not text:
-        return default
-    try:
-        return kind(text)
-    except ValueError:
-        allowed = ", ".join(member.value for member in kind)
-        raise InvalidArgument(field, f"{text[:40]!r} is not one of: {allowed}") from None
-
-
 # -- schedules and specs -----------------------------------------------------------------------
 
 
@@ -167,9 +152,10 @@ def spec_to_pb(spec: JobSpec) -> pb.JobSpec:
             backoff_base=duration(retry.backoff_base),
             backoff_cap=duration(retry.backoff_cap),
         ),
-        misfire=pb.MisfirePolicy(kind=misfire.kind.value, grace=duration(misfire.grace), fire_all_cap=misfire.fire_all_cap),
-        overlap=spec.overlap.value,
-        delivery=spec.delivery.value,
+        misfire=pb.MisfirePolicy(kind=MISFIRE_KIND.number(misfire.kind), grace=duration(misfire.grace),
+                                 fire_all_cap=misfire.fire_all_cap),
+        overlap=OVERLAP_POLICY.number(spec.overlap),
+        delivery=DELIVERY.number(spec.delivery),
         timeout=duration(spec.timeout),
         lease_ttl=duration(spec.lease_ttl),
     )
@@ -202,12 +188,12 @@ def spec_from_pb(message: pb.JobSpec, *, tenant: str | None = None) -> JobSpec:
             backoff_cap=optional_duration(retry, "backoff_cap", "spec.retry.backoff_cap", defaults_retry.backoff_cap),
         ),
         misfire=MisfirePolicy(
-            kind=enum_value(MisfireKind, misfire.kind, "spec.misfire.kind", defaults_misfire.kind),
+            kind=MISFIRE_KIND.member(misfire.kind, "spec.misfire.kind", defaults_misfire.kind),
             grace=optional_duration(misfire, "grace", "spec.misfire.grace", defaults_misfire.grace),
             fire_all_cap=misfire.fire_all_cap or defaults_misfire.fire_all_cap,
         ),
-        overlap=enum_value(OverlapPolicy, message.overlap, "spec.overlap", OverlapPolicy.ALLOW),
-        delivery=enum_value(Delivery, message.delivery, "spec.delivery", Delivery.AT_LEAST_ONCE),
+        overlap=OVERLAP_POLICY.member(message.overlap, "spec.overlap", OverlapPolicy.ALLOW),
+        delivery=DELIVERY.member(message.delivery, "spec.delivery", Delivery.AT_LEAST_ONCE),
         timeout=optional_duration(message, "timeout", "spec.timeout", None),
         lease_ttl=optional_duration(message, "lease_ttl", "spec.lease_ttl", timedelta(seconds=30)),
     )
@@ -220,7 +206,7 @@ def job_to_pb(job: Job) -> pb.Job:
     return pb.Job(
         job_id=job.job_id,
         spec=spec_to_pb(job.spec),
-        state=job.state.value,
+        state=JOB_STATE.number(job.state),
         next_fire_at=timestamp(job.next_fire_at),
         created_at=timestamp(job.created_at),
         updated_at=timestamp(job.updated_at),
@@ -238,7 +224,7 @@ def run_to_pb(run: Run) -> pb.Run:
         job_type=run.job_type,
         scheduled_for=timestamp(run.scheduled_for),
         available_at=timestamp(run.available_at),
-        state=run.state.value,
+        state=RUN_STATE.number(run.state),
         attempts=run.attempts,
         manual=run.manual,
         worker_id=run.worker_id or "",
@@ -260,7 +246,7 @@ def attempt_to_pb(attempt: Attempt) -> pb.Attempt:
         attempt=attempt.attempt,
         worker_id=attempt.worker_id,
         node_id=attempt.node_id,
-        outcome=attempt.outcome.value,
+        outcome=ATTEMPT_OUTCOME.number(attempt.outcome),
         dispatched_at=timestamp(attempt.dispatched_at),
         started_at=timestamp(attempt.started_at),
         finished_at=timestamp(attempt.finished_at),
@@ -284,7 +270,7 @@ def job_from_pb(message: pb.Job) -> Job:
         job_id=message.job_id,
         shard_id=message.shard_id,
         spec=spec_from_pb(message.spec),
-        state=JobState(message.state),
+        state=JOB_STATE.member(message.state, "job.state"),
         next_fire_at=instant(message.next_fire_at, message.HasField("next_fire_at")),
         created_at=message.created_at.ToDatetime(tzinfo=UTC),
         updated_at=message.updated_at.ToDatetime(tzinfo=UTC),
@@ -303,7 +289,7 @@ def run_from_pb(message: pb.Run) -> Run:
         shard_id=message.shard_id,
         scheduled_for=message.scheduled_for.ToDatetime(tzinfo=UTC),
         available_at=message.available_at.ToDatetime(tzinfo=UTC),
-        state=RunState(message.state),
+        state=RUN_STATE.member(message.state, "run.state"),
         attempts=message.attempts,
         payload=b"",
         priority=0,
@@ -329,7 +315,7 @@ def attempt_from_pb(run_id: str, message: pb.Attempt) -> Attempt:
         lease_token=0,
         worker_id=message.worker_id,
         node_id=message.node_id,
-        outcome=AttemptOutcome(message.outcome),
+        outcome=ATTEMPT_OUTCOME.member(message.outcome, "attempt.outcome"),
         dispatched_at=message.dispatched_at.ToDatetime(tzinfo=UTC),
         started_at=instant(message.started_at, message.HasField("started_at")),
         finished_at=instant(message.finished_at, message.HasField("finished_at")),
@@ -346,7 +332,7 @@ def attempt_from_pb(run_id: str, message: pb.Attempt) -> Attempt:
 
 def token_to_pb(token: ApiToken) -> admin_pb2.ApiToken:
     return admin_pb2.ApiToken(
-        token_id=token.token_id, tenant=token.tenant, role=token.role.value, name=token.name,
+        token_id=token.token_id, tenant=token.tenant, role=ROLE.number(token.role), name=token.name,
         created_at=timestamp(token.created_at), expires_at=timestamp(token.expires_at),
         revoked_at=timestamp(token.revoked_at), last_used_at=timestamp(token.last_used_at),
     )
@@ -354,7 +340,7 @@ def token_to_pb(token: ApiToken) -> admin_pb2.ApiToken:
 
 def token_from_pb(message: admin_pb2.ApiToken) -> ApiToken:
     return ApiToken(
-        token_id=message.token_id, tenant=message.tenant, role=Role(message.role), name=message.name,
+        token_id=message.token_id, tenant=message.tenant, role=ROLE.member(message.role, "token.role"), name=message.name,
         created_at=epoch_plus(message.created_at),
         expires_at=instant(message.expires_at, message.HasField("expires_at")),
         revoked_at=instant(message.revoked_at, message.HasField("revoked_at")),

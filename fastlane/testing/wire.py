@@ -53,8 +53,8 @@ class FakeStream:
     """One Connect call as the node sees it: what the worker sent, and what to send it next."""
 
     def __init__(self) -> None:
-        self.received: list[pb.WorkerMessage] = []
-        self.outbound: asyncio.Queue[pb.NodeMessage | None] = asyncio.Queue()
+        self.received: list[pb.ConnectRequest] = []
+        self.outbound: asyncio.Queue[pb.ConnectResponse | None] = asyncio.Queue()
         self.worker_closed = False  # the worker closed its sending side
 
     def bodies(self, kind: str) -> list[Any]:
@@ -79,21 +79,21 @@ class FakeStream:
         return {beat.run_id for body in self.bodies("heartbeats") for beat in body.beats}
 
     def assign(self, *assignments: pb.Assignment) -> None:
-        self.outbound.put_nowait(pb.NodeMessage(assignments=pb.Assignments(assignments=assignments)))
+        self.outbound.put_nowait(pb.ConnectResponse(assignments=pb.Assignments(assignments=assignments)))
 
     def cancel(self, run_id: str, lease_token: int, reason: str) -> None:
         ref = pb.ResultAck(run_id=run_id, lease_token=lease_token)
-        self.outbound.put_nowait(pb.NodeMessage(cancel=pb.CancelRuns(runs=[ref], reason=reason)))
+        self.outbound.put_nowait(pb.ConnectResponse(cancel=pb.CancelRuns(runs=[ref], reason=reason)))
 
     def withdraw(self, runs: list[tuple[str, int]], reason: str) -> None:
         """Cancel only those of ``runs`` (run id, lease token) whose handler has not started."""
         refs = [pb.ResultAck(run_id=run_id, lease_token=lease_token) for run_id, lease_token in runs]
         cancel = pb.CancelRuns(runs=refs, reason=reason, unstarted_only=True)
-        self.outbound.put_nowait(pb.NodeMessage(cancel=cancel))
+        self.outbound.put_nowait(pb.ConnectResponse(cancel=cancel))
 
     def ack(self, *results: pb.RunResult) -> None:
         acks = [pb.ResultAck(run_id=r.run_id, lease_token=r.lease_token) for r in results]
-        self.outbound.put_nowait(pb.NodeMessage(acks=pb.ResultAcks(acks=acks)))
+        self.outbound.put_nowait(pb.ConnectResponse(acks=pb.ResultAcks(acks=acks)))
 
     def close(self) -> None:
         """End the call from the node's side (after what is queued)."""
@@ -142,8 +142,8 @@ class FakeWorkerService(pb_grpc.WorkerServiceServicer):
         return pb.Welcome(node_id=self.node_id, heartbeat_interval=duration(self.heartbeat_interval),
                           takes_credits_with_results=self.credits_with_results, prompt_results=self.prompt_results)
 
-    async def Connect(self, request_iterator: AsyncIterable[pb.WorkerMessage],
-                      context: grpc.aio.ServicerContext[pb.WorkerMessage, pb.NodeMessage]) -> AsyncIterator[pb.NodeMessage]:
+    async def Connect(self, request_iterator: AsyncIterable[pb.ConnectRequest],
+                      context: grpc.aio.ServicerContext[pb.ConnectRequest, pb.ConnectResponse]) -> AsyncIterator[pb.ConnectResponse]:
         stream = FakeStream()
         self.streams.append(stream)
         await self.notify()
@@ -154,18 +154,18 @@ class FakeWorkerService(pb_grpc.WorkerServiceServicer):
         finally:
             receiving.cancel()
 
-    async def _receive(self, request_iterator: AsyncIterable[pb.WorkerMessage], stream: FakeStream) -> None:
+    async def _receive(self, request_iterator: AsyncIterable[pb.ConnectRequest], stream: FakeStream) -> None:
         async for message in request_iterator:
             body = message.WhichOneof("body")
             if body == "hello":
-                stream.outbound.put_nowait(pb.NodeMessage(welcome=self.welcome()))
+                stream.outbound.put_nowait(pb.ConnectResponse(welcome=self.welcome()))
             elif body == "results" and self.auto_ack:
                 stream.ack(*message.results.results)
             elif body == "clock_probe" and self.clock_ahead_ns is not None:
                 probe = message.clock_probe
                 echo = pb.ClockEcho(probe_id=probe.probe_id, probe_sent_at=probe.sent_at,
                                     node_time=ns_stamp(time.time_ns() + self.clock_ahead_ns))
-                stream.outbound.put_nowait(pb.NodeMessage(clock_echo=echo))
+                stream.outbound.put_nowait(pb.ConnectResponse(clock_echo=echo))
             stream.received.append(message)
             await self.notify()
         stream.worker_closed = True

@@ -20,6 +20,7 @@ from typing import Any, Protocol, TypeVar
 from fastlane._proto import workers_pb2 as pb
 from fastlane.domain.models import AttemptOutcome
 from fastlane.errors import PermanentError
+from fastlane.rpc.enums import ATTEMPT_OUTCOME
 from fastlane.rpc.wire import timestamp
 from fastlane.worker._failures import FailureLog, format_traceback
 from fastlane.worker._hold import StartTimer
@@ -60,7 +61,7 @@ class Verdict:
         return pb.RunResult(
             run_id=slot.run_id,
             lease_token=slot.lease_token,
-            outcome=self.outcome.value,
+            outcome=ATTEMPT_OUTCOME.number(self.outcome),
             error_code=self.error_code,
             error_message=self.error_message[:MAX_ERROR_MESSAGE],
             started_at=timestamp(started_at),
@@ -463,15 +464,15 @@ class RunBook:
         return tasks
 
 
-def result_messages(results: Iterable[pb.RunResult]) -> Iterator[pb.WorkerMessage]:
-    return _batches(results, lambda batch: pb.WorkerMessage(results=pb.Results(results=batch)))
+def result_messages(results: Iterable[pb.RunResult]) -> Iterator[pb.ConnectRequest]:
+    return _batches(results, lambda batch: pb.ConnectRequest(results=pb.Results(results=batch)))
 
 
-def heartbeat_messages(beats: Iterable[pb.RunHeartbeat]) -> Iterator[pb.WorkerMessage]:
-    return _batches(beats, lambda batch: pb.WorkerMessage(heartbeats=pb.Heartbeats(beats=batch)))
+def heartbeat_messages(beats: Iterable[pb.RunHeartbeat]) -> Iterator[pb.ConnectRequest]:
+    return _batches(beats, lambda batch: pb.ConnectRequest(heartbeats=pb.Heartbeats(beats=batch)))
 
 
-def _batches(items: Iterable[_Item], wrap: Callable[[list[_Item]], pb.WorkerMessage]) -> Iterator[pb.WorkerMessage]:
+def _batches(items: Iterable[_Item], wrap: Callable[[list[_Item]], pb.ConnectRequest]) -> Iterator[pb.ConnectRequest]:
     """As few messages as fit under the size budget (normally one)."""
     batch: list[_Item] = []
     size = 0

@@ -123,7 +123,7 @@ class NodeStream:
         self._beat_wanted = asyncio.Event()
         self._next_beat: asyncio.Future[None] | None = None
         self._closing = asyncio.Event()
-        self._outbound: asyncio.Queue[pb.WorkerMessage | None] | None = None
+        self._outbound: asyncio.Queue[pb.ConnectRequest | None] | None = None
         self._welcomed = False
         self._credits_with_results = False  # this connection's node takes credits inside Results
         self._prompt_results = False  # this connection's node wants a result after a quiet spell at once
@@ -299,7 +299,7 @@ class NodeStream:
     async def _session(self, stub: pb_grpc.WorkerServiceStub) -> bool:
         """Run one Connect call to its end; return whether the node welcomed us."""
         call = stub.Connect()
-        outbound: asyncio.Queue[pb.WorkerMessage | None] = asyncio.Queue()
+        outbound: asyncio.Queue[pb.ConnectRequest | None] = asyncio.Queue()
         self._open(outbound)
         welcomed = asyncio.Event()
         reader = asyncio.create_task(self._read(call, welcomed), name=f"worker-read:{self.address}")
@@ -324,10 +324,10 @@ class NodeStream:
         self._log_end(welcomed.is_set(), error)
         return welcomed.is_set()
 
-    def _open(self, outbound: asyncio.Queue[pb.WorkerMessage | None]) -> None:
+    def _open(self, outbound: asyncio.Queue[pb.ConnectRequest | None]) -> None:
         credits = 0 if self._draining else max(0, self._concurrency - self._runs.own_in_flight)
         hello = pb.Hello(worker_id=self._worker_id, job_types=self._job_types, credits=credits, tenant="")
-        outbound.put_nowait(pb.WorkerMessage(hello=hello))
+        outbound.put_nowait(pb.ConnectRequest(hello=hello))
         for message in result_messages(self._runs.resend_all()):
             outbound.put_nowait(message)
         self._outbound = outbound
@@ -376,12 +376,12 @@ class NodeStream:
             elif body == "welcome":
                 self._welcome(message.welcome, welcomed)
 
-    async def _write(self, call: Any, outbound: asyncio.Queue[pb.WorkerMessage | None]) -> None:
+    async def _write(self, call: Any, outbound: asyncio.Queue[pb.ConnectRequest | None]) -> None:
         while (message := await outbound.get()) is not None:
             await call.write(message)
         await call.done_writing()
 
-    async def _flush_results(self, outbound: asyncio.Queue[pb.WorkerMessage | None]) -> None:
+    async def _flush_results(self, outbound: asyncio.Queue[pb.ConnectRequest | None]) -> None:
         # Results of runs finishing within RESULT_COALESCE of the last message go in one message,
         # with the credits they free (in a CreditGrant of its own to a node older than
         # Welcome.takes_credits_with_results). Each message costs the worker's loop more than the
@@ -410,7 +410,7 @@ class NodeStream:
             for message in messages:
                 outbound.put_nowait(message)
             if grant:
-                outbound.put_nowait(pb.WorkerMessage(credit=pb.CreditGrant(credits=grant)))
+                outbound.put_nowait(pb.ConnectRequest(credit=pb.CreditGrant(credits=grant)))
 
     async def _send_heartbeats(self, welcomed: asyncio.Event) -> None:
         await welcomed.wait()
@@ -440,7 +440,7 @@ class NodeStream:
 
     def _send_probe(self) -> None:
         if self._outbound is not None:
-            self._outbound.put_nowait(pb.WorkerMessage(clock_probe=self._clock.probe(self._wall_ns())))
+            self._outbound.put_nowait(pb.ConnectRequest(clock_probe=self._clock.probe(self._wall_ns())))
 
     def _queue_beats(self, *, full: bool) -> None:
         slots = self._runs.beats_due(full=full)

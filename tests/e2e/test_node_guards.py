@@ -41,8 +41,8 @@ BAD_REQUESTS = [
     ("CreateJob", jobs_pb2.CreateJobRequest(spec=spec(timeout=Duration(seconds=10**18))), "spec.timeout"),
     ("CreateJob", jobs_pb2.CreateJobRequest(spec=spec(retry=pb.RetryPolicy(max_attempts=10**6))), "spec.retry.max_attempts"),
     ("CreateJob", jobs_pb2.CreateJobRequest(spec=spec(tenant="a\x00b")), "tenant"),
-    ("GetJob", jobs_pb2.JobRef(job_id="nul\x00id"), "job_id"),
-    ("DeleteJob", jobs_pb2.JobRef(job_id="x" * 5_000), "job_id"),
+    ("GetJob", jobs_pb2.GetJobRequest(job_id="nul\x00id"), "job_id"),
+    ("DeleteJob", jobs_pb2.DeleteJobRequest(job_id="x" * 5_000), "job_id"),
     ("ListJobs", jobs_pb2.ListJobsRequest(page_token="5b5d"), "page_token"),
     ("ListJobs", jobs_pb2.ListJobsRequest(page_size=-1), "page_size"),
     ("PreviewSchedule", jobs_pb2.PreviewScheduleRequest(

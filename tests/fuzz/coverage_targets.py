@@ -111,7 +111,7 @@ def check_worker_message(data: bytes) -> None:
     from fastlane.server.servicers import workers
 
     with _refused():
-        message = workers_pb2.WorkerMessage.FromString(data)
+        message = workers_pb2.ConnectRequest.FromString(data)
         body = message.WhichOneof("body")
         if body == "hello":
             workers.validate_hello(message.hello)

@@ -86,14 +86,17 @@ BYTES_EDGES = (b"", b"{}", b"[]", b"null", b'{"k": 1}', b"\x00" * 16, b"\xff\xfe
 FLOAT_EDGES = (math.nan, -math.nan, math.inf, -math.inf, -1.0, 2.0, 0.0, -0.0, 1.0, 0.5, 1e-45, 1.0000001,
                3.4e38, -3.4e38)
 
-OVERLAPS = ("allow", "skip", "buffer_one", "buffer_all", "cancel_previous")
-DELIVERIES = ("at_least_once", "at_most_once")
-MISFIRE_KINDS = ("fire_once", "fire_all", "skip")
-JOB_STATES = ("active", "paused", "completed", "errored")
-RUN_STATES = ("buffered", "scheduled", "dispatched", "running", "succeeded", "failed", "dead", "skipped",
-              "cancelled", "lost")
-OUTCOMES = ("succeeded", "failed", "permanent_failure", "timed_out", "cancelled", "pending", "lease_expired",
-            "superseded")
+# The API's enumerations by their wire values, the unspecified zero included (a default or "any").
+OVERLAPS = tuple(common_pb2.OverlapPolicy.values())
+DELIVERIES = tuple(common_pb2.Delivery.values())
+MISFIRE_KINDS = tuple(common_pb2.MisfireKind.values())
+JOB_STATES = tuple(common_pb2.JobState.values())
+RUN_STATES = tuple(value for value in common_pb2.RunState.values() if value)
+WORKER_OUTCOMES = (common_pb2.ATTEMPT_OUTCOME_SUCCEEDED, common_pb2.ATTEMPT_OUTCOME_FAILED,
+                   common_pb2.ATTEMPT_OUTCOME_PERMANENT_FAILURE, common_pb2.ATTEMPT_OUTCOME_TIMED_OUT,
+                   common_pb2.ATTEMPT_OUTCOME_CANCELLED)  # what a worker may report; the rest count as failed
+OUTCOMES = tuple(common_pb2.AttemptOutcome.values())
+INT32_EDGES = (-1, 2**31 - 1, -(2**31))
 CRON_EDGES = ("* * * * *", "*/5 * * * *", "0 9 * * 1-5", "30 */2 * * * *", "0 0 31 2 *", "0 0 29 2 *",
               "0 0 30 2 *", "60 * * * *", "* 24 * * *", "* * 32 * *", "* * * 13 *", "* * * * 8", "*/0 * * * *",
               "@yearly", "@reboot", "* * * * * * *", "* * * *", "", " ", "a b c d e", "0-59/1 * * * *",
@@ -120,8 +123,11 @@ def strings() -> st.SearchStrategy[str]:
     return st.one_of(st.sampled_from(STRING_EDGES), random_text())
 
 
-def enum_strings(valid: tuple[str, ...]) -> st.SearchStrategy[str]:
-    return st.one_of(st.sampled_from(valid), st.sampled_from(ENUM_NOISE), random_text(12))
+def enum_numbers(valid: tuple[int, ...]) -> st.SearchStrategy[int]:
+    """An enumeration's values, the next one past them (a newer client's), and any int32: proto3
+    enums are open, so a node receives numbers no member names."""
+    return st.one_of(st.sampled_from(valid), st.sampled_from((max(valid) + 1, *INT32_EDGES)),
+                     st.integers(-(2**31), 2**31 - 1))
 
 
 def byte_strings() -> st.SearchStrategy[bytes]:
@@ -196,7 +202,7 @@ class Memory:
             self._job(response)
         elif isinstance(response, common_pb2.Run):
             self._run(response)
-        elif isinstance(response, runs_pb2.RunDetail):
+        elif isinstance(response, runs_pb2.GetRunResponse):
             self._run(response.run)
         elif isinstance(response, jobs_pb2.ListJobsResponse):
             for job in response.jobs[:20]:
@@ -291,11 +297,11 @@ SPEC_MUTATIONS: dict[str, st.SearchStrategy[Mutator]] = {
     "spec.retry.max_retry_time": _setter("retry.max_retry_time", durations()),
     "spec.retry.backoff_base": _setter("retry.backoff_base", durations()),
     "spec.retry.backoff_cap": _setter("retry.backoff_cap", durations()),
-    "spec.misfire.kind": _setter("misfire.kind", enum_strings(MISFIRE_KINDS)),
+    "spec.misfire.kind": _setter("misfire.kind", enum_numbers(MISFIRE_KINDS)),
     "spec.misfire.grace": _setter("misfire.grace", durations()),
     "spec.misfire.fire_all_cap": _setter("misfire.fire_all_cap", int32s()),
-    "spec.overlap": _setter("overlap", enum_strings(OVERLAPS)),
-    "spec.delivery": _setter("delivery", enum_strings(DELIVERIES)),
+    "spec.overlap": _setter("overlap", enum_numbers(OVERLAPS)),
+    "spec.delivery": _setter("delivery", enum_numbers(DELIVERIES)),
     "spec.timeout": _setter("timeout", durations()),
     "spec.lease_ttl": _setter("lease_ttl", durations()),
     "spec.schedule": _clear("schedule"),
@@ -359,8 +365,8 @@ def valid_specs(draw: st.DrawFn) -> common_pb2.JobSpec:
         schedule=draw(valid_schedules()),
         payload=draw(st.sampled_from((b"", b"{}", b'{"k": 1}'))),
         priority=draw(st.sampled_from((0, 5, -1000, 1000))),
-        overlap=draw(st.sampled_from(("", *OVERLAPS))),
-        delivery=draw(st.sampled_from(("", *DELIVERIES))),
+        overlap=draw(st.sampled_from(OVERLAPS)),
+        delivery=draw(st.sampled_from(DELIVERIES)),
     )
     if draw(st.booleans()):
         spec.retry.CopyFrom(common_pb2.RetryPolicy(
@@ -455,8 +461,8 @@ def job_ref(draw: st.DrawFn, method: str) -> Probe:
 
     def build(memory: Memory) -> Message:
         known = memory.job(index) or ("", "no-such-job", "")
-        return jobs_pb2.JobRef(tenant=known[0] if tenant is KNOWN else tenant,  # type: ignore[arg-type]
-                               job_id=known[1] if job_id is KNOWN else job_id)  # type: ignore[arg-type]
+        return getattr(jobs_pb2, f"{method}Request")(tenant=known[0] if tenant is KNOWN else tenant,
+                                                     job_id=known[1] if job_id is KNOWN else job_id)
 
     fields = tuple(name for name, value in (("tenant", tenant), ("job_id", job_id)) if value is not KNOWN)
     return Probe("JobService", method, fields, build)
@@ -470,7 +476,7 @@ def list_jobs(draw: st.DrawFn) -> Probe:
         request.tenant = draw(strings())
         fields.append("tenant")
     if draw(st.booleans()):
-        request.state = draw(enum_strings(JOB_STATES))
+        request.state = draw(enum_numbers(JOB_STATES))
         fields.append("state")
     if draw(st.booleans()):
         request.job_type = draw(strings())
@@ -526,8 +532,8 @@ def list_runs(draw: st.DrawFn) -> Probe:
         fields.append("tenant")
     if draw(st.booleans()):
         request.states.extend(draw(st.one_of(
-            st.lists(enum_strings(RUN_STATES), max_size=4),
-            st.sampled_from((list(RUN_STATES) * 2, ["scheduled"] * 1000, ["x" * 201] * 11)),
+            st.lists(enum_numbers(RUN_STATES), max_size=4),
+            st.sampled_from((list(RUN_STATES) * 2, [common_pb2.RUN_STATE_SCHEDULED] * 1000, [0] * 11, [999] * 11)),
         )))
         fields.append("states")
     if draw(st.booleans()):
@@ -565,8 +571,8 @@ def run_ref(draw: st.DrawFn, method: str) -> Probe:
 
     def build(memory: Memory) -> Message:
         known = memory.run(index) or ("", "no-such-run")
-        return runs_pb2.RunRef(tenant=known[0] if tenant is KNOWN else tenant,  # type: ignore[arg-type]
-                               run_id=known[1] if run_id is KNOWN else run_id)  # type: ignore[arg-type]
+        return getattr(runs_pb2, f"{method}Request")(tenant=known[0] if tenant is KNOWN else tenant,
+                                                     run_id=known[1] if run_id is KNOWN else run_id)
 
     fields = tuple(name for name, value in (("tenant", tenant), ("run_id", run_id)) if value is not KNOWN)
     return Probe("RunService", method, fields, build)
@@ -576,7 +582,7 @@ def get_cluster() -> st.SearchStrategy[Probe]:
     return st.just(Probe("AdminService", "GetCluster", (), lambda memory: admin_pb2.GetClusterRequest()))
 
 
-TOKEN_ROLES = ("admin", "client", "worker", "viewer")
+TOKEN_ROLES = tuple(admin_pb2.Role.values())
 
 
 @st.composite
@@ -606,13 +612,13 @@ def get_quota(draw: st.DrawFn) -> Probe:
 
 @st.composite
 def create_token(draw: st.DrawFn) -> Probe:
-    request = admin_pb2.CreateTokenRequest(tenant="fuzz-tenant", role="viewer", name="fuzz")
+    request = admin_pb2.CreateTokenRequest(tenant="fuzz-tenant", role=admin_pb2.ROLE_VIEWER, name="fuzz")
     fields = []
     if draw(st.booleans()):
         request.tenant = draw(strings())
         fields.append("tenant")
     if draw(st.booleans()):
-        request.role = draw(enum_strings(TOKEN_ROLES))
+        request.role = draw(enum_numbers(TOKEN_ROLES))
         fields.append("role")
     if draw(st.booleans()):
         request.name = draw(strings())
@@ -724,7 +730,8 @@ def workflow_run_ref(draw: st.DrawFn, method: str) -> Probe:
 
     def build(memory: Memory) -> Message:
         known = memory.workflow_runs[index % len(memory.workflow_runs)] if memory.workflow_runs else "no-such-run"
-        return workflows_pb2.WorkflowRunRef(workflow_run_id=known if run_id is KNOWN else run_id)  # type: ignore[arg-type]
+        request_type = getattr(workflows_pb2, f"{method}Request")
+        return request_type(workflow_run_id=known if run_id is KNOWN else run_id)  # type: ignore[no-any-return]
 
     return Probe("WorkflowService", method, () if run_id is KNOWN else ("workflow_run_id",), build)
 
@@ -733,7 +740,7 @@ def workflow_run_ref(draw: st.DrawFn, method: str) -> Probe:
 
 WORKER_JOB_TYPE = "fuzz-w"  # jobs of this type exist so misbehaving streams really get assignments
 
-Build = Callable[[Memory, list[workers_pb2.Assignment]], workers_pb2.WorkerMessage]
+Build = Callable[[Memory, list[workers_pb2.Assignment]], workers_pb2.ConnectRequest]
 
 
 @dataclass(frozen=True)
@@ -804,14 +811,14 @@ def hellos(draw: st.DrawFn, one_in: int = 6) -> Step:
         credits=field("hello.credits", st.sampled_from((0, 1, 10, 100)), int32s()),
         tenant=field("hello.tenant", st.sampled_from(("", "fuzz-w")), strings()),
     )
-    return Step("hello", lambda memory, assigned: workers_pb2.WorkerMessage(hello=hello), tuple(field.fuzzed))
+    return Step("hello", lambda memory, assigned: workers_pb2.ConnectRequest(hello=hello), tuple(field.fuzzed))
 
 
 @st.composite
 def credits(draw: st.DrawFn) -> Step:
     field = _Fields(draw, 3)
     grant = field("credit.credits", st.sampled_from((1, 5, 100)), int32s())
-    message = workers_pb2.WorkerMessage(credit=workers_pb2.CreditGrant(credits=grant))
+    message = workers_pb2.ConnectRequest(credit=workers_pb2.CreditGrant(credits=grant))
     return Step("credit", lambda memory, assigned: message, tuple(field.fuzzed))
 
 
@@ -855,8 +862,8 @@ def heartbeats(draw: st.DrawFn) -> Step:
                            st.one_of(st.none(), st.sampled_from((b"", b"1", b"x" * MIB))), byte_strings())
         beats.append((target, draw(st.booleans()), progress, checkpoint))
 
-    def build(memory: Memory, assigned: list[workers_pb2.Assignment]) -> workers_pb2.WorkerMessage:
-        message = workers_pb2.WorkerMessage(heartbeats=workers_pb2.Heartbeats())
+    def build(memory: Memory, assigned: list[workers_pb2.Assignment]) -> workers_pb2.ConnectRequest:
+        message = workers_pb2.ConnectRequest(heartbeats=workers_pb2.Heartbeats())
         for target, started, progress, checkpoint in beats:
             run_id, token = target(memory, assigned)
             beat = message.heartbeats.beats.add(run_id=run_id, lease_token=token, started=started)
@@ -876,7 +883,7 @@ def results(draw: st.DrawFn) -> Step:
     for _ in range(draw(st.integers(0, 3))):
         reports.append((
             draw(_run_target(field, "results.results")),
-            field("results.results.outcome", st.sampled_from(OUTCOMES[:5]), enum_strings(OUTCOMES)),
+            field("results.results.outcome", st.sampled_from(WORKER_OUTCOMES), enum_numbers(OUTCOMES)),
             field("results.results.error_code", st.sampled_from(("", "E1")), strings()),
             field("results.results.error_message", st.sampled_from(("", "boom")), strings()),
             field("results.results.started_at", st.one_of(st.none(), st.just(_now_plus(0))), timestamps()),
@@ -889,8 +896,8 @@ def results(draw: st.DrawFn) -> Step:
         ))
     freed = field("results.credits", st.sampled_from((0, 0, 1, 5)), int32s())
 
-    def build(memory: Memory, assigned: list[workers_pb2.Assignment]) -> workers_pb2.WorkerMessage:
-        message = workers_pb2.WorkerMessage(results=workers_pb2.Results(credits=freed))
+    def build(memory: Memory, assigned: list[workers_pb2.Assignment]) -> workers_pb2.ConnectRequest:
+        message = workers_pb2.ConnectRequest(results=workers_pb2.Results(credits=freed))
         for target, outcome, code, text, started_at, finished_at, traced, output in reports:
             run_id, token = target(memory, assigned)
             result = message.results.results.add(run_id=run_id, lease_token=token, outcome=outcome,
@@ -928,7 +935,7 @@ def clock_probes(draw: st.DrawFn) -> Step:
                         st.one_of(st.sampled_from(UNCERTAINTY_EDGES), durations()))
     offset = field("clock_probe.offset", st.one_of(st.none(), st.just(Duration(nanos=-3_000_000))),
                    st.one_of(st.sampled_from(OFFSET_EDGES), durations()))
-    message = workers_pb2.WorkerMessage(clock_probe=workers_pb2.ClockProbe(probe_id=probe_id))
+    message = workers_pb2.ConnectRequest(clock_probe=workers_pb2.ClockProbe(probe_id=probe_id))
     for name, value in (("sent_at", sent_at), ("uncertainty", uncertainty), ("offset", offset)):
         if value is not None:
             getattr(message.clock_probe, name).CopyFrom(value)
@@ -937,7 +944,7 @@ def clock_probes(draw: st.DrawFn) -> Step:
 
 
 def empty_messages() -> st.SearchStrategy[Step]:
-    return st.just(Step("empty", lambda memory, assigned: workers_pb2.WorkerMessage(), ("body (unset)",)))
+    return st.just(Step("empty", lambda memory, assigned: workers_pb2.ConnectRequest(), ("body (unset)",)))
 
 
 def _followers() -> st.SearchStrategy[Step]:

@@ -18,9 +18,10 @@ from urllib.parse import quote
 
 import aiohttp
 import pytest
-from strategies import JOB_STATES, PAGE_TOKEN_EDGES, RUN_STATES, STRING_EDGES
+from strategies import ENUM_NOISE, PAGE_TOKEN_EDGES, STRING_EDGES
 
 from fastlane.client import Client
+from fastlane.domain.models import JobState, RunState
 from fastlane.server.node import Node
 from fastlane.server.settings import Settings
 from fastlane.testing.processes import free_port
@@ -53,9 +54,9 @@ def _form(rng: random.Random, csrf: str) -> dict[str, str]:
 def _query(rng: random.Random) -> str:
     page = rng.choice(("/jobs", "/runs", "/workflows", "/workflow"))
     values = {
-        "/jobs": {"q": _text, "state": lambda r: r.choice((*JOB_STATES, "")) if r.random() < 0.5 else _text(r),
+        "/jobs": {"q": _text, "state": lambda r: r.choice((*JobState, *ENUM_NOISE)) if r.random() < 0.5 else _text(r),
                   "type": _text, "page": lambda r: r.choice(PAGE_TOKEN_EDGES)},
-        "/runs": {"state": lambda r: r.choice((*RUN_STATES, "")) if r.random() < 0.5 else _text(r), "job": _text,
+        "/runs": {"state": lambda r: r.choice((*RunState, *ENUM_NOISE)) if r.random() < 0.5 else _text(r), "job": _text,
                   "page": lambda r: r.choice(PAGE_TOKEN_EDGES)},
         "/workflows": {"page": lambda r: r.choice(PAGE_TOKEN_EDGES)},
         "/workflow": {"name": _text, "page": lambda r: r.choice(PAGE_TOKEN_EDGES)},

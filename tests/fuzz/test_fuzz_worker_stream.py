@@ -57,11 +57,11 @@ def play(channel: grpc.Channel, session: Session, memory: Memory) -> dict[str, A
     reports the status the node sent.
     """
     stub = workers_pb2_grpc.WorkerServiceStub(channel)
-    outbox: queue.Queue[workers_pb2.WorkerMessage | None] = queue.Queue()
-    sent: list[workers_pb2.WorkerMessage] = []
+    outbox: queue.Queue[workers_pb2.ConnectRequest | None] = queue.Queue()
+    sent: list[workers_pb2.ConnectRequest] = []
     assigned: list[workers_pb2.Assignment] = []
 
-    def requests() -> Iterator[workers_pb2.WorkerMessage]:
+    def requests() -> Iterator[workers_pb2.ConnectRequest]:
         while (message := outbox.get()) is not None:  # None: half-close
             sent.append(message)
             yield message
@@ -101,7 +101,7 @@ def play(channel: grpc.Channel, session: Session, memory: Memory) -> dict[str, A
             "cancelled_by_test": cancelled_by_test, "hung": hung, "assigned": len(assigned)}
 
 
-def session_request(session: Session, sent: list[workers_pb2.WorkerMessage]) -> dict[str, Any]:
+def session_request(session: Session, sent: list[workers_pb2.ConnectRequest]) -> dict[str, Any]:
     return {"ending": session.ending, "messages": [describe(message) for message in sent[:6]],
             "steps": list(session.kinds)}
 

@@ -16,6 +16,7 @@ import grpc
 import pytest
 from secured_nodes import ENGINE_SHARDS, secured_node
 
+from fastlane._proto import common_pb2
 from fastlane._proto import workers_pb2 as pb
 from fastlane._proto import workers_pb2_grpc as pb_grpc
 from fastlane.domain.models import JobSpec, RunState, Schedule
@@ -146,7 +147,7 @@ class RawStream:
 
     def __init__(self, address: str, token: str) -> None:
         self.channel = open_channel(address, token=token)
-        self.outgoing: asyncio.Queue[pb.WorkerMessage | None] = asyncio.Queue()
+        self.outgoing: asyncio.Queue[pb.ConnectRequest | None] = asyncio.Queue()
         self.call = pb_grpc.WorkerServiceStub(self.channel).Connect(self._requests())
 
     async def _requests(self):  # type: ignore[no-untyped-def]
@@ -154,9 +155,9 @@ class RawStream:
             yield message
 
     def send(self, **body) -> None:  # type: ignore[no-untyped-def]
-        self.outgoing.put_nowait(pb.WorkerMessage(**body))
+        self.outgoing.put_nowait(pb.ConnectRequest(**body))
 
-    async def read(self) -> pb.NodeMessage:
+    async def read(self) -> pb.ConnectResponse:
         async with asyncio.timeout(WAIT):
             message = await self.call.read()
         assert message is not grpc.aio.EOF
@@ -201,10 +202,10 @@ async def test_reports_on_another_tenant_attempt_are_refused(secured):
             attacker.send(heartbeats=pb.Heartbeats(beats=[pb.RunHeartbeat(
                 run_id=run.run_id, lease_token=assignment.lease_token, started=True, checkpoint=b"forged")]))
             attacker.send(results=pb.Results(results=[pb.RunResult(
-                run_id=run.run_id, lease_token=assignment.lease_token, outcome="permanent_failure",
+                run_id=run.run_id, lease_token=assignment.lease_token, outcome=common_pb2.ATTEMPT_OUTCOME_PERMANENT_FAILURE,
                 error_code="Forged", error_message="sent by another tenant")]))
             victim.send(results=pb.Results(results=[pb.RunResult(
-                run_id=run.run_id, lease_token=assignment.lease_token, outcome="succeeded")]))
+                run_id=run.run_id, lease_token=assignment.lease_token, outcome=common_pb2.ATTEMPT_OUTCOME_SUCCEEDED)]))
             while (message := await victim.read()).WhichOneof("body") != "acks":
                 pass
 

@@ -42,27 +42,25 @@ def every_call(channel: grpc.aio.Channel) -> dict[str, Callable[[], Awaitable[An
     jobs, runs = jobs_pb2_grpc.JobServiceStub(channel), runs_pb2_grpc.RunServiceStub(channel)
     admin = admin_pb2_grpc.AdminServiceStub(channel)
     spec = common_pb2.JobSpec(name="matrix", job_type="t", schedule=common_pb2.Schedule(now=common_pb2.Now()))
-    ref = jobs_pb2.JobRef(job_id="no-such-job")
-    run_ref = runs_pb2.RunRef(run_id="no-such-run")
     return {
         "/fastlane.v1.JobService/CreateJob": lambda: jobs.CreateJob(jobs_pb2.CreateJobRequest(spec=spec), timeout=WAIT),
-        "/fastlane.v1.JobService/GetJob": lambda: jobs.GetJob(ref, timeout=WAIT),
+        "/fastlane.v1.JobService/GetJob": lambda: jobs.GetJob(jobs_pb2.GetJobRequest(job_id="no-such-job"), timeout=WAIT),
         "/fastlane.v1.JobService/ListJobs": lambda: jobs.ListJobs(jobs_pb2.ListJobsRequest(), timeout=WAIT),
         "/fastlane.v1.JobService/UpdateJob": lambda: jobs.UpdateJob(
             jobs_pb2.UpdateJobRequest(job_id="no-such-job", spec=spec), timeout=WAIT),
-        "/fastlane.v1.JobService/PauseJob": lambda: jobs.PauseJob(ref, timeout=WAIT),
-        "/fastlane.v1.JobService/ResumeJob": lambda: jobs.ResumeJob(ref, timeout=WAIT),
-        "/fastlane.v1.JobService/DeleteJob": lambda: jobs.DeleteJob(ref, timeout=WAIT),
-        "/fastlane.v1.JobService/TriggerJob": lambda: jobs.TriggerJob(ref, timeout=WAIT),
+        "/fastlane.v1.JobService/PauseJob": lambda: jobs.PauseJob(jobs_pb2.PauseJobRequest(job_id="no-such-job"), timeout=WAIT),
+        "/fastlane.v1.JobService/ResumeJob": lambda: jobs.ResumeJob(jobs_pb2.ResumeJobRequest(job_id="no-such-job"), timeout=WAIT),
+        "/fastlane.v1.JobService/DeleteJob": lambda: jobs.DeleteJob(jobs_pb2.DeleteJobRequest(job_id="no-such-job"), timeout=WAIT),
+        "/fastlane.v1.JobService/TriggerJob": lambda: jobs.TriggerJob(jobs_pb2.TriggerJobRequest(job_id="no-such-job"), timeout=WAIT),
         "/fastlane.v1.JobService/PreviewSchedule": lambda: jobs.PreviewSchedule(jobs_pb2.PreviewScheduleRequest(
             schedule=common_pb2.Schedule(cron=common_pb2.Cron(expression="0 * * * *"))), timeout=WAIT),
         "/fastlane.v1.RunService/ListRuns": lambda: runs.ListRuns(runs_pb2.ListRunsRequest(), timeout=WAIT),
-        "/fastlane.v1.RunService/GetRun": lambda: runs.GetRun(run_ref, timeout=WAIT),
-        "/fastlane.v1.RunService/CancelRun": lambda: runs.CancelRun(run_ref, timeout=WAIT),
-        "/fastlane.v1.RunService/RetryRun": lambda: runs.RetryRun(run_ref, timeout=WAIT),
+        "/fastlane.v1.RunService/GetRun": lambda: runs.GetRun(runs_pb2.GetRunRequest(run_id="no-such-run"), timeout=WAIT),
+        "/fastlane.v1.RunService/CancelRun": lambda: runs.CancelRun(runs_pb2.CancelRunRequest(run_id="no-such-run"), timeout=WAIT),
+        "/fastlane.v1.RunService/RetryRun": lambda: runs.RetryRun(runs_pb2.RetryRunRequest(run_id="no-such-run"), timeout=WAIT),
         "/fastlane.v1.AdminService/GetCluster": lambda: admin.GetCluster(admin_pb2.GetClusterRequest(), timeout=WAIT),
         "/fastlane.v1.AdminService/CreateToken": lambda: admin.CreateToken(
-            admin_pb2.CreateTokenRequest(tenant="a", role="viewer", name="matrix"), timeout=WAIT),
+            admin_pb2.CreateTokenRequest(tenant="a", role=admin_pb2.ROLE_VIEWER, name="matrix"), timeout=WAIT),
         "/fastlane.v1.AdminService/ListTokens": lambda: admin.ListTokens(admin_pb2.ListTokensRequest(), timeout=WAIT),
         "/fastlane.v1.AdminService/RevokeToken": lambda: admin.RevokeToken(
             admin_pb2.RevokeTokenRequest(token_id="nosuchtoken0"), timeout=WAIT),
@@ -70,7 +68,7 @@ def every_call(channel: grpc.aio.Channel) -> dict[str, Callable[[], Awaitable[An
         "/fastlane.v1.AdminService/SetQuota": lambda: admin.SetQuota(
             admin_pb2.SetQuotaRequest(tenant="a", reset=True), timeout=WAIT),
         "/fastlane.v1.JobService/ListAudit": lambda: jobs.ListAudit(
-            jobs_pb2.ListAuditRequest(target_kind="job", target_id="no-such-job"), timeout=WAIT),
+            jobs_pb2.ListAuditRequest(target_kind=jobs_pb2.AUDIT_TARGET_JOB, target_id="no-such-job"), timeout=WAIT),
     }
 
 

@@ -231,12 +231,12 @@ class FakeRunService(runs_pb2_grpc.RunServiceServicer):
         if found is None or found[0].tenant != request.tenant:
             await refuse(context, RunNotFound(request.run_id))
         run, attempts = found
-        return runs_pb2.RunDetail(run=wire.run_to_pb(run), attempts=[wire.attempt_to_pb(a) for a in attempts])
+        return runs_pb2.GetRunResponse(run=wire.run_to_pb(run), attempts=[wire.attempt_to_pb(a) for a in attempts])
 
 
 class FakeAdminService(admin_pb2_grpc.AdminServiceServicer):
     async def GetCluster(self, request, context):
-        return admin_pb2.ClusterStatus(
+        return admin_pb2.GetClusterResponse(
             database_time=wire.timestamp(T0),
             nodes=[admin_pb2.NodeStatus(node_id="node-a", address="127.0.0.1:7070", shards_owned=2, ready=True,
                                         heap_size=5, ready_runs=0),

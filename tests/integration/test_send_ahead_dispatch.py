@@ -238,9 +238,9 @@ async def test_attempts_held_for_their_instant_are_withdrawn_when_their_job_is_d
 class Stream:
     dispatcher: Dispatcher
     metrics: Metrics
-    call: grpc.aio.StreamStreamCall[pb.WorkerMessage, pb.NodeMessage]
+    call: grpc.aio.StreamStreamCall[pb.ConnectRequest, pb.ConnectResponse]
 
-    async def read(self) -> pb.NodeMessage:
+    async def read(self) -> pb.ConnectResponse:
         message = await asyncio.wait_for(self.call.read(), WAIT)
         assert message is not grpc.aio.EOF
         return message  # type: ignore[return-value]
@@ -260,7 +260,7 @@ async def stream(sqlite_url: str) -> AsyncIterator[Stream]:
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     try:
         call = pb_grpc.WorkerServiceStub(channel).Connect()
-        await call.write(pb.WorkerMessage(hello=pb.Hello(worker_id="w", job_types=["t"], credits=5)))
+        await call.write(pb.ConnectRequest(hello=pb.Hello(worker_id="w", job_types=["t"], credits=5)))
         opened = Stream(dispatcher, metrics, call)
         assert (await opened.read()).WhichOneof("body") == "welcome"
         yield opened
@@ -271,7 +271,7 @@ async def stream(sqlite_url: str) -> AsyncIterator[Stream]:
 
 async def test_a_clock_probe_is_echoed_at_once_with_the_node_time(stream: Stream) -> None:
     sent_at = Timestamp(seconds=1_800_000_000, nanos=123_456_789)  # echoed to the nanosecond
-    await stream.call.write(pb.WorkerMessage(clock_probe=pb.ClockProbe(
+    await stream.call.write(pb.ConnectRequest(clock_probe=pb.ClockProbe(
         probe_id=2**64 - 1, sent_at=sent_at, uncertainty=Duration(nanos=2_000_000),
         offset=Duration(seconds=-1, nanos=-500_000_000))))
 
@@ -292,7 +292,7 @@ async def test_a_clock_probe_is_echoed_at_once_with_the_node_time(stream: Stream
     assert wire.epoch_plus(assignment.start_at) == INSTANT
 
     # A probe without an estimate yet is echoed too, and takes the worker off sending ahead.
-    await stream.call.write(pb.WorkerMessage(clock_probe=pb.ClockProbe(probe_id=3)))
+    await stream.call.write(pb.ConnectRequest(clock_probe=pb.ClockProbe(probe_id=3)))
     echo = await stream.read()
     assert echo.clock_echo.probe_id == 3 and not echo.clock_echo.HasField("probe_sent_at")
     assert stream.dispatcher.ahead_lead == timedelta(0)
@@ -312,7 +312,7 @@ async def test_a_clock_probe_is_echoed_at_once_with_the_node_time(stream: Stream
 async def test_a_clock_probe_out_of_bounds_ends_the_stream_naming_the_field(
     stream: Stream, probe: pb.ClockProbe, field: str
 ) -> None:
-    await stream.call.write(pb.WorkerMessage(clock_probe=probe))
+    await stream.call.write(pb.ConnectRequest(clock_probe=probe))
     with pytest.raises(grpc.aio.AioRpcError) as ended:
         await stream.read()
     assert ended.value.code() is grpc.StatusCode.INVALID_ARGUMENT

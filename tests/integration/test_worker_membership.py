@@ -73,7 +73,7 @@ class FakeNode(FakeWorkerService, admin_pb2_grpc.AdminServiceServicer):
     async def GetCluster(self, request, context):
         if self.get_cluster_error is not None:
             await context.abort(self.get_cluster_error, "scripted failure")
-        return admin_pb2.ClusterStatus(database_time=timestamp(T0), nodes=self.cluster.membership(),
+        return admin_pb2.GetClusterResponse(database_time=timestamp(T0), nodes=self.cluster.membership(),
                                        shards=self.cluster.shards)
 
 

@@ -15,6 +15,7 @@ from datetime import timedelta
 import grpc
 import pytest
 
+from fastlane._proto import common_pb2
 from fastlane._proto import workers_pb2 as pb
 from fastlane._proto import workers_pb2_grpc as pb_grpc
 from fastlane.domain.limits import MAX_CHECKPOINT_BYTES, MAX_ERROR_TEXT
@@ -71,7 +72,7 @@ class RawWorker:
         self.channel = grpc.aio.insecure_channel(address)
         self.call = pb_grpc.WorkerServiceStub(self.channel).Connect()
         self.hello = pb.Hello(worker_id=worker_id, job_types=list(job_types), credits=credits)
-        self.received: asyncio.Queue[pb.NodeMessage] = asyncio.Queue()
+        self.received: asyncio.Queue[pb.ConnectResponse] = asyncio.Queue()
         self.reader = asyncio.create_task(self._read(), name="raw-worker-read")
 
     async def _read(self) -> None:
@@ -79,10 +80,10 @@ class RawWorker:
             self.received.put_nowait(message)
 
     async def open(self) -> pb.Welcome:
-        await self.call.write(pb.WorkerMessage(hello=self.hello))
+        await self.call.write(pb.ConnectRequest(hello=self.hello))
         return (await self.next("welcome")).welcome
 
-    async def next(self, kind: str, timeout: float = WAIT) -> pb.NodeMessage:
+    async def next(self, kind: str, timeout: float = WAIT) -> pb.ConnectResponse:
         async with asyncio.timeout(timeout):
             while True:
                 message = await self.received.get()
@@ -96,10 +97,10 @@ class RawWorker:
         return received
 
     async def report(self, *results: pb.RunResult) -> None:
-        await self.call.write(pb.WorkerMessage(results=pb.Results(results=results)))
+        await self.call.write(pb.ConnectRequest(results=pb.Results(results=results)))
 
     async def beat(self, *beats: pb.RunHeartbeat) -> None:
-        await self.call.write(pb.WorkerMessage(heartbeats=pb.Heartbeats(beats=beats)))
+        await self.call.write(pb.ConnectRequest(heartbeats=pb.Heartbeats(beats=beats)))
 
     async def status(self) -> grpc.aio.AioRpcError:
         """The error the node ended the stream with."""
@@ -115,7 +116,7 @@ class RawWorker:
 
 
 def succeeded(assignment: pb.Assignment, **fields: object) -> pb.RunResult:
-    return pb.RunResult(run_id=assignment.run_id, lease_token=assignment.lease_token, outcome="succeeded", **fields)
+    return pb.RunResult(run_id=assignment.run_id, lease_token=assignment.lease_token, outcome=common_pb2.ATTEMPT_OUTCOME_SUCCEEDED, **fields)
 
 
 async def scheduled_runs(store, count: int, job_type: str = "t") -> list[Run]:  # type: ignore[no-untyped-def]
@@ -135,7 +136,7 @@ async def state_of(store, run_id: str) -> RunState:  # type: ignore[no-untyped-d
                          ids=["nul", "too-long", "newline", "tab", "empty"])
 async def test_a_hello_with_a_bad_worker_id_is_refused_and_other_workers_results_are_recorded(node, worker_id):
     bad = RawWorker(node.address, worker_id)
-    await bad.call.write(pb.WorkerMessage(hello=bad.hello))
+    await bad.call.write(pb.ConnectRequest(hello=bad.hello))
     ended = await bad.status()
     assert ended.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert "hello.worker_id" in ended.details()
@@ -164,7 +165,7 @@ async def test_a_hello_with_a_bad_worker_id_is_refused_and_other_workers_results
 ], ids=["no-types", "too-many-types", "bad-type", "nul-type", "negative-credits", "huge-credits", "bad-tenant"])
 async def test_every_field_of_the_hello_is_bounded(node, hello, field):
     worker = RawWorker(node.address, "w")
-    await worker.call.write(pb.WorkerMessage(hello=hello))
+    await worker.call.write(pb.ConnectRequest(hello=hello))
     ended = await worker.status()
     assert ended.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert ended.details().startswith(field)
@@ -176,24 +177,24 @@ async def test_every_field_of_the_hello_is_bounded(node, hello, field):
 
 
 BAD_LATER_MESSAGES = {
-    "nan-progress": (pb.WorkerMessage(heartbeats=pb.Heartbeats(beats=[
+    "nan-progress": (pb.ConnectRequest(heartbeats=pb.Heartbeats(beats=[
         pb.RunHeartbeat(run_id="r", lease_token=1, progress=math.nan)])), "heartbeats.beats[0].progress"),
-    "progress-above-one": (pb.WorkerMessage(heartbeats=pb.Heartbeats(beats=[
+    "progress-above-one": (pb.ConnectRequest(heartbeats=pb.Heartbeats(beats=[
         pb.RunHeartbeat(run_id="r", lease_token=1), pb.RunHeartbeat(run_id="r2", lease_token=1, progress=1.5)])),
         "heartbeats.beats[1].progress"),
-    "big-checkpoint": (pb.WorkerMessage(heartbeats=pb.Heartbeats(beats=[
+    "big-checkpoint": (pb.ConnectRequest(heartbeats=pb.Heartbeats(beats=[
         pb.RunHeartbeat(run_id="r", lease_token=1, checkpoint=b"x" * (MAX_CHECKPOINT_BYTES + 1))])),
         "heartbeats.beats[0].checkpoint"),
-    "nul-run-id": (pb.WorkerMessage(results=pb.Results(results=[
-        pb.RunResult(run_id="r\x00", lease_token=1, outcome="succeeded")])), "results.results[0].run_id"),
-    "zero-token": (pb.WorkerMessage(results=pb.Results(results=[
-        pb.RunResult(run_id="r", lease_token=0, outcome="succeeded")])), "results.results[0].lease_token"),
-    "timestamp-out-of-range": (pb.WorkerMessage(results=pb.Results(results=[
-        pb.RunResult(run_id="r", lease_token=1, outcome="succeeded", finished_at={"seconds": 2**62})])),
+    "nul-run-id": (pb.ConnectRequest(results=pb.Results(results=[
+        pb.RunResult(run_id="r\x00", lease_token=1, outcome=common_pb2.ATTEMPT_OUTCOME_SUCCEEDED)])), "results.results[0].run_id"),
+    "zero-token": (pb.ConnectRequest(results=pb.Results(results=[
+        pb.RunResult(run_id="r", lease_token=0, outcome=common_pb2.ATTEMPT_OUTCOME_SUCCEEDED)])), "results.results[0].lease_token"),
+    "timestamp-out-of-range": (pb.ConnectRequest(results=pb.Results(results=[
+        pb.RunResult(run_id="r", lease_token=1, outcome=common_pb2.ATTEMPT_OUTCOME_SUCCEEDED, finished_at={"seconds": 2**62})])),
         "results.results[0].finished_at"),
-    "negative-credit": (pb.WorkerMessage(credit=pb.CreditGrant(credits=-5)), "credit.credits"),
-    "negative-credit-with-results": (pb.WorkerMessage(results=pb.Results(
-        results=[pb.RunResult(run_id="r", lease_token=1, outcome="succeeded")], credits=-1)), "results.credits"),
+    "negative-credit": (pb.ConnectRequest(credit=pb.CreditGrant(credits=-5)), "credit.credits"),
+    "negative-credit-with-results": (pb.ConnectRequest(results=pb.Results(
+        results=[pb.RunResult(run_id="r", lease_token=1, outcome=common_pb2.ATTEMPT_OUTCOME_SUCCEEDED)], credits=-1)), "results.credits"),
 }
 
 
@@ -217,7 +218,7 @@ async def test_an_over_long_error_message_with_control_characters_is_cut_and_rec
     [run] = await scheduled_runs(node.store, 1)
     node.dispatcher.release([run])
     [assignment] = await worker.assignments(1)
-    await worker.report(pb.RunResult(run_id=run.run_id, lease_token=assignment.lease_token, outcome="permanent_failure",
+    await worker.report(pb.RunResult(run_id=run.run_id, lease_token=assignment.lease_token, outcome=common_pb2.ATTEMPT_OUTCOME_PERMANENT_FAILURE,
                                      error_code="E\x00", error_message="boom\x00" * 5_000))
     await worker.next("acks")
     [attempt] = await node.store.runs.list_attempts(run.run_id)
@@ -238,8 +239,8 @@ async def test_credits_sent_with_results_free_the_slot_for_the_next_run(node):
     [assignment] = await worker.assignments(1)
     with pytest.raises(TimeoutError):  # no credit left: the second run waits
         await worker.next("assignments", timeout=QUIET)
-    await worker.call.write(pb.WorkerMessage(results=pb.Results(results=[
-        pb.RunResult(run_id=assignment.run_id, lease_token=assignment.lease_token, outcome="succeeded")], credits=1)))
+    await worker.call.write(pb.ConnectRequest(results=pb.Results(results=[
+        pb.RunResult(run_id=assignment.run_id, lease_token=assignment.lease_token, outcome=common_pb2.ATTEMPT_OUTCOME_SUCCEEDED)], credits=1)))
     [following] = await worker.assignments(1)
     assert {assignment.run_id, following.run_id} == {first.run_id, second.run_id}
     await worker.close()

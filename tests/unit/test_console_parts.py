@@ -475,7 +475,7 @@ class FakeJobService:
 
     async def PauseJob(self, request, context):
         self.seen.append((request, current_caller.get()))
-        return common_pb2.Job(job_id=request.job_id, version=2)
+        return jobs_pb2.PauseJobResponse(job=common_pb2.Job(job_id=request.job_id, version=2))
 
     async def GetJob(self, request, context):
         self.seen.append((request, current_caller.get()))
@@ -484,7 +484,7 @@ class FakeJobService:
 
     async def DeleteJob(self, request, context):
         self.seen.append((request, current_caller.get()))
-        return jobs_pb2.JobRef(job_id=request.job_id)  # not what the caller expects
+        return jobs_pb2.GetJobRequest(job_id=request.job_id)  # not what the caller expects
 
 
 @pytest.fixture
@@ -498,9 +498,9 @@ def gateway(jobs: FakeJobService) -> Gateway:
 
 
 async def test_a_call_runs_as_the_caller_and_answers_the_servicers_response(gateway, jobs):
-    request = jobs_pb2.JobRef(tenant="acme", job_id="job-1")
-    response = await gateway.call(CLIENT, "JobService/PauseJob", request, common_pb2.Job)
-    assert response == common_pb2.Job(job_id="job-1", version=2)
+    request = jobs_pb2.PauseJobRequest(tenant="acme", job_id="job-1")
+    response = await gateway.call(CLIENT, "JobService/PauseJob", request, jobs_pb2.PauseJobResponse)
+    assert response == jobs_pb2.PauseJobResponse(job=common_pb2.Job(job_id="job-1", version=2))
     assert jobs.seen == [(request, CLIENT)]
     assert current_caller.get() is ANONYMOUS
 
@@ -509,7 +509,7 @@ async def test_the_caller_before_the_call_is_restored_after_it(gateway, jobs):
     outer = Caller(token_id="tok-outer", name="outer", tenant="other", role=Role.ADMIN)
     token = current_caller.set(outer)
     try:
-        await gateway.call(CLIENT, "JobService/PauseJob", jobs_pb2.JobRef(job_id="j"), common_pb2.Job)
+        await gateway.call(CLIENT, "JobService/PauseJob", jobs_pb2.PauseJobRequest(job_id="j"), jobs_pb2.PauseJobResponse)
         assert jobs.seen[0][1] is CLIENT
         assert current_caller.get() is outer
     finally:
@@ -524,7 +524,7 @@ async def test_the_caller_before_the_call_is_restored_after_it(gateway, jobs):
 ])
 async def test_a_call_the_role_may_not_make_is_refused_before_the_servicer(gateway, jobs, caller, method):
     with pytest.raises(CallRefused) as refused:
-        await gateway.call(caller, method, jobs_pb2.JobRef(job_id="j"), common_pb2.Job)
+        await gateway.call(caller, method, jobs_pb2.PauseJobRequest(job_id="j"), jobs_pb2.PauseJobResponse)
     assert refused.value.code is grpc.StatusCode.PERMISSION_DENIED
     assert refused.value.message == f"a {caller.role} token may not call {method.rsplit('/', 1)[-1]}"
     assert jobs.seen == []
@@ -540,7 +540,7 @@ def test_may_follows_the_role_table(gateway):
 
 async def test_an_abort_of_the_servicer_becomes_a_refusal_with_its_status(gateway, jobs):
     with pytest.raises(CallRefused) as refused:
-        await gateway.call(VIEWER, "JobService/GetJob", jobs_pb2.JobRef(job_id="job-9"), common_pb2.Job)
+        await gateway.call(VIEWER, "JobService/GetJob", jobs_pb2.GetJobRequest(job_id="job-9"), jobs_pb2.GetJobResponse)
     assert refused.value.code is grpc.StatusCode.NOT_FOUND
     assert refused.value.message == "job job-9 not found"
     assert str(refused.value) == "job job-9 not found"
@@ -549,7 +549,8 @@ async def test_an_abort_of_the_servicer_becomes_a_refusal_with_its_status(gatewa
 
 
 async def test_a_response_of_the_wrong_type_is_a_type_error(gateway, jobs):
-    with pytest.raises(TypeError, match="JobService/DeleteJob answered JobRef, not Job"):
-        await gateway.call(CLIENT, "JobService/DeleteJob", jobs_pb2.JobRef(job_id="j"), common_pb2.Job)
+    with pytest.raises(TypeError, match="JobService/DeleteJob answered GetJobRequest, not DeleteJobResponse"):
+        await gateway.call(CLIENT, "JobService/DeleteJob", jobs_pb2.DeleteJobRequest(job_id="j"),
+                           jobs_pb2.DeleteJobResponse)
     assert len(jobs.seen) == 1
     assert current_caller.get() is ANONYMOUS

@@ -23,6 +23,7 @@ from fastlane.domain.access import Role
 from fastlane.domain.limits import DEFAULT_SHARD_LEASE_TTL, MAX_NAME_LENGTH
 from fastlane.domain.quotas import TenantQuota
 from fastlane.rpc import wire
+from fastlane.rpc.enums import ROLE
 from fastlane.server.guard import rpc, tenant_of
 from fastlane.server.quotas import QuotaGuard
 from fastlane.storage import Store
@@ -43,8 +44,8 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     async def GetCluster(
         self,
         request: admin_pb2.GetClusterRequest,
-        context: grpc.aio.ServicerContext[admin_pb2.GetClusterRequest, admin_pb2.ClusterStatus],
-    ) -> admin_pb2.ClusterStatus:
+        context: grpc.aio.ServicerContext[admin_pb2.GetClusterRequest, admin_pb2.GetClusterResponse],
+    ) -> admin_pb2.GetClusterResponse:
         view = _view_of()
         shards = await self._store.shards.list_shards() if view.shards else []
         now = await self._store.db_now()
@@ -67,7 +68,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         if not view.addresses:
             for status in nodes:
                 status.ClearField("address")
-        return admin_pb2.ClusterStatus(
+        return admin_pb2.GetClusterResponse(
             database_time=wire.timestamp(now),
             nodes=nodes,
             workers=[worker for worker in self._workers() if _may_see(worker)],
@@ -86,7 +87,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         request: admin_pb2.CreateTokenRequest,
         context: grpc.aio.ServicerContext[admin_pb2.CreateTokenRequest, admin_pb2.CreateTokenResponse],
     ) -> admin_pb2.CreateTokenResponse:
-        role = wire.enum_value(Role, request.role, "role", Role.VIEWER)
+        role = ROLE.member(request.role, "role", Role.VIEWER)
         expires_in = wire.duration_in("expires_in", request.expires_in) if request.HasField("expires_in") else None
         token, secret = await issue_token(
             self._store, tenant=request.tenant, role=role,
@@ -108,31 +109,31 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     async def RevokeToken(
         self,
         request: admin_pb2.RevokeTokenRequest,
-        context: grpc.aio.ServicerContext[admin_pb2.RevokeTokenRequest, admin_pb2.ApiToken],
-    ) -> admin_pb2.ApiToken:
+        context: grpc.aio.ServicerContext[admin_pb2.RevokeTokenRequest, admin_pb2.RevokeTokenResponse],
+    ) -> admin_pb2.RevokeTokenResponse:
         token = await self._store.tokens.revoke_token(validation.identifier("token_id", request.token_id))
-        return wire.token_to_pb(token)
+        return admin_pb2.RevokeTokenResponse(token=wire.token_to_pb(token))
 
     # -- quotas ----------------------------------------------------------------------------------
 
     @rpc
     async def GetQuota(
         self, request: admin_pb2.GetQuotaRequest,
-        context: grpc.aio.ServicerContext[admin_pb2.GetQuotaRequest, admin_pb2.QuotaStatus],
-    ) -> admin_pb2.QuotaStatus:
-        return await self._status(tenant_of(request.tenant))
+        context: grpc.aio.ServicerContext[admin_pb2.GetQuotaRequest, admin_pb2.GetQuotaResponse],
+    ) -> admin_pb2.GetQuotaResponse:
+        return admin_pb2.GetQuotaResponse(quota=await self._status(tenant_of(request.tenant)))
 
     @rpc
     async def SetQuota(
         self, request: admin_pb2.SetQuotaRequest,
-        context: grpc.aio.ServicerContext[admin_pb2.SetQuotaRequest, admin_pb2.QuotaStatus],
-    ) -> admin_pb2.QuotaStatus:
+        context: grpc.aio.ServicerContext[admin_pb2.SetQuotaRequest, admin_pb2.SetQuotaResponse],
+    ) -> admin_pb2.SetQuotaResponse:
         tenant = validation.name("tenant", request.tenant)
         override = None if request.reset else wire.quota_from_pb(request.override).validated()
         await self._store.quotas.set_quota_override(tenant, override)
         if self._quotas is not None:
             self._quotas.overrides_changed()
-        return await self._status(tenant)
+        return admin_pb2.SetQuotaResponse(quota=await self._status(tenant))
 
     async def _status(self, tenant: str) -> admin_pb2.QuotaStatus:
         override = (await self._store.quotas.list_quota_overrides()).get(tenant, TenantQuota())

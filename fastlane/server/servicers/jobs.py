@@ -13,12 +13,13 @@ from fastlane._proto import common_pb2, jobs_pb2, jobs_pb2_grpc
 from fastlane.domain import schedules, validation
 from fastlane.domain.audit import AuditEvent
 from fastlane.domain.limits import DEFAULT_MAX_PAYLOAD_BYTES, MAX_PREVIEW
-from fastlane.domain.models import JobSpec, JobState, ScheduleKind
+from fastlane.domain.models import JobSpec, ScheduleKind
 from fastlane.domain.records import Page
 from fastlane.domain.workflows import WORKFLOW_JOB_TYPE
 from fastlane.engine.operations import Operations
 from fastlane.errors import InvalidArgument
 from fastlane.rpc import wire
+from fastlane.rpc.enums import AUDIT_ACTION, AUDIT_TARGET, JOB_STATE
 from fastlane.server.guard import rpc, tenant_of
 from fastlane.server.quotas import QuotaGuard
 from fastlane.storage import Store
@@ -54,9 +55,11 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
 
     @rpc
     async def GetJob(
-        self, request: jobs_pb2.JobRef, context: grpc.aio.ServicerContext[jobs_pb2.JobRef, common_pb2.Job]
-    ) -> common_pb2.Job:
-        return wire.job_to_pb(await self._store.jobs.get_job(tenant_of(request.tenant), _job_id(request)))
+        self, request: jobs_pb2.GetJobRequest,
+        context: grpc.aio.ServicerContext[jobs_pb2.GetJobRequest, jobs_pb2.GetJobResponse],
+    ) -> jobs_pb2.GetJobResponse:
+        job = await self._store.jobs.get_job(tenant_of(request.tenant), _job_id(request))
+        return jobs_pb2.GetJobResponse(job=wire.job_to_pb(job))
 
     @rpc
     async def ListJobs(
@@ -64,7 +67,7 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
         request: jobs_pb2.ListJobsRequest,
         context: grpc.aio.ServicerContext[jobs_pb2.ListJobsRequest, jobs_pb2.ListJobsResponse],
     ) -> jobs_pb2.ListJobsResponse:
-        state = wire.enum_value(JobState, request.state, "state", JobState.ACTIVE) if request.state else None
+        state = JOB_STATE.optional(request.state, "state")
         job_type = validation.name("job_type", request.job_type) if request.job_type else None
         name = validation.name("name", request.name) if request.name else None
         tenant, limit = tenant_of(request.tenant), validation.page_size(request.page_size)
@@ -94,42 +97,46 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
     async def UpdateJob(
         self,
         request: jobs_pb2.UpdateJobRequest,
-        context: grpc.aio.ServicerContext[jobs_pb2.UpdateJobRequest, common_pb2.Job],
-    ) -> common_pb2.Job:
+        context: grpc.aio.ServicerContext[jobs_pb2.UpdateJobRequest, jobs_pb2.UpdateJobResponse],
+    ) -> jobs_pb2.UpdateJobResponse:
         spec = self._spec(request.spec)
         job = await self._operations.update_job(spec.tenant, validation.identifier("job_id", request.job_id), spec)
-        return wire.job_to_pb(job)
+        return jobs_pb2.UpdateJobResponse(job=wire.job_to_pb(job))
 
     @rpc
     async def PauseJob(
-        self, request: jobs_pb2.JobRef, context: grpc.aio.ServicerContext[jobs_pb2.JobRef, common_pb2.Job]
-    ) -> common_pb2.Job:
+        self, request: jobs_pb2.PauseJobRequest,
+        context: grpc.aio.ServicerContext[jobs_pb2.PauseJobRequest, jobs_pb2.PauseJobResponse],
+    ) -> jobs_pb2.PauseJobResponse:
         job = await self._operations.pause_job(tenant_of(request.tenant), _job_id(request))
-        return wire.job_to_pb(job)
+        return jobs_pb2.PauseJobResponse(job=wire.job_to_pb(job))
 
     @rpc
     async def ResumeJob(
-        self, request: jobs_pb2.JobRef, context: grpc.aio.ServicerContext[jobs_pb2.JobRef, common_pb2.Job]
-    ) -> common_pb2.Job:
+        self, request: jobs_pb2.ResumeJobRequest,
+        context: grpc.aio.ServicerContext[jobs_pb2.ResumeJobRequest, jobs_pb2.ResumeJobResponse],
+    ) -> jobs_pb2.ResumeJobResponse:
         job = await self._operations.resume_job(tenant_of(request.tenant), _job_id(request))
-        return wire.job_to_pb(job)
+        return jobs_pb2.ResumeJobResponse(job=wire.job_to_pb(job))
 
     @rpc
     async def DeleteJob(
-        self, request: jobs_pb2.JobRef, context: grpc.aio.ServicerContext[jobs_pb2.JobRef, jobs_pb2.DeleteJobResponse]
+        self, request: jobs_pb2.DeleteJobRequest,
+        context: grpc.aio.ServicerContext[jobs_pb2.DeleteJobRequest, jobs_pb2.DeleteJobResponse],
     ) -> jobs_pb2.DeleteJobResponse:
         await self._operations.delete_job(tenant_of(request.tenant), _job_id(request))
         return jobs_pb2.DeleteJobResponse()
 
     @rpc
     async def TriggerJob(
-        self, request: jobs_pb2.JobRef, context: grpc.aio.ServicerContext[jobs_pb2.JobRef, common_pb2.Run]
-    ) -> common_pb2.Run:
+        self, request: jobs_pb2.TriggerJobRequest,
+        context: grpc.aio.ServicerContext[jobs_pb2.TriggerJobRequest, jobs_pb2.TriggerJobResponse],
+    ) -> jobs_pb2.TriggerJobResponse:
         tenant = tenant_of(request.tenant)
         if self._quotas is not None:
             await self._quotas.admit_run(tenant)
         run = await self._operations.trigger_job(tenant, _job_id(request))
-        return wire.run_to_pb(run)
+        return jobs_pb2.TriggerJobResponse(run=wire.run_to_pb(run))
 
     @rpc
     async def PreviewSchedule(
@@ -153,7 +160,7 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
         request: jobs_pb2.ListAuditRequest,
         context: grpc.aio.ServicerContext[jobs_pb2.ListAuditRequest, jobs_pb2.ListAuditResponse],
     ) -> jobs_pb2.ListAuditResponse:
-        kind = validation.audit_target("target_kind", request.target_kind)
+        kind = AUDIT_TARGET.member(request.target_kind, "target_kind")
         target_id = validation.identifier("target_id", request.target_id)
         limit = validation.audit_limit(request.limit)
         events = await self._store.audit.list_audit(tenant_of(request.tenant), target_kind=kind, target_id=target_id,
@@ -163,11 +170,15 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
 
 def _audit_event_to_pb(event: AuditEvent) -> jobs_pb2.AuditEvent:
     return jobs_pb2.AuditEvent(
-        event_id=event.event_id or 0, tenant=event.tenant, at=wire.timestamp(event.at), action=event.action.value,
-        target_kind=event.target_kind.value, target_id=event.target_id, job_id=event.job_id,
+        event_id=event.event_id or 0, tenant=event.tenant, at=wire.timestamp(event.at),
+        action=AUDIT_ACTION.number(event.action), target_kind=AUDIT_TARGET.number(event.target_kind), target_id=event.target_id, job_id=event.job_id,
         token_id=event.token_id or "", actor=event.actor, detail=event.detail,
     )
 
 
-def _job_id(request: jobs_pb2.JobRef) -> str:
+JobNamed = (jobs_pb2.GetJobRequest | jobs_pb2.PauseJobRequest | jobs_pb2.ResumeJobRequest | jobs_pb2.DeleteJobRequest
+            | jobs_pb2.TriggerJobRequest)
+
+
+def _job_id(request: JobNamed) -> str:
     return validation.identifier("job_id", request.job_id)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import grpc
 
-from fastlane._proto import common_pb2, runs_pb2, runs_pb2_grpc
+from fastlane._proto import runs_pb2, runs_pb2_grpc
 from fastlane.domain import validation
 from fastlane.domain.models import RunState
 from fastlane.engine.operations import Operations
 from fastlane.errors import InvalidArgument
 from fastlane.rpc import wire
+from fastlane.rpc.enums import RUN_STATE
 from fastlane.server.guard import rpc, tenant_of
 from fastlane.server.quotas import QuotaGuard
 from fastlane.storage import Store
@@ -27,7 +28,7 @@ class RunServicer(runs_pb2_grpc.RunServiceServicer):
         request: runs_pb2.ListRunsRequest,
         context: grpc.aio.ServicerContext[runs_pb2.ListRunsRequest, runs_pb2.ListRunsResponse],
     ) -> runs_pb2.ListRunsResponse:
-        states = [wire.enum_value(RunState, state, "states", RunState.SCHEDULED) for state in request.states[:len(RunState)]]
+        states = [RUN_STATE.member(state, "states") for state in request.states[:len(RunState)]]
         if len(request.states) > len(RunState):
             raise InvalidArgument("states", f"at most {len(RunState)} states may be given")
         job_id = validation.identifier("job_id", request.job_id, required=False) or None
@@ -54,29 +55,33 @@ class RunServicer(runs_pb2_grpc.RunServiceServicer):
 
     @rpc
     async def GetRun(
-        self, request: runs_pb2.RunRef, context: grpc.aio.ServicerContext[runs_pb2.RunRef, runs_pb2.RunDetail]
-    ) -> runs_pb2.RunDetail:
+        self, request: runs_pb2.GetRunRequest,
+        context: grpc.aio.ServicerContext[runs_pb2.GetRunRequest, runs_pb2.GetRunResponse],
+    ) -> runs_pb2.GetRunResponse:
         run = await self._store.runs.get_run(tenant_of(request.tenant), _run_id(request))
         attempts = await self._store.runs.list_attempts(run.run_id)
-        return runs_pb2.RunDetail(run=wire.run_to_pb(run), attempts=[wire.attempt_to_pb(a) for a in attempts],
-                                  checkpoint=run.checkpoint or b"")
+        return runs_pb2.GetRunResponse(run=wire.run_to_pb(run), attempts=[wire.attempt_to_pb(a) for a in attempts],
+                                       checkpoint=run.checkpoint or b"")
 
     @rpc
     async def CancelRun(
-        self, request: runs_pb2.RunRef, context: grpc.aio.ServicerContext[runs_pb2.RunRef, common_pb2.Run]
-    ) -> common_pb2.Run:
-        return wire.run_to_pb(await self._operations.cancel_run(tenant_of(request.tenant), _run_id(request)))
+        self, request: runs_pb2.CancelRunRequest,
+        context: grpc.aio.ServicerContext[runs_pb2.CancelRunRequest, runs_pb2.CancelRunResponse],
+    ) -> runs_pb2.CancelRunResponse:
+        run = await self._operations.cancel_run(tenant_of(request.tenant), _run_id(request))
+        return runs_pb2.CancelRunResponse(run=wire.run_to_pb(run))
 
     @rpc
     async def RetryRun(
-        self, request: runs_pb2.RunRef, context: grpc.aio.ServicerContext[runs_pb2.RunRef, common_pb2.Run]
-    ) -> common_pb2.Run:
+        self, request: runs_pb2.RetryRunRequest,
+        context: grpc.aio.ServicerContext[runs_pb2.RetryRunRequest, runs_pb2.RetryRunResponse],
+    ) -> runs_pb2.RetryRunResponse:
         tenant = tenant_of(request.tenant)
         if self._quotas is not None:
             await self._quotas.admit_run(tenant)
         run = await self._operations.retry_run(tenant, _run_id(request))
-        return wire.run_to_pb(run)
+        return runs_pb2.RetryRunResponse(run=wire.run_to_pb(run))
 
 
-def _run_id(request: runs_pb2.RunRef) -> str:
+def _run_id(request: runs_pb2.GetRunRequest | runs_pb2.CancelRunRequest | runs_pb2.RetryRunRequest) -> str:
     return validation.identifier("run_id", request.run_id)

@@ -48,10 +48,11 @@ from fastlane.engine.dispatch.messages import Acknowledge, Assign, Cancel, Clock
 from fastlane.engine.dispatch.send_ahead import ClockProbe
 from fastlane.errors import InvalidArgument
 from fastlane.rpc import wire
+from fastlane.rpc.enums import ATTEMPT_OUTCOME
 from fastlane.storage import AttemptResult, Heartbeat
 
 # A worker stream: WorkerMessages in, NodeMessages out.
-WorkerContext: TypeAlias = grpc.aio.ServicerContext[workers_pb2.WorkerMessage, workers_pb2.NodeMessage]
+WorkerContext: TypeAlias = grpc.aio.ServicerContext[workers_pb2.ConnectRequest, workers_pb2.ConnectResponse]
 
 T = TypeVar("T")
 M = TypeVar("M")
@@ -61,9 +62,9 @@ log = logging.getLogger("fastlane.api.workers")
 # Merged assignments stop growing at this many runs: a message stays well under gRPC's 4 MiB.
 MAX_RUNS_PER_MESSAGE = 1_000
 
-# What a worker may report, by its wire name; the rest of AttemptOutcome is decided by the node,
-# and an outcome a worker may not report counts as failed.
-_WORKER_OUTCOMES = {outcome.value: outcome for outcome in (
+# What a worker may report, by its wire value; the rest of AttemptOutcome is decided by the node,
+# and an outcome a worker may not report (or an unknown value) counts as failed.
+_WORKER_OUTCOMES = {ATTEMPT_OUTCOME.number(outcome): outcome for outcome in (
     AttemptOutcome.SUCCEEDED, AttemptOutcome.FAILED, AttemptOutcome.PERMANENT_FAILURE,
     AttemptOutcome.TIMED_OUT, AttemptOutcome.CANCELLED,
 )}
@@ -94,7 +95,7 @@ class WorkerServicer(workers_pb2_grpc.WorkerServiceServicer):
         except PermissionDenied as error:
             log.warning("refused a worker stream: %s", error)
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(error))
-        await context.write(workers_pb2.NodeMessage(welcome=workers_pb2.Welcome(
+        await context.write(workers_pb2.ConnectResponse(welcome=workers_pb2.Welcome(
             node_id=self._node_id, heartbeat_interval=wire.duration(self._heartbeat_interval),
             takes_credits_with_results=True, prompt_results=self._prompt_results)))
         # Under a tenant's token, the worker id is qualified by the tenant: reports are checked by
@@ -290,9 +291,9 @@ def _timestamp_of_ns(ns: int | None) -> Timestamp | None:
     return Timestamp(seconds=seconds, nanos=nanos)
 
 
-def _to_pb(outgoing: Outgoing) -> workers_pb2.NodeMessage:
+def _to_pb(outgoing: Outgoing) -> workers_pb2.ConnectResponse:
     if isinstance(outgoing, Assign):
-        return workers_pb2.NodeMessage(assignments=workers_pb2.Assignments(assignments=[
+        return workers_pb2.ConnectResponse(assignments=workers_pb2.Assignments(assignments=[
             workers_pb2.Assignment(
                 run_id=item.run.run_id,
                 job_id=item.run.job_id,
@@ -313,16 +314,16 @@ def _to_pb(outgoing: Outgoing) -> workers_pb2.NodeMessage:
             for item in outgoing.runs
         ]))
     if isinstance(outgoing, Acknowledge):
-        return workers_pb2.NodeMessage(acks=workers_pb2.ResultAcks(acks=[
+        return workers_pb2.ConnectResponse(acks=workers_pb2.ResultAcks(acks=[
             workers_pb2.ResultAck(run_id=ref.run_id, lease_token=ref.lease_token) for ref in outgoing.results
         ]))
     if isinstance(outgoing, ClockEcho):
-        return workers_pb2.NodeMessage(clock_echo=workers_pb2.ClockEcho(
+        return workers_pb2.ConnectResponse(clock_echo=workers_pb2.ClockEcho(
             probe_id=outgoing.probe_id, probe_sent_at=_timestamp_of_ns(outgoing.probe_sent_at_ns),
             node_time=wire.timestamp(outgoing.node_time),
         ))
     assert isinstance(outgoing, Cancel)
-    return workers_pb2.NodeMessage(cancel=workers_pb2.CancelRuns(
+    return workers_pb2.ConnectResponse(cancel=workers_pb2.CancelRuns(
         runs=[workers_pb2.ResultAck(run_id=ref.run_id, lease_token=ref.lease_token) for ref in outgoing.attempts],
         reason=outgoing.reason,
         unstarted_only=outgoing.unstarted_only,

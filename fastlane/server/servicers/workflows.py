@@ -14,6 +14,7 @@ from fastlane.domain.workflow_definitions import parse_definition, parse_input
 from fastlane.domain.workflow_runs import step_views
 from fastlane.engine.operations import Operations
 from fastlane.rpc import wire
+from fastlane.rpc.enums import RUN_STATE, STEP_STATE, WORKFLOW_RUN_STATE
 from fastlane.server.guard import rpc, tenant_of
 from fastlane.server.quotas import QuotaGuard
 from fastlane.storage import Store
@@ -41,11 +42,12 @@ class WorkflowServicer(workflows_pb2_grpc.WorkflowServiceServicer):
 
     @rpc
     async def GetWorkflow(
-        self, request: pb.WorkflowRef, context: grpc.aio.ServicerContext[pb.WorkflowRef, pb.Workflow]
-    ) -> pb.Workflow:
+        self, request: pb.GetWorkflowRequest,
+        context: grpc.aio.ServicerContext[pb.GetWorkflowRequest, pb.GetWorkflowResponse],
+    ) -> pb.GetWorkflowResponse:
         version = validation.count("version", request.version, 0, 1 << 30) or None
         workflow = await self._store.workflows.get_workflow(tenant_of(request.tenant), _name(request.name), version)
-        return workflow_to_pb(workflow)
+        return pb.GetWorkflowResponse(workflow=workflow_to_pb(workflow))
 
     @rpc
     async def ListWorkflows(
@@ -60,13 +62,14 @@ class WorkflowServicer(workflows_pb2_grpc.WorkflowServiceServicer):
     @rpc
     async def TriggerWorkflow(
         self, request: pb.TriggerWorkflowRequest,
-        context: grpc.aio.ServicerContext[pb.TriggerWorkflowRequest, pb.WorkflowRun],
-    ) -> pb.WorkflowRun:
+        context: grpc.aio.ServicerContext[pb.TriggerWorkflowRequest, pb.TriggerWorkflowResponse],
+    ) -> pb.TriggerWorkflowResponse:
         tenant = tenant_of(request.tenant)
         parse_input(request.input, self._max_payload)
         if self._quotas is not None:
             await self._quotas.admit_run(tenant)
-        return workflow_run_to_pb(await self._operations.trigger_workflow(tenant, _name(request.name), request.input))
+        run = await self._operations.trigger_workflow(tenant, _name(request.name), request.input)
+        return pb.TriggerWorkflowResponse(run=workflow_run_to_pb(run))
 
     @rpc
     async def ListWorkflowRuns(
@@ -87,33 +90,37 @@ class WorkflowServicer(workflows_pb2_grpc.WorkflowServiceServicer):
 
     @rpc
     async def GetWorkflowRun(
-        self, request: pb.WorkflowRunRef, context: grpc.aio.ServicerContext[pb.WorkflowRunRef, pb.WorkflowRunDetail]
-    ) -> pb.WorkflowRunDetail:
+        self, request: pb.GetWorkflowRunRequest,
+        context: grpc.aio.ServicerContext[pb.GetWorkflowRunRequest, pb.GetWorkflowRunResponse],
+    ) -> pb.GetWorkflowRunResponse:
         detail = await self._store.workflows.get_workflow_run(tenant_of(request.tenant), _run_id(request))
         return detail_to_pb(detail)
 
     @rpc
     async def CancelWorkflowRun(
-        self, request: pb.WorkflowRunRef, context: grpc.aio.ServicerContext[pb.WorkflowRunRef, pb.WorkflowRun]
-    ) -> pb.WorkflowRun:
+        self, request: pb.CancelWorkflowRunRequest,
+        context: grpc.aio.ServicerContext[pb.CancelWorkflowRunRequest, pb.CancelWorkflowRunResponse],
+    ) -> pb.CancelWorkflowRunResponse:
         run = await self._operations.cancel_workflow_run(tenant_of(request.tenant), _run_id(request))
-        return workflow_run_to_pb(run)
+        return pb.CancelWorkflowRunResponse(run=workflow_run_to_pb(run))
 
     @rpc
     async def ResumeWorkflowRun(
-        self, request: pb.WorkflowRunRef, context: grpc.aio.ServicerContext[pb.WorkflowRunRef, pb.WorkflowRun]
-    ) -> pb.WorkflowRun:
+        self, request: pb.ResumeWorkflowRunRequest,
+        context: grpc.aio.ServicerContext[pb.ResumeWorkflowRunRequest, pb.ResumeWorkflowRunResponse],
+    ) -> pb.ResumeWorkflowRunResponse:
         tenant = tenant_of(request.tenant)
         if self._quotas is not None:
             await self._quotas.admit_run(tenant)
-        return workflow_run_to_pb(await self._operations.resume_workflow_run(tenant, _run_id(request)))
+        run = await self._operations.resume_workflow_run(tenant, _run_id(request))
+        return pb.ResumeWorkflowRunResponse(run=workflow_run_to_pb(run))
 
 
 def _name(name: str) -> str:
     return validation.name("name", name)
 
 
-def _run_id(request: pb.WorkflowRunRef) -> str:
+def _run_id(request: pb.GetWorkflowRunRequest | pb.CancelWorkflowRunRequest | pb.ResumeWorkflowRunRequest) -> str:
     return validation.identifier("workflow_run_id", request.workflow_run_id)
 
 
@@ -125,15 +132,16 @@ def workflow_to_pb(workflow: wf.Workflow) -> pb.Workflow:
 
 def workflow_run_to_pb(run: wf.WorkflowRun) -> pb.WorkflowRun:
     return pb.WorkflowRun(workflow_run_id=run.workflow_run_id, tenant=run.tenant, workflow_name=run.workflow_name,
-                          version=run.version, state=run.state.value, input=run.input, error=run.error or "",
+                          version=run.version, state=WORKFLOW_RUN_STATE.number(run.state), input=run.input, error=run.error or "",
                           created_at=wire.timestamp(run.created_at), finished_at=wire.timestamp(run.finished_at),
                           job_id=run.job_id)
 
 
-def detail_to_pb(detail: WorkflowRunDetail) -> pb.WorkflowRunDetail:
+def detail_to_pb(detail: WorkflowRunDetail) -> pb.GetWorkflowRunResponse:
     views = step_views(detail.workflow.spec, detail.steps, detail.run.settled)
-    return pb.WorkflowRunDetail(
+    return pb.GetWorkflowRunResponse(
         run=workflow_run_to_pb(detail.run), workflow=workflow_to_pb(detail.workflow),
-        steps=[pb.StepStatus(name=view.name, state=view.state.value, run_ids=view.run_ids, error=view.error or "",
-                             run_states=[state.value for state in view.run_states]) for view in views],
+        steps=[pb.StepStatus(name=view.name, state=STEP_STATE.number(view.state), run_ids=view.run_ids,
+                             error=view.error or "", run_states=[RUN_STATE.number(state) for state in view.run_states])
+               for view in views],
     )
