@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 BASE   := $(VENV)/.installed-base
 
-.PHONY: install demo test test-fast typecheck lint chaos proto proto-check reference reference-check docs docs-serve bench-spread bench-burst clean tools screenshots
+.PHONY: install demo test test-fast typecheck lint chaos proto proto-check proto-lint proto-breaking proto-baseline node-deps reference reference-check docs docs-serve bench-spread bench-burst clean tools screenshots
 
 # pip -qq: errors only, so a first `make demo` shows the demo, not the installer's notes (a
 # machine's own pip configuration may add warnings about its package locations). setuptools'
@@ -15,6 +15,10 @@ BASE   := $(VENV)/.installed-base
 PIP := PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip -qq
 # Material for MkDocs prints a notice about MkDocs 2 at every build; the build itself is strict.
 MKDOCS := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs
+# buf lints proto/ and checks it for breaking changes; npm installs it (the package ships the
+# binary) from tools/package-lock.json, so every machine runs the same version.
+BUF := tools/node_modules/.bin/buf
+NPM_CI := npm ci --no-audit --no-fund --loglevel=error
 
 # The package alone (what the demo needs), then the test and benchmark extras on top.
 $(BASE): pyproject.toml
@@ -38,7 +42,7 @@ demo: $(BASE)
 	$(BIN)/fastlane demo --duration $(DURATION)
 
 ## test: lint and type check, then the whole suite, SQLite and PostgreSQL (a throwaway cluster unless FASTLANE_TEST_PG_DSN is set)
-test: $(STAMP) proto-check reference-check docs lint typecheck tools
+test: $(STAMP) proto-check proto-lint proto-breaking reference-check docs lint typecheck tools
 	$(BIN)/python -m pytest
 
 ## tools: what the suite needs beyond Python packages (promtool, for the alert rules), fetched into .venv if missing
@@ -71,6 +75,29 @@ proto: $(STAMP)
 
 proto-check: $(STAMP)
 	$(BIN)/python scripts/gen_proto.py --check
+
+$(BUF): tools/package-lock.json
+	$(NPM_CI) --prefix tools
+	touch $(BUF)
+
+## proto-lint: buf lint (STANDARD rules) over proto/
+proto-lint: $(BUF)
+	$(BUF) lint
+
+## proto-breaking: buf breaking against the v1 baseline and against the previous commit's protos
+proto-breaking: $(BUF)
+	bash scripts/proto_breaking.sh $(BUF)
+
+## proto-baseline: record proto/ as the compatibility baseline (only when a version is declared)
+proto-baseline: $(BUF)
+	$(BUF) build --exclude-source-info -o proto/baseline/v1.binpb
+
+## node-deps: the Node example's packages (examples/node), for its end-to-end test
+node-deps: examples/node/node_modules/.installed
+
+examples/node/node_modules/.installed: examples/node/package-lock.json
+	$(NPM_CI) --prefix examples/node
+	touch $@
 
 ## reference: regenerate docs/reference/ (CLI, settings, environment, metrics, gRPC API) from the code
 reference: $(STAMP)

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from fastlane._proto import common_pb2 as common_pb
 from fastlane._proto import workers_pb2 as pb
 from fastlane.domain.models import AttemptOutcome
 from fastlane.worker import _runs as runs_module
@@ -162,7 +163,7 @@ async def test_a_held_attempt_handed_to_another_stream_starts_on_its_instant_and
 
     assert old.results == []
     (result,) = new.results
-    assert result.outcome == "succeeded"
+    assert result.outcome == common_pb.ATTEMPT_OUTCOME_SUCCEEDED
     assert entered[0] >= instant
     assert result.started_at.ToNanoseconds() >= instant - 1_000  # microseconds on the wire
     assert not slot.held and slot.beat().started
@@ -191,7 +192,7 @@ async def test_withdrawing_stops_only_held_attempts_and_they_never_start() -> No
     async with asyncio.timeout(5):
         while not reporter.results:
             await asyncio.sleep(0.01)
-    assert [(r.run_id, r.outcome, r.error_message) for r in reporter.results] == [("ahead", "cancelled", "withdrawn")]
+    assert [(r.run_id, r.outcome, r.error_message) for r in reporter.results] == [("ahead", common_pb.ATTEMPT_OUTCOME_CANCELLED, "withdrawn")]
     assert list(book.in_flight) == [("now", 1)]
     release.set()
     async with asyncio.timeout(5):
