@@ -51,6 +51,7 @@ from fastlane.domain.models import (
 from fastlane.domain.schedules import first_fire, local_time, preview
 from fastlane.errors import FastlaneError, RemoteAlreadyExists, RemoteNotFound, RemoteUnavailable
 from fastlane.rpc import wire
+from fastlane.rpc.enums import JOB_STATE, RUN_STATE
 from fastlane.rpc.status import status_of
 
 TENANT = "acme"
@@ -118,7 +119,7 @@ class FakeJobService(jobs_pb2_grpc.JobServiceServicer):
 
     async def GetJob(self, request, context):
         try:
-            return wire.job_to_pb(self.state.job(request.tenant, request.job_id))
+            return jobs_pb2.GetJobResponse(job=wire.job_to_pb(self.state.job(request.tenant, request.job_id)))
         except JobNotFound as error:
             await refuse(context, error)
 
@@ -128,7 +129,7 @@ class FakeJobService(jobs_pb2_grpc.JobServiceServicer):
             job
             for job in self.state.jobs.values()
             if job.tenant == request.tenant
-            and (not request.state or job.state == request.state)
+            and (not request.state or JOB_STATE.number(job.state) == request.state)
             and (not request.job_type or job.job_type == request.job_type)
             and (not request.name or job.name == request.name)
             and (not request.id_prefix or job.job_id.startswith(request.id_prefix))
@@ -144,22 +145,22 @@ class FakeJobService(jobs_pb2_grpc.JobServiceServicer):
             await refuse(context, error)
         job = replace(job, spec=spec, version=job.version + 1)
         self.state.jobs[job.job_id] = job
-        return wire.job_to_pb(job)
+        return jobs_pb2.UpdateJobResponse(job=wire.job_to_pb(job))
 
-    async def _set_state(self, request, context, state: JobState):
+    async def _set_state(self, request, context, state: JobState) -> Job:
         try:
             job = self.state.job(request.tenant, request.job_id)
         except JobNotFound as error:
             await refuse(context, error)
         job = replace(job, state=state)
         self.state.jobs[job.job_id] = job
-        return wire.job_to_pb(job)
+        return job
 
     async def PauseJob(self, request, context):
-        return await self._set_state(request, context, JobState.PAUSED)
+        return jobs_pb2.PauseJobResponse(job=wire.job_to_pb(await self._set_state(request, context, JobState.PAUSED)))
 
     async def ResumeJob(self, request, context):
-        return await self._set_state(request, context, JobState.ACTIVE)
+        return jobs_pb2.ResumeJobResponse(job=wire.job_to_pb(await self._set_state(request, context, JobState.ACTIVE)))
 
     async def DeleteJob(self, request, context):
         try:
@@ -193,7 +194,7 @@ class FakeJobService(jobs_pb2_grpc.JobServiceServicer):
             updated_at=T0,
         )
         self.state.add_run(run, [])
-        return wire.run_to_pb(run)
+        return jobs_pb2.TriggerJobResponse(run=wire.run_to_pb(run))
 
     async def PreviewSchedule(self, request, context):
         schedule = wire.schedule_from_pb(request.schedule)
@@ -219,7 +220,7 @@ class FakeRunService(runs_pb2_grpc.RunServiceServicer):
             for run, _ in self.state.runs.values()
             if run.tenant == request.tenant
             and (not request.job_id or run.job_id == request.job_id)
-            and (not request.states or run.state in request.states)
+            and (not request.states or RUN_STATE.number(run.state) in request.states)
             and (not request.id_prefix or run.run_id.startswith(request.id_prefix))
         ]
         matching.sort(key=lambda run: run.scheduled_for, reverse=True)

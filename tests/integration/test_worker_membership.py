@@ -19,7 +19,7 @@ import grpc
 import orjson
 import pytest
 
-from fastlane._proto import admin_pb2, admin_pb2_grpc
+from fastlane._proto import admin_pb2, admin_pb2_grpc, common_pb2
 from fastlane._proto import workers_pb2 as pb
 from fastlane._proto import workers_pb2_grpc as pb_grpc
 from fastlane.cli.main import main
@@ -369,7 +369,7 @@ async def test_run_in_flight_on_a_node_that_leaves_but_answers_finishes_and_repo
     running.release.set()
     await cluster.wait_until(lambda: stream.worker_closed)
 
-    assert [(r.run_id, r.outcome) for r in stream.results()] == [("r1", "succeeded")]
+    assert [(r.run_id, r.outcome) for r in stream.results()] == [("r1", common_pb2.ATTEMPT_OUTCOME_SUCCEEDED)]
     assert stream.bodies("credit") == []  # a leaving stream asks for no more work
     assert a.all_results() == []
 
@@ -388,7 +388,7 @@ async def test_run_in_flight_on_a_node_that_dies_heartbeats_and_reports_through_
     await asyncio.wait_for(running.worker.stop(), WAIT)  # returns once every result is acknowledged
 
     (result,) = a.all_results()
-    assert (result.run_id, result.lease_token, result.outcome) == ("r1", 7, "succeeded")
+    assert (result.run_id, result.lease_token, result.outcome) == ("r1", 7, common_pb2.ATTEMPT_OUTCOME_SUCCEEDED)
     assert a.streams[0].bodies("credit") == []  # A never granted that run: its end frees no credit there
     assert b.all_results() == []
 
@@ -407,7 +407,7 @@ async def test_unacknowledged_result_of_a_node_that_dies_is_resent_to_a_live_nod
     await cluster.wait_until(lambda: len(a.all_results()) == 1)
     await asyncio.wait_for(running.worker.stop(), WAIT)
 
-    assert [(r.run_id, r.outcome) for r in a.all_results()] == [("r1", "succeeded")]
+    assert [(r.run_id, r.outcome) for r in a.all_results()] == [("r1", common_pb2.ATTEMPT_OUTCOME_SUCCEEDED)]
     assert b.all_results() == a.all_results()
 
 
@@ -424,8 +424,8 @@ async def test_result_a_leaving_node_sits_on_moves_to_a_live_node(cluster, worke
     await cluster.wait_until(lambda: len(a.all_results()) == 1 and b.streams[0].worker_closed)
     await asyncio.wait_for(running.worker.stop(), WAIT)
 
-    assert [(r.run_id, r.outcome) for r in b.all_results()] == [("r1", "succeeded")]
-    assert [(r.run_id, r.outcome) for r in a.all_results()] == [("r1", "succeeded")]
+    assert [(r.run_id, r.outcome) for r in b.all_results()] == [("r1", common_pb2.ATTEMPT_OUTCOME_SUCCEEDED)]
+    assert [(r.run_id, r.outcome) for r in a.all_results()] == [("r1", common_pb2.ATTEMPT_OUTCOME_SUCCEEDED)]
 
 
 # -- fastlane cluster --------------------------------------------------------------------------

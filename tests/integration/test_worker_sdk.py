@@ -23,6 +23,7 @@ import grpc
 import orjson
 import pytest
 
+from fastlane._proto import common_pb2
 from fastlane.domain.models import MAX_CHECKPOINT_BYTES
 from fastlane.errors import ConfigurationError, PermanentError, RetryableError
 from fastlane.rpc.wire import duration, timestamp
@@ -159,7 +160,7 @@ async def test_progress_and_checkpoint_are_validated(node):
         await node.wait_until(lambda: len(stream.results()) == 1)
 
     assert errors == [ValueError] * 5
-    assert stream.results()[0].outcome == "succeeded"
+    assert stream.results()[0].outcome == common_pb2.ATTEMPT_OUTCOME_SUCCEEDED
 
 
 # -- running attempts --------------------------------------------------------------------------
@@ -190,7 +191,7 @@ async def test_assignment_runs_handler_with_full_context_and_success_reports_lea
     assert (ctx.idempotency_key, ctx.lease_token, ctx.checkpoint) == ("key-r1", 42, b"half-way")
     assert before <= ctx.received_at <= datetime.now(UTC)
     (result,) = stream.results()
-    assert (result.run_id, result.lease_token, result.outcome, result.error_code) == ("r1", 42, "succeeded", "")
+    assert (result.run_id, result.lease_token, result.outcome, result.error_code) == ("r1", 42, common_pb2.ATTEMPT_OUTCOME_SUCCEEDED, "")
     assert result.started_at.ToDatetime(UTC) <= result.finished_at.ToDatetime(UTC)
     kinds = stream.kinds()
     assert kinds[kinds.index("results") + 1] == "credit"  # to an older node the grant follows the results at once
@@ -234,9 +235,9 @@ async def test_empty_payload_reads_as_json_none_and_missing_checkpoint_as_none(n
 @pytest.mark.parametrize(
     ("error", "outcome", "error_code", "error_message"),
     [
-        (PermanentError("no such account"), "permanent_failure", "PermanentError", "no such account"),
-        (RetryableError("smtp busy"), "failed", "RetryableError", "smtp busy"),
-        (ValueError("bad input " + "x" * 3000), "failed", "ValueError", ("bad input " + "x" * 3000)[:2000]),
+        (PermanentError("no such account"), common_pb2.ATTEMPT_OUTCOME_PERMANENT_FAILURE, "PermanentError", "no such account"),
+        (RetryableError("smtp busy"), common_pb2.ATTEMPT_OUTCOME_FAILED, "RetryableError", "smtp busy"),
+        (ValueError("bad input " + "x" * 3000), common_pb2.ATTEMPT_OUTCOME_FAILED, "ValueError", ("bad input " + "x" * 3000)[:2000]),
     ],
     ids=["permanent", "retryable", "value-error-truncated"],
 )
@@ -275,7 +276,7 @@ async def test_handler_running_past_its_timeout_is_reported_timed_out(node):
         await node.wait_until(lambda: len(stream.results()) == 1)
 
     (result,) = stream.results()
-    assert (result.outcome, result.error_code) == ("timed_out", "TimeoutError")
+    assert (result.outcome, result.error_code) == (common_pb2.ATTEMPT_OUTCOME_TIMED_OUT, "TimeoutError")
     assert cancelled.is_set()
 
 
@@ -304,7 +305,7 @@ async def test_cancel_runs_cancels_the_running_handler_and_reports_cancelled_wit
         await node.wait_until(lambda: len(stream.results()) == 2)
 
     results = [(r.run_id, r.lease_token, r.outcome, r.error_message) for r in stream.results()]
-    assert results == [("r1", 5, "cancelled", "job deleted"), ("r2", 5, "cancelled", "job paused")]
+    assert results == [("r1", 5, common_pb2.ATTEMPT_OUTCOME_CANCELLED, "job deleted"), ("r2", 5, common_pb2.ATTEMPT_OUTCOME_CANCELLED, "job paused")]
     assert stream.credits_granted() == 2
 
 
@@ -321,7 +322,7 @@ async def test_many_assignments_are_reported_in_far_fewer_results_messages(node)
             stream.assign(*(assignment(f"r{batch}-{i}", "quick") for i in range(100)))
         await node.wait_until(lambda: len(stream.results()) == 500, timeout=3 * WAIT)
 
-    assert {r.outcome for r in stream.results()} == {"succeeded"}
+    assert {r.outcome for r in stream.results()} == {common_pb2.ATTEMPT_OUTCOME_SUCCEEDED}
     assert len({r.run_id for r in stream.results()}) == 500
     assert len(stream.bodies("results")) <= 50
     assert stream.credits_granted() == 500
@@ -381,7 +382,7 @@ async def test_handler_running_across_node_restart_reports_on_the_new_stream(nod
     assert second.received[0].hello.credits == 3  # one run still in flight
     assert [b.run_id for b in second.bodies("heartbeats")[0].beats] == ["r1"]
     (result,) = second.results()
-    assert (result.run_id, result.outcome) == ("r1", "succeeded")
+    assert (result.run_id, result.outcome) == ("r1", common_pb2.ATTEMPT_OUTCOME_SUCCEEDED)
     assert second.credits_granted() == 1
     assert first.results() == []
 
@@ -440,7 +441,7 @@ async def test_a_node_that_never_echoes_leaves_no_estimate_and_runs_still_start_
         await node.wait_until(lambda: len(stream.results()) == 1)
         assert worker.clock_estimates() == {}
 
-    assert [(r.run_id, r.outcome) for r in stream.results()] == [("r1", "succeeded")]
+    assert [(r.run_id, r.outcome) for r in stream.results()] == [("r1", common_pb2.ATTEMPT_OUTCOME_SUCCEEDED)]
 
 
 async def test_a_run_sent_ahead_starts_on_its_instant_not_on_receipt(node):
@@ -468,7 +469,7 @@ async def test_a_run_sent_ahead_starts_on_its_instant_not_on_receipt(node):
     assert ctx.received_at < ctx.started_at
     assert ctx.started_at >= datetime.fromtimestamp(start_at / 1e9, UTC) - timedelta(microseconds=1)
     (result,) = stream.results()
-    assert result.outcome == "succeeded"
+    assert result.outcome == common_pb2.ATTEMPT_OUTCOME_SUCCEEDED
     assert result.started_at.ToDatetime(UTC) == ctx.started_at  # the real start
     started_flags = [beat.started for beat in stream.beats_of("r1")]
     assert started_flags == sorted(started_flags)  # not started, then started: never back
@@ -505,12 +506,12 @@ async def test_a_withdrawal_drops_a_held_run_and_leaves_a_started_one_running(no
         stream.withdraw([("running", 7), ("ahead", 7)], "sent elsewhere")
         await node.wait_until(lambda: len(stream.results()) == 1)
         (withdrawn,) = stream.results()
-        assert (withdrawn.run_id, withdrawn.outcome, withdrawn.error_message) == ("ahead", "cancelled", "sent elsewhere")
+        assert (withdrawn.run_id, withdrawn.outcome, withdrawn.error_message) == ("ahead", common_pb2.ATTEMPT_OUTCOME_CANCELLED, "sent elsewhere")
         await node.wait_until(lambda: stream.credits_granted() == 1)  # the withdrawn run's credit comes back
         release.set()
         await node.wait_until(lambda: len(stream.results()) == 2)
 
-    assert [(r.run_id, r.outcome) for r in stream.results()] == [("ahead", "cancelled"), ("running", "succeeded")]
+    assert [(r.run_id, r.outcome) for r in stream.results()] == [("ahead", common_pb2.ATTEMPT_OUTCOME_CANCELLED), ("running", common_pb2.ATTEMPT_OUTCOME_SUCCEEDED)]
     assert set(entered) == {"running"}  # the held handler was never entered
 
 
@@ -527,7 +528,7 @@ async def test_a_cancelled_held_run_never_enters_its_handler(node):
         await asyncio.sleep(0.4)  # past the instant it would have started on
 
     (result,) = stream.results()
-    assert (result.run_id, result.outcome, result.error_message) == ("r1", "cancelled", "job deleted")
+    assert (result.run_id, result.outcome, result.error_message) == ("r1", common_pb2.ATTEMPT_OUTCOME_CANCELLED, "job deleted")
     assert entered == {}
     assert stream.credits_granted() == 1
 
@@ -548,7 +549,7 @@ async def test_a_held_run_survives_a_reconnect_and_starts_on_its_instant(node):
     assert second.received[0].hello.credits == 3  # held: in flight, on a credit
     assert not second.beats_of("r1")[0].started
     assert entered["r1"] >= start_at
-    assert [(r.run_id, r.outcome) for r in second.results()] == [("r1", "succeeded")]
+    assert [(r.run_id, r.outcome) for r in second.results()] == [("r1", common_pb2.ATTEMPT_OUTCOME_SUCCEEDED)]
 
 
 async def test_stop_lets_a_held_run_start_on_its_instant_and_finish(node):
@@ -563,7 +564,7 @@ async def test_stop_lets_a_held_run_start_on_its_instant_and_finish(node):
         await asyncio.wait_for(worker.stop(), WAIT)
 
     assert entered["r1"] >= start_at
-    assert [(r.run_id, r.outcome) for r in stream.results()] == [("r1", "succeeded")]
+    assert [(r.run_id, r.outcome) for r in stream.results()] == [("r1", common_pb2.ATTEMPT_OUTCOME_SUCCEEDED)]
 
 
 async def test_a_run_still_held_at_the_drain_timeout_is_reported_retryable_and_never_started(node):
@@ -577,7 +578,7 @@ async def test_a_run_still_held_at_the_drain_timeout_is_reported_retryable_and_n
         await asyncio.wait_for(worker.stop(), WAIT)
 
     (result,) = stream.results()
-    assert (result.outcome, result.error_code) == ("failed", "WorkerShutdown")
+    assert (result.outcome, result.error_code) == (common_pb2.ATTEMPT_OUTCOME_FAILED, "WorkerShutdown")
     assert entered == {}
 
 
@@ -609,7 +610,7 @@ async def test_stop_lets_the_running_handler_finish_and_report_before_run_return
         await asyncio.wait_for(stopping, WAIT)
 
     assert order == ["handler finished", "run returned"]
-    assert [(r.run_id, r.outcome) for r in stream.results()] == [("r1", "succeeded")]
+    assert [(r.run_id, r.outcome) for r in stream.results()] == [("r1", common_pb2.ATTEMPT_OUTCOME_SUCCEEDED)]
     assert stream.worker_closed
     assert stream.credits_granted() == 0  # a stopping worker asks for no more work
 
@@ -636,7 +637,7 @@ async def test_drain_timeout_cancels_stuck_handler_and_reports_it_retryable(node
 
     assert observed.is_set()
     (result,) = stream.results()
-    assert (result.outcome, result.error_code) == ("failed", "WorkerShutdown")
+    assert (result.outcome, result.error_code) == (common_pb2.ATTEMPT_OUTCOME_FAILED, "WorkerShutdown")
     assert stream.worker_closed
 
 
