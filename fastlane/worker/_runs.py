@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
 from fastlane._proto import workers_pb2 as pb
+from fastlane.domain.limits import MAX_CHECKPOINT_BYTES
 from fastlane.domain.models import AttemptOutcome
 from fastlane.errors import PermanentError
 from fastlane.rpc.enums import ATTEMPT_OUTCOME
@@ -28,7 +29,8 @@ from fastlane.worker._hold import StartTimer
 log = logging.getLogger("fastlane.worker")
 
 # A node sends a run at most --send-ahead (at most 1 s) before its instant; with clock uncertainty
-# and a slow stream on top, a start_at further ahead than this is not a hold but a bad value.
+# and a slow stream on top, a start_at further ahead than this means a clock or the estimate of
+# it is off. The run is held all the same (never started early) and the oddity logged.
 MAX_HOLD_NS = 10_000_000_000
 # A first attempt not sent ahead that comes late (due LATE_NS or more ago: it waited for a credit,
 # out of a backlog) when a held run's instant is at most YIELD_NS away waits for that instant and
@@ -44,8 +46,10 @@ Launch = Callable[["RunSlot", pb.Assignment, datetime], Coroutine[Any, Any, None
 _Item = TypeVar("_Item", pb.RunResult, pb.RunHeartbeat)
 
 MAX_ERROR_MESSAGE = 2000
-# gRPC servers refuse messages over 4 MiB by default; batches are cut well below that.
-_MESSAGE_BUDGET = 3 << 20
+# A node receives at most max(--max-payload-bytes, MAX_CHECKPOINT_BYTES) plus an envelope in one
+# message (fastlane.server.grpc_server.max_message_bytes) and refuses the stream beyond it, so a
+# batch is cut at the bound every node takes: a heartbeat with the largest checkpoint still fits.
+_MESSAGE_BUDGET = MAX_CHECKPOINT_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,13 +122,13 @@ def yield_to_held(due_ns: int, held_instant_ns: int | None, now_ns: int) -> int 
     return held_instant_ns
 
 
-def held_until(start_at_ns: int, now_ns: int) -> int | None:
-    """The instant to hold a run sent ahead until, or None to start it at once: a ``start_at``
-    more than :data:`MAX_HOLD_NS` ahead is refused as a hold (logged), never waited for."""
+def held_until(start_at_ns: int, now_ns: int) -> int:
+    """The instant to hold a run sent ahead until: its ``start_at``, however far ahead, since a
+    run never starts before its instant; one more than :data:`MAX_HOLD_NS` ahead is logged, as a
+    sign of a clock (or the estimate of the node's) that is off."""
     if start_at_ns - now_ns > MAX_HOLD_NS:
-        log.warning("an assignment's start_at is %.1f s ahead (at most %.0f s expected): starting it at once",
-                    (start_at_ns - now_ns) / 1e9, MAX_HOLD_NS / 1e9)
-        return None
+        log.warning("an assignment's start_at is %.1f s ahead (at most %.0f s expected): holding it until then; "
+                    "check the clocks of this host and the node's", (start_at_ns - now_ns) / 1e9, MAX_HOLD_NS / 1e9)
     return start_at_ns
 
 

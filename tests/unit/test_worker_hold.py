@@ -15,7 +15,9 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from fastlane._proto import common_pb2 as common_pb
 from fastlane._proto import workers_pb2 as pb
+from fastlane.domain.limits import MAX_CHECKPOINT_BYTES
 from fastlane.domain.models import AttemptOutcome
+from fastlane.server.grpc_server import max_message_bytes
 from fastlane.worker import _runs as runs_module
 from fastlane.worker._hold import StartTimer
 from fastlane.worker._runs import (
@@ -25,7 +27,9 @@ from fastlane.worker._runs import (
     RunBook,
     RunSlot,
     Verdict,
+    heartbeat_messages,
     held_until,
+    result_messages,
     run_attempt,
     yield_to_held,
 )
@@ -203,14 +207,15 @@ async def test_withdrawing_stops_only_held_attempts_and_they_never_start() -> No
     await timer.close()
 
 
-def test_a_start_at_too_far_ahead_is_not_held(caplog) -> None:  # type: ignore[no-untyped-def]
+def test_a_start_at_too_far_ahead_is_held_all_the_same_and_logged(caplog) -> None:  # type: ignore[no-untyped-def]
     now = 1_000 * 10**9
     assert held_until(now + 900_000_000, now) == now + 900_000_000  # a send-ahead lead: held
     assert held_until(now - 5, now) == now - 5  # already due: the timer returns at once
     assert held_until(now + MAX_HOLD_NS, now) == now + MAX_HOLD_NS
-    assert held_until(now + MAX_HOLD_NS + 1, now) is None  # a bad value: started at once
-    assert held_until(now + 10**18, now) is None
-    assert "starting it at once" in caplog.text
+    assert "holding it" not in caplog.text
+    assert held_until(now + MAX_HOLD_NS + 1, now) == now + MAX_HOLD_NS + 1  # odd, but never started early
+    assert held_until(now + 10**18, now) == now + 10**18
+    assert "holding it until then" in caplog.text
 
 
 def test_a_late_run_yields_only_to_a_held_run_due_within_the_yield() -> None:
@@ -279,3 +284,18 @@ async def test_a_wait_behind_an_overdue_alarm_is_woken_after_the_waits_queued_be
     assert woken.index("first") < woken.index("behind")
     assert woken.index("at once") < woken.index("first")  # without behind: the instant has passed, no wait
     await timer.close()
+
+
+def test_batches_of_reports_fit_the_smallest_message_any_node_receives() -> None:
+    # Two checkpoints of 600 KiB and a hundred results with long tracebacks: each message the
+    # worker sends must fit under what a node with the smallest payload limit receives, or the
+    # node ends the stream (RESOURCE_EXHAUSTED) and the resend after the reconnect fails alike.
+    limit = max_message_bytes(1)
+    beats = [pb.RunHeartbeat(run_id=f"r{i}", lease_token=1, checkpoint=b"c" * (600 << 10)) for i in range(2)]
+    results = [pb.RunResult(run_id=f"r{i}", lease_token=1, outcome=common_pb.ATTEMPT_OUTCOME_FAILED,
+                            error_message="e" * 2000, error_traceback="t" * 16_000, output=b"o" * 16_000) for i in range(100)]
+    largest = pb.RunHeartbeat(run_id="r", lease_token=1, checkpoint=b"c" * MAX_CHECKPOINT_BYTES)
+    for messages, items in ((list(heartbeat_messages(beats + [largest])), 3), (list(result_messages(results)), 100)):
+        assert all(message.ByteSize() <= limit for message in messages)
+        assert sum(len(m.heartbeats.beats) + len(m.results.results) for m in messages) == items
+        assert len(messages) > 1
