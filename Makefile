@@ -42,7 +42,7 @@ demo: $(BASE)
 	$(BIN)/fastlane demo --duration $(DURATION)
 
 ## test: lint and type check, then the whole suite, SQLite and PostgreSQL (a throwaway cluster unless FASTLANE_TEST_PG_DSN is set)
-test: $(STAMP) proto-check proto-lint proto-breaking reference-check docs lint typecheck tools
+test: $(STAMP) proto-check proto-lint proto-breaking reference-check docs lint typecheck tools node-deps
 	$(BIN)/python -m pytest
 
 ## tools: what the suite needs beyond Python packages (promtool, for the alert rules), fetched into .venv if missing
