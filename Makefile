@@ -58,7 +58,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check fastlane bench tests scripts
 
 ## test-fast: everything but the end-to-end process tests
-test-fast: $(STAMP) tools
+test-fast: $(STAMP) tools $(BUF) node-deps
 	$(BIN)/python -m pytest -m "not e2e and not chaos"
 
 ## chaos: only the long failure-injection tests

@@ -10,7 +10,12 @@ cd "$(dirname "$0")/.."
 "$buf" breaking --against proto/baseline/v1.binpb
 echo "proto/: no breaking change against the v1 baseline"
 
-if ! git rev-parse --verify -q HEAD~1 >/dev/null; then
+# Uncommitted changes to proto/ (or buf.yaml) are judged against HEAD, what they change; a clean
+# tree against HEAD~1, what the last commit changed.
+if ! git diff --quiet HEAD -- proto buf.yaml 2>/dev/null || [ -n "$(git ls-files --others --exclude-standard proto)" ]; then
+    "$buf" breaking --against '.git#ref=HEAD'
+    echo "proto/: no breaking change against the last commit (the working tree's changes)"
+elif ! git rev-parse --verify -q HEAD~1 >/dev/null; then
     echo "proto/: no previous commit in this clone (a shallow clone?): compared with the v1 baseline only"
 elif ! git cat-file -e HEAD~1:buf.yaml 2>/dev/null; then
     echo "proto/: the previous commit predates buf.yaml: compared with the v1 baseline only"

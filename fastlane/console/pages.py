@@ -59,7 +59,7 @@ def _filter_value(values: WireEnum[Any, Any], text: str, field: str) -> Any:
     try:
         return values.filter(text, field)
     except InvalidArgument as refused:
-        raise web.HTTPBadRequest(text=str(refused)) from None
+        raise CallRefused(grpc.StatusCode.INVALID_ARGUMENT, str(refused)) from None
 
 
 def _visible(caller: Caller, tenant: str) -> bool:

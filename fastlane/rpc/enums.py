@@ -87,5 +87,19 @@ AUDIT_TARGET = WireEnum(AuditTarget, jobs_pb2.AuditTarget, "AUDIT_TARGET")
 WORKFLOW_RUN_STATE = WireEnum(WorkflowRunState, workflows_pb2.WorkflowRunState, "WORKFLOW_RUN_STATE")
 STEP_STATE = WireEnum(StepState, workflows_pb2.StepState, "STEP_STATE")
 
+# What a worker may report, by its wire value. The rest of AttemptOutcome is the node's to decide;
+# anything else a worker sends (unspecified, one of those, a number this version does not know)
+# counts as failed, so a confused worker's run is retried by its policy rather than lost.
+WORKER_OUTCOMES: dict[int, AttemptOutcome] = {ATTEMPT_OUTCOME.number(outcome): outcome for outcome in (
+    AttemptOutcome.SUCCEEDED, AttemptOutcome.FAILED, AttemptOutcome.PERMANENT_FAILURE,
+    AttemptOutcome.TIMED_OUT, AttemptOutcome.CANCELLED,
+)}
+
+
+def reported_outcome(number: int) -> AttemptOutcome:
+    """The outcome a worker's result stands for (see :data:`WORKER_OUTCOMES`)."""
+    return WORKER_OUTCOMES.get(number, AttemptOutcome.FAILED)
+
+
 ALL = (JOB_STATE, RUN_STATE, ATTEMPT_OUTCOME, OVERLAP_POLICY, MISFIRE_KIND, DELIVERY, ROLE, AUDIT_ACTION,
        AUDIT_TARGET, WORKFLOW_RUN_STATE, STEP_STATE)

@@ -31,7 +31,7 @@ import orjson
 from fastlane._proto import workers_pb2 as pb
 from fastlane.domain.models import AttemptOutcome
 from fastlane.domain.transitions import RETRYABLE_OUTCOMES
-from fastlane.rpc.enums import ATTEMPT_OUTCOME
+from fastlane.rpc.enums import reported_outcome
 from fastlane.rpc.wire import duration, timestamp
 from fastlane.testing.waiting import WaitTimedOut, until
 from fastlane.testing.wire import SCHEDULED_FOR, FakeStream, FakeWorkerService, start_server
@@ -152,7 +152,7 @@ class RunHandle:
         return RunResult(
             run_id=result.run_id,
             attempt=self.attempt,
-            outcome=ATTEMPT_OUTCOME.member(result.outcome, "outcome"),
+            outcome=reported_outcome(result.outcome),  # as a node takes it
             error_type=result.error_code,
             error_message=result.error_message,
             traceback=result.error_traceback,

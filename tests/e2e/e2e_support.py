@@ -6,7 +6,7 @@ A plain module (not conftest.py) so that tests import it by a name no other test
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import orjson
@@ -94,3 +94,14 @@ def run_cli(daemon: Daemon, *args: str) -> object:
     )
     assert completed.returncode == 0, completed.stderr.decode()
     return orjson.loads(completed.stdout)
+
+
+def uncertainty_bound(node: Daemon) -> timedelta:
+    """An upper bound of every clock uncertainty the workers have reported: the smallest bucket of
+    the node's histogram that holds them all."""
+    samples = node.metrics()
+    prefix = "fastlane_worker_clock_uncertainty_seconds"
+    total = samples[f"{prefix}_count"]
+    bounds = [float(name.partition('le="')[2].rstrip('"}')) for name, value in samples.items()
+              if name.startswith(f"{prefix}_bucket") and value >= total > 0]
+    return timedelta(seconds=min(bounds))

@@ -24,7 +24,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_support import ROOT, Daemon, Process, child_environment, instant, wait_for, workers_connected
+from e2e_support import (
+    ROOT,
+    Daemon,
+    Process,
+    child_environment,
+    instant,
+    uncertainty_bound,
+    wait_for,
+    workers_connected,
+)
 
 from fastlane.client import Client
 from fastlane.domain.models import AttemptOutcome, RunState, ScheduleKind
@@ -109,16 +118,6 @@ async def start_node_and_worker(db_url: str, tmp_path: Path, processes: list[Pro
         await wait_for(probed, 20, "the Node worker to connect and report a clock estimate")
     return daemon, worker
 
-
-def uncertainty_bound(daemon: Daemon) -> timedelta:
-    """An upper bound of every clock uncertainty the worker reported: the smallest bucket of the
-    node's histogram that holds them all."""
-    samples = daemon.metrics()
-    prefix = "fastlane_worker_clock_uncertainty_seconds"
-    total = samples[f"{prefix}_count"]
-    bounds = [float(name.partition('le="')[2].rstrip('"}')) for name, value in samples.items()
-              if name.startswith(f"{prefix}_bucket") and value >= total > 0]
-    return timedelta(seconds=min(bounds))
 
 
 async def run_of(client: Client, job_id: str, states: set[RunState], timeout: float = 20) -> Any:

@@ -28,7 +28,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from e2e_support import Daemon, Process, Recorder, instant, wait_for, workers_connected
+from e2e_support import Daemon, Process, Recorder, instant, uncertainty_bound, wait_for, workers_connected
 
 from fastlane.client import Client
 from fastlane.domain.models import RunState, Schedule
@@ -69,16 +69,6 @@ async def worker(node: Daemon, client: Client, tmp_path: Path, processes: list[P
     await wait_for(probed, 20, "the worker to connect and report a clock estimate")
     return recorder
 
-
-def uncertainty_bound(node: Daemon) -> timedelta:
-    """An upper bound of every clock uncertainty the worker has reported: the smallest bucket of the
-    node's histogram that holds them all."""
-    samples = node.metrics()
-    prefix = "fastlane_worker_clock_uncertainty_seconds"
-    total = samples[f"{prefix}_count"]
-    bounds = [float(name.partition('le="')[2].rstrip('"}')) for name, value in samples.items()
-              if name.startswith(f"{prefix}_bucket") and value >= total > 0]
-    return timedelta(seconds=min(bounds))
 
 
 def received_and_started(worker: Recorder, job_id: str) -> list[tuple[datetime, datetime]]:

@@ -168,6 +168,15 @@ def _now_plus(seconds: float) -> Timestamp:
 # -- what a run learns ---------------------------------------------------------------------------
 
 
+# The answers that carry one job, one run or one workflow run, whose ids a later probe reuses.
+JOB_ANSWERS = (jobs_pb2.CreateJobResponse, jobs_pb2.GetJobResponse, jobs_pb2.UpdateJobResponse,
+               jobs_pb2.PauseJobResponse, jobs_pb2.ResumeJobResponse)
+RUN_ANSWERS = (jobs_pb2.TriggerJobResponse, runs_pb2.GetRunResponse, runs_pb2.CancelRunResponse,
+               runs_pb2.RetryRunResponse)
+WORKFLOW_RUN_ANSWERS = (workflows_pb2.TriggerWorkflowResponse, workflows_pb2.GetWorkflowRunResponse,
+                        workflows_pb2.CancelWorkflowRunResponse, workflows_pb2.ResumeWorkflowRunResponse)
+
+
 @dataclass
 class Memory:
     """Ids and tokens the daemon gave out during one fuzz run, for requests that name real things."""
@@ -194,15 +203,12 @@ class Memory:
 
     def learn(self, response: Message) -> None:
         """Remember the ids and tokens in a successful answer."""
-        if isinstance(response, workflows_pb2.WorkflowRun):
-            self.workflow_runs.append(response.workflow_run_id)
-        if isinstance(response, jobs_pb2.CreateJobResponse):
+        if isinstance(response, WORKFLOW_RUN_ANSWERS):
+            if response.run.workflow_run_id not in self.workflow_runs[-50:]:
+                self.workflow_runs = [*self.workflow_runs[-499:], response.run.workflow_run_id]
+        elif isinstance(response, JOB_ANSWERS):
             self._job(response.job)
-        elif isinstance(response, common_pb2.Job):
-            self._job(response)
-        elif isinstance(response, common_pb2.Run):
-            self._run(response)
-        elif isinstance(response, runs_pb2.GetRunResponse):
+        elif isinstance(response, RUN_ANSWERS):
             self._run(response.run)
         elif isinstance(response, jobs_pb2.ListJobsResponse):
             for job in response.jobs[:20]:

@@ -232,6 +232,19 @@ async def test_a_bad_form_is_shown_again_with_the_apis_reason_and_nothing_is_mad
         assert (await api.list_jobs()).items == []
 
 
+async def test_a_filter_word_that_names_no_state_is_refused_with_the_error_page(console: SecuredNode,
+                                                                              visitors: dict[str, Visitor]):
+    a = visitors["client-a"]
+    for path, field in (("/jobs?state=sleeping", "state"), ("/runs?state=<b>done</b>", "state")):
+        status, page = await a.get(path)
+        assert status == 400, (path, page[:300])
+        message = page.split('id="error"')[1].split("</p>")[0]
+        assert field in message and "is not one of" in message, (path, message)
+        assert "<b>done</b>" not in page  # shown back escaped
+    status, _ = await a.get("/runs?state=dead")
+    assert status == 200
+
+
 async def test_a_revoked_token_ends_its_console_sessions(console: SecuredNode, visitors: dict[str, Visitor]):
     a = visitors["client-a"]
     assert (await a.get("/jobs"))[0] == 200

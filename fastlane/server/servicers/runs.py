@@ -28,7 +28,9 @@ class RunServicer(runs_pb2_grpc.RunServiceServicer):
         request: runs_pb2.ListRunsRequest,
         context: grpc.aio.ServicerContext[runs_pb2.ListRunsRequest, runs_pb2.ListRunsResponse],
     ) -> runs_pb2.ListRunsResponse:
-        states = [RUN_STATE.member(state, "states") for state in request.states[:len(RunState)]]
+        # An unspecified entry adds nothing (the filter's unspecified is any); an unknown one is refused.
+        states = [RUN_STATE.member(state, f"states[{index}]")
+                  for index, state in enumerate(request.states[:len(RunState)]) if state]
         if len(request.states) > len(RunState):
             raise InvalidArgument("states", f"at most {len(RunState)} states may be given")
         job_id = validation.identifier("job_id", request.job_id, required=False) or None

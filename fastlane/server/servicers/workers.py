@@ -39,7 +39,6 @@ from fastlane.domain.limits import (
     MAX_WORKER_CLOCK_OFFSET,
     MAX_WORKER_CLOCK_UNCERTAINTY,
 )
-from fastlane.domain.models import AttemptOutcome
 from fastlane.domain.workflow_definitions import output_of
 from fastlane.domain.workflows import WORKFLOW_JOB_TYPE
 from fastlane.engine.dispatch.dispatcher import Dispatcher
@@ -48,7 +47,7 @@ from fastlane.engine.dispatch.messages import Acknowledge, Assign, Cancel, Clock
 from fastlane.engine.dispatch.send_ahead import ClockProbe
 from fastlane.errors import InvalidArgument
 from fastlane.rpc import wire
-from fastlane.rpc.enums import ATTEMPT_OUTCOME
+from fastlane.rpc.enums import reported_outcome
 from fastlane.storage import AttemptResult, Heartbeat
 
 # A worker stream: WorkerMessages in, NodeMessages out.
@@ -62,12 +61,6 @@ log = logging.getLogger("fastlane.api.workers")
 # Merged assignments stop growing at this many runs: a message stays well under gRPC's 4 MiB.
 MAX_RUNS_PER_MESSAGE = 1_000
 
-# What a worker may report, by its wire value; the rest of AttemptOutcome is decided by the node,
-# and an outcome a worker may not report (or an unknown value) counts as failed.
-_WORKER_OUTCOMES = {ATTEMPT_OUTCOME.number(outcome): outcome for outcome in (
-    AttemptOutcome.SUCCEEDED, AttemptOutcome.FAILED, AttemptOutcome.PERMANENT_FAILURE,
-    AttemptOutcome.TIMED_OUT, AttemptOutcome.CANCELLED,
-)}
 
 
 class WorkerServicer(workers_pb2_grpc.WorkerServiceServicer):
@@ -268,7 +261,7 @@ def _result(result: workers_pb2.RunResult, offset: timedelta = _NO_OFFSET) -> At
     return AttemptResult(
         run_id=validation.identifier("run_id", result.run_id),
         lease_token=_lease_token("lease_token", result.lease_token),
-        outcome=_WORKER_OUTCOMES.get(result.outcome, AttemptOutcome.FAILED),
+        outcome=reported_outcome(result.outcome),
         error_code=validation.error_text(code) if code else None,
         error_message=validation.error_text(message) if message else None,
         error_traceback=validation.traceback_text(traceback) if traceback else None,
