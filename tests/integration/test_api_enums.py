@@ -10,6 +10,7 @@ import pytest
 from fastlane._proto import common_pb2, jobs_pb2, jobs_pb2_grpc, runs_pb2, runs_pb2_grpc
 from fastlane.domain.models import OverlapPolicy, RunState
 from fastlane.rpc.channel import open_channel
+from fastlane.testing import until
 
 WAIT = 10.0
 
@@ -36,8 +37,11 @@ async def test_unspecified_takes_the_default_and_an_unknown_number_is_refused_na
         assert "state" in await refused_details(jobs.ListJobs(jobs_pb2.ListJobsRequest(state=77), timeout=WAIT))
 
         async with secured.client("client-a") as client:
-            every = [run.run_id for run in (await client.list_runs()).items]
-        assert every  # the one-shot job's run
+            async def listed() -> list[str]:
+                return [run.run_id for run in (await client.list_runs()).items]
+
+            # The one-shot job's run is written by the node a moment after the job, not with it.
+            every = await until(listed, WAIT, "the one-shot job's run to be listed")
         unfiltered = await runs.ListRuns(runs_pb2.ListRunsRequest(states=[common_pb2.RUN_STATE_UNSPECIFIED]),
                                          timeout=WAIT)
         assert [run.run_id for run in unfiltered.runs] == every  # an unspecified entry adds nothing: any
