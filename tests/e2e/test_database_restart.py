@@ -189,9 +189,11 @@ class Outage:
 
 
 def received(path: Path) -> list[dict]:
+    """The worker's records so far; a last line it is still writing (no newline yet) is left for later."""
     if not path.exists():
         return []
-    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+    complete = path.read_bytes().rpartition(b"\n")[0]
+    return [orjson.loads(line) for line in complete.splitlines() if line.strip()]
 
 
 async def database_runs(dsn: str, until: datetime) -> list[asyncpg.Record]:
