@@ -34,13 +34,19 @@ class Recorder(WorkerProcess):
         super().__init__("recording_worker:worker", [address], log_path, env=env)
 
     def received(self) -> list[dict]:
-        if not self.record_path.exists():
-            return []
-        lines = self.record_path.read_bytes().splitlines()
-        return [orjson.loads(line) for line in lines if line.strip()]
+        return read_records(self.record_path)
 
     def received_for(self, job_id: str) -> list[dict]:
         return [entry for entry in self.received() if entry["job_id"] == job_id]
+
+
+def read_records(path: Path) -> list[dict]:
+    """A worker's JSON-lines file so far (none yet: empty); a last line the worker is still
+    writing (no newline yet) is left for the next read."""
+    if not path.exists():
+        return []
+    complete = path.read_bytes().rpartition(b"\n")[0]
+    return [orjson.loads(line) for line in complete.splitlines() if line.strip()]
 
 
 def instant(text: str) -> datetime:
@@ -49,10 +55,7 @@ def instant(text: str) -> datetime:
 
 def recorded_events(recorder: Recorder, job_id: str | None = None, event: str | None = None) -> list[dict]:
     """What the recording worker's handlers did after receiving runs (its ``.events`` file)."""
-    path = Path(f"{recorder.record_path}.events")
-    if not path.exists():
-        return []
-    entries = [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+    entries = read_records(Path(f"{recorder.record_path}.events"))
     return [
         entry for entry in entries
         if (job_id is None or entry["job_id"] == job_id) and (event is None or entry["event"] == event)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from e2e_support import HERE, wait_for
+from e2e_support import HERE, read_records, wait_for
 
 from fastlane.client import Client
 from fastlane.domain.models import JobSpec, RunState, Schedule
@@ -46,10 +46,6 @@ class Node(Daemon):
         self.argv[listen] = self.address
 
 
-def received(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
 
 
 async def shards_of(dsn: str, node_id: str) -> set[int]:
@@ -126,7 +122,7 @@ async def test_a_cluster_under_failure_fires_every_occurrence_exactly_once(pg_ds
     per_job = Counter(run.job_id for run in runs)
     assert len(per_job) == JOBS, "an occurrence has no run"
     assert max(per_job.values()) == 1, "an occurrence has two runs"
-    deliveries = [entry for record in records for entry in received(record)]
+    deliveries = [entry for record in records for entry in read_records(record)]
     assert {entry["run_id"] for entry in deliveries} == {run.run_id for run in runs}
 
     # The paused node noticed it had lost its shards and fired nothing for them after.

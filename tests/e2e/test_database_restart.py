@@ -29,7 +29,7 @@ import asyncpg
 import grpc
 import orjson
 import pytest
-from e2e_support import HERE, Recorder, wait_for
+from e2e_support import HERE, Recorder, read_records, wait_for
 from health_watch import HealthLog, alive, health_of, watch_health
 
 from fastlane.client import Client
@@ -188,12 +188,6 @@ class Outage:
         return self.back_at + max(self.serving_again_after.values(), default=0.0)
 
 
-def received(path: Path) -> list[dict]:
-    """The worker's records so far; a last line it is still writing (no newline yet) is left for later."""
-    if not path.exists():
-        return []
-    complete = path.read_bytes().rpartition(b"\n")[0]
-    return [orjson.loads(line) for line in complete.splitlines() if line.strip()]
 
 
 async def database_runs(dsn: str, until: datetime) -> list[asyncpg.Record]:
@@ -249,7 +243,7 @@ async def test_a_cluster_rides_out_database_restarts_without_losing_an_occurrenc
     def fired_since(moment: datetime) -> bool:
         """The cluster fires normally again: occurrences due a little after ``moment`` reached the worker."""
         assert not alive(nodes), "\n".join(alive(nodes))
-        return any(datetime.fromisoformat(entry["scheduled_for"]) >= moment for entry in received(record))
+        return any(datetime.fromisoformat(entry["scheduled_for"]) >= moment for entry in read_records(record))
 
     async def back_in_service(outage: Outage) -> None:
         def all_serving() -> bool:
@@ -331,7 +325,7 @@ async def test_a_cluster_rides_out_database_restarts_without_losing_an_occurrenc
     # What it cost: time not serving, and the worst lateness of an occurrence across each restart.
     scheduled = {run["run_id"]: run["scheduled_for"] for run in runs}
     first_received: dict[str, datetime] = {}
-    deliveries = received(record)
+    deliveries = read_records(record)
     for entry in deliveries:
         at = datetime.fromisoformat(entry["received_at"])
         first_received[entry["run_id"]] = min(first_received.get(entry["run_id"], at), at)

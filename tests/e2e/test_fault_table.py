@@ -37,7 +37,7 @@ from pathlib import Path
 import asyncpg
 import orjson
 import pytest
-from e2e_support import HERE, wait_for
+from e2e_support import HERE, read_records, wait_for
 from health_watch import HealthLog, alive, watch_health
 from stall_proxy import StallProxy
 
@@ -110,10 +110,6 @@ async def proxies(upstream: str, count: int) -> AsyncIterator[list[StallProxy]]:
             await proxy.close()
 
 
-def lines(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
 
 
 async def freeze_inside_fenced_transaction(dsn: str, node: Daemon, node_id: str) -> str:
@@ -204,7 +200,7 @@ async def test_every_fault_in_turn_loses_no_occurrence_and_succeeds_none_twice(d
 
         def fired_since(moment: datetime) -> bool:
             return any(datetime.fromisoformat(entry["scheduled_for"]) >= moment
-                       for record in records for entry in lines(record))
+                       for record in records for entry in read_records(record))
 
         async def settle(fault: Fault) -> None:
             await asyncio.sleep(max(0.0, SETTLE - (datetime.now(UTC) - fault.cleared).total_seconds()))
@@ -276,13 +272,13 @@ async def test_every_fault_in_turn_loses_no_occurrence_and_succeeds_none_twice(d
             for found in (occurrence_of, received_at, succeeded, started_at, first_success):
                 found.clear()
             for record in records:
-                for entry in lines(record):
+                for entry in read_records(record):
                     occurrence = (entry["job_id"], datetime.fromisoformat(entry["scheduled_for"]))
                     occurrence_of[entry["run_id"]] = occurrence
                     received_at[occurrence] += 1
                     started_at[entry["run_id"], entry["attempt"]] = datetime.fromisoformat(entry["received_at"])
             for record in records:
-                for event in lines(Path(f"{record}.events")):
+                for event in read_records(Path(f"{record}.events")):
                     if event["event"] == "outcome" and event["result"] == "succeeded":
                         occurrence = occurrence_of[event["run_id"]]
                         succeeded[occurrence].add(event["run_id"])

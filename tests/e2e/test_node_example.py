@@ -30,6 +30,7 @@ from e2e_support import (
     Process,
     child_environment,
     instant,
+    read_records,
     uncertainty_bound,
     wait_for,
     workers_connected,
@@ -71,11 +72,11 @@ class NodeWorker(Process):
         )
 
     def events(self, event: str | None = None, **fields: object) -> list[dict[str, Any]]:
-        return [entry for entry in _lines(self.events_path)
+        return [entry for entry in read_records(self.events_path)
                 if (event is None or entry["event"] == event) and all(entry.get(k) == v for k, v in fields.items())]
 
     def lag_records(self, job_id: str) -> list[dict[str, Any]]:
-        return [entry for entry in _lines(self.lag_path) if entry["job_id"] == job_id]
+        return [entry for entry in read_records(self.lag_path) if entry["job_id"] == job_id]
 
     def alive(self) -> bool:
         if self.popen is not None and self.popen.poll() is not None:
@@ -83,10 +84,6 @@ class NodeWorker(Process):
         return True
 
 
-def _lines(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
 
 
 async def node_client(node: str, address: str, *args: str) -> Any:

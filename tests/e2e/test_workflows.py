@@ -13,7 +13,17 @@ from pathlib import Path
 
 import orjson
 import pytest
-from e2e_support import HERE, Daemon, Process, WorkerProcess, child_environment, instant, run_cli, wait_for
+from e2e_support import (
+    HERE,
+    Daemon,
+    Process,
+    WorkerProcess,
+    child_environment,
+    instant,
+    read_records,
+    run_cli,
+    wait_for,
+)
 
 from fastlane.client import Client
 from fastlane.domain.workflows import StepState, WorkflowRunState
@@ -30,16 +40,12 @@ class StepWorker(WorkerProcess):
         super().__init__("workflow_worker:worker", [address], tmp_path / f"{name}.log", env=env)
 
     def received(self) -> list[dict]:
-        return _lines(self.record_path)
+        return read_records(self.record_path)
 
     def ended(self) -> list[dict]:
-        return _lines(Path(f"{self.record_path}.events"))
+        return read_records(Path(f"{self.record_path}.events"))
 
 
-def _lines(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
 
 
 def step(name: str, *after: str | dict, **fields: object) -> dict:
