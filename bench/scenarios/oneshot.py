@@ -139,12 +139,12 @@ async def measure_fastlane(bench: Bench, name: str, offsets: list[float], url: s
                                label="fastlane-secure" if secured else system.replace(" ", "-"),
                                node_args=node_args) as cluster:
         ready_at = await cluster.start()
-        # A burst's CPU is measured from the processes being ready (the whole burst is written
-        # ahead after that) to the last result durable; and node-1 is profiled over the same.
-        meter = cluster.cpu_meter() if name == "burst" else None
-        profiler = cluster.profiler() if meter is not None and bench.profile else None
-        if meter is not None:
-            meter.start()
+        # CPU is measured from the processes being ready (a burst is all written ahead after
+        # that) to the last result durable, so start-up and the window's first load are left out;
+        # and node-1 is profiled over the same.
+        meter = cluster.cpu_meter()
+        profiler = cluster.profiler() if bench.profile else None
+        meter.start()
         if profiler is not None:
             profiler.start()
         overrun = note_overrun(bench, first, ready_at)
@@ -153,9 +153,7 @@ async def measure_fastlane(bench: Bench, name: str, offsets: list[float], url: s
         scraped_before, scraped_from = await cluster.scrape_first(), time.monotonic()
         received = await wait_for_runs(tail, jobs, deadline, bench.progress)
         scraped_after, scraped_for = await cluster.scrape_first(), time.monotonic() - scraped_from
-        measured: dict[str, object] = {}
-        if meter is not None:
-            measured["cpu"] = meter.stop(runs=await _succeeded(cluster, received))
+        measured: dict[str, object] = {"cpu": meter.stop(runs=await _succeeded(cluster, received))}
         if profiler is not None:
             measured["profile"] = profiler.stop()
     got = tail.deliveries()  # after the stop: a run delivered twice while draining counts too

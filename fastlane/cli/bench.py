@@ -98,7 +98,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="sustained and burst: first measure the floor (the database alone, same server, a "
                              "database of its own) and report fastlane's runs/s as a ratio to it")
     parser.add_argument("--profile", action="store_true",
-                        help="sustained and burst: sample node-1's stacks with py-spy (bench extra) over the measured "
+                        help="sustained, burst and spread: sample node-1's stacks with py-spy (bench extra) over the measured "
                              "interval and report the share of samples in each stage of the node")
     parser.add_argument("--hours", metavar="H", type=_hours, default=None,
                         help="soak: how long to run, in hours (e.g. 1 for the record, at most 168); its figures "
@@ -130,8 +130,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--durable applies to --backend postgres (SQLite runs as fastlane always runs it: WAL, synchronous=NORMAL)")
     if args.secure and args.scenario not in ("spread", "burst"):
         raise UsageError("--secure applies to spread and burst")
-    if (args.floor or args.profile) and args.scenario not in ("sustained", "burst"):
-        raise UsageError("--floor and --profile apply to sustained and burst")
+    if args.floor and args.scenario not in ("sustained", "burst"):
+        raise UsageError("--floor applies to sustained and burst")
+    if args.profile and args.scenario not in ("sustained", "burst", "spread"):
+        raise UsageError("--profile applies to sustained, burst and spread")
     if args.scenario == "floor" and nodes != 1:
         raise UsageError("floor measures the database alone: leave --nodes at 1")
     if args.hours is not None and args.scenario != "soak":

@@ -169,11 +169,13 @@ def test_the_report_shows_cpu_per_run_the_stages_and_the_floor() -> None:
     assert "asyncpg 0.32.0" in text
 
 
-def test_the_floor_is_registered_and_only_sustained_and_burst_take_floor_and_profile(
+def test_the_floor_is_registered_and_only_the_scenarios_that_meter_cpu_take_floor_and_profile(
         capsys: pytest.CaptureFixture[str]) -> None:
     assert "floor" in SCENARIOS
     assert main(["bench", "spread", "--floor"]) == 2
-    assert "--floor and --profile apply to sustained and burst" in capsys.readouterr().err
+    assert "--floor applies to sustained and burst" in capsys.readouterr().err
+    assert main(["bench", "cron", "--profile"]) == 2
+    assert "--profile applies to sustained, burst and spread" in capsys.readouterr().err
     assert main(["bench", "floor", "--nodes", "2", "--backend", "postgres"]) == 2
 
 
