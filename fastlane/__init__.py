@@ -29,7 +29,7 @@ from fastlane.domain.models import (
     ScheduleKind,
 )
 from fastlane.domain.quotas import TenantQuota
-from fastlane.domain.records import Page
+from fastlane.domain.records import BulkOutcome, Page, RunAction, RunFilter
 from fastlane.domain.workflows import StepState, StepView, Workflow, WorkflowRun, WorkflowRunState
 from fastlane.errors import (
     ConfigurationError,
@@ -57,6 +57,7 @@ __all__ = [
     "AuditAction",
     "AuditEvent",
     "AuditTarget",
+    "BulkOutcome",
     "Client",
     "ClientTls",
     "ClockEstimate",
@@ -88,7 +89,9 @@ __all__ = [
     "RetryableError",
     "Role",
     "Run",
+    "RunAction",
     "RunContext",
+    "RunFilter",
     "RunState",
     "Schedule",
     "ScheduleError",

@@ -55,6 +55,11 @@ class RunServiceStub:
                 request_serializer=fastlane_dot_v1_dot_runs__pb2.RetryRunRequest.SerializeToString,
                 response_deserializer=fastlane_dot_v1_dot_runs__pb2.RetryRunResponse.FromString,
                 _registered_method=True)
+        self.ActOnRuns = channel.unary_unary(
+                '/fastlane.v1.RunService/ActOnRuns',
+                request_serializer=fastlane_dot_v1_dot_runs__pb2.ActOnRunsRequest.SerializeToString,
+                response_deserializer=fastlane_dot_v1_dot_runs__pb2.ActOnRunsResponse.FromString,
+                _registered_method=True)
 
 
 class RunServiceServicer:
@@ -89,6 +94,15 @@ class RunServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ActOnRuns(self, request, context):
+        """Cancel or retry every run a selection takes, as CancelRun and RetryRun do one: a bounded
+        number per call (continue with next_page_token), each run in its own transaction and audited;
+        with dry_run, count them and change nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RunServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -111,6 +125,11 @@ def add_RunServiceServicer_to_server(servicer, server):
                     servicer.RetryRun,
                     request_deserializer=fastlane_dot_v1_dot_runs__pb2.RetryRunRequest.FromString,
                     response_serializer=fastlane_dot_v1_dot_runs__pb2.RetryRunResponse.SerializeToString,
+            ),
+            'ActOnRuns': grpc.unary_unary_rpc_method_handler(
+                    servicer.ActOnRuns,
+                    request_deserializer=fastlane_dot_v1_dot_runs__pb2.ActOnRunsRequest.FromString,
+                    response_serializer=fastlane_dot_v1_dot_runs__pb2.ActOnRunsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -222,6 +241,33 @@ class RunService:
             '/fastlane.v1.RunService/RetryRun',
             fastlane_dot_v1_dot_runs__pb2.RetryRunRequest.SerializeToString,
             fastlane_dot_v1_dot_runs__pb2.RetryRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ActOnRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fastlane.v1.RunService/ActOnRuns',
+            fastlane_dot_v1_dot_runs__pb2.ActOnRunsRequest.SerializeToString,
+            fastlane_dot_v1_dot_runs__pb2.ActOnRunsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -32,6 +32,7 @@ ALLOWED: Final[dict[str, frozenset[Role]]] = {
     "/fastlane.v1.RunService/GetRun": READ,
     "/fastlane.v1.RunService/CancelRun": WRITE,
     "/fastlane.v1.RunService/RetryRun": WRITE,
+    "/fastlane.v1.RunService/ActOnRuns": WRITE,
     "/fastlane.v1.WorkflowService/CreateWorkflow": WRITE,
     "/fastlane.v1.WorkflowService/TriggerWorkflow": WRITE,
     "/fastlane.v1.WorkflowService/CancelWorkflowRun": WRITE,

@@ -5,15 +5,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import orjson
 
-from fastlane.cli.arguments import UsageError, client_flags, duration_seconds, json_flag, positive_int, positive_seconds
+from fastlane.cli.arguments import UsageError, client_flags, json_flag, positive_int, positive_seconds
 from fastlane.cli.lookup import resolve_job, resolve_run
 from fastlane.cli.output import cell, note, print_fields, print_json, print_table
 from fastlane.cli.remote import collect_pages, run_remote
+from fastlane.cli.run_selection import (
+    act_on_selection,
+    add_bulk_flags,
+    add_selection_flags,
+    check_selection,
+    selected,
+    selection_of,
+)
 from fastlane.cli.views import (
     attempt_note,
     attempt_view,
@@ -30,8 +38,8 @@ from fastlane.client import Client
 from fastlane.domain.audit import AuditTarget
 from fastlane.domain.lifecycle import cancel_in_effect
 from fastlane.domain.models import Run, RunState
-from fastlane.domain.schedules import parse_at
-from fastlane.errors import RemoteNotFound, ScheduleError
+from fastlane.domain.records import RunAction
+from fastlane.errors import RemoteNotFound
 
 # Long error texts would stretch every row of the table; `runs get` shows them whole.
 TABLE_ERROR_WIDTH = 60
@@ -46,19 +54,7 @@ def register(commands: Any) -> None:
     listing = actions.add_parser(
         "list", parents=[remote], help="list runs, newest first", description="List runs, newest scheduled time first."
     )
-    listing.add_argument("--job", dest="job_id", metavar="JOB", help="only runs of this job (its id or name)")
-    listing.add_argument(
-        "--state",
-        dest="states",
-        metavar="STATE",
-        action="append",
-        choices=[state.value for state in RunState],
-        help=f"only runs in this state; repeat for several ({', '.join(state.value for state in RunState)})",
-    )
-    listing.add_argument("--since", metavar="WHEN", type=_when,
-                         help="only runs scheduled at or after WHEN: an RFC 3339 instant, or a duration ago (2h, 30m, 1d)")
-    listing.add_argument("--until", metavar="WHEN", type=_when,
-                         help="only runs scheduled before WHEN (an instant, or a duration ago, as --since)")
+    add_selection_flags(listing)
     listing.add_argument(
         "--limit", metavar="N", type=positive_int, default=100, help="show at most this many runs (default: 100)"
     )
@@ -91,18 +87,26 @@ def register(commands: Any) -> None:
     get.set_defaults(handler=get_run, command_parser=get)
 
     cancel = actions.add_parser(
-        "cancel", parents=[remote], help="cancel a run",
-        description="Cancel a run: a queued run never starts; a running handler is cancelled and the run ends cancelled.",
+        "cancel", parents=[remote], help="cancel a run, or every run a selection takes",
+        description="Cancel a run: a queued run never starts; a running handler is cancelled and the run ends "
+        "cancelled. With --job, --type, --state, --since or --until instead of RUN_ID: every run not yet ended that "
+        "they select, after counting them (--yes to go ahead, --dry-run to count only).",
     )
-    cancel.add_argument("run_id", metavar="RUN_ID", help="id of the run, or a unique start of it (4 characters or more)")
+    cancel.add_argument("run_id", metavar="RUN_ID", nargs="?",
+                        help="id of the run, or a unique start of it (4 characters or more)")
+    add_bulk_flags(cancel, RunAction.CANCEL)
     json_flag(cancel)
     cancel.set_defaults(handler=cancel_run, command_parser=cancel)
 
     retry = actions.add_parser(
-        "retry", parents=[remote], help="replay a dead or lost run",
-        description="Replay a dead or lost run now, as a new attempt with the same idempotency key.",
+        "retry", parents=[remote], help="replay a dead or lost run, or every one a selection takes",
+        description="Replay a dead or lost run now, as a new attempt with the same idempotency key. With --job, "
+        "--type, --state, --since or --until instead of RUN_ID: every dead or lost run they select, after counting "
+        "them (--yes to go ahead, --dry-run to count only).",
     )
-    retry.add_argument("run_id", metavar="RUN_ID", help="id of the run, or a unique start of it (4 characters or more)")
+    retry.add_argument("run_id", metavar="RUN_ID", nargs="?",
+                       help="id of the run, or a unique start of it (4 characters or more)")
+    add_bulk_flags(retry, RunAction.RETRY)
     json_flag(retry)
     retry.set_defaults(handler=retry_run, command_parser=retry)
 
@@ -164,30 +168,15 @@ async def job_names(client: Client, runs: list[Run]) -> dict[str, str]:
     return dict(await asyncio.gather(*(name_of(job_id) for job_id in job_ids)))
 
 
-def _when(text: str) -> datetime:
-    """An argparse type: an RFC 3339 instant, or a duration before now (``2h``: two hours ago)."""
-    try:
-        return datetime.now(UTC) - timedelta(seconds=duration_seconds(text))
-    except (ValueError, OverflowError):
-        pass
-    try:
-        return parse_at(text)
-    except ScheduleError:
-        raise argparse.ArgumentTypeError(f"{text!r} is neither an RFC 3339 instant (e.g. 2027-03-14T07:00:00Z) nor a "
-                                         "duration ago (2h, 30m, 1d)") from None
-
-
 def list_runs(args: argparse.Namespace) -> int:
-    if args.since is not None and args.until is not None and args.until <= args.since:
-        raise UsageError("--until must be later than --since")
+    check_selection(args)
 
     async def collect(client: Client) -> int:
-        if args.job_id:
-            args.job_id = (await resolve_job(client, args.job_id)).job_id
+        selection = await selection_of(client, args)
         runs, more = await collect_pages(
             lambda size, token: client.list_runs(
-                job_id=args.job_id, states=args.states or (), page_size=size, page_token=token,
-                scheduled_from=args.since, scheduled_before=args.until,
+                job_id=selection.job_id, job_type=selection.job_type, states=selection.states, page_size=size,
+                page_token=token, scheduled_from=selection.scheduled_from, scheduled_before=selection.scheduled_before,
             ),
             args.limit,
         )
@@ -307,7 +296,22 @@ def get_run(args: argparse.Namespace) -> int:
     return run_remote(args, show)
 
 
+def _one_run_or_a_selection(args: argparse.Namespace) -> bool:
+    """True for a selection; refuses both, or neither."""
+    if args.run_id and selected(args):
+        raise UsageError("give a RUN_ID or a selection (--job, --type, --state, --since, --until), not both")
+    if not args.run_id and not selected(args):
+        raise UsageError("give a RUN_ID, or select runs with --job, --type, --state, --since or --until")
+    if args.run_id and (args.dry_run or args.yes or args.limit is not None):
+        raise UsageError("--dry-run, --yes and --limit go with a selection, not a RUN_ID")
+    check_selection(args)
+    return not args.run_id
+
+
 def cancel_run(args: argparse.Namespace) -> int:
+    if _one_run_or_a_selection(args):
+        return run_remote(args, lambda client: act_on_selection(client, args, RunAction.CANCEL))
+
     async def cancel(client: Client) -> int:
         run, _ = await client.get_run(await resolve_run(client, args.run_id))
         if cancel_in_effect(run):
@@ -330,6 +334,9 @@ def cancel_run(args: argparse.Namespace) -> int:
 
 
 def retry_run(args: argparse.Namespace) -> int:
+    if _one_run_or_a_selection(args):
+        return run_remote(args, lambda client: act_on_selection(client, args, RunAction.RETRY))
+
     async def retry(client: Client) -> int:
         run = await client.retry_run(await resolve_run(client, args.run_id))
         if args.json:

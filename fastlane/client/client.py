@@ -49,11 +49,11 @@ from fastlane.domain.models import (
     Schedule,
 )
 from fastlane.domain.quotas import TenantQuota
-from fastlane.domain.records import Page
+from fastlane.domain.records import BulkOutcome, Page, RunAction, RunFilter
 from fastlane.domain.workflows import StepView, Workflow, WorkflowRun
 from fastlane.rpc import wire
 from fastlane.rpc.channel import DEFAULT_SERVER
-from fastlane.rpc.enums import AUDIT_TARGET, JOB_STATE, ROLE, RUN_STATE
+from fastlane.rpc.enums import AUDIT_TARGET, JOB_STATE, ROLE, RUN_ACTION, RUN_STATE
 
 # Keyword arguments of Client.create that go straight into the JobSpec.
 _POLICY_FIELDS: Final = frozenset(f.name for f in fields(JobSpec)) - {
@@ -277,6 +277,7 @@ class Client:
         id_prefix: str | None = None,
         scheduled_from: datetime | None = None,
         scheduled_before: datetime | None = None,
+        job_type: str | None = None,
     ) -> Page[Run]:
         """One page of runs, newest scheduled time first; with ``id_prefix``, the runs whose id
         starts with it, in id order (one page only); with ``scheduled_from`` and
@@ -284,6 +285,7 @@ class Client:
         request = runs_pb2.ListRunsRequest(
             tenant=self.tenant,
             job_id=job_id or "",
+            job_type=job_type or "",
             states=[RUN_STATE.named(state, "states") for state in states],
             page_size=page_size,
             page_token=page_token,
@@ -314,6 +316,35 @@ class Client:
         """Replay a dead or lost run now, as a new attempt with the same idempotency key."""
         request = runs_pb2.RetryRunRequest(tenant=self.tenant, run_id=run_id)
         return wire.run_from_pb((await self._connection.call(self._connection.stubs.runs.RetryRun, request)).run)
+
+    async def act_on_runs(self, action: RunAction | str, selection: RunFilter = RunFilter(), *, dry_run: bool = False,
+                          limit: int = 0, page_token: str = "") -> BulkOutcome:
+        """Cancel or retry (``action``) the runs ``selection`` takes, ``limit`` at most (0: the node's
+        default, 1,000); with ``dry_run``, how many it would take. One call: continue with the
+        outcome's ``next_page_token``, or use :meth:`act_on_all_runs`."""
+        given = selection
+        request = runs_pb2.ActOnRunsRequest(
+            tenant=self.tenant, action=RUN_ACTION.named(action, "action"), dry_run=dry_run, limit=limit,
+            page_token=page_token, selection=runs_pb2.RunSelection(
+                job_id=given.job_id or "", job_type=given.job_type or "",
+                states=[RUN_STATE.number(state) for state in sorted(given.states)],
+                scheduled_from=wire.timestamp(given.scheduled_from),
+                scheduled_before=wire.timestamp(given.scheduled_before)))
+        got = await self._connection.call(self._connection.stubs.runs.ActOnRuns, request)
+        return BulkOutcome(matched=got.matched, acted=got.acted, skipped=got.skipped,
+                           next_page_token=got.next_page_token, stopped_because=got.stopped_because)
+
+    async def act_on_all_runs(self, action: RunAction | str, selection: RunFilter = RunFilter(), *,
+                              limit: int = 0) -> AsyncIterator[BulkOutcome]:
+        """:meth:`act_on_runs` call after call until the selection is done (or a call stops short,
+        its ``stopped_because`` set): each call's outcome as it comes, for progress."""
+        token = ""
+        while True:
+            outcome = await self.act_on_runs(action, selection, limit=limit, page_token=token)
+            yield outcome
+            token = outcome.next_page_token
+            if not token or outcome.stopped_because:
+                return
 
     # -- workflows ------------------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from typing import TypeVar
 
 from fastlane.domain.errors import InvalidState, JobAlreadyExists
 from fastlane.domain.models import FINAL_RUN_STATES, Job, JobSpec, JobState, Run, RunState, ScheduleKind
-from fastlane.domain.records import Dispatch
+from fastlane.domain.records import Dispatch, RunAction
 from fastlane.domain.schedules import first_fire
 from fastlane.errors import InvalidArgument
 
@@ -47,6 +47,19 @@ REPLAYABLE: frozenset[RunState] = frozenset({RunState.DEAD, RunState.LOST})
 
 RERUNNABLE: frozenset[RunState] = FINAL - {RunState.SUCCEEDED}
 """Step runs a resumed workflow run schedules again: every end but success."""
+
+TAKEN_BY: Mapping[RunAction, frozenset[RunState]] = {
+    RunAction.CANCEL: OVERLAP_ACTIVE,
+    RunAction.RETRY: REPLAYABLE,
+}
+"""The runs a bulk action takes: those its one-run verb (a cancel, a replay) may still change."""
+
+
+def taken_by(action: RunAction, states: Collection[RunState]) -> frozenset[RunState]:
+    """The states a bulk ``action`` over a selection of ``states`` (none: any) takes."""
+    takes = TAKEN_BY[action]
+    return takes & frozenset(states) if states else takes
+
 
 PAUSE_FROM: frozenset[JobState] = frozenset({JobState.ACTIVE})
 """Jobs that may be paused."""

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Generic, TypeVar
 
-from fastlane.domain.models import Attempt, AttemptOutcome, RunState
+from fastlane.domain.models import Attempt, AttemptOutcome, Run, RunState
 
 T = TypeVar("T")
 
@@ -120,5 +120,37 @@ class Page(Generic[T]):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunFilter:
+    """Which of a tenant's runs a bulk action takes: every field that is set must match (no
+    states: every state the action takes)."""
+
     job_id: str | None = None
+    job_type: str | None = None
     states: frozenset[RunState] = field(default_factory=frozenset)
+    scheduled_from: datetime | None = None  # at or after
+    scheduled_before: datetime | None = None
+
+    def matches(self, run: Run) -> bool:
+        """Whether ``run`` is one this filter takes (what the store's statements select)."""
+        return ((self.job_id is None or run.job_id == self.job_id)
+                and (self.job_type is None or run.job_type == self.job_type)
+                and (not self.states or run.state in self.states)
+                and (self.scheduled_from is None or run.scheduled_for >= self.scheduled_from)
+                and (self.scheduled_before is None or run.scheduled_for < self.scheduled_before))
+
+
+class RunAction(StrEnum):
+    """What a bulk action does to each run it takes."""
+
+    CANCEL = "cancel"
+    RETRY = "retry"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BulkOutcome:
+    """What one call of a bulk action did (:meth:`fastlane.engine.operations.Operations.act_on_runs`)."""
+
+    matched: int  # a dry run: every run the action would take; else the runs this call took
+    acted: int = 0
+    skipped: int = 0  # taken, but changed meanwhile so that the action no longer applied
+    next_page_token: str = ""  # empty: nothing of the selection left
+    stopped_because: str = ""  # why the call stopped short of its limit with runs left

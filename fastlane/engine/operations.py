@@ -22,8 +22,11 @@ from fastlane.auth.caller import current_caller
 from fastlane.domain.audit import AuditAction, AuditEvent, AuditTarget
 from fastlane.domain.errors import JobNotFound
 from fastlane.domain.models import Job, JobSpec, Run, RunState
+from fastlane.domain.records import BulkOutcome, RunAction, RunFilter
 from fastlane.domain.workflows import WORKFLOW_JOB_TYPE, Workflow, WorkflowRun, WorkflowSpec
+from fastlane.engine import bulk
 from fastlane.engine.audit_trail import AuditTrail
+from fastlane.engine.bulk import Admit
 from fastlane.engine.dispatch.dispatcher import Dispatcher
 from fastlane.engine.lane import FastLane
 from fastlane.storage import Store
@@ -40,6 +43,7 @@ class Operations:
         self._lane = lane
         self._dispatcher = dispatcher
         self._trail = AuditTrail(store)
+        self._verbs: dict[RunAction, bulk.Verb] = {RunAction.CANCEL: self._cancels, RunAction.RETRY: self._retries}
 
     # -- jobs -----------------------------------------------------------------------------------
 
@@ -89,18 +93,23 @@ class Operations:
     async def cancel_run(self, tenant: str, run_id: str) -> Run:
         """Cancel a run; runs it blocked (its job's concurrency) are released. The run that
         started a workflow run stands for it: cancelling it cancels the workflow run."""
+        run, _ = await self._cancel(tenant, run_id)
+        return run
+
+    async def _cancel(self, tenant: str, run_id: str) -> tuple[Run, bool]:
+        """:meth:`cancel_run`, and whether it changed anything."""
         if (await self._store.runs.get_run(tenant, run_id)).job_type == WORKFLOW_JOB_TYPE:
             await self.cancel_workflow_run(tenant, run_id)
-            return await self._store.runs.get_run(tenant, run_id)
+            return await self._store.runs.get_run(tenant, run_id), True
         cancellation = await self._store.runs.cancel_run(tenant, run_id)
         if cancellation.already:
-            return cancellation.run  # cancelled before: nothing to stop, nothing new for the history
+            return cancellation.run, False  # cancelled before: nothing to stop, nothing new for the history
         self.run_cancelled(cancellation.run)
         for run in cancellation.released:
             self.run_scheduled(run)
         stopping = cancellation.run.state is not RunState.CANCELLED
         await self._audit(AuditAction.CANCELLED, cancellation.run, detail="its worker was told to stop" if stopping else "")
-        return cancellation.run
+        return cancellation.run, True
 
     async def retry_run(self, tenant: str, run_id: str) -> Run:
         """Replay a dead or lost run as a new attempt now (the run that started a failed
@@ -112,6 +121,20 @@ class Operations:
         self.run_scheduled(run)
         await self._audit(AuditAction.RETRIED, run, detail=f"attempt {run.attempts + 1}")
         return run
+
+    async def act_on_runs(self, tenant: str, action: RunAction, selection: RunFilter, *, dry_run: bool, limit: int,
+                          page_token: str = "", admit: Admit | None = None) -> BulkOutcome:
+        """Cancel or retry every run ``selection`` takes, ``limit`` at most in this call (see
+        :mod:`.bulk`); each run is audited as its one-run step audits it."""
+        return await bulk.act_on_runs(self._store, tenant, action, selection, verb=self._verbs[action],
+                                      dry_run=dry_run, limit=limit, page_token=page_token, admit=admit)
+
+    async def _cancels(self, tenant: str, run_id: str) -> bool:
+        return (await self._cancel(tenant, run_id))[1]
+
+    async def _retries(self, tenant: str, run_id: str) -> bool:
+        await self.retry_run(tenant, run_id)  # a run that may not be replayed raises InvalidState
+        return True
 
     # -- workflows ------------------------------------------------------------------------------
 

@@ -17,7 +17,16 @@ from fastlane.domain.access import ApiToken
 from fastlane.domain.audit import DEFAULT_AUDIT_LIMIT, AuditEvent
 from fastlane.domain.models import Attempt, DueJob, Job, JobSpec, JobState, NodeInfo, Run, RunState, ShardLease
 from fastlane.domain.quotas import TenantQuota
-from fastlane.domain.records import AttemptResult, CappedDispatches, Change, Dispatch, Heartbeat, Occurrence, Page
+from fastlane.domain.records import (
+    AttemptResult,
+    CappedDispatches,
+    Change,
+    Dispatch,
+    Heartbeat,
+    Occurrence,
+    Page,
+    RunFilter,
+)
 from fastlane.domain.workflows import Workflow, WorkflowRun, WorkflowSpec
 from fastlane.storage.capabilities import Capabilities
 from fastlane.storage.late_reports import ReporterOf
@@ -170,9 +179,19 @@ class RunStore(Protocol):
         page_token: str = "",
         scheduled_from: datetime | None = None,
         scheduled_before: datetime | None = None,
+        job_type: str | None = None,
     ) -> Page[Run]:
         """Runs newest first (by scheduled time); with ``scheduled_from`` and ``scheduled_before``,
         only those scheduled in ``[scheduled_from, scheduled_before)``."""
+        ...
+
+    def page_token_after(self, run: Run) -> str:
+        """The ``page_token`` of :meth:`list_runs` that goes on after ``run`` (in its order)."""
+        ...
+
+    async def count_runs(self, tenant: str, selection: RunFilter) -> int:
+        """How many of the tenant's runs ``selection`` takes; its ``states`` must be given (an
+        empty set counts none)."""
         ...
 
     async def list_attempts(self, run_id: str) -> list[Attempt]: ...

@@ -33,6 +33,7 @@ from fastlane.storage import (
     Dispatch,
     Heartbeat,
     Occurrence,
+    RunFilter,
     open_store,
 )
 
@@ -589,6 +590,27 @@ async def test_list_runs_keeps_the_runs_scheduled_within_a_time_range(store):
     rest = await store.runs.list_runs("default", scheduled_from=instants[1], limit=2, page_token=first.next_page_token)
     assert [run.scheduled_for for run in first.items + rest.items] == [instants[3], instants[2], instants[1]]
     assert (await store.runs.list_runs("acme", scheduled_from=instants[0])).items == []  # another tenant's: none
+
+
+async def test_runs_are_listed_and_counted_by_job_type_and_state_within_the_tenant(store):
+    billing, _ = await store.jobs.create_job(spec(name="billing", job_type="billing.close"))
+    other, _ = await store.jobs.create_job(spec(name="other", job_type="mail.send"))
+    billed = [await store.runs.create_manual_run("default", billing.job_id) for _ in range(3)]
+    await store.runs.create_manual_run("default", other.job_id)
+    by_type = await store.runs.list_runs("default", job_type="billing.close", limit=2)
+    rest = await store.runs.list_runs("default", job_type="billing.close", limit=2, page_token=by_type.next_page_token)
+    assert [run.run_id for run in by_type.items + rest.items] == [run.run_id for run in reversed(billed)]
+    scheduled = frozenset({RunState.SCHEDULED})
+    assert await store.runs.count_runs("default", RunFilter(job_type="billing.close", states=scheduled)) == 3
+    assert await store.runs.count_runs("default", RunFilter(states=scheduled)) == 4
+    assert await store.runs.count_runs("default", RunFilter(job_id=other.job_id, states=scheduled)) == 1
+    assert await store.runs.count_runs("default", RunFilter(job_type="billing.close",
+                                                            states=frozenset({RunState.DEAD}))) == 0
+    assert await store.runs.count_runs("default", RunFilter(states=frozenset())) == 0  # no state: none
+    since = RunFilter(states=scheduled, scheduled_from=billed[1].scheduled_for, scheduled_before=billed[2].scheduled_for)
+    assert await store.runs.count_runs("default", since) == 1
+    assert await store.runs.count_runs("acme", RunFilter(states=scheduled)) == 0  # another tenant's: none
+    assert (await store.runs.list_runs("acme", job_type="billing.close")).items == []
 
 
 # -- overlap, cancel, replay, delivery semantics ------------------------------------------------

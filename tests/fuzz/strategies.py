@@ -92,6 +92,7 @@ DELIVERIES = tuple(common_pb2.Delivery.values())
 MISFIRE_KINDS = tuple(common_pb2.MisfireKind.values())
 JOB_STATES = tuple(common_pb2.JobState.values())
 RUN_STATES = tuple(value for value in common_pb2.RunState.values() if value)
+RUN_ACTIONS = tuple(runs_pb2.RunAction.values())
 WORKER_OUTCOMES = (common_pb2.ATTEMPT_OUTCOME_SUCCEEDED, common_pb2.ATTEMPT_OUTCOME_FAILED,
                    common_pb2.ATTEMPT_OUTCOME_PERMANENT_FAILURE, common_pb2.ATTEMPT_OUTCOME_TIMED_OUT,
                    common_pb2.ATTEMPT_OUTCOME_CANCELLED)  # what a worker may report; the rest count as failed
@@ -552,6 +553,9 @@ def list_runs(draw: st.DrawFn) -> Probe:
         if draw(st.booleans()):
             getattr(request, bound).CopyFrom(draw(timestamps()))
             fields.append(bound)
+    if draw(st.booleans()):
+        request.job_type = draw(st.one_of(strings(), st.sampled_from(("fuzz", "fuzz-wf", "a" * 201))))
+        fields.append("job_type")
     job_id = _pick(draw, strings(), fuzz_one_in=2)
     token = _pick(draw, st.one_of(st.sampled_from(PAGE_TOKEN_EDGES), strings()), fuzz_one_in=2)
     index = draw(st.integers(0, 10**6))
@@ -567,6 +571,44 @@ def list_runs(draw: st.DrawFn) -> Probe:
         return built
 
     return Probe("RunService", "ListRuns", tuple(fields), build)
+
+
+@st.composite
+def act_on_runs(draw: st.DrawFn) -> Probe:
+    """A bulk action: any action number, any selection, a dry run mostly (so that a fuzz run keeps
+    runs to probe), any limit and page token."""
+    request = runs_pb2.ActOnRunsRequest(tenant=draw(st.sampled_from(("", "default", "fuzz-tenant", LIVE_TENANT))),
+                                        action=draw(enum_numbers(RUN_ACTIONS)), dry_run=draw(st.integers(1, 4)) > 1)
+    fields = ["action"]
+    selection = request.selection
+    if draw(st.booleans()):
+        selection.states.extend(draw(st.lists(enum_numbers(RUN_STATES), max_size=12)))
+        fields.append("selection.states")
+    if draw(st.booleans()):
+        selection.job_type = draw(st.one_of(strings(), st.sampled_from(("fuzz", "fuzz-wf", "a" * 201))))
+        fields.append("selection.job_type")
+    for bound in ("scheduled_from", "scheduled_before"):
+        if draw(st.booleans()):
+            getattr(selection, bound).CopyFrom(draw(timestamps()))
+            fields.append(f"selection.{bound}")
+    if draw(st.booleans()):
+        request.limit = draw(int32s())
+        fields.append("limit")
+    job_id = _pick(draw, strings(), fuzz_one_in=2)
+    token = draw(st.one_of(st.just(""), st.sampled_from(PAGE_TOKEN_EDGES), strings()))
+    index = draw(st.integers(0, 10**6))
+    fields += ["selection.job_id"] if job_id is not KNOWN else []
+    fields += ["page_token"] if token else []
+
+    def build(memory: Memory) -> Message:
+        built = runs_pb2.ActOnRunsRequest()
+        built.CopyFrom(request)
+        known = memory.job(index)
+        built.selection.job_id = (known[1] if known else "") if job_id is KNOWN else job_id  # type: ignore[assignment]
+        built.page_token = token  # type: ignore[assignment]
+        return built
+
+    return Probe("RunService", "ActOnRuns", tuple(fields), build)
 
 
 @st.composite
@@ -657,7 +699,7 @@ def api_probes() -> st.SearchStrategy[Probe]:
         update_job(), update_job(),
         job_ref("GetJob"), job_ref("PauseJob"), job_ref("ResumeJob"), job_ref("DeleteJob"), job_ref("TriggerJob"),
         list_jobs(), preview_schedule(), preview_schedule(),
-        list_runs(), run_ref("GetRun"), run_ref("CancelRun"), run_ref("RetryRun"),
+        list_runs(), run_ref("GetRun"), run_ref("CancelRun"), run_ref("RetryRun"), act_on_runs(),
         get_cluster(), create_token(), token_listing(), revoke_token(), set_quota(), get_quota(),
         create_workflow(), create_workflow(), trigger_workflow(), workflow_run_ref("GetWorkflowRun"),
         workflow_run_ref("CancelWorkflowRun"), workflow_run_ref("ResumeWorkflowRun"), list_workflow_runs(),

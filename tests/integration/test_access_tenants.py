@@ -20,6 +20,7 @@ from fastlane._proto import common_pb2
 from fastlane._proto import workers_pb2 as pb
 from fastlane._proto import workers_pb2_grpc as pb_grpc
 from fastlane.domain.models import JobSpec, RunState, Schedule
+from fastlane.domain.records import RunAction, RunFilter
 from fastlane.errors import RemoteError
 from fastlane.rpc.channel import open_channel
 from fastlane.testing.processes import free_port
@@ -91,6 +92,31 @@ async def test_a_client_of_one_tenant_sees_and_touches_nothing_of_another(secure
         async with node.client("admin", tenant="b") as admin_for_b:
             assert [j.job_id for j in (await admin_for_b.list_jobs()).items] == [theirs.job_id]
         assert (await admin.list_jobs()).items == []  # the admin's own tenant, "ops"
+
+
+async def test_a_bulk_action_takes_only_the_runs_of_the_callers_tenant(secured):
+    node = secured
+    async with node.client("client-a") as a, node.client("client-b") as b:
+        theirs = await b.create("payroll", "shared.type", HOURLY)
+        their_runs = [await b.trigger_job(theirs.job_id) for _ in range(3)]
+        mine = await a.create("reports", "shared.type", HOURLY)
+        my_run = await a.trigger_job(mine.job_id)
+        same_type = RunFilter(job_type="shared.type")
+        # The same selection counts and cancels a's runs only: by type, and by b's job id.
+        assert (await a.act_on_runs(RunAction.CANCEL, same_type, dry_run=True)).matched == 1
+        assert (await a.act_on_runs(RunAction.CANCEL, RunFilter(job_id=theirs.job_id), dry_run=True)).matched == 0
+        cancelled = await a.act_on_runs(RunAction.CANCEL, same_type)
+        assert (cancelled.matched, cancelled.acted) == (1, 1)
+        assert (await a.get_run(my_run.run_id))[0].state is RunState.CANCELLED
+        assert {(await b.get_run(run.run_id))[0].state for run in their_runs} == {RunState.SCHEDULED}
+        # Naming b is refused, counting or acting, before anything is read.
+        async with node.client("client-a", tenant="b") as a_as_b:
+            await refused(a_as_b.act_on_runs(RunAction.CANCEL, same_type, dry_run=True),
+                          grpc.StatusCode.PERMISSION_DENIED)
+            await refused(a_as_b.act_on_runs(RunAction.CANCEL, same_type), grpc.StatusCode.PERMISSION_DENIED)
+        assert (await b.act_on_runs(RunAction.CANCEL, same_type, dry_run=True)).matched == 3
+    async with node.client("viewer-a") as viewer:  # a viewer may look, not act
+        await refused(viewer.act_on_runs(RunAction.CANCEL, same_type, dry_run=True), grpc.StatusCode.PERMISSION_DENIED)
 
 
 async def test_a_worker_receives_only_the_runs_of_its_token_tenant(secured):

@@ -740,7 +740,7 @@ def test_runs_list_since_and_until_take_an_instant_or_a_duration_ago(
 ) -> None:
     from datetime import UTC, datetime
 
-    from fastlane.cli.runs import _when
+    from fastlane.cli.run_selection import when as _when
 
     before = datetime.now(UTC)
     two_hours_ago = _when("2h")
@@ -750,3 +750,16 @@ def test_runs_list_since_and_until_take_an_instant_or_a_duration_ago(
         _when("yesterday")
     code, _, err = run(capsys, "runs", "list", "--since", "1h", "--until", "2h")  # until two hours ago: before since
     assert code == 2 and "--until must be later than --since" in err
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (("runs", "cancel"), "give a RUN_ID, or select runs with --job"),
+    (("runs", "retry", "0d43aa", "--type", "billing"), "a RUN_ID or a selection"),
+    (("runs", "retry", "0d43aa", "--yes"), "--dry-run, --yes and --limit go with a selection"),
+    (("runs", "cancel", "--type", "billing", "--since", "1h", "--until", "2h"), "--until must be later than --since"),
+])
+def test_a_bulk_action_wants_a_run_or_a_selection_and_says_which_before_reaching_a_node(
+    capsys: pytest.CaptureFixture[str], no_daemon: None, argv: tuple[str, ...], said: str
+) -> None:
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and said in err

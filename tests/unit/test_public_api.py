@@ -16,12 +16,12 @@ from fastlane import Client
 ROOT = Path(__file__).resolve().parents[2]
 
 PUBLIC = [
-    "ApiToken", "Attempt", "AttemptOutcome", "AuditAction", "AuditEvent", "AuditTarget", "Client", "ClientTls",
+    "ApiToken", "Attempt", "AttemptOutcome", "AuditAction", "AuditEvent", "AuditTarget", "BulkOutcome", "Client", "ClientTls",
     "ClockEstimate", "ClusterStatus", "ConfigurationError", "Delivery", "EffectResult", "FastlaneError", "Handler",
     "InvalidArgument", "Job", "JobOptions", "JobSpec", "JobState", "MisfireKind", "MisfirePolicy", "NodeStatus",
     "OverlapPolicy", "Page", "PermanentError", "RemoteAlreadyExists", "RemoteError", "RemoteInvalidArgument",
     "RemoteNotFound", "RemotePermissionDenied", "RemoteUnauthenticated", "RemoteUnavailable", "RetryPolicy",
-    "RetryableError", "Role", "Run", "RunContext", "RunState", "Schedule", "ScheduleError", "ScheduleKind",
+    "RetryableError", "Role", "Run", "RunAction", "RunContext", "RunFilter", "RunState", "Schedule", "ScheduleError", "ScheduleKind",
     "ShardStatus", "StepState", "StepView", "TenantQuota", "UnknownTimeZone", "Worker", "WorkerStatus", "Workflow",
     "WorkflowRun", "WorkflowRunState", "apply_once",
 ]

@@ -1,4 +1,4 @@
-"""RunService: run history (store reads), and cancel and retry (:mod:`~fastlane.engine.operations` steps)."""
+"""RunService: run history (store reads), and cancel and retry, of one run or in bulk (:mod:`~fastlane.engine.operations` steps)."""
 
 from __future__ import annotations
 
@@ -6,11 +6,12 @@ import grpc
 
 from fastlane._proto import runs_pb2, runs_pb2_grpc
 from fastlane.domain import validation
-from fastlane.domain.models import RunState
+from fastlane.domain.limits import DEFAULT_BULK_LIMIT, MAX_BULK_LIMIT
+from fastlane.domain.records import RunAction
 from fastlane.engine.operations import Operations
-from fastlane.errors import InvalidArgument
 from fastlane.rpc import wire
-from fastlane.rpc.enums import RUN_STATE
+from fastlane.rpc.enums import RUN_ACTION
+from fastlane.rpc.run_filters import run_filter_in
 from fastlane.server.guard import rpc, tenant_of
 from fastlane.server.quotas import QuotaGuard
 from fastlane.storage import Store
@@ -28,29 +29,20 @@ class RunServicer(runs_pb2_grpc.RunServiceServicer):
         request: runs_pb2.ListRunsRequest,
         context: grpc.aio.ServicerContext[runs_pb2.ListRunsRequest, runs_pb2.ListRunsResponse],
     ) -> runs_pb2.ListRunsResponse:
-        # An unspecified entry adds nothing (the filter's unspecified is any); an unknown one is refused.
-        states = [RUN_STATE.member(state, f"states[{index}]")
-                  for index, state in enumerate(request.states[:len(RunState)]) if state]
-        if len(request.states) > len(RunState):
-            raise InvalidArgument("states", f"at most {len(RunState)} states may be given")
-        job_id = validation.identifier("job_id", request.job_id, required=False) or None
+        selected = run_filter_in(
+            "", job_id=request.job_id, job_type=request.job_type, states=request.states,
+            scheduled_from=request.scheduled_from if request.HasField("scheduled_from") else None,
+            scheduled_before=request.scheduled_before if request.HasField("scheduled_before") else None)
         tenant, limit = tenant_of(request.tenant), validation.page_size(request.page_size)
-        scheduled_from = wire.instant_in("scheduled_from", request.scheduled_from) \
-            if request.HasField("scheduled_from") else None
-        scheduled_before = wire.instant_in("scheduled_before", request.scheduled_before) \
-            if request.HasField("scheduled_before") else None
-        if scheduled_from is not None and scheduled_before is not None and scheduled_before <= scheduled_from:
-            raise InvalidArgument("scheduled_before", "must be later than scheduled_from")
         if request.id_prefix:  # one page, in id order: for finding a run by the start of its id
             prefix = validation.identifier("id_prefix", request.id_prefix)
             found = [run for run in await self._store.runs.runs_by_id_prefix(tenant, prefix, limit)
-                     if (job_id is None or run.job_id == job_id) and (not states or run.state in states)
-                     and (scheduled_from is None or run.scheduled_for >= scheduled_from)
-                     and (scheduled_before is None or run.scheduled_for < scheduled_before)]
+                     if selected.matches(run)]
             return runs_pb2.ListRunsResponse(runs=[wire.run_to_pb(run) for run in found])
         page = await self._store.runs.list_runs(
-            tenant, job_id=job_id, states=states, limit=limit, page_token=request.page_token,
-            scheduled_from=scheduled_from, scheduled_before=scheduled_before,
+            tenant, job_id=selected.job_id, job_type=selected.job_type, states=selected.states, limit=limit,
+            page_token=request.page_token,
+            scheduled_from=selected.scheduled_from, scheduled_before=selected.scheduled_before,
         )
         return runs_pb2.ListRunsResponse(runs=[wire.run_to_pb(run) for run in page.items],
                                          next_page_token=page.next_page_token)
@@ -72,6 +64,27 @@ class RunServicer(runs_pb2_grpc.RunServiceServicer):
     ) -> runs_pb2.CancelRunResponse:
         run = await self._operations.cancel_run(tenant_of(request.tenant), _run_id(request))
         return runs_pb2.CancelRunResponse(run=wire.run_to_pb(run))
+
+    @rpc
+    async def ActOnRuns(
+        self, request: runs_pb2.ActOnRunsRequest,
+        context: grpc.aio.ServicerContext[runs_pb2.ActOnRunsRequest, runs_pb2.ActOnRunsResponse],
+    ) -> runs_pb2.ActOnRunsResponse:
+        action = RUN_ACTION.member(request.action, "action")
+        given = request.selection
+        selection = run_filter_in(
+            "selection.", job_id=given.job_id, job_type=given.job_type, states=given.states,
+            scheduled_from=given.scheduled_from if given.HasField("scheduled_from") else None,
+            scheduled_before=given.scheduled_before if given.HasField("scheduled_before") else None)
+        limit = validation.count("limit", request.limit, 0, MAX_BULK_LIMIT) or DEFAULT_BULK_LIMIT
+        tenant = tenant_of(request.tenant)
+        admit = self._quotas.admit_run if self._quotas is not None and action is RunAction.RETRY else None
+        outcome = await self._operations.act_on_runs(
+            tenant, action, selection, dry_run=request.dry_run, limit=limit, page_token=request.page_token,
+            admit=admit)
+        return runs_pb2.ActOnRunsResponse(matched=outcome.matched, acted=outcome.acted, skipped=outcome.skipped,
+                                          next_page_token=outcome.next_page_token,
+                                          stopped_because=outcome.stopped_because)
 
     @rpc
     async def RetryRun(

@@ -9,7 +9,7 @@ from fastlane.domain import lifecycle
 from fastlane.domain.errors import JobNotFound, RunNotFound
 from fastlane.domain.lifecycle import CancelDecision
 from fastlane.domain.models import Attempt, Run, RunState, new_id
-from fastlane.domain.records import Change, ChangeKind, Page
+from fastlane.domain.records import Change, ChangeKind, Page, RunFilter
 from fastlane.domain.transitions import CANCELLED_BY_REQUEST
 from fastlane.runtime.clock import from_micros
 from fastlane.storage import codec, common
@@ -79,6 +79,7 @@ class SQLRuns(StorePart):
         page_token: str = "",
         scheduled_from: datetime | None = None,
         scheduled_before: datetime | None = None,
+        job_type: str | None = None,
     ) -> Page[Run]:
         before_time, before_id = None, ""
         if page_token:
@@ -88,9 +89,20 @@ class SQLRuns(StorePart):
             rows = await tx.fetch(
                 self._q.LIST_RUNS,
                 tenant, job_id, [s.value for s in states], before_time, before_id, scheduled_from, scheduled_before,
-                common.page_limit(limit) + 1,
+                common.page_limit(limit) + 1, job_type,
             )
         return common.page_of([codec.build_listed_run(row) for row in rows], limit, common.run_page_key)
+
+    def page_token_after(self, run: Run) -> str:
+        return codec.encode_page_token(*common.run_page_key(run))
+
+    async def count_runs(self, tenant: str, selection: RunFilter) -> int:
+        async with self._db.read() as tx:
+            return int(await tx.fetchval(
+                self._q.COUNT_RUNS, tenant, selection.job_id, selection.job_type,
+                sorted(state.value for state in selection.states), selection.scheduled_from,
+                selection.scheduled_before,
+            ))
 
     async def runs_by_id_prefix(self, tenant: str, prefix: str, limit: int) -> list[Run]:
         low, high = common.id_prefix_range(prefix)

@@ -278,7 +278,16 @@ class Statements:
           AND ($4::timestamptz IS NULL OR (scheduled_for, run_id) < ($4, $5))
           AND ($6::timestamptz IS NULL OR scheduled_for >= $6)
           AND ($7::timestamptz IS NULL OR scheduled_for < $7)
+          AND ($9::text IS NULL OR job_type = $9)
         ORDER BY scheduled_for DESC, run_id DESC LIMIT $8
+    """
+    # How many of a tenant's runs a filter takes (a bulk action's dry run).
+    COUNT_RUNS = """
+        SELECT count(*) FROM runs
+        WHERE tenant = $1 AND ($2::text IS NULL OR job_id = $2) AND ($3::text IS NULL OR job_type = $3)
+          AND state = ANY($4::text[])
+          AND ($5::timestamptz IS NULL OR scheduled_for >= $5)
+          AND ($6::timestamptz IS NULL OR scheduled_for < $6)
     """
     LIST_ATTEMPTS = "SELECT * FROM attempts WHERE run_id = $1 ORDER BY attempt"
     # A workflow step's output, kept for the steps after it (only results that carry one).

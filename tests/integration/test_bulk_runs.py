@@ -1,0 +1,113 @@
+"""``ActOnRuns`` through a real node and gRPC, on both backends: what a bad request is told, a
+retry over calls with their tokens, each run audited, and the tenant's waiting-runs quota."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import timedelta
+
+import grpc
+import pytest
+
+from fastlane._proto import common_pb2, runs_pb2, runs_pb2_grpc
+from fastlane.client import Client
+from fastlane.domain.models import AttemptOutcome, RetryPolicy, Run, RunState, Schedule
+from fastlane.domain.quotas import TenantQuota
+from fastlane.domain.records import RunAction, RunFilter
+from fastlane.rpc.channel import open_channel
+from fastlane.server.node import Node
+from fastlane.server.settings import Settings
+from fastlane.storage import AttemptResult, Dispatch, Store, open_store
+from fastlane.testing.processes import free_port
+
+HOURLY = Schedule.interval(timedelta(hours=1))
+SHARDS = 4
+
+
+@dataclass
+class Running:
+    address: str
+    store: Store
+
+
+@pytest.fixture
+async def node(db_url: str) -> AsyncIterator[Running]:
+    address = f"127.0.0.1:{free_port()}"
+    running = Node(Settings(db_url=db_url, listen=address, node_id="bulk-node", shard_count=SHARDS))
+    task = asyncio.create_task(running.run(), name="bulk-node")
+    store = open_store(db_url, shard_count=SHARDS)
+    try:
+        async with asyncio.timeout(30):
+            while not running.ready.is_set():
+                if task.done():
+                    await task
+                await asyncio.sleep(0.02)
+        yield Running(address, store)
+    finally:
+        await store.close()
+        running.request_stop()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(task, 20)
+
+
+async def dead_runs(client: Client, store: Store, count: int) -> list[Run]:
+    """``count`` runs of one job, each dead as a worker's permanent failure leaves it."""
+    job = await client.create("fragile", "t", HOURLY, retry=RetryPolicy(max_attempts=1))
+    runs = [await client.trigger_job(job.job_id) for _ in range(count)]
+    await store.attempts.record_dispatches([
+        Dispatch(run_id=run.run_id, lease_token=1, worker_id="w", node_id="n", lease_ttl=timedelta(seconds=30),
+                 dispatched_at=run.created_at) for run in runs])
+    outcomes = await store.attempts.record_results(
+        [AttemptResult(run_id=run.run_id, lease_token=1, outcome=AttemptOutcome.PERMANENT_FAILURE) for run in runs])
+    assert {outcome.run.state for outcome in outcomes if outcome.run is not None} == {RunState.DEAD}
+    return runs
+
+
+@pytest.mark.parametrize(("request_fields", "named"), [
+    ({"action": 0}, "action"),
+    ({"action": 99}, "action"),
+    ({"selection": runs_pb2.RunSelection(states=[common_pb2.RUN_STATE_DEAD, 99])}, "selection.states[1]"),
+    ({"selection": runs_pb2.RunSelection(job_type="not a type!")}, "selection.job_type"),
+    ({"selection": runs_pb2.RunSelection(job_id="x" * 201)}, "selection.job_id"),
+    ({"limit": 10_001}, "limit"),
+    ({"limit": -1}, "limit"),
+    ({"page_token": "not-a-token"}, "page_token"),
+])
+async def test_a_bad_bulk_request_is_refused_naming_its_field(node: Running, request_fields, named) -> None:
+    fields = {"action": runs_pb2.RUN_ACTION_CANCEL, **request_fields}
+    async with open_channel(node.address) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await runs_pb2_grpc.RunServiceStub(channel).ActOnRuns(runs_pb2.ActOnRunsRequest(**fields), timeout=10)
+    assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert named in (refused.value.details() or "")
+
+
+async def test_dead_runs_are_retried_call_after_call_and_each_retry_is_audited(node: Running) -> None:
+    async with Client(node.address) as client:
+        runs = await dead_runs(client, node.store, 5)
+        job_id = runs[0].job_id
+        assert (await client.act_on_runs(RunAction.RETRY, RunFilter(job_id=job_id), dry_run=True)).matched == 5
+        first = await client.act_on_runs("retry", RunFilter(job_id=job_id), limit=3)
+        assert (first.matched, first.acted, first.skipped) == (3, 3, 0) and first.next_page_token
+        rest = await client.act_on_runs("retry", RunFilter(job_id=job_id), limit=3, page_token=first.next_page_token)
+        assert (rest.matched, rest.acted, rest.next_page_token) == (2, 2, "")
+        for run in runs:
+            again, _ = await client.get_run(run.run_id)
+            assert again.state is RunState.SCHEDULED
+            assert [event.action.value for event in await client.list_audit("run", run.run_id)] == \
+                ["retried", "triggered"]
+        # Nothing dead is left: a second pass takes nothing.
+        assert (await client.act_on_runs("retry", RunFilter(job_id=job_id))).matched == 0
+
+
+async def test_a_retry_over_the_tenants_waiting_quota_stops_and_says_why(node: Running) -> None:
+    async with Client(node.address) as client:
+        runs = await dead_runs(client, node.store, 4)
+        await client.set_quota("default", TenantQuota(max_waiting_runs=2))
+        outcomes = [outcome async for outcome in client.act_on_all_runs("retry", RunFilter(job_id=runs[0].job_id))]
+    [outcome] = outcomes  # stopped short: the iterator ends there
+    assert (outcome.matched, outcome.acted) == (2, 2)
+    assert "max_waiting_runs" in outcome.stopped_because and outcome.next_page_token
