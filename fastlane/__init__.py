@@ -29,7 +29,7 @@ from fastlane.domain.models import (
     ScheduleKind,
 )
 from fastlane.domain.quotas import TenantQuota
-from fastlane.domain.records import BulkOutcome, Page, RunAction, RunFilter
+from fastlane.domain.records import BulkOutcome, JobAction, JobFilter, Page, RunAction, RunFilter
 from fastlane.domain.workflows import StepState, StepView, Workflow, WorkflowRun, WorkflowRunState
 from fastlane.errors import (
     ConfigurationError,
@@ -69,6 +69,8 @@ __all__ = [
     "Handler",
     "InvalidArgument",
     "Job",
+    "JobAction",
+    "JobFilter",
     "JobOptions",
     "JobSpec",
     "JobState",

@@ -11,6 +11,13 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class JobAction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    JOB_ACTION_UNSPECIFIED: _ClassVar[JobAction]
+    JOB_ACTION_PAUSE: _ClassVar[JobAction]
+    JOB_ACTION_RESUME: _ClassVar[JobAction]
+    JOB_ACTION_DELETE: _ClassVar[JobAction]
+
 class AuditTarget(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     AUDIT_TARGET_UNSPECIFIED: _ClassVar[AuditTarget]
@@ -28,6 +35,10 @@ class AuditAction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     AUDIT_ACTION_TRIGGERED: _ClassVar[AuditAction]
     AUDIT_ACTION_CANCELLED: _ClassVar[AuditAction]
     AUDIT_ACTION_RETRIED: _ClassVar[AuditAction]
+JOB_ACTION_UNSPECIFIED: JobAction
+JOB_ACTION_PAUSE: JobAction
+JOB_ACTION_RESUME: JobAction
+JOB_ACTION_DELETE: JobAction
 AUDIT_TARGET_UNSPECIFIED: AuditTarget
 AUDIT_TARGET_JOB: AuditTarget
 AUDIT_TARGET_RUN: AuditTarget
@@ -40,6 +51,42 @@ AUDIT_ACTION_DELETED: AuditAction
 AUDIT_ACTION_TRIGGERED: AuditAction
 AUDIT_ACTION_CANCELLED: AuditAction
 AUDIT_ACTION_RETRIED: AuditAction
+
+class JobSelection(_message.Message):
+    __slots__ = ("job_type", "states")
+    JOB_TYPE_FIELD_NUMBER: _ClassVar[int]
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    job_type: str
+    states: _containers.RepeatedScalarFieldContainer[_common_pb2.JobState]
+    def __init__(self, job_type: _Optional[str] = ..., states: _Optional[_Iterable[_Union[_common_pb2.JobState, str]]] = ...) -> None: ...
+
+class ActOnJobsRequest(_message.Message):
+    __slots__ = ("tenant", "action", "selection", "dry_run", "limit", "page_token")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    SELECTION_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    action: JobAction
+    selection: JobSelection
+    dry_run: bool
+    limit: int
+    page_token: str
+    def __init__(self, tenant: _Optional[str] = ..., action: _Optional[_Union[JobAction, str]] = ..., selection: _Optional[_Union[JobSelection, _Mapping]] = ..., dry_run: _Optional[bool] = ..., limit: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ActOnJobsResponse(_message.Message):
+    __slots__ = ("matched", "acted", "skipped", "next_page_token")
+    MATCHED_FIELD_NUMBER: _ClassVar[int]
+    ACTED_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    matched: int
+    acted: int
+    skipped: int
+    next_page_token: str
+    def __init__(self, matched: _Optional[int] = ..., acted: _Optional[int] = ..., skipped: _Optional[int] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class GetJobRequest(_message.Message):
     __slots__ = ("tenant", "job_id")

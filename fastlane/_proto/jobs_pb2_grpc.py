@@ -85,6 +85,11 @@ class JobServiceStub:
                 request_serializer=fastlane_dot_v1_dot_jobs__pb2.ListAuditRequest.SerializeToString,
                 response_deserializer=fastlane_dot_v1_dot_jobs__pb2.ListAuditResponse.FromString,
                 _registered_method=True)
+        self.ActOnJobs = channel.unary_unary(
+                '/fastlane.v1.JobService/ActOnJobs',
+                request_serializer=fastlane_dot_v1_dot_jobs__pb2.ActOnJobsRequest.SerializeToString,
+                response_deserializer=fastlane_dot_v1_dot_jobs__pb2.ActOnJobsResponse.FromString,
+                _registered_method=True)
 
 
 class JobServiceServicer:
@@ -166,6 +171,15 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ActOnJobs(self, request, context):
+        """Pause, resume or delete every job a selection takes, as PauseJob, ResumeJob and DeleteJob do
+        one: a bounded number per call (continue with next_page_token), each job in its own
+        transaction and audited; with dry_run, count them and change nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -218,6 +232,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.ListAudit,
                     request_deserializer=fastlane_dot_v1_dot_jobs__pb2.ListAuditRequest.FromString,
                     response_serializer=fastlane_dot_v1_dot_jobs__pb2.ListAuditResponse.SerializeToString,
+            ),
+            'ActOnJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.ActOnJobs,
+                    request_deserializer=fastlane_dot_v1_dot_jobs__pb2.ActOnJobsRequest.FromString,
+                    response_serializer=fastlane_dot_v1_dot_jobs__pb2.ActOnJobsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -491,6 +510,33 @@ class JobService:
             '/fastlane.v1.JobService/ListAudit',
             fastlane_dot_v1_dot_jobs__pb2.ListAuditRequest.SerializeToString,
             fastlane_dot_v1_dot_jobs__pb2.ListAuditResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ActOnJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fastlane.v1.JobService/ActOnJobs',
+            fastlane_dot_v1_dot_jobs__pb2.ActOnJobsRequest.SerializeToString,
+            fastlane_dot_v1_dot_jobs__pb2.ActOnJobsResponse.FromString,
             options,
             channel_credentials,
             insecure,

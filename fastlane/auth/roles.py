@@ -24,6 +24,7 @@ ALLOWED: Final[dict[str, frozenset[Role]]] = {
     "/fastlane.v1.JobService/ResumeJob": WRITE,
     "/fastlane.v1.JobService/DeleteJob": WRITE,
     "/fastlane.v1.JobService/TriggerJob": WRITE,
+    "/fastlane.v1.JobService/ActOnJobs": WRITE,
     "/fastlane.v1.JobService/GetJob": READ,
     "/fastlane.v1.JobService/ListJobs": READ,
     "/fastlane.v1.JobService/PreviewSchedule": READ,

@@ -17,6 +17,7 @@ from fastlane.cli.arguments import (
     positive_seconds,
     schedule_from_flags,
 )
+from fastlane.cli.job_selection import BULK_ACTIONS, act_on_selection, add_bulk_flags, one_job_or_a_selection
 from fastlane.cli.job_specs import spec_from_flags, updated_spec
 from fastlane.cli.lookup import resolve_job
 from fastlane.cli.output import note, print_fields, print_json, print_table
@@ -42,6 +43,7 @@ from fastlane.domain.models import (
     OverlapPolicy,
     RetryPolicy,
 )
+from fastlane.domain.records import JobAction
 from fastlane.domain.schedules import fire_notes, local_time, preview
 from fastlane.errors import InvalidArgument, RemoteError
 from fastlane.rpc.wire import rfc3339
@@ -117,10 +119,17 @@ def register(commands: Any) -> None:
         ("delete", "delete a job (its runs stay in history; queued ones are cancelled)"),
         ("trigger", "run a job once, now, outside its schedule"),
     ):
-        action = actions.add_parser(
-            name, parents=[remote], help=summary, description=summary[0].upper() + summary[1:] + "."
-        )
-        action.add_argument("job_id", metavar="JOB", help="id or name of the job, or a unique start of its id")
+        bulk = JobAction(name) if name in BULK_ACTIONS else None
+        described = summary[0].upper() + summary[1:] + "."
+        if bulk is not None:
+            summary += ", or every job a selection takes"
+            described += (" With --type or --state instead of JOB: every job the selection takes, counted first "
+                          "(--dry-run, or without --yes), then a bounded number per call.")
+        action = actions.add_parser(name, parents=[remote], help=summary, description=described)
+        action.add_argument("job_id", metavar="JOB", nargs="?" if bulk else None,
+                            help="id or name of the job, or a unique start of its id")
+        if bulk is not None:
+            add_bulk_flags(action, bulk)
         json_flag(action)
         action.set_defaults(handler=act_on_job, command_parser=action)
 
@@ -326,7 +335,10 @@ def list_jobs(args: argparse.Namespace) -> int:
 
 
 def act_on_job(args: argparse.Namespace) -> int:
-    """``get``, ``pause``, ``resume``, ``delete`` and ``trigger``: one job by id or name."""
+    """``get``, ``pause``, ``resume``, ``delete`` and ``trigger``: one job by id or name (the
+    middle three, or a selection)."""
+    if args.action in BULK_ACTIONS and one_job_or_a_selection(args):
+        return run_remote(args, lambda client: act_on_selection(client, args))
 
     async def act(client: Client) -> int:
         found = await resolve_job(client, args.job_id)

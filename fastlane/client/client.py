@@ -13,7 +13,7 @@ Every method returns domain models (:mod:`fastlane.domain.models`); a failed cal
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import fields, replace
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
@@ -26,7 +26,10 @@ from fastlane.auth.tls import ClientTls
 from fastlane.client.connection import Connection
 from fastlane.client.convert import (
     audit_event_from_pb,
+    bulk_outcome_from_pb,
     cluster_from_pb,
+    job_selection_pb,
+    run_selection_pb,
     step_views_from_pb,
     workflow_from_pb,
     workflow_run_from_pb,
@@ -49,11 +52,11 @@ from fastlane.domain.models import (
     Schedule,
 )
 from fastlane.domain.quotas import TenantQuota
-from fastlane.domain.records import BulkOutcome, Page, RunAction, RunFilter
+from fastlane.domain.records import BulkOutcome, JobAction, JobFilter, Page, RunAction, RunFilter
 from fastlane.domain.workflows import StepView, Workflow, WorkflowRun
 from fastlane.rpc import wire
 from fastlane.rpc.channel import DEFAULT_SERVER
-from fastlane.rpc.enums import AUDIT_TARGET, JOB_STATE, ROLE, RUN_ACTION, RUN_STATE
+from fastlane.rpc.enums import AUDIT_TARGET, JOB_ACTION, JOB_STATE, ROLE, RUN_ACTION, RUN_STATE
 
 # Keyword arguments of Client.create that go straight into the JobSpec.
 _POLICY_FIELDS: Final = frozenset(f.name for f in fields(JobSpec)) - {
@@ -245,6 +248,22 @@ class Client:
         await self._connection.call(self._connection.stubs.jobs.DeleteJob,
                                     jobs_pb2.DeleteJobRequest(tenant=self.tenant, job_id=job_id))
 
+    async def act_on_jobs(self, action: JobAction | str, selection: JobFilter = JobFilter(), *, dry_run: bool = False,
+                          limit: int = 0, page_token: str = "") -> BulkOutcome:
+        """Pause, resume or delete (``action``) the jobs ``selection`` takes, ``limit`` at most (0:
+        the node's default, 1,000); with ``dry_run``, how many it would take. One call: continue
+        with the outcome's ``next_page_token``, or use :meth:`act_on_all_jobs`."""
+        request = jobs_pb2.ActOnJobsRequest(
+            tenant=self.tenant, action=JOB_ACTION.named(action, "action"), dry_run=dry_run, limit=limit,
+            page_token=page_token, selection=job_selection_pb(selection))
+        return bulk_outcome_from_pb(await self._connection.call(self._connection.stubs.jobs.ActOnJobs, request))
+
+    def act_on_all_jobs(self, action: JobAction | str, selection: JobFilter = JobFilter(), *,
+                        limit: int = 0) -> AsyncIterator[BulkOutcome]:
+        """:meth:`act_on_jobs` call after call until the selection is done: each call's outcome
+        as it comes, for progress."""
+        return _call_after_call(lambda token: self.act_on_jobs(action, selection, limit=limit, page_token=token))
+
     async def trigger_job(self, job_id: str) -> Run:
         """Run the job once, now, outside its schedule; returns the new run."""
         request = jobs_pb2.TriggerJobRequest(tenant=self.tenant, job_id=job_id)
@@ -322,29 +341,16 @@ class Client:
         """Cancel or retry (``action``) the runs ``selection`` takes, ``limit`` at most (0: the node's
         default, 1,000); with ``dry_run``, how many it would take. One call: continue with the
         outcome's ``next_page_token``, or use :meth:`act_on_all_runs`."""
-        given = selection
         request = runs_pb2.ActOnRunsRequest(
             tenant=self.tenant, action=RUN_ACTION.named(action, "action"), dry_run=dry_run, limit=limit,
-            page_token=page_token, selection=runs_pb2.RunSelection(
-                job_id=given.job_id or "", job_type=given.job_type or "",
-                states=[RUN_STATE.number(state) for state in sorted(given.states)],
-                scheduled_from=wire.timestamp(given.scheduled_from),
-                scheduled_before=wire.timestamp(given.scheduled_before)))
-        got = await self._connection.call(self._connection.stubs.runs.ActOnRuns, request)
-        return BulkOutcome(matched=got.matched, acted=got.acted, skipped=got.skipped,
-                           next_page_token=got.next_page_token, stopped_because=got.stopped_because)
+            page_token=page_token, selection=run_selection_pb(selection))
+        return bulk_outcome_from_pb(await self._connection.call(self._connection.stubs.runs.ActOnRuns, request))
 
-    async def act_on_all_runs(self, action: RunAction | str, selection: RunFilter = RunFilter(), *,
-                              limit: int = 0) -> AsyncIterator[BulkOutcome]:
+    def act_on_all_runs(self, action: RunAction | str, selection: RunFilter = RunFilter(), *,
+                        limit: int = 0) -> AsyncIterator[BulkOutcome]:
         """:meth:`act_on_runs` call after call until the selection is done (or a call stops short,
         its ``stopped_because`` set): each call's outcome as it comes, for progress."""
-        token = ""
-        while True:
-            outcome = await self.act_on_runs(action, selection, limit=limit, page_token=token)
-            yield outcome
-            token = outcome.next_page_token
-            if not token or outcome.stopped_because:
-                return
+        return _call_after_call(lambda token: self.act_on_runs(action, selection, limit=limit, page_token=token))
 
     # -- workflows ------------------------------------------------------------------------------
 
@@ -479,3 +485,13 @@ class Client:
         return spec if spec.tenant == self.tenant else replace(spec, tenant=self.tenant)
 
 
+async def _call_after_call(call: Callable[[str], Awaitable[BulkOutcome]]) -> AsyncIterator[BulkOutcome]:
+    """A bulk action's calls, each from the token the last one returned, until the selection is
+    done or a call stops short."""
+    token = ""
+    while True:
+        outcome = await call(token)
+        yield outcome
+        token = outcome.next_page_token
+        if not token or outcome.stopped_because:
+            return

@@ -1,16 +1,17 @@
-"""Replies the client alone reads, turned into domain objects (the messages both sides share are
-converted in :mod:`fastlane.rpc.wire`)."""
+"""Replies the client alone reads, turned into domain objects, and the parts of requests only it
+builds (the messages both sides share are converted in :mod:`fastlane.rpc.wire`)."""
 
 from __future__ import annotations
 
-from fastlane._proto import admin_pb2, jobs_pb2, workflows_pb2
+from fastlane._proto import admin_pb2, jobs_pb2, runs_pb2, workflows_pb2
 from fastlane.domain.audit import AuditEvent
 from fastlane.domain.cluster import ClusterStatus, NodeStatus, ShardStatus, WorkerStatus
 from fastlane.domain.models import DEFAULT_TENANT
+from fastlane.domain.records import BulkOutcome, JobFilter, RunFilter
 from fastlane.domain.workflow_definitions import parse_definition
 from fastlane.domain.workflows import StepView, Workflow, WorkflowRun
 from fastlane.rpc import wire
-from fastlane.rpc.enums import AUDIT_ACTION, AUDIT_TARGET, RUN_STATE, STEP_STATE, WORKFLOW_RUN_STATE
+from fastlane.rpc.enums import AUDIT_ACTION, AUDIT_TARGET, JOB_STATE, RUN_STATE, STEP_STATE, WORKFLOW_RUN_STATE
 
 
 def audit_event_from_pb(event: jobs_pb2.AuditEvent) -> AuditEvent:
@@ -70,3 +71,21 @@ def step_views_from_pb(detail: workflows_pb2.GetWorkflowRunResponse) -> list[Ste
                      run_states=tuple(RUN_STATE.member(state, "run_states") for state in step.run_states),
                      items=len(step.run_ids),
                      error=step.error or None) for step in detail.steps]
+
+
+def run_selection_pb(selection: RunFilter) -> runs_pb2.RunSelection:
+    return runs_pb2.RunSelection(
+        job_id=selection.job_id or "", job_type=selection.job_type or "",
+        states=[RUN_STATE.number(state) for state in sorted(selection.states)],
+        scheduled_from=wire.timestamp(selection.scheduled_from), scheduled_before=wire.timestamp(selection.scheduled_before))
+
+
+def job_selection_pb(selection: JobFilter) -> jobs_pb2.JobSelection:
+    return jobs_pb2.JobSelection(job_type=selection.job_type or "",
+                                 states=[JOB_STATE.number(state) for state in sorted(selection.states)])
+
+
+def bulk_outcome_from_pb(got: runs_pb2.ActOnRunsResponse | jobs_pb2.ActOnJobsResponse) -> BulkOutcome:
+    stopped = got.stopped_because if isinstance(got, runs_pb2.ActOnRunsResponse) else ""
+    return BulkOutcome(matched=got.matched, acted=got.acted, skipped=got.skipped, next_page_token=got.next_page_token,
+                       stopped_because=stopped)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from fastlane.console import actions, pages
+from fastlane.console import actions, bulk, pages
 from fastlane.console.guard import guard
 from fastlane.console.rendering import CONSOLE, HERE, Console
 
@@ -15,6 +15,7 @@ def build_app(console: Console) -> web.Application:
     app = web.Application(middlewares=[guard], client_max_size=MAX_BODY_BYTES)
     app[CONSOLE] = console
     pages.add_routes(app)
+    bulk.add_routes(app)
     actions.add_routes(app)
     app.router.add_static("/static/", HERE / "static", append_version=False)
     return app

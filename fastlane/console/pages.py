@@ -16,17 +16,21 @@ from fastlane._proto import admin_pb2, jobs_pb2, runs_pb2, workflows_pb2
 from fastlane.auth.caller import Caller
 from fastlane.cli.views import attempt_note, describe_schedule, run_duration, run_lag
 from fastlane.client.convert import audit_event_from_pb, step_views_from_pb, workflow_run_from_pb
+from fastlane.console.bulk import bulk_note
 from fastlane.console.chart import lag_chart
 from fastlane.console.gateway import CallRefused
 from fastlane.console.rendering import CONSOLE, call_api, caller_of, render
-from fastlane.domain import schedules
+from fastlane.domain import lifecycle, schedules
 from fastlane.domain.access import Role
 from fastlane.domain.models import Job, JobState, RunState, ScheduleKind
+from fastlane.domain.records import RunAction
 from fastlane.errors import InvalidArgument
 from fastlane.rpc import wire
 from fastlane.rpc.enums import AUDIT_TARGET, JOB_STATE, RUN_STATE, WireEnum
 
 PAGE_SIZE = 50
+# Which bulk buttons the runs page offers for its state filter (any state: both).
+_BULK_TAKES = {action.value: sorted(state.value for state in lifecycle.TAKEN_BY[action]) for action in RunAction}
 ID_CHARS = frozenset("0123456789abcdefABCDEF-")
 PREVIEW_COUNT = 8
 HISTORY_EVENTS = 30
@@ -50,7 +54,7 @@ def add_routes(app: web.Application) -> None:
 
 
 def _note(request: web.Request) -> str | None:
-    return NOTES.get(request.query.get("done", ""))
+    return NOTES.get(request.query.get("done", "")) or bulk_note(request.query)
 
 
 def _filter_value(values: WireEnum[Any, Any], text: str, field: str) -> Any:
@@ -163,11 +167,13 @@ async def _runs_and_history(request: web.Request, target_id: str, kind: str) -> 
 
 async def runs(request: web.Request) -> web.Response:
     query = request.query
-    state, job_id, token = (query.get(k, "").strip() for k in ("state", "job", "page"))
+    state, job_id, job_type, token = (query.get(k, "").strip() for k in ("state", "job", "type", "page"))
     state_value = _filter_value(RUN_STATE, state, "state")
     page = await call_api(request, "RunService/ListRuns", runs_pb2.ListRunsRequest(
-        states=[state_value] if state_value else [], job_id=job_id, page_size=PAGE_SIZE, page_token=token), runs_pb2.ListRunsResponse)
+        states=[state_value] if state_value else [], job_id=job_id, job_type=job_type, page_size=PAGE_SIZE,
+        page_token=token), runs_pb2.ListRunsResponse)
     return render(request, "runs.html", runs=[wire.run_from_pb(m) for m in page.runs], state=state, job_id=job_id,
+                  job_type=job_type, bulk_takes=_BULK_TAKES,
                   next_token=page.next_page_token, states=[s.value for s in RunState], lag=run_lag, took=run_duration,
                   note=_note(request), first_page=not token)
 

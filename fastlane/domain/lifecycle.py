@@ -20,11 +20,11 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 from enum import Enum, StrEnum
-from typing import TypeVar
+from typing import Any, TypeVar, overload
 
 from fastlane.domain.errors import InvalidState, JobAlreadyExists
 from fastlane.domain.models import FINAL_RUN_STATES, Job, JobSpec, JobState, Run, RunState, ScheduleKind
-from fastlane.domain.records import Dispatch, RunAction
+from fastlane.domain.records import Dispatch, JobAction, RunAction
 from fastlane.domain.schedules import first_fire
 from fastlane.errors import InvalidArgument
 
@@ -55,17 +55,28 @@ TAKEN_BY: Mapping[RunAction, frozenset[RunState]] = {
 """The runs a bulk action takes: those its one-run verb (a cancel, a replay) may still change."""
 
 
-def taken_by(action: RunAction, states: Collection[RunState]) -> frozenset[RunState]:
-    """The states a bulk ``action`` over a selection of ``states`` (none: any) takes."""
-    takes = TAKEN_BY[action]
-    return takes & frozenset(states) if states else takes
-
-
 PAUSE_FROM: frozenset[JobState] = frozenset({JobState.ACTIVE})
 """Jobs that may be paused."""
 
 RESUME_FROM: frozenset[JobState] = frozenset({JobState.PAUSED, JobState.ERRORED})
 """Jobs that may be resumed: paused by an operator, or set aside because processing them raised."""
+
+JOBS_TAKEN_BY: Mapping[JobAction, frozenset[JobState]] = {
+    JobAction.PAUSE: PAUSE_FROM,
+    JobAction.RESUME: RESUME_FROM,
+    JobAction.DELETE: frozenset(JobState),
+}
+"""The jobs a bulk action takes: those its one-job verb (a pause, a resume, a delete) may change."""
+
+
+@overload
+def taken_by(action: RunAction, states: Collection[RunState]) -> frozenset[RunState]: ...
+@overload
+def taken_by(action: JobAction, states: Collection[JobState]) -> frozenset[JobState]: ...
+def taken_by(action: RunAction | JobAction, states: Collection[RunState] | Collection[JobState]) -> frozenset[Any]:
+    """The states a bulk ``action`` over a selection of ``states`` (none: any) takes."""
+    takes: frozenset[Any] = TAKEN_BY[action] if isinstance(action, RunAction) else JOBS_TAKEN_BY[action]
+    return takes & frozenset(states) if states else takes
 
 
 def sql_list(states: Iterable[RunState] | Iterable[JobState]) -> str:

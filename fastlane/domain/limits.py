@@ -57,8 +57,9 @@ MAX_BACKLOG_SECONDS = 3_600.0  # the same as seconds of that queue's pace (--max
 MAX_CONCURRENCY_LIMIT = 10_000  # runs of one concurrency key active at once (spec.concurrency_limit)
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1_000
-# Runs one call of a bulk action (ActOnRuns) acts on: each is its own transaction, so a call holds
-# the database no longer than one run's cancel or retry at a time, and answers within seconds.
+# Runs or jobs one call of a bulk action (ActOnRuns, ActOnJobs) acts on: each is its own
+# transaction, so a call holds the database no longer than one item's verb at a time, and answers
+# within seconds.
 DEFAULT_BULK_LIMIT = 1_000
 MAX_BULK_LIMIT = 10_000
 MAX_PREVIEW = 1_000

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Generic, TypeVar
 
-from fastlane.domain.models import Attempt, AttemptOutcome, Run, RunState
+from fastlane.domain.models import Attempt, AttemptOutcome, Job, JobState, Run, RunState
 
 T = TypeVar("T")
 
@@ -146,11 +146,33 @@ class RunAction(StrEnum):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class BulkOutcome:
-    """What one call of a bulk action did (:meth:`fastlane.engine.operations.Operations.act_on_runs`)."""
+class JobFilter:
+    """Which of a tenant's jobs a bulk action takes: every field that is set must match (no
+    states: every state the action takes)."""
 
-    matched: int  # a dry run: every run the action would take; else the runs this call took
+    job_type: str | None = None
+    states: frozenset[JobState] = field(default_factory=frozenset)
+
+    def matches(self, job: Job) -> bool:
+        """Whether ``job`` is one this filter takes (what the store's statements select)."""
+        return (self.job_type is None or job.job_type == self.job_type) and (not self.states or job.state in self.states)
+
+
+class JobAction(StrEnum):
+    """What a bulk action does to each job it takes."""
+
+    PAUSE = "pause"
+    RESUME = "resume"
+    DELETE = "delete"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BulkOutcome:
+    """What one call of a bulk action did (:meth:`fastlane.engine.operations.Operations.act_on_runs`
+    and :meth:`~fastlane.engine.operations.Operations.act_on_jobs`)."""
+
+    matched: int  # a dry run: everything the action would take; else what this call took
     acted: int = 0
     skipped: int = 0  # taken, but changed meanwhile so that the action no longer applied
     next_page_token: str = ""  # empty: nothing of the selection left
-    stopped_because: str = ""  # why the call stopped short of its limit with runs left
+    stopped_because: str = ""  # why the call stopped short of its limit with some left

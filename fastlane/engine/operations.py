@@ -22,7 +22,7 @@ from fastlane.auth.caller import current_caller
 from fastlane.domain.audit import AuditAction, AuditEvent, AuditTarget
 from fastlane.domain.errors import JobNotFound
 from fastlane.domain.models import Job, JobSpec, Run, RunState
-from fastlane.domain.records import BulkOutcome, RunAction, RunFilter
+from fastlane.domain.records import BulkOutcome, JobAction, JobFilter, RunAction, RunFilter
 from fastlane.domain.workflows import WORKFLOW_JOB_TYPE, Workflow, WorkflowRun, WorkflowSpec
 from fastlane.engine import bulk
 from fastlane.engine.audit_trail import AuditTrail
@@ -44,6 +44,8 @@ class Operations:
         self._dispatcher = dispatcher
         self._trail = AuditTrail(store)
         self._verbs: dict[RunAction, bulk.Verb] = {RunAction.CANCEL: self._cancels, RunAction.RETRY: self._retries}
+        self._job_verbs: dict[JobAction, bulk.JobVerb] = {
+            JobAction.PAUSE: self._pauses, JobAction.RESUME: self._resumes, JobAction.DELETE: self._deletes}
 
     # -- jobs -----------------------------------------------------------------------------------
 
@@ -78,6 +80,35 @@ class Operations:
         self.job_deleted(job_id)
         await self._record(AuditEvent(tenant=tenant, action=AuditAction.DELETED, target_kind=AuditTarget.JOB,
                                       target_id=job_id, job_id=job_id))
+
+    async def act_on_jobs(self, tenant: str, action: JobAction, selection: JobFilter, *, dry_run: bool, limit: int,
+                          page_token: str = "") -> BulkOutcome:
+        """Pause, resume or delete every job ``selection`` takes, ``limit`` at most in this call
+        (see :mod:`.bulk`); each job is audited as its one-job step audits it."""
+        return await bulk.act_on_jobs(self._store, tenant, action, selection, verb=self._job_verbs[action],
+                                      dry_run=dry_run, limit=limit, page_token=page_token)
+
+    # The store answers a pause of a paused job (or a resume of an active one) with the job as it
+    # is, and a job the page read as paused is skipped unaudited. One paused by someone else between
+    # the page and the verb counts as this call's: the store's answer cannot tell the two apart.
+    async def _pauses(self, tenant: str, listed: Job) -> bool:
+        job = await self._store.jobs.pause_job(tenant, listed.job_id)
+        return await self._changed_state(AuditAction.PAUSED, listed, job)
+
+    async def _resumes(self, tenant: str, listed: Job) -> bool:
+        job = await self._store.jobs.resume_job(tenant, listed.job_id)
+        return await self._changed_state(AuditAction.RESUMED, listed, job)
+
+    async def _changed_state(self, action: AuditAction, listed: Job, job: Job) -> bool:
+        if job.state is listed.state:
+            return False
+        self.job_changed(job)
+        await self._audit(action, job)
+        return True
+
+    async def _deletes(self, tenant: str, listed: Job) -> bool:
+        await self.delete_job(tenant, listed.job_id)  # one already deleted raises JobNotFound: skipped
+        return True
 
     async def trigger_job(self, tenant: str, job_id: str) -> Run:
         """A run of the job due now, outside its schedule."""

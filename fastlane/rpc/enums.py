@@ -18,7 +18,7 @@ from fastlane._proto import common_pb2 as pb
 from fastlane.domain.access import Role
 from fastlane.domain.audit import AuditAction, AuditTarget
 from fastlane.domain.models import AttemptOutcome, Delivery, JobState, MisfireKind, OverlapPolicy, RunState
-from fastlane.domain.records import RunAction
+from fastlane.domain.records import JobAction, RunAction
 from fastlane.domain.workflows import StepState, WorkflowRunState
 from fastlane.errors import InvalidArgument
 
@@ -88,6 +88,7 @@ AUDIT_TARGET = WireEnum(AuditTarget, jobs_pb2.AuditTarget, "AUDIT_TARGET")
 WORKFLOW_RUN_STATE = WireEnum(WorkflowRunState, workflows_pb2.WorkflowRunState, "WORKFLOW_RUN_STATE")
 STEP_STATE = WireEnum(StepState, workflows_pb2.StepState, "STEP_STATE")
 RUN_ACTION = WireEnum(RunAction, runs_pb2.RunAction, "RUN_ACTION")
+JOB_ACTION = WireEnum(JobAction, jobs_pb2.JobAction, "JOB_ACTION")
 
 # What a worker may report, by its wire value. The rest of AttemptOutcome is the node's to decide;
 # anything else a worker sends (unspecified, one of those, a number this version does not know)

@@ -23,6 +23,7 @@ from fastlane.domain.records import (
     Change,
     Dispatch,
     Heartbeat,
+    JobFilter,
     Occurrence,
     Page,
     RunFilter,
@@ -54,12 +55,19 @@ class JobStore(Protocol):
         self,
         tenant: str,
         *,
-        state: JobState | None = None,
+        states: Collection[JobState] = (),
         job_type: str | None = None,
         limit: int = 100,
         page_token: str = "",
         name: str | None = None,
-    ) -> Page[Job]: ...
+    ) -> Page[Job]:
+        """A page of the tenant's jobs in id order, of these ``states`` (none: any)."""
+        ...
+
+    async def count_selected_jobs(self, tenant: str, selection: JobFilter) -> int:
+        """How many of the tenant's jobs ``selection`` takes; its ``states`` must be given (an
+        empty set counts none)."""
+        ...
 
     async def update_job(self, tenant: str, job_id: str, spec: JobSpec) -> Job:
         """Replace a job's spec (name and tenant fixed); a new schedule recomputes ``next_fire_at``."""

@@ -20,8 +20,8 @@ from fastlane.domain.lifecycle import capped_keys as capped_keys
 from fastlane.domain.lifecycle import check_update as check_update
 from fastlane.domain.lifecycle import idempotent_create as idempotent_create
 from fastlane.domain.lifecycle import rescheduled as rescheduled
-from fastlane.domain.models import Job, JobState, Run, RunState, ShardLease
-from fastlane.domain.records import AttemptResult, Change, ChangeKind, Page
+from fastlane.domain.models import Job, Run, RunState, ShardLease
+from fastlane.domain.records import AttemptResult, Change, ChangeKind, JobFilter, Page
 from fastlane.domain.run_results import AttemptUpdate as AttemptUpdate
 from fastlane.domain.run_results import first_of_each_attempt as first_of_each_attempt
 from fastlane.domain.run_results import lease_expired_results as lease_expired_results
@@ -133,11 +133,9 @@ def with_id_prefix(items: list[T], prefix: str, id_of: Callable[[T], str]) -> Pa
     return Page(items=[item for item in items if id_of(item).startswith(prefix)])
 
 
-def named_job_page(job: Job | None, state: JobState | None, job_type: str | None, after: str) -> Page[Job]:
+def named_job_page(job: Job | None, selection: JobFilter, after: str) -> Page[Job]:
     """The page ``list_jobs(name=...)`` answers: the job of that name if it passes the other filters."""
-    if job is None or (state is not None and job.state is not state) or job.job_id <= after:
-        return Page(items=[])
-    return Page(items=[] if job_type is not None and job.job_type != job_type else [job])
+    return Page(items=[job] if job is not None and job.job_id > after and selection.matches(job) else [])
 
 
 def rescheduled_runs(outcomes: Sequence[ResultOutcome]) -> list[Run]:

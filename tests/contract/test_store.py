@@ -32,6 +32,7 @@ from fastlane.storage import (
     Change,
     Dispatch,
     Heartbeat,
+    JobFilter,
     Occurrence,
     RunFilter,
     open_store,
@@ -149,6 +150,26 @@ async def test_list_jobs_pages_and_filters(store):
     assert (await store.jobs.list_jobs("other-tenant", name="job-3")).items == []
     with pytest.raises(InvalidArgument, match="page_token"):
         await store.jobs.list_jobs("default", page_token="not-a-token")
+
+
+async def test_jobs_are_listed_and_counted_by_a_set_of_states_within_the_tenant(store):
+    jobs = [(await store.jobs.create_job(spec(f"job-{index}", job_type="a" if index % 2 else "b")))[0]
+            for index in range(5)]
+    await store.jobs.pause_job("default", jobs[1].job_id)
+    await store.jobs.pause_job("default", jobs[2].job_id)
+    paused = frozenset({JobState.PAUSED})
+    listed = await store.jobs.list_jobs("default", states=paused)
+    assert sorted(job.name for job in listed.items) == ["job-1", "job-2"]
+    both = await store.jobs.list_jobs("default", states={JobState.PAUSED, JobState.ACTIVE}, job_type="a")
+    assert sorted(job.name for job in both.items) == ["job-1", "job-3"]
+    assert len((await store.jobs.list_jobs("default", states=())).items) == 5  # no states: any
+    assert await store.jobs.count_selected_jobs("default", JobFilter(states=paused)) == 2
+    assert await store.jobs.count_selected_jobs("default", JobFilter(states=paused, job_type="a")) == 1
+    active = frozenset({JobState.ACTIVE})
+    assert await store.jobs.count_selected_jobs("default", JobFilter(states=active | paused, job_type="b")) == 3
+    assert await store.jobs.count_selected_jobs("default", JobFilter(states=frozenset())) == 0  # no state: none
+    assert await store.jobs.count_selected_jobs("other-tenant", JobFilter(states=active | paused)) == 0
+    assert (await store.jobs.list_jobs("other-tenant", states=paused)).items == []
 
 
 async def test_jobs_and_runs_are_found_by_the_start_of_their_id_within_the_tenant(store):

@@ -1,21 +1,28 @@
-"""Bulk actions with real processes: ``runs retry`` and ``runs cancel`` over a selection, through
-the CLI a user types, against a real daemon and a real recording worker, on both backends."""
+"""Bulk actions with real processes: ``runs retry`` and ``runs cancel``, ``jobs pause``,
+``jobs resume`` and ``jobs delete`` over a selection, through the CLI a user types, against a
+real daemon and a real recording worker, on both backends."""
 
 from __future__ import annotations
 
 import asyncio
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 
 import pytest
-from e2e_support import ROOT, Daemon, child_environment, run_cli, wait_for
+from e2e_support import ROOT, Daemon, child_environment, instant, run_cli, wait_for
 from test_run_lifecycle import QUICK_RETRY, worker_ready
 
-from fastlane.domain.models import RunState, Schedule
+from fastlane.domain.limits import MAX_SEND_AHEAD
+from fastlane.domain.models import JobState, RunState, Schedule
+from fastlane.engine.write_ahead import MAX_ADAPTIVE_LEAD
+from fastlane.errors import RemoteNotFound
 
 pytestmark = pytest.mark.e2e
 
 UNSERVED = "nobody.serves"  # a job type no worker declares: its runs wait for ever
+# How far ahead of its instant a node writes (and sends) a run, at most.
+WRITTEN_AHEAD = MAX_ADAPTIVE_LEAD + MAX_SEND_AHEAD
 
 
 def cli_refusal(daemon: Daemon, *args: str) -> tuple[int, str, str]:
@@ -79,3 +86,54 @@ async def test_every_dead_run_of_a_type_is_replayed_and_every_waiting_run_of_an_
 async def _count(runs, expected: int) -> bool:  # type: ignore[no-untyped-def]
     return len(await runs) == expected
 
+
+
+async def test_every_job_of_a_type_is_paused_stops_firing_is_resumed_fires_again_and_is_deleted(
+        daemon: Daemon, client, recorder):
+    await worker_ready(client)
+    ticking = [await client.create(f"tick-{index}", "e2e", Schedule.interval(timedelta(seconds=1)))
+               for index in range(3)]
+    bystander = await client.create("bystander", UNSERVED, Schedule.interval(timedelta(hours=1)))
+
+    def received_since(since: datetime) -> dict[str, int]:
+        ids = {job.job_id for job in ticking}
+        counts = dict.fromkeys(ids, 0)
+        for entry in recorder.received():
+            if entry["job_id"] in ids and instant(entry["received_at"]) > since:
+                counts[entry["job_id"]] += 1
+        return counts
+
+    started = datetime.now(UTC)
+    await wait_for(lambda: min(received_since(started).values()) >= 1, 30, "each ticking job to fire")
+
+    code, out, err = await asyncio.to_thread(cli_refusal, daemon, "jobs", "pause", "--type", "e2e")
+    assert (code, out.strip()) == (1, "3 jobs would be paused"), err
+    paused = await asyncio.to_thread(run_cli, daemon, "jobs", "pause", "--type", "e2e", "--yes")
+    assert paused == {"action": "pause", "dry_run": False, "matched": 3, "acted": 3, "skipped": 0,
+                      "stopped_because": None}
+    paused_at = datetime.now(UTC)
+    assert {(await client.get_job(job.job_id)).state for job in ticking} == {JobState.PAUSED}
+    # A pause stops a job making runs; one already written ahead of its instant (a lead, at most
+    # WRITTEN_AHEAD) still starts. A job of the same type made now fires past that bound: the node
+    # and the worker are live, and no paused job fired a run of its own after it.
+    bound = paused_at + WRITTEN_AHEAD
+    witness = await client.create("witness", "e2e", Schedule.interval(timedelta(seconds=1)))
+    await wait_for(lambda: any(instant(entry["scheduled_for"]) > bound + timedelta(seconds=1)
+                               for entry in recorder.received_for(witness.job_id)), 30, "the witness to fire")
+    late = [entry for job in ticking for entry in recorder.received_for(job.job_id)
+            if instant(entry["scheduled_for"]) > bound]
+    assert late == [], "a paused job fired"
+    counted = await asyncio.to_thread(run_cli, daemon, "jobs", "resume", "--state", "paused", "--dry-run")
+    assert counted == {"action": "resume", "dry_run": True, "matched": 3}
+
+    resumed_at = datetime.now(UTC)
+    resumed = await asyncio.to_thread(run_cli, daemon, "jobs", "resume", "--type", "e2e", "--yes")
+    assert (resumed["matched"], resumed["acted"]) == (3, 3)  # type: ignore[index]
+    await wait_for(lambda: min(received_since(resumed_at).values()) >= 1, 30, "each resumed job to fire again")
+
+    deleted = await asyncio.to_thread(run_cli, daemon, "jobs", "delete", "--type", "e2e", "--yes")
+    assert (deleted["matched"], deleted["acted"]) == (4, 4)  # type: ignore[index]
+    for job in [*ticking, witness]:
+        with pytest.raises(RemoteNotFound):
+            await client.get_job(job.job_id)
+    assert (await client.get_job(bystander.job_id)).state is JobState.ACTIVE

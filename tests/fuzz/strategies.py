@@ -93,6 +93,7 @@ MISFIRE_KINDS = tuple(common_pb2.MisfireKind.values())
 JOB_STATES = tuple(common_pb2.JobState.values())
 RUN_STATES = tuple(value for value in common_pb2.RunState.values() if value)
 RUN_ACTIONS = tuple(runs_pb2.RunAction.values())
+JOB_ACTIONS = tuple(jobs_pb2.JobAction.values())
 WORKER_OUTCOMES = (common_pb2.ATTEMPT_OUTCOME_SUCCEEDED, common_pb2.ATTEMPT_OUTCOME_FAILED,
                    common_pb2.ATTEMPT_OUTCOME_PERMANENT_FAILURE, common_pb2.ATTEMPT_OUTCOME_TIMED_OUT,
                    common_pb2.ATTEMPT_OUTCOME_CANCELLED)  # what a worker may report; the rest count as failed
@@ -574,6 +575,28 @@ def list_runs(draw: st.DrawFn) -> Probe:
 
 
 @st.composite
+def act_on_jobs(draw: st.DrawFn) -> Probe:
+    """A bulk action on jobs: any action number, any selection, a dry run mostly (so that a fuzz
+    run keeps jobs to probe), any limit and page token."""
+    request = jobs_pb2.ActOnJobsRequest(tenant=draw(st.sampled_from(("", "default", "fuzz-tenant", LIVE_TENANT))),
+                                        action=draw(enum_numbers(JOB_ACTIONS)), dry_run=draw(st.integers(1, 6)) > 1)
+    fields = ["action"]
+    if draw(st.booleans()):
+        request.selection.states.extend(draw(st.lists(enum_numbers(JOB_STATES), max_size=8)))
+        fields.append("selection.states")
+    if draw(st.booleans()):
+        request.selection.job_type = draw(st.one_of(strings(), st.sampled_from(("fuzz", "fuzz-wf", "a" * 201))))
+        fields.append("selection.job_type")
+    if draw(st.booleans()):
+        request.limit = draw(int32s())
+        fields.append("limit")
+    if token := draw(st.one_of(st.just(""), st.sampled_from(PAGE_TOKEN_EDGES), strings())):
+        request.page_token = token
+        fields.append("page_token")
+    return Probe("JobService", "ActOnJobs", tuple(fields), lambda memory: request)
+
+
+@st.composite
 def act_on_runs(draw: st.DrawFn) -> Probe:
     """A bulk action: any action number, any selection, a dry run mostly (so that a fuzz run keeps
     runs to probe), any limit and page token."""
@@ -700,6 +723,7 @@ def api_probes() -> st.SearchStrategy[Probe]:
         job_ref("GetJob"), job_ref("PauseJob"), job_ref("ResumeJob"), job_ref("DeleteJob"), job_ref("TriggerJob"),
         list_jobs(), preview_schedule(), preview_schedule(),
         list_runs(), run_ref("GetRun"), run_ref("CancelRun"), run_ref("RetryRun"), act_on_runs(),
+        act_on_jobs(),
         get_cluster(), create_token(), token_listing(), revoke_token(), set_quota(), get_quota(),
         create_workflow(), create_workflow(), trigger_workflow(), workflow_run_ref("GetWorkflowRun"),
         workflow_run_ref("CancelWorkflowRun"), workflow_run_ref("ResumeWorkflowRun"), list_workflow_runs(),

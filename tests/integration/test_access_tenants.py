@@ -19,8 +19,8 @@ from secured_nodes import ENGINE_SHARDS, secured_node
 from fastlane._proto import common_pb2
 from fastlane._proto import workers_pb2 as pb
 from fastlane._proto import workers_pb2_grpc as pb_grpc
-from fastlane.domain.models import JobSpec, RunState, Schedule
-from fastlane.domain.records import RunAction, RunFilter
+from fastlane.domain.models import JobSpec, JobState, RunState, Schedule
+from fastlane.domain.records import JobAction, JobFilter, RunAction, RunFilter
 from fastlane.errors import RemoteError
 from fastlane.rpc.channel import open_channel
 from fastlane.testing.processes import free_port
@@ -117,6 +117,28 @@ async def test_a_bulk_action_takes_only_the_runs_of_the_callers_tenant(secured):
         assert (await b.act_on_runs(RunAction.CANCEL, same_type, dry_run=True)).matched == 3
     async with node.client("viewer-a") as viewer:  # a viewer may look, not act
         await refused(viewer.act_on_runs(RunAction.CANCEL, same_type, dry_run=True), grpc.StatusCode.PERMISSION_DENIED)
+
+
+async def test_a_bulk_action_on_jobs_takes_only_the_callers_jobs(secured):
+    node = secured
+    same_type = JobFilter(job_type="shared.type")
+    async with node.client("client-a") as a, node.client("client-b") as b:
+        theirs = [await b.create(f"payroll-{index}", "shared.type", HOURLY) for index in range(3)]
+        mine = await a.create("reports", "shared.type", HOURLY)
+        assert (await a.act_on_jobs(JobAction.DELETE, same_type, dry_run=True)).matched == 1
+        paused = await a.act_on_jobs(JobAction.PAUSE, same_type)
+        assert (paused.matched, paused.acted) == (1, 1)
+        assert (await a.get_job(mine.job_id)).state is JobState.PAUSED
+        deleted = await a.act_on_jobs(JobAction.DELETE, JobFilter())
+        assert (deleted.matched, deleted.acted) == (1, 1)
+        assert {(await b.get_job(job.job_id)).state for job in theirs} == {JobState.ACTIVE}
+        async with node.client("client-a", tenant="b") as a_as_b:
+            await refused(a_as_b.act_on_jobs(JobAction.PAUSE, same_type, dry_run=True),
+                          grpc.StatusCode.PERMISSION_DENIED)
+            await refused(a_as_b.act_on_jobs(JobAction.DELETE, same_type), grpc.StatusCode.PERMISSION_DENIED)
+        assert (await b.act_on_jobs(JobAction.PAUSE, same_type, dry_run=True)).matched == 3
+    async with node.client("viewer-a") as viewer:  # a viewer may look, not act
+        await refused(viewer.act_on_jobs(JobAction.PAUSE, same_type, dry_run=True), grpc.StatusCode.PERMISSION_DENIED)
 
 
 async def test_a_worker_receives_only_the_runs_of_its_token_tenant(secured):

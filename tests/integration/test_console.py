@@ -421,3 +421,54 @@ async def test_a_viewer_is_refused_the_edit_form_and_no_one_is_shown_a_payload(c
     assert (await a.post(f"/jobs/{job.job_id}/edit", {**form, "clear_payload": "on"}, csrf=await a.csrf())).status == 303
     async with console.client("client-a") as api:
         assert (await api.get_job(job.job_id)).spec.payload == b""
+
+
+async def test_bulk_actions_count_first_act_on_confirm_and_stay_in_the_tenant(console: SecuredNode,
+                                                                             visitors: dict[str, Visitor]):
+    a, b, viewer = visitors["client-a"], visitors["client-b"], visitors["viewer-a"]
+    async with console.client("client-a") as api:
+        reports = await api.create("reports", "reports", HOURLY)
+        other = await api.create("other", "mail", HOURLY)
+        mine = [(await api.trigger_job(reports.job_id)).run_id for _ in range(3)]
+        kept = (await api.trigger_job(other.job_id)).run_id
+    async with console.client("client-b") as api:
+        theirs = (await api.trigger_job((await api.create("reports", "reports", HOURLY)).job_id)).run_id
+
+    status, page = await a.get("/runs?type=reports")
+    assert status == 200 and 'id="bulk-cancel"' in page and 'id="bulk-retry"' in page
+    status, page = await a.get("/runs?state=dead")  # dead runs may be retried, not cancelled
+    assert 'id="bulk-retry"' in page and 'id="bulk-cancel"' not in page
+    assert 'id="bulk-actions"' not in (await viewer.get("/runs"))[1]
+    viewer_csrf = CSRF.search((await viewer.get("/"))[1])
+    assert viewer_csrf is not None
+    assert (await viewer.post("/runs/bulk/cancel", {"type": "reports", "confirm": "1"},
+                              csrf=viewer_csrf.group(1))).status == 403
+    assert (await a.post("/runs/bulk/cancel", {"type": "reports", "confirm": "1"})).status == 403  # no CSRF token
+    assert (await a.post("/runs/bulk/delete", {}, csrf=await a.csrf())).status == 404
+    async with a.session.post(a.base + "/runs/bulk/cancel", data={"state": "sleeping", "csrf": await a.csrf()},
+                              allow_redirects=False) as answer:
+        assert answer.status == 400 and "is not one of" in await answer.text()
+
+    async with a.session.post(a.base + "/runs/bulk/cancel", data={"type": "reports", "csrf": await a.csrf()},
+                              allow_redirects=False) as answer:
+        page = await answer.text()
+    assert answer.status == 200 and 'id="bulk-confirm"' in page, page[:500]
+    assert "3 runs are to be cancelled" in page.split('id="bulk-count"')[1].split("</p>")[0]
+    async with console.client("client-a") as api:  # counting changed nothing
+        assert {(await api.get_run(run_id))[0].state for run_id in mine} != {RunState.CANCELLED}
+
+    done = await a.post("/runs/bulk/cancel", {"type": "reports", "confirm": "1"}, csrf=await a.csrf())
+    assert done.status == 303
+    status, page = await a.get(done.headers["Location"])
+    assert status == 200 and "3 runs cancelled." in page.split('id="note"')[1].split("</p>")[0]
+    async with console.client("client-a") as api:
+        assert {(await api.get_run(run_id))[0].state for run_id in mine} == {RunState.CANCELLED}
+        assert (await api.get_run(kept))[0].state is not RunState.CANCELLED  # another type
+    async with console.client("client-b") as api:
+        assert (await api.get_run(theirs))[0].state is not RunState.CANCELLED  # another tenant's
+    async with a.session.post(a.base + "/runs/bulk/cancel", data={"type": "reports", "csrf": await a.csrf()},
+                              allow_redirects=False) as answer:
+        page = await answer.text()
+    assert answer.status == 200 and "0 runs are" in page and 'id="bulk-confirm"' not in page  # nothing left
+    status, page = await b.get("/runs?type=reports")
+    assert theirs[:8] in page and not any(run_id[:8] in page for run_id in mine)

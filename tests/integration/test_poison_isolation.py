@@ -37,7 +37,7 @@ async def test_a_job_whose_write_fails_is_set_aside_and_the_rest_of_its_batch_la
         assert stored.error is not None and "writing its runs raised StorageError" in stored.error
         assert "error id" in stored.error
         assert dispatch.times_of(poisoned.job_id) == []
-        errored = await store.jobs.list_jobs("default", state=JobState.ERRORED)
+        errored = await store.jobs.list_jobs("default", states=[JobState.ERRORED])
         assert [job.job_id for job in errored.items] == [poisoned.job_id]
         assert await store.jobs.count_jobs(JobState.ERRORED) == 1
     finally:

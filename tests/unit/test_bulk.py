@@ -1,18 +1,19 @@
-"""A bulk action's loop (:mod:`fastlane.engine.bulk`) over a store that pages a fixed list of runs:
-the limit, the pages, runs changed meanwhile, a quota that stops the call and where it resumes."""
+"""A bulk action's loop (:mod:`fastlane.engine.bulk`) over a store that pages a fixed list of runs
+or jobs: the limit, the pages, items changed meanwhile, a quota that stops the call and where it
+resumes."""
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
-from fastlane.domain.errors import InvalidState, QuotaExceeded
-from fastlane.domain.models import Delivery, Run, RunState
-from fastlane.domain.records import Page, RunAction, RunFilter
+from fastlane.domain.errors import InvalidState, JobNotFound, QuotaExceeded
+from fastlane.domain.models import Delivery, Job, JobSpec, JobState, Run, RunState, Schedule
+from fastlane.domain.records import JobAction, JobFilter, Page, RunAction, RunFilter
 from fastlane.engine import bulk
 
 BASE = datetime(2027, 1, 1, tzinfo=UTC)
@@ -51,12 +52,39 @@ class PagedRuns:
 
 
 @dataclass
+class PagedJobs:
+    """The store's jobs as bulk uses them: in id order, pages by the last id."""
+
+    jobs: list[Job]
+    asked: list[dict[str, Any]] = field(default_factory=list)
+
+    async def list_jobs(self, tenant: str, *, states: Collection[JobState] = (), job_type: str | None = None,
+                        limit: int = 100, page_token: str = "") -> Page[Job]:
+        self.asked.append({"states": frozenset(states), "job_type": job_type, "limit": limit, "token": page_token})
+        selection = JobFilter(job_type=job_type, states=frozenset(states))
+        after = sorted((j for j in self.jobs if j.job_id > page_token and selection.matches(j)), key=lambda j: j.job_id)
+        items = after[:limit]
+        return Page(items=items, next_page_token=items[-1].job_id if len(after) > limit else "")
+
+    async def count_selected_jobs(self, tenant: str, selection: JobFilter) -> int:
+        self.asked.append({"count": selection})
+        return sum(1 for j in self.jobs if selection.matches(j))
+
+
+@dataclass
 class FakeStore:
     runs: PagedRuns
+    jobs: PagedJobs = field(default_factory=lambda: PagedJobs([]))
 
 
-def store_of(runs: list[Run]) -> Any:
-    return FakeStore(PagedRuns(runs))
+def store_of(runs: list[Run], jobs: Sequence[Job] = ()) -> Any:
+    return FakeStore(PagedRuns(runs), PagedJobs(list(jobs)))
+
+
+def job(index: int, state: JobState = JobState.ACTIVE, job_type: str = "billing") -> Job:
+    spec = JobSpec(name=f"job-{index}", job_type=job_type, schedule=Schedule.interval(timedelta(hours=1)), tenant="t")
+    return Job(job_id=f"job-{index:04d}", spec=spec, state=state, next_fire_at=BASE, version=1, shard_id=0,
+               created_at=BASE, updated_at=BASE)
 
 
 async def test_a_call_acts_on_at_most_its_limit_a_page_at_a_time_and_returns_where_to_go_on() -> None:
@@ -146,3 +174,44 @@ async def test_a_dry_run_counts_the_states_the_action_takes_within_the_selection
 ])
 def test_a_filter_takes_a_run_only_when_every_field_set_matches(field: str, value: object, taken: bool) -> None:
     assert RunFilter(**{field: value}).matches(run(1)) is taken  # type: ignore[arg-type]
+
+
+async def test_a_job_action_takes_the_states_its_verb_may_change_page_by_page_and_skips_jobs_gone_meanwhile() -> None:
+    jobs = [job(index) for index in range(bulk.PAGE + 20)]
+    jobs += [job(900, JobState.PAUSED), job(901, JobState.ERRORED), job(902, JobState.ACTIVE, "other")]
+    store = store_of([], jobs)
+    paused: list[str] = []
+
+    async def pause(tenant: str, listed: Job) -> bool:
+        if listed.job_id == "job-0003":
+            raise JobNotFound(listed.job_id)  # deleted since its page was read
+        paused.append(listed.job_id)
+        return True
+
+    billing = JobFilter(job_type="billing")
+    counted = await bulk.act_on_jobs(store, "t", JobAction.PAUSE, billing, verb=pause, dry_run=True, limit=10)
+    assert (counted.matched, paused) == (bulk.PAGE + 20, [])
+    first = await bulk.act_on_jobs(store, "t", JobAction.PAUSE, billing, verb=pause, dry_run=False, limit=bulk.PAGE + 5)
+    assert (first.matched, first.acted, first.skipped) == (bulk.PAGE + 5, bulk.PAGE + 4, 1)
+    assert [asked["limit"] for asked in store.jobs.asked[1:]] == [bulk.PAGE, 5]
+    assert {asked["states"] for asked in store.jobs.asked[1:]} == {frozenset({JobState.ACTIVE})}
+    rest = await bulk.act_on_jobs(store, "t", JobAction.PAUSE, billing, verb=pause, dry_run=False, limit=1000,
+                                  page_token=first.next_page_token)
+    assert (rest.matched, rest.next_page_token) == (15, "")
+    assert sorted(paused) == [j.job_id for j in jobs[:bulk.PAGE + 20] if j.job_id != "job-0003"]
+
+
+async def test_a_job_action_given_states_it_cannot_change_takes_none() -> None:
+    store = store_of([], [job(0, JobState.PAUSED), job(1, JobState.ERRORED), job(2, JobState.COMPLETED)])
+
+    async def verb(tenant: str, listed: Job) -> bool:
+        return True
+
+    active_or_completed = JobFilter(states=frozenset({JobState.ACTIVE, JobState.COMPLETED}))
+    assert (await bulk.act_on_jobs(store, "t", JobAction.RESUME, active_or_completed, verb=verb, dry_run=True,
+                                   limit=10)).matched == 0
+    assert store.jobs.asked == []  # refused before the store is asked
+    resumed = await bulk.act_on_jobs(store, "t", JobAction.RESUME, JobFilter(), verb=verb, dry_run=False, limit=10)
+    assert (resumed.matched, resumed.acted) == (2, 2)  # paused and errored; completed is not resume's
+    deleted = await bulk.act_on_jobs(store, "t", JobAction.DELETE, JobFilter(), verb=verb, dry_run=True, limit=10)
+    assert deleted.matched == 3  # a delete takes every state

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PUBLIC = [
     "ApiToken", "Attempt", "AttemptOutcome", "AuditAction", "AuditEvent", "AuditTarget", "BulkOutcome", "Client", "ClientTls",
     "ClockEstimate", "ClusterStatus", "ConfigurationError", "Delivery", "EffectResult", "FastlaneError", "Handler",
-    "InvalidArgument", "Job", "JobOptions", "JobSpec", "JobState", "MisfireKind", "MisfirePolicy", "NodeStatus",
+    "InvalidArgument", "Job", "JobAction", "JobFilter", "JobOptions", "JobSpec", "JobState", "MisfireKind", "MisfirePolicy", "NodeStatus",
     "OverlapPolicy", "Page", "PermanentError", "RemoteAlreadyExists", "RemoteError", "RemoteInvalidArgument",
     "RemoteNotFound", "RemotePermissionDenied", "RemoteUnauthenticated", "RemoteUnavailable", "RetryPolicy",
     "RetryableError", "Role", "Run", "RunAction", "RunContext", "RunFilter", "RunState", "Schedule", "ScheduleError", "ScheduleKind",

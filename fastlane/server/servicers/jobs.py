@@ -12,14 +12,15 @@ import grpc
 from fastlane._proto import common_pb2, jobs_pb2, jobs_pb2_grpc
 from fastlane.domain import schedules, validation
 from fastlane.domain.audit import AuditEvent
-from fastlane.domain.limits import DEFAULT_MAX_PAYLOAD_BYTES, MAX_PREVIEW
+from fastlane.domain.limits import DEFAULT_BULK_LIMIT, DEFAULT_MAX_PAYLOAD_BYTES, MAX_BULK_LIMIT, MAX_PREVIEW
 from fastlane.domain.models import JobSpec, ScheduleKind
 from fastlane.domain.records import Page
 from fastlane.domain.workflows import WORKFLOW_JOB_TYPE
 from fastlane.engine.operations import Operations
 from fastlane.errors import InvalidArgument
 from fastlane.rpc import wire
-from fastlane.rpc.enums import AUDIT_ACTION, AUDIT_TARGET, JOB_STATE
+from fastlane.rpc.enums import AUDIT_ACTION, AUDIT_TARGET, JOB_ACTION, JOB_STATE
+from fastlane.rpc.filters import job_filter_in
 from fastlane.server.guard import rpc, tenant_of
 from fastlane.server.quotas import QuotaGuard
 from fastlane.storage import Store
@@ -85,7 +86,7 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
                      and (name is None or job.name == name)]
             page = Page(items=found)
         else:
-            page = await self._store.jobs.list_jobs(tenant, state=state, job_type=job_type, limit=limit,
+            page = await self._store.jobs.list_jobs(tenant, states=[state] if state else [], job_type=job_type, limit=limit,
                                                page_token=request.page_token, name=name)
         jobs = [wire.job_to_pb(job) for job in page.items]
         if not request.include_payload:
@@ -126,6 +127,19 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
     ) -> jobs_pb2.DeleteJobResponse:
         await self._operations.delete_job(tenant_of(request.tenant), _job_id(request))
         return jobs_pb2.DeleteJobResponse()
+
+    @rpc
+    async def ActOnJobs(
+        self, request: jobs_pb2.ActOnJobsRequest,
+        context: grpc.aio.ServicerContext[jobs_pb2.ActOnJobsRequest, jobs_pb2.ActOnJobsResponse],
+    ) -> jobs_pb2.ActOnJobsResponse:
+        action = JOB_ACTION.member(request.action, "action")
+        selection = job_filter_in("selection.", job_type=request.selection.job_type, states=request.selection.states)
+        limit = validation.count("limit", request.limit, 0, MAX_BULK_LIMIT) or DEFAULT_BULK_LIMIT
+        outcome = await self._operations.act_on_jobs(tenant_of(request.tenant), action, selection,
+                                                     dry_run=request.dry_run, limit=limit, page_token=request.page_token)
+        return jobs_pb2.ActOnJobsResponse(matched=outcome.matched, acted=outcome.acted, skipped=outcome.skipped,
+                                          next_page_token=outcome.next_page_token)
 
     @rpc
     async def TriggerJob(

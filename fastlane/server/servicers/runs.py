@@ -11,7 +11,7 @@ from fastlane.domain.records import RunAction
 from fastlane.engine.operations import Operations
 from fastlane.rpc import wire
 from fastlane.rpc.enums import RUN_ACTION
-from fastlane.rpc.run_filters import run_filter_in
+from fastlane.rpc.filters import run_filter_in
 from fastlane.server.guard import rpc, tenant_of
 from fastlane.server.quotas import QuotaGuard
 from fastlane.storage import Store

@@ -3,10 +3,12 @@ set aside and delete; each change another node must hear of is notified inside i
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from fastlane.domain import lifecycle
 from fastlane.domain.errors import JobNotFound
 from fastlane.domain.models import Job, JobSpec, JobState, new_id, shard_of
-from fastlane.domain.records import Change, ChangeKind, Page
+from fastlane.domain.records import Change, ChangeKind, JobFilter, Page
 from fastlane.domain.schedules import first_fire
 from fastlane.domain.validation import validate_spec
 from fastlane.storage import codec, common
@@ -49,7 +51,7 @@ class SQLJobs(StorePart):
         self,
         tenant: str,
         *,
-        state: JobState | None = None,
+        states: Collection[JobState] = (),
         job_type: str | None = None,
         limit: int = 100,
         page_token: str = "",
@@ -59,12 +61,18 @@ class SQLJobs(StorePart):
         async with self._db.read() as tx:
             if name is not None:  # one row at most, found by the (tenant, name) index
                 found = await tx.fetchrow(self._q.JOB_BY_NAME, tenant, name)
-                return common.named_job_page(None if found is None else codec.build_job(found), state, job_type, after)
+                return common.named_job_page(None if found is None else codec.build_job(found),
+                                             JobFilter(job_type=job_type, states=frozenset(states)), after)
             rows = await tx.fetch(
-                self._q.LIST_JOBS, tenant, after, state.value if state else None, job_type,
+                self._q.LIST_JOBS, tenant, after, sorted(state.value for state in states), job_type,
                 common.page_limit(limit) + 1,
             )
         return common.page_of([codec.build_job(row) for row in rows], limit, common.job_page_key)
+
+    async def count_selected_jobs(self, tenant: str, selection: JobFilter) -> int:
+        async with self._db.read() as tx:
+            return int(await tx.fetchval(self._q.COUNT_SELECTED_JOBS, tenant,
+                                         sorted(state.value for state in selection.states), selection.job_type))
 
     async def update_job(self, tenant: str, job_id: str, spec: JobSpec) -> Job:
         validate_spec(spec)

@@ -83,9 +83,13 @@ class Statements:
     LIST_JOBS = """
         SELECT * FROM jobs
         WHERE tenant = $1 AND job_id > $2
-          AND ($3::text IS NULL OR state = $3) AND ($4::text IS NULL OR job_type = $4)
+          AND (cardinality($3::text[]) = 0 OR state = ANY($3::text[])) AND ($4::text IS NULL OR job_type = $4)
         ORDER BY job_id LIMIT $5
     """
+    # How many of a tenant's jobs a filter takes (a bulk action's dry run).
+    COUNT_SELECTED_JOBS = (
+        "SELECT count(*) FROM jobs WHERE tenant = $1 AND state = ANY($2::text[]) AND ($3::text IS NULL OR job_type = $3)"
+    )
     UPDATE_JOB = """
         UPDATE jobs SET job_type = $3, priority = $4, payload = $5, policies = $6::jsonb,
                         next_fire_at = $7, state = $8, version = version + 1, updated_at = $9

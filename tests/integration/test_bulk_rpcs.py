@@ -1,5 +1,6 @@
-"""``ActOnRuns`` through a real node and gRPC, on both backends: what a bad request is told, a
-retry over calls with their tokens, each run audited, and the tenant's waiting-runs quota."""
+"""``ActOnRuns`` and ``ActOnJobs`` through a real node and gRPC, on both backends: what a bad
+request is told, an action over calls with their tokens, each item audited, and the tenant's
+waiting-runs quota."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ from datetime import timedelta
 import grpc
 import pytest
 
-from fastlane._proto import common_pb2, runs_pb2, runs_pb2_grpc
+from fastlane._proto import common_pb2, jobs_pb2, jobs_pb2_grpc, runs_pb2, runs_pb2_grpc
 from fastlane.client import Client
-from fastlane.domain.models import AttemptOutcome, RetryPolicy, Run, RunState, Schedule
+from fastlane.domain.models import AttemptOutcome, JobState, RetryPolicy, Run, RunState, Schedule
 from fastlane.domain.quotas import TenantQuota
-from fastlane.domain.records import RunAction, RunFilter
+from fastlane.domain.records import JobAction, JobFilter, RunAction, RunFilter
+from fastlane.errors import RemoteNotFound
 from fastlane.rpc.channel import open_channel
 from fastlane.server.node import Node
 from fastlane.server.settings import Settings
@@ -111,3 +113,57 @@ async def test_a_retry_over_the_tenants_waiting_quota_stops_and_says_why(node: R
     [outcome] = outcomes  # stopped short: the iterator ends there
     assert (outcome.matched, outcome.acted) == (2, 2)
     assert "max_waiting_runs" in outcome.stopped_because and outcome.next_page_token
+
+
+@pytest.mark.parametrize(("request_fields", "named"), [
+    ({"action": 0}, "action"),
+    ({"action": 99}, "action"),
+    ({"selection": jobs_pb2.JobSelection(states=[common_pb2.JOB_STATE_PAUSED, 99])}, "selection.states[1]"),
+    ({"selection": jobs_pb2.JobSelection(job_type="not a type!")}, "selection.job_type"),
+    ({"limit": 10_001}, "limit"),
+    ({"limit": -1}, "limit"),
+    ({"page_token": "not-a-token"}, "page_token"),
+])
+async def test_a_bad_bulk_request_on_jobs_is_refused_naming_its_field(node: Running, request_fields, named) -> None:
+    fields = {"action": jobs_pb2.JOB_ACTION_PAUSE, **request_fields}
+    async with open_channel(node.address) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await jobs_pb2_grpc.JobServiceStub(channel).ActOnJobs(jobs_pb2.ActOnJobsRequest(**fields), timeout=10)
+    assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert named in (refused.value.details() or "")
+
+
+async def test_jobs_of_a_type_are_paused_resumed_and_deleted_call_after_call_each_audited(node: Running) -> None:
+    billing = JobFilter(job_type="billing.close")
+    async with Client(node.address) as client:
+        jobs = [await client.create(f"close-{index}", "billing.close", HOURLY) for index in range(5)]
+        other = await client.create("report", "reports.daily", HOURLY)
+        assert (await client.act_on_jobs(JobAction.PAUSE, billing, dry_run=True)).matched == 5
+        first = await client.act_on_jobs("pause", billing, limit=3)
+        assert (first.matched, first.acted, first.skipped) == (3, 3, 0) and first.next_page_token
+        rest = await client.act_on_jobs("pause", billing, limit=3, page_token=first.next_page_token)
+        assert (rest.matched, rest.acted, rest.next_page_token) == (2, 2, "")
+        for job in jobs:
+            paused = await client.get_job(job.job_id)
+            assert paused.state is JobState.PAUSED
+            assert [event.action.value for event in await client.list_audit("job", job.job_id)] == ["paused", "created"]
+        assert (await client.get_job(other.job_id)).state is JobState.ACTIVE
+        # Nothing of the type is active now: a second pause takes nothing.
+        assert (await client.act_on_jobs("pause", billing)).matched == 0
+
+        # A resume takes paused jobs; naming a state narrows it (here to none of them: errored).
+        none_errored = JobFilter(job_type="billing.close", states=frozenset({JobState.ERRORED}))
+        assert (await client.act_on_jobs("resume", none_errored, dry_run=True)).matched == 0
+        outcomes = [outcome async for outcome in client.act_on_all_jobs("resume", billing, limit=2)]
+        assert [outcome.acted for outcome in outcomes] == [2, 2, 1]
+        resumed = [await client.get_job(job.job_id) for job in jobs]
+        assert {job.state for job in resumed} == {JobState.ACTIVE}
+        assert all(job.next_fire_at is not None for job in resumed)
+
+        deleted = await client.act_on_jobs(JobAction.DELETE, billing)
+        assert (deleted.matched, deleted.acted) == (5, 5)
+        for job in jobs:
+            with pytest.raises(RemoteNotFound):
+                await client.get_job(job.job_id)
+            assert (await client.list_audit("job", job.job_id))[0].action.value == "deleted"
+        assert [job.job_id for job in (await client.list_jobs()).items] == [other.job_id]
