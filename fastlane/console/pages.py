@@ -23,7 +23,7 @@ from fastlane.console.rendering import CONSOLE, call_api, caller_of, render
 from fastlane.domain import lifecycle, schedules
 from fastlane.domain.access import Role
 from fastlane.domain.models import Job, JobState, RunState, ScheduleKind
-from fastlane.domain.records import RunAction
+from fastlane.domain.records import JobAction, RunAction
 from fastlane.errors import InvalidArgument
 from fastlane.rpc import wire
 from fastlane.rpc.enums import AUDIT_TARGET, JOB_STATE, RUN_STATE, WireEnum
@@ -31,6 +31,7 @@ from fastlane.rpc.enums import AUDIT_TARGET, JOB_STATE, RUN_STATE, WireEnum
 PAGE_SIZE = 50
 # Which bulk buttons the runs page offers for its state filter (any state: both).
 _BULK_TAKES = {action.value: sorted(state.value for state in lifecycle.TAKEN_BY[action]) for action in RunAction}
+_JOB_BULK_TAKES = {action.value: sorted(state.value for state in lifecycle.JOBS_TAKEN_BY[action]) for action in JobAction}
 ID_CHARS = frozenset("0123456789abcdefABCDEF-")
 PREVIEW_COUNT = 8
 HISTORY_EVENTS = 30
@@ -121,7 +122,7 @@ async def jobs(request: web.Request) -> web.Response:
         found, next_token = [wire.job_from_pb(m) for m in page.jobs], page.next_page_token
     return render(request, "jobs.html", jobs=found, q=q, state=state_text, job_type=job_type, next_token=next_token,
                   states=[s.value for s in JobState], describe=describe_schedule, note=_note(request),
-                  first_page=not token)
+                  first_page=not token, bulk_takes=_JOB_BULK_TAKES)
 
 
 async def job(request: web.Request) -> web.Response:

@@ -1,6 +1,6 @@
 """Seeded random and boundary input for every console form and filter: never a 500, never a dead node.
 
-The console's job form, its actions and the filters of its lists take text from the browser: each
+The console's job form, its actions, its bulk actions and the filters of its lists take text from the browser: each
 value is drawn from the suite's boundary strings (empty, 201 characters, 64 KiB, NUL and control
 characters, RTL marks, emoji, SQL and path noise) or random Unicode, and posted or put in a query
 string of a real node's console, on both backends. Every answer must be a page (200, a redirect, or
@@ -93,6 +93,14 @@ async def test_console_forms_and_filters_answer_bad_input_with_a_page(fuzz_backe
                     target_id = rng.choice(job_ids) if rng.random() < 0.5 else _text(rng)
                     path = f"/jobs/{quote(target_id, safe='')}/{quote(action, safe='')}"
                     request = browser.post(base + path, data={"csrf": csrf}, allow_redirects=False)
+                elif kind < 0.62:  # a bulk action's filter, counted (and now and then confirmed)
+                    items = rng.choice(("jobs", "runs"))
+                    action = rng.choice(("pause", "resume", "delete", "cancel", "retry", _text(rng)))
+                    fields = {key: _text(rng) if rng.random() < 0.7 else rng.choice((*JobState, *RunState))
+                              for key in rng.sample(("state", "type", "job"), rng.randint(0, 3))}
+                    fields |= {"csrf": csrf, "confirm": "1" if rng.random() < 0.2 else ""}
+                    request = browser.post(f"{base}/{items}/bulk/{quote(action, safe='')}", data=fields,
+                                           allow_redirects=False)
                 else:
                     request = browser.get(base + _query(rng), allow_redirects=False)
                 async with request as answer:

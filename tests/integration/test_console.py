@@ -472,3 +472,40 @@ async def test_bulk_actions_count_first_act_on_confirm_and_stay_in_the_tenant(co
     assert answer.status == 200 and "0 runs are" in page and 'id="bulk-confirm"' not in page  # nothing left
     status, page = await b.get("/runs?type=reports")
     assert theirs[:8] in page and not any(run_id[:8] in page for run_id in mine)
+
+
+async def test_bulk_job_actions_count_first_act_on_confirm_and_stay_in_the_tenant(console: SecuredNode,
+                                                                                 visitors: dict[str, Visitor]):
+    a, viewer = visitors["client-a"], visitors["viewer-a"]
+    async with console.client("client-a") as api:
+        closes = [(await api.create(f"close-{index}", "billing.close", HOURLY)).job_id for index in range(3)]
+        kept = (await api.create("mailer", "mail", HOURLY)).job_id
+    async with console.client("client-b") as api:
+        theirs = (await api.create("close-b", "billing.close", HOURLY)).job_id
+
+    status, page = await a.get("/jobs?type=billing.close")
+    assert status == 200 and all(f'id="bulk-{verb}"' in page for verb in ("pause", "resume", "delete"))
+    status, page = await a.get("/jobs?state=paused")  # paused jobs may be resumed or deleted, not paused
+    assert 'id="bulk-resume"' in page and 'id="bulk-delete"' in page and 'id="bulk-pause"' not in page
+    assert 'id="bulk-actions"' not in (await a.get("/jobs?q=close"))[1]  # a name search is not a selection
+    assert 'id="bulk-actions"' not in (await viewer.get("/jobs"))[1]
+    assert (await a.post("/jobs/bulk/cancel", {}, csrf=await a.csrf())).status == 404  # a run's verb
+
+    async with a.session.post(a.base + "/jobs/bulk/pause", data={"type": "billing.close", "csrf": await a.csrf()},
+                              allow_redirects=False) as answer:
+        page = await answer.text()
+    assert answer.status == 200 and 'id="bulk-confirm"' in page, page[:500]
+    assert "3 jobs are to be paused" in page.split('id="bulk-count"')[1].split("</p>")[0]
+    done = await a.post("/jobs/bulk/pause", {"type": "billing.close", "confirm": "1"}, csrf=await a.csrf())
+    assert done.status == 303
+    status, page = await a.get(done.headers["Location"])
+    assert status == 200 and "3 jobs paused." in page.split('id="note"')[1].split("</p>")[0]
+    done = await a.post("/jobs/bulk/delete", {"type": "billing.close", "state": "paused", "confirm": "1"},
+                        csrf=await a.csrf())
+    assert "3 jobs deleted." in (await a.get(done.headers["Location"]))[1]
+    async with console.client("client-a") as api:
+        assert [job.job_id for job in (await api.list_jobs()).items] == [kept]
+        for job_id in closes:
+            assert [event.action.value for event in await api.list_audit("job", job_id)][:2] == ["deleted", "paused"]
+    async with console.client("client-b") as api:
+        assert (await api.get_job(theirs)).state is JobState.ACTIVE  # another tenant's
