@@ -191,7 +191,7 @@ class JobSpec(_message.Message):
     def __init__(self, tenant: _Optional[str] = ..., name: _Optional[str] = ..., job_type: _Optional[str] = ..., schedule: _Optional[_Union[Schedule, _Mapping]] = ..., payload: _Optional[bytes] = ..., priority: _Optional[int] = ..., concurrency_key: _Optional[str] = ..., retry: _Optional[_Union[RetryPolicy, _Mapping]] = ..., misfire: _Optional[_Union[MisfirePolicy, _Mapping]] = ..., overlap: _Optional[_Union[OverlapPolicy, str]] = ..., delivery: _Optional[_Union[Delivery, str]] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., lease_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., concurrency_limit: _Optional[int] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("job_id", "spec", "state", "next_fire_at", "created_at", "updated_at", "version", "shard_id", "error")
+    __slots__ = ("job_id", "spec", "state", "next_fire_at", "created_at", "updated_at", "version", "shard_id", "error", "pause_reason")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -201,6 +201,7 @@ class Job(_message.Message):
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SHARD_ID_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    PAUSE_REASON_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     spec: JobSpec
     state: JobState
@@ -210,7 +211,8 @@ class Job(_message.Message):
     version: int
     shard_id: int
     error: str
-    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[_Union[JobState, str]] = ..., next_fire_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., version: _Optional[int] = ..., shard_id: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+    pause_reason: str
+    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[_Union[JobState, str]] = ..., next_fire_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., version: _Optional[int] = ..., shard_id: _Optional[int] = ..., error: _Optional[str] = ..., pause_reason: _Optional[str] = ...) -> None: ...
 
 class Run(_message.Message):
     __slots__ = ("run_id", "job_id", "tenant", "job_type", "scheduled_for", "available_at", "state", "attempts", "manual", "worker_id", "progress", "last_error", "created_at", "finished_at", "idempotency_key", "shard_id", "checkpoint_bytes", "cancel_requested", "first_attempt_at", "first_started_at")

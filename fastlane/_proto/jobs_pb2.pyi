@@ -61,20 +61,22 @@ class JobSelection(_message.Message):
     def __init__(self, job_type: _Optional[str] = ..., states: _Optional[_Iterable[_Union[_common_pb2.JobState, str]]] = ...) -> None: ...
 
 class ActOnJobsRequest(_message.Message):
-    __slots__ = ("tenant", "action", "selection", "dry_run", "limit", "page_token")
+    __slots__ = ("tenant", "action", "selection", "dry_run", "limit", "page_token", "reason")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     ACTION_FIELD_NUMBER: _ClassVar[int]
     SELECTION_FIELD_NUMBER: _ClassVar[int]
     DRY_RUN_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     action: JobAction
     selection: JobSelection
     dry_run: bool
     limit: int
     page_token: str
-    def __init__(self, tenant: _Optional[str] = ..., action: _Optional[_Union[JobAction, str]] = ..., selection: _Optional[_Union[JobSelection, _Mapping]] = ..., dry_run: _Optional[bool] = ..., limit: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+    reason: str
+    def __init__(self, tenant: _Optional[str] = ..., action: _Optional[_Union[JobAction, str]] = ..., selection: _Optional[_Union[JobSelection, _Mapping]] = ..., dry_run: _Optional[bool] = ..., limit: _Optional[int] = ..., page_token: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ActOnJobsResponse(_message.Message):
     __slots__ = ("matched", "acted", "skipped", "next_page_token")
@@ -161,12 +163,14 @@ class UpdateJobResponse(_message.Message):
     def __init__(self, job: _Optional[_Union[_common_pb2.Job, _Mapping]] = ...) -> None: ...
 
 class PauseJobRequest(_message.Message):
-    __slots__ = ("tenant", "job_id")
+    __slots__ = ("tenant", "job_id", "reason")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     job_id: str
-    def __init__(self, tenant: _Optional[str] = ..., job_id: _Optional[str] = ...) -> None: ...
+    reason: str
+    def __init__(self, tenant: _Optional[str] = ..., job_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class PauseJobResponse(_message.Message):
     __slots__ = ("job",)

@@ -47,6 +47,7 @@ async def act_on_selection(client: Client, args: argparse.Namespace) -> int:
     selection = JobFilter(job_type=args.job_type or None, states=frozenset(JobState(state) for state in args.states or ()))
 
     async def call(dry_run: bool, limit: int, page_token: str) -> BulkOutcome:
-        return await client.act_on_jobs(action, selection, dry_run=dry_run, limit=limit, page_token=page_token)
+        return await client.act_on_jobs(action, selection, dry_run=dry_run, limit=limit, page_token=page_token,
+                                        reason=getattr(args, "reason", ""))
 
     return await act_in_calls(call, WORDS[action], args)

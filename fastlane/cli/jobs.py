@@ -30,6 +30,7 @@ from fastlane.cli.views import (
     job_view,
     print_history,
     run_view,
+    state_shown,
 )
 from fastlane.client import Client
 from fastlane.domain.audit import AuditTarget
@@ -128,6 +129,9 @@ def register(commands: Any) -> None:
         action = actions.add_parser(name, parents=[remote], help=summary, description=described)
         action.add_argument("job_id", metavar="JOB", nargs="?" if bulk else None,
                             help="id or name of the job, or a unique start of its id")
+        if bulk is JobAction.PAUSE:
+            action.add_argument("--reason", metavar="TEXT", default="",
+                                help="why (at most 200 characters): kept with the job until it is resumed, and in its history")
         if bulk is not None:
             add_bulk_flags(action, bulk)
         json_flag(action)
@@ -311,7 +315,7 @@ JOB_COLUMNS = ("JOB_ID", "NAME", "TYPE", "STATE", "SCHEDULE", "NEXT_FIRE_AT")
 
 
 def _job_row(job: Job) -> tuple[Any, ...]:
-    return (job.job_id, job.name, job.job_type, job.state.value, describe_schedule(job.spec.schedule), job.next_fire_at)
+    return (job.job_id, job.name, job.job_type, state_shown(job), describe_schedule(job.spec.schedule), job.next_fire_at)
 
 
 def list_jobs(args: argparse.Namespace) -> int:
@@ -364,10 +368,13 @@ def act_on_job(args: argparse.Namespace) -> int:
             job = found
             message = f"job {job.job_id} ({job.name}) is already {job.state.value}; nothing changed"
         else:
-            fetch = {"pause": client.pause_job, "resume": client.resume_job}[args.action]
-            job = await fetch(args.job_id)
+            if args.action == "pause":
+                job = await client.pause_job(args.job_id, args.reason)
+            else:
+                job = await client.resume_job(args.job_id)
             next_fire = rfc3339(job.next_fire_at) or "-"
             message = f"{args.action}d job {job.job_id} ({job.name}): now {job.state.value}, next fire at {next_fire}"
+            message += f"; reason: {job.pause_reason}" if job.pause_reason else ""
         if args.json:
             print_json(job_view(job))
         else:

@@ -74,6 +74,7 @@ def job_view(job: Job) -> dict[str, Any]:
         "name": spec.name,
         "job_type": spec.job_type,
         "state": job.state.value,
+        "pause_reason": job.pause_reason,
         "error": job.error,
         "schedule": schedule_view(spec.schedule),
         "next_fire_at": rfc3339(job.next_fire_at),
@@ -103,6 +104,14 @@ def job_view(job: Job) -> dict[str, Any]:
     }
 
 
+def state_shown(job: Job, most: int = 32) -> str:
+    """A job's state for a table: a paused job's with the start of its reason."""
+    reason = job.pause_reason
+    if not reason:
+        return job.state.value
+    return f"{job.state.value} ({reason if len(reason) <= most else reason[:most - 1] + '…'})"
+
+
 def job_fields(job: Job) -> list[tuple[str, Any]]:
     """The rows of ``fastlane jobs get``."""
     spec = job.spec
@@ -114,6 +123,7 @@ def job_fields(job: Job) -> list[tuple[str, Any]]:
         ("tenant", spec.tenant),
         ("type", spec.job_type),
         ("state", job.state.value),
+        ("pause_reason", job.pause_reason),
         ("error", job.error),
         ("schedule", describe_schedule(spec.schedule)),
         ("next_fire_at", job.next_fire_at),

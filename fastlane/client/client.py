@@ -233,9 +233,10 @@ class Client:
         request = jobs_pb2.UpdateJobRequest(job_id=job_id, spec=wire.spec_to_pb(self._own(spec)))
         return wire.job_from_pb((await self._connection.call(self._connection.stubs.jobs.UpdateJob, request)).job)
 
-    async def pause_job(self, job_id: str) -> Job:
-        """Stop a job firing until it is resumed."""
-        request = jobs_pb2.PauseJobRequest(tenant=self.tenant, job_id=job_id)
+    async def pause_job(self, job_id: str, reason: str = "") -> Job:
+        """Stop a job firing until it is resumed; ``reason`` (at most 200 characters) stays with
+        it until then, and in its history."""
+        request = jobs_pb2.PauseJobRequest(tenant=self.tenant, job_id=job_id, reason=reason)
         return wire.job_from_pb((await self._connection.call(self._connection.stubs.jobs.PauseJob, request)).job)
 
     async def resume_job(self, job_id: str) -> Job:
@@ -249,20 +250,22 @@ class Client:
                                     jobs_pb2.DeleteJobRequest(tenant=self.tenant, job_id=job_id))
 
     async def act_on_jobs(self, action: JobAction | str, selection: JobFilter = JobFilter(), *, dry_run: bool = False,
-                          limit: int = 0, page_token: str = "") -> BulkOutcome:
-        """Pause, resume or delete (``action``) the jobs ``selection`` takes, ``limit`` at most (0:
-        the node's default, 1,000); with ``dry_run``, how many it would take. One call: continue
-        with the outcome's ``next_page_token``, or use :meth:`act_on_all_jobs`."""
+                          limit: int = 0, page_token: str = "", reason: str = "") -> BulkOutcome:
+        """Pause (with ``reason``, as :meth:`pause_job`), resume or delete (``action``) the jobs
+        ``selection`` takes, ``limit`` at most (0: the node's default, 1,000); with ``dry_run``,
+        how many it would take. One call: continue with the outcome's ``next_page_token``, or use
+        :meth:`act_on_all_jobs`."""
         request = jobs_pb2.ActOnJobsRequest(
             tenant=self.tenant, action=JOB_ACTION.named(action, "action"), dry_run=dry_run, limit=limit,
-            page_token=page_token, selection=job_selection_pb(selection))
+            page_token=page_token, selection=job_selection_pb(selection), reason=reason)
         return bulk_outcome_from_pb(await self._connection.call(self._connection.stubs.jobs.ActOnJobs, request))
 
-    def act_on_all_jobs(self, action: JobAction | str, selection: JobFilter = JobFilter(), *,
-                        limit: int = 0) -> AsyncIterator[BulkOutcome]:
+    def act_on_all_jobs(self, action: JobAction | str, selection: JobFilter = JobFilter(), *, limit: int = 0,
+                        reason: str = "") -> AsyncIterator[BulkOutcome]:
         """:meth:`act_on_jobs` call after call until the selection is done: each call's outcome
         as it comes, for progress."""
-        return _call_after_call(lambda token: self.act_on_jobs(action, selection, limit=limit, page_token=token))
+        return _call_after_call(
+            lambda token: self.act_on_jobs(action, selection, limit=limit, page_token=token, reason=reason))
 
     async def trigger_job(self, job_id: str) -> Run:
         """Run the job once, now, outside its schedule; returns the new run."""

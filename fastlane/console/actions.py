@@ -187,7 +187,8 @@ async def job_action(request: web.Request) -> web.StreamResponse:
     if action not in JOB_ACTIONS:
         raise web.HTTPNotFound(text=f"no job action {action!r}")
     method, request_type, response_type, done = JOB_ACTIONS[action]
-    answer = await call_api(request, method, request_type(job_id=job_id), response_type)
+    given = {"reason": str((await request.post()).get("reason", ""))} if action == "pause" else {}
+    answer = await call_api(request, method, request_type(job_id=job_id, **given), response_type)
     if action == "delete":
         return see_other("/jobs?done=deleted")
     if action == "trigger":

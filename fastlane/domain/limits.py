@@ -71,6 +71,7 @@ MAX_NAME_LENGTH = 200
 MAX_ID_LENGTH = 200
 MAX_CRON_LENGTH = 200
 MAX_TIMEZONE_LENGTH = 64
+MAX_PAUSE_REASON = 200  # characters of the reason a pause is given: all of it fits an audit event's detail
 MAX_ERROR_TEXT = 4_000  # error codes and messages reported by workers are cut to this
 MAX_ERROR_TRACEBACK = 16_000  # a failed attempt's traceback is cut to its last this many characters
 MAX_JOB_TYPES = 1_000  # job types one worker stream may declare

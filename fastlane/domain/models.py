@@ -232,6 +232,7 @@ class Job:
     updated_at: datetime
     version: int = 1
     error: str | None = None  # why it was set aside (state errored), with the error id of the log
+    pause_reason: str | None = None  # state paused: the reason the pause was given, if any
 
     @property
     def tenant(self) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection
 from dataclasses import replace
+from functools import partial
 
 from fastlane.auth.caller import current_caller
 from fastlane.domain.audit import AuditAction, AuditEvent, AuditTarget
@@ -44,8 +45,7 @@ class Operations:
         self._dispatcher = dispatcher
         self._trail = AuditTrail(store)
         self._verbs: dict[RunAction, bulk.Verb] = {RunAction.CANCEL: self._cancels, RunAction.RETRY: self._retries}
-        self._job_verbs: dict[JobAction, bulk.JobVerb] = {
-            JobAction.PAUSE: self._pauses, JobAction.RESUME: self._resumes, JobAction.DELETE: self._deletes}
+        self._job_verbs: dict[JobAction, bulk.JobVerb] = {JobAction.RESUME: self._resumes, JobAction.DELETE: self._deletes}
 
     # -- jobs -----------------------------------------------------------------------------------
 
@@ -63,10 +63,10 @@ class Operations:
         await self._audit(AuditAction.UPDATED, job, detail=f"version {job.version}")
         return job
 
-    async def pause_job(self, tenant: str, job_id: str) -> Job:
-        job = await self._store.jobs.pause_job(tenant, job_id)
+    async def pause_job(self, tenant: str, job_id: str, reason: str | None = None) -> Job:
+        job = await self._store.jobs.pause_job(tenant, job_id, reason)
         self.job_changed(job)
-        await self._audit(AuditAction.PAUSED, job)
+        await self._audit(AuditAction.PAUSED, job, detail=reason or "")
         return job
 
     async def resume_job(self, tenant: str, job_id: str) -> Job:
@@ -82,28 +82,29 @@ class Operations:
                                       target_id=job_id, job_id=job_id))
 
     async def act_on_jobs(self, tenant: str, action: JobAction, selection: JobFilter, *, dry_run: bool, limit: int,
-                          page_token: str = "") -> BulkOutcome:
-        """Pause, resume or delete every job ``selection`` takes, ``limit`` at most in this call
-        (see :mod:`.bulk`); each job is audited as its one-job step audits it."""
-        return await bulk.act_on_jobs(self._store, tenant, action, selection, verb=self._job_verbs[action],
-                                      dry_run=dry_run, limit=limit, page_token=page_token)
+                          page_token: str = "", reason: str | None = None) -> BulkOutcome:
+        """Pause (with ``reason``), resume or delete every job ``selection`` takes, ``limit`` at
+        most in this call (see :mod:`.bulk`); each job is audited as its one-job step audits it."""
+        verb = partial(self._pauses, reason=reason) if action is JobAction.PAUSE else self._job_verbs[action]
+        return await bulk.act_on_jobs(self._store, tenant, action, selection, verb=verb, dry_run=dry_run, limit=limit,
+                                      page_token=page_token)
 
     # The store answers a pause of a paused job (or a resume of an active one) with the job as it
     # is, and a job the page read as paused is skipped unaudited. One paused by someone else between
     # the page and the verb counts as this call's: the store's answer cannot tell the two apart.
-    async def _pauses(self, tenant: str, listed: Job) -> bool:
-        job = await self._store.jobs.pause_job(tenant, listed.job_id)
-        return await self._changed_state(AuditAction.PAUSED, listed, job)
+    async def _pauses(self, tenant: str, listed: Job, *, reason: str | None = None) -> bool:
+        job = await self._store.jobs.pause_job(tenant, listed.job_id, reason)
+        return await self._changed_state(AuditAction.PAUSED, listed, job, detail=reason or "")
 
     async def _resumes(self, tenant: str, listed: Job) -> bool:
         job = await self._store.jobs.resume_job(tenant, listed.job_id)
         return await self._changed_state(AuditAction.RESUMED, listed, job)
 
-    async def _changed_state(self, action: AuditAction, listed: Job, job: Job) -> bool:
+    async def _changed_state(self, action: AuditAction, listed: Job, job: Job, *, detail: str = "") -> bool:
         if job.state is listed.state:
             return False
         self.job_changed(job)
-        await self._audit(action, job)
+        await self._audit(action, job, detail=detail)
         return True
 
     async def _deletes(self, tenant: str, listed: Job) -> bool:

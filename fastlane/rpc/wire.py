@@ -213,6 +213,7 @@ def job_to_pb(job: Job) -> pb.Job:
         version=job.version,
         shard_id=job.shard_id,
         error=job.error or "",
+        pause_reason=job.pause_reason or "",
     )
 
 
@@ -276,6 +277,7 @@ def job_from_pb(message: pb.Job) -> Job:
         updated_at=message.updated_at.ToDatetime(tzinfo=UTC),
         version=message.version,
         error=message.error or None,
+        pause_reason=message.pause_reason or None,
     )
 
 

@@ -73,7 +73,10 @@ class JobStore(Protocol):
         """Replace a job's spec (name and tenant fixed); a new schedule recomputes ``next_fire_at``."""
         ...
 
-    async def pause_job(self, tenant: str, job_id: str) -> Job: ...
+    async def pause_job(self, tenant: str, job_id: str, reason: str | None = None) -> Job:
+        """Pause an active job, keeping ``reason`` with it until it is resumed; a job not active
+        is returned as it is."""
+        ...
 
     async def resume_job(self, tenant: str, job_id: str) -> Job:
         """Resume a paused or errored job. Occurrences missed meanwhile stay due, for the misfire policy."""

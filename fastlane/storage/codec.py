@@ -190,6 +190,7 @@ def build_job(row: Row) -> Job:
         updated_at=row["updated_at"],
         version=row["version"],
         error=row["error"],
+        pause_reason=row["pause_reason"],
     )
 
 

@@ -95,7 +95,7 @@ async def materialise_job(store, leases, job_id: str):
 
 
 async def test_migrate_is_idempotent_and_creates_the_shards(store):
-    assert await store.migrate() == 15  # 0015: jobs found by the start of their name
+    assert await store.migrate() == 16  # 0016: a paused job keeps the reason of its pause
     shards = await store.shards.list_shards()
     assert [shard.shard_id for shard in shards] == list(range(SHARDS))
     assert all(shard.owner == "" and shard.token == 0 for shard in shards)
@@ -150,6 +150,18 @@ async def test_list_jobs_pages_and_filters(store):
     assert (await store.jobs.list_jobs("other-tenant", name="job-3")).items == []
     with pytest.raises(InvalidArgument, match="page_token"):
         await store.jobs.list_jobs("default", page_token="not-a-token")
+
+
+async def test_a_paused_job_keeps_the_reason_of_its_pause_until_it_is_resumed(store):
+    job, _ = await store.jobs.create_job(spec("reasoned"))
+    paused = await store.jobs.pause_job("default", job.job_id, "ledger migration")
+    assert (paused.state, paused.pause_reason) == (JobState.PAUSED, "ledger migration")
+    assert (await store.jobs.get_job("default", job.job_id)).pause_reason == "ledger migration"
+    assert [found.pause_reason for found in (await store.jobs.list_jobs("default")).items] == ["ledger migration"]
+    assert (await store.jobs.pause_job("default", job.job_id, "other")).pause_reason == "ledger migration"  # unchanged
+    resumed = await store.jobs.resume_job("default", job.job_id)
+    assert (resumed.state, resumed.pause_reason) == (JobState.ACTIVE, None)
+    assert (await store.jobs.pause_job("default", job.job_id)).pause_reason is None  # none given
 
 
 async def test_jobs_are_listed_and_counted_by_a_set_of_states_within_the_tenant(store):

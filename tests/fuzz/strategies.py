@@ -467,13 +467,19 @@ def job_ref(draw: st.DrawFn, method: str) -> Probe:
     job_id = _pick(draw, strings(), fuzz_one_in=3)
     index = draw(st.integers(0, 10**6))
 
+    # A pause takes a reason: the boundary strings, or none.
+    reason = draw(st.one_of(st.just(""), strings(), st.just("r" * 201))) if method == "PauseJob" else ""
+
     def build(memory: Memory) -> Message:
         known = memory.job(index) or ("", "no-such-job", "")
-        return getattr(jobs_pb2, f"{method}Request")(tenant=known[0] if tenant is KNOWN else tenant,
-                                                     job_id=known[1] if job_id is KNOWN else job_id)
+        request = getattr(jobs_pb2, f"{method}Request")(tenant=known[0] if tenant is KNOWN else tenant,
+                                                        job_id=known[1] if job_id is KNOWN else job_id)
+        if reason:
+            request.reason = reason
+        return request
 
     fields = tuple(name for name, value in (("tenant", tenant), ("job_id", job_id)) if value is not KNOWN)
-    return Probe("JobService", method, fields, build)
+    return Probe("JobService", method, fields + (("reason",) if reason else ()), build)
 
 
 @st.composite
@@ -593,6 +599,9 @@ def act_on_jobs(draw: st.DrawFn) -> Probe:
     if token := draw(st.one_of(st.just(""), st.sampled_from(PAGE_TOKEN_EDGES), strings())):
         request.page_token = token
         fields.append("page_token")
+    if reason := draw(st.one_of(st.just(""), strings())):
+        request.reason = reason
+        fields.append("reason")
     return Probe("JobService", "ActOnJobs", tuple(fields), lambda memory: request)
 
 

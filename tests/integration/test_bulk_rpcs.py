@@ -11,14 +11,16 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 import grpc
+import orjson
 import pytest
 
 from fastlane._proto import common_pb2, jobs_pb2, jobs_pb2_grpc, runs_pb2, runs_pb2_grpc
+from fastlane.cli.main import main
 from fastlane.client import Client
 from fastlane.domain.models import AttemptOutcome, JobState, RetryPolicy, Run, RunState, Schedule
 from fastlane.domain.quotas import TenantQuota
 from fastlane.domain.records import JobAction, JobFilter, RunAction, RunFilter
-from fastlane.errors import RemoteNotFound
+from fastlane.errors import RemoteInvalidArgument, RemoteNotFound
 from fastlane.rpc.channel import open_channel
 from fastlane.server.node import Node
 from fastlane.server.settings import Settings
@@ -167,3 +169,52 @@ async def test_jobs_of_a_type_are_paused_resumed_and_deleted_call_after_call_eac
                 await client.get_job(job.job_id)
             assert (await client.list_audit("job", job.job_id))[0].action.value == "deleted"
         assert [job.job_id for job in (await client.list_jobs()).items] == [other.job_id]
+
+
+async def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    # main() runs its own event loop, so it runs in a thread while this loop serves the node.
+    code = await asyncio.to_thread(main, list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+async def test_a_pause_keeps_its_reason_until_the_resume_in_the_job_its_history_and_the_cli(
+        node: Running, capsys: pytest.CaptureFixture[str]) -> None:
+    remote = ("--server", node.address)
+    async with Client(node.address) as client:
+        job = await client.create("ledger-close", "billing.close", HOURLY)
+        other = await client.create("ledger-open", "billing.close", HOURLY)
+        code, out, err = await run_cli(capsys, "jobs", "pause", "ledger-close", "--reason", "  ledger migration  ",
+                                       *remote)
+        assert code == 0 and out.strip().endswith("; reason: ledger migration"), err
+        paused = await client.get_job(job.job_id)
+        assert (paused.state, paused.pause_reason) == (JobState.PAUSED, "ledger migration")
+        assert [(event.action.value, event.detail) for event in await client.list_audit("job", job.job_id)][0] == \
+            ("paused", "ledger migration")
+        code, out, _ = await run_cli(capsys, "jobs", "list", *remote)
+        assert "paused (ledger migration)" in out
+        code, out, _ = await run_cli(capsys, "jobs", "get", "ledger-close", "--json", *remote)
+        assert orjson.loads(out)["pause_reason"] == "ledger migration"
+        # A second pause changes nothing, the reason included.
+        assert (await client.pause_job(job.job_id, "another")).pause_reason == "ledger migration"
+        resumed = await client.resume_job(job.job_id)
+        assert (resumed.state, resumed.pause_reason) == (JobState.ACTIVE, None)
+
+        # A bulk pause gives each job the reason; a reason is a pause's only.
+        outcome = await client.act_on_jobs(JobAction.PAUSE, JobFilter(job_type="billing.close"), reason="quarter end")
+        assert (outcome.matched, outcome.acted) == (2, 2)
+        assert {(await client.get_job(j.job_id)).pause_reason for j in (job, other)} == {"quarter end"}
+        assert (await client.list_audit("job", other.job_id))[0].detail == "quarter end"
+        with pytest.raises(RemoteInvalidArgument, match="reason"):
+            await client.act_on_jobs(JobAction.RESUME, JobFilter(), reason="why not")
+
+
+@pytest.mark.parametrize("reason", ["x" * 201, "tab\tinside", "bell\x07"])
+async def test_a_pause_reason_over_its_bounds_is_refused_naming_it(node: Running, reason: str) -> None:
+    async with Client(node.address) as client:
+        job = await client.create("bounded", "t", HOURLY)
+        with pytest.raises(RemoteInvalidArgument, match="reason"):
+            await client.pause_job(job.job_id, reason)
+        with pytest.raises(RemoteInvalidArgument, match="reason"):
+            await client.act_on_jobs(JobAction.PAUSE, JobFilter(), reason=reason)
+        assert (await client.get_job(job.job_id)).state is JobState.ACTIVE

@@ -174,9 +174,13 @@ async def test_a_job_made_in_the_console_runs_the_api_rules_and_stays_in_its_ten
 
     # The owner pauses, resumes, triggers and deletes it; each is in the job's history.
     csrf = await a.csrf()
-    assert (await a.post(f"/jobs/{job_id}/pause", {}, csrf=csrf)).headers["Location"] == f"/jobs/{job_id}?done=paused"
+    paused = await a.post(f"/jobs/{job_id}/pause", {"reason": "ledger <migration>"}, csrf=csrf)
+    assert paused.headers["Location"] == f"/jobs/{job_id}?done=paused"
     async with console.client("client-a") as api:
         assert (await api.get_job(job_id)).state is JobState.PAUSED
+    page = (await a.get(f"/jobs/{job_id}"))[1]
+    assert "ledger &lt;migration&gt;" in page.split('id="pause-reason"')[1].split("</small>")[0]  # shown, escaped
+    assert "ledger &lt;migration&gt;" in (await a.get("/jobs?state=paused"))[1]
     assert (await a.post(f"/jobs/{job_id}/resume", {}, csrf=csrf)).status == 303
     triggered = await a.post(f"/jobs/{job_id}/trigger", {}, csrf=csrf)
     run_id = triggered.headers["Location"].split("/runs/")[1].split("?")[0]

@@ -757,8 +757,12 @@ def test_runs_list_since_and_until_take_an_instant_or_a_duration_ago(
     (("runs", "retry", "0d43aa", "--type", "billing"), "a RUN_ID or a selection"),
     (("runs", "retry", "0d43aa", "--yes"), "--dry-run, --yes and --limit go with a selection"),
     (("runs", "cancel", "--type", "billing", "--since", "1h", "--until", "2h"), "--until must be later than --since"),
+    (("jobs", "pause"), "give a JOB, or select jobs with --type or --state"),
+    (("jobs", "delete", "nightly", "--type", "billing"), "a JOB or a selection"),
+    (("jobs", "resume", "nightly", "--dry-run"), "--dry-run, --yes and --limit go with a selection, not a JOB"),
+    (("jobs", "pause", "--state", "paused"), "invalid choice: 'paused'"),  # a pause takes active jobs only
 ])
-def test_a_bulk_action_wants_a_run_or_a_selection_and_says_which_before_reaching_a_node(
+def test_a_bulk_action_wants_one_run_or_job_or_a_selection_and_says_which_before_reaching_a_node(
     capsys: pytest.CaptureFixture[str], no_daemon: None, argv: tuple[str, ...], said: str
 ) -> None:
     code, _, err = run(capsys, *argv)

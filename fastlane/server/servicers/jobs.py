@@ -12,9 +12,15 @@ import grpc
 from fastlane._proto import common_pb2, jobs_pb2, jobs_pb2_grpc
 from fastlane.domain import schedules, validation
 from fastlane.domain.audit import AuditEvent
-from fastlane.domain.limits import DEFAULT_BULK_LIMIT, DEFAULT_MAX_PAYLOAD_BYTES, MAX_BULK_LIMIT, MAX_PREVIEW
+from fastlane.domain.limits import (
+    DEFAULT_BULK_LIMIT,
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    MAX_BULK_LIMIT,
+    MAX_PAUSE_REASON,
+    MAX_PREVIEW,
+)
 from fastlane.domain.models import JobSpec, ScheduleKind
-from fastlane.domain.records import Page
+from fastlane.domain.records import JobAction, Page
 from fastlane.domain.workflows import WORKFLOW_JOB_TYPE
 from fastlane.engine.operations import Operations
 from fastlane.errors import InvalidArgument
@@ -109,7 +115,7 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
         self, request: jobs_pb2.PauseJobRequest,
         context: grpc.aio.ServicerContext[jobs_pb2.PauseJobRequest, jobs_pb2.PauseJobResponse],
     ) -> jobs_pb2.PauseJobResponse:
-        job = await self._operations.pause_job(tenant_of(request.tenant), _job_id(request))
+        job = await self._operations.pause_job(tenant_of(request.tenant), _job_id(request), _reason(request.reason))
         return jobs_pb2.PauseJobResponse(job=wire.job_to_pb(job))
 
     @rpc
@@ -136,8 +142,11 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
         action = JOB_ACTION.member(request.action, "action")
         selection = job_filter_in("selection.", job_type=request.selection.job_type, states=request.selection.states)
         limit = validation.count("limit", request.limit, 0, MAX_BULK_LIMIT) or DEFAULT_BULK_LIMIT
+        if request.reason and action is not JobAction.PAUSE:
+            raise InvalidArgument("reason", "only a pause takes a reason")
         outcome = await self._operations.act_on_jobs(tenant_of(request.tenant), action, selection,
-                                                     dry_run=request.dry_run, limit=limit, page_token=request.page_token)
+                                                     dry_run=request.dry_run, limit=limit, page_token=request.page_token,
+                                                     reason=_reason(request.reason))
         return jobs_pb2.ActOnJobsResponse(matched=outcome.matched, acted=outcome.acted, skipped=outcome.skipped,
                                           next_page_token=outcome.next_page_token)
 
@@ -196,3 +205,8 @@ JobNamed = (jobs_pb2.GetJobRequest | jobs_pb2.PauseJobRequest | jobs_pb2.ResumeJ
 
 def _job_id(request: JobNamed) -> str:
     return validation.identifier("job_id", request.job_id)
+
+
+def _reason(text: str) -> str | None:
+    """A pause's reason: bounded, no control characters; empty: none."""
+    return validation.text("reason", text.strip(), max_length=MAX_PAUSE_REASON) or None

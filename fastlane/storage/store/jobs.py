@@ -95,8 +95,8 @@ class SQLJobs(StorePart):
             await _notify(tx, job)
         return job
 
-    async def pause_job(self, tenant: str, job_id: str) -> Job:
-        return await self._change_state(tenant, job_id, JobState.PAUSED, "pause")
+    async def pause_job(self, tenant: str, job_id: str, reason: str | None = None) -> Job:
+        return await self._change_state(tenant, job_id, JobState.PAUSED, "pause", reason)
 
     async def resume_job(self, tenant: str, job_id: str) -> Job:
         return await self._change_state(tenant, job_id, JobState.ACTIVE, "resume")
@@ -111,14 +111,15 @@ class SQLJobs(StorePart):
         async with self._db.read() as tx:
             return int(await tx.fetchval(self._q.COUNT_JOBS, state.value))
 
-    async def _change_state(self, tenant: str, job_id: str, target: JobState, verb: str) -> Job:
+    async def _change_state(self, tenant: str, job_id: str, target: JobState, verb: str,
+                            reason: str | None = None) -> Job:
         async with self._db.write() as tx:
             row = await tx.fetchrow(self._q.LOCK_JOB, job_id, tenant)
             if row is None:
                 raise JobNotFound(job_id)
             if not lifecycle.job_state_change(job_id, row["state"], target, verb):
                 return codec.build_job(row)
-            row = await tx.fetchrow(self._q.CHANGE_JOB_STATE, job_id, target.value)
+            row = await tx.fetchrow(self._q.CHANGE_JOB_STATE, job_id, target.value, reason)
             assert row is not None, "LOCK_JOB holds the job (its row lock, or the one writer)"
             job = codec.build_job(row)
             await _notify(tx, job)

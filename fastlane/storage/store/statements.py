@@ -102,7 +102,8 @@ class Statements:
     )
     COUNT_JOBS = "SELECT count(*) FROM jobs WHERE state = $1"
     CHANGE_JOB_STATE = (
-        "UPDATE jobs SET state = $2, error = NULL, version = version + 1, updated_at = clock_timestamp() "
+        "UPDATE jobs SET state = $2, error = NULL, pause_reason = $3, version = version + 1, "
+        "updated_at = clock_timestamp() "
         "WHERE job_id = $1 RETURNING *"
     )
     DELETE_JOB = "DELETE FROM jobs WHERE job_id = $1 AND tenant = $2 RETURNING shard_id"
