@@ -22,7 +22,7 @@ from yarl import URL
 
 from fastlane._proto import jobs_pb2, runs_pb2
 from fastlane.console.gateway import CallRefused
-from fastlane.console.rendering import call_api, render, see_other
+from fastlane.console.rendering import call_api, job_id_named, render, see_other
 from fastlane.domain.records import JobAction, RunAction
 from fastlane.errors import InvalidArgument
 from fastlane.rpc.enums import JOB_ACTION, JOB_STATE, RUN_ACTION, RUN_STATE
@@ -75,7 +75,7 @@ async def act_on_runs(request: web.Request) -> web.StreamResponse:
     action = RunAction(_action_of(request, "runs"))
     form = await request.post()
     back = {key: str(form.get(key, "")).strip() for key in ("state", "job", "type")}
-    selection = runs_pb2.RunSelection(job_id=back["job"], job_type=back["type"],
+    selection = runs_pb2.RunSelection(job_id=await job_id_named(request, back["job"]), job_type=back["type"],
                                       states=_states(RUN_STATE, back["state"]))
     ask = runs_pb2.ActOnRunsRequest(action=RUN_ACTION.number(action), selection=selection)
     return await _count_or_act(request, form, ask, "RunService/ActOnRuns", runs_pb2.ActOnRunsResponse, back)

@@ -19,7 +19,7 @@ from fastlane.client.convert import audit_event_from_pb, step_views_from_pb, wor
 from fastlane.console.bulk import bulk_note
 from fastlane.console.chart import lag_chart
 from fastlane.console.gateway import CallRefused
-from fastlane.console.rendering import CONSOLE, call_api, caller_of, render
+from fastlane.console.rendering import CONSOLE, call_api, caller_of, job_id_named, render
 from fastlane.domain import lifecycle, schedules
 from fastlane.domain.access import Role
 from fastlane.domain.models import Job, JobState, RunState, ScheduleKind
@@ -171,8 +171,8 @@ async def runs(request: web.Request) -> web.Response:
     state, job_id, job_type, token = (query.get(k, "").strip() for k in ("state", "job", "type", "page"))
     state_value = _filter_value(RUN_STATE, state, "state")
     page = await call_api(request, "RunService/ListRuns", runs_pb2.ListRunsRequest(
-        states=[state_value] if state_value else [], job_id=job_id, job_type=job_type, page_size=PAGE_SIZE,
-        page_token=token), runs_pb2.ListRunsResponse)
+        states=[state_value] if state_value else [], job_id=await job_id_named(request, job_id), job_type=job_type,
+        page_size=PAGE_SIZE, page_token=token), runs_pb2.ListRunsResponse)
     return render(request, "runs.html", runs=[wire.run_from_pb(m) for m in page.runs], state=state, job_id=job_id,
                   job_type=job_type, bulk_takes=_BULK_TAKES,
                   next_token=page.next_page_token, states=[s.value for s in RunState], lag=run_lag, took=run_duration,

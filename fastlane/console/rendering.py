@@ -11,6 +11,7 @@ import grpc
 import jinja2
 from aiohttp import web
 
+from fastlane._proto import jobs_pb2
 from fastlane.auth.authenticator import Authenticator
 from fastlane.auth.caller import Caller
 from fastlane.console import formatting
@@ -59,6 +60,20 @@ def session_of(request: web.Request) -> Session:
 async def call_api(request: web.Request, method: str, message: Any, response_type: type[Any]) -> Any:
     """Call the API's ``method`` (``"Service/Method"``) as the request's caller (see :class:`Gateway`)."""
     return await request.app[CONSOLE].gateway.call(caller_of(request), method, message, response_type)
+
+
+async def job_id_named(request: web.Request, text: str) -> str:
+    """The id of the job a filter names: by its name, else ``text`` is taken as an id (empty: none)."""
+    if not text:
+        return ""
+    try:
+        found = await call_api(request, "JobService/ListJobs", jobs_pb2.ListJobsRequest(name=text, page_size=1),
+                               jobs_pb2.ListJobsResponse)
+    except CallRefused as refusal:  # not a valid name: an id, or nothing any job has
+        if refusal.code is not grpc.StatusCode.INVALID_ARGUMENT:
+            raise
+        return text
+    return found.jobs[0].job_id if found.jobs else text
 
 
 def render(request: web.Request, template: str, *, status: int = 200, **context: Any) -> web.Response:

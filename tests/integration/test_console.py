@@ -181,6 +181,7 @@ async def test_a_job_made_in_the_console_runs_the_api_rules_and_stays_in_its_ten
     page = (await a.get(f"/jobs/{job_id}"))[1]
     assert "ledger &lt;migration&gt;" in page.split('id="pause-reason"')[1].split("</small>")[0]  # shown, escaped
     assert "ledger &lt;migration&gt;" in (await a.get("/jobs?state=paused"))[1]
+    assert "paused" in page.split('id="job-version"')[1].split("</dd>")[0]  # its last change, not its last fire
     assert (await a.post(f"/jobs/{job_id}/resume", {}, csrf=csrf)).status == 303
     triggered = await a.post(f"/jobs/{job_id}/trigger", {}, csrf=csrf)
     run_id = triggered.headers["Location"].split("/runs/")[1].split("?")[0]
@@ -440,6 +441,9 @@ async def test_bulk_actions_count_first_act_on_confirm_and_stay_in_the_tenant(co
 
     status, page = await a.get("/runs?type=reports")
     assert status == 200 and 'id="bulk-cancel"' in page and 'id="bulk-retry"' in page
+    shown = re.compile(r'data-run-id="([^"]+)"')
+    by_name = shown.findall((await a.get("/runs?job=reports"))[1])  # a job's name finds its runs, as its id does
+    assert sorted(by_name) == sorted(mine) == sorted(shown.findall((await a.get(f"/runs?job={reports.job_id}"))[1]))
     status, page = await a.get("/runs?state=dead")  # dead runs may be retried, not cancelled
     assert 'id="bulk-retry"' in page and 'id="bulk-cancel"' not in page
     assert 'id="bulk-actions"' not in (await viewer.get("/runs"))[1]
