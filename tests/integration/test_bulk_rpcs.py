@@ -70,21 +70,33 @@ async def dead_runs(client: Client, store: Store, count: int) -> list[Run]:
     return runs
 
 
-@pytest.mark.parametrize(("request_fields", "named"), [
-    ({"action": 0}, "action"),
-    ({"action": 99}, "action"),
-    ({"selection": runs_pb2.RunSelection(states=[common_pb2.RUN_STATE_DEAD, 99])}, "selection.states[1]"),
-    ({"selection": runs_pb2.RunSelection(job_type="not a type!")}, "selection.job_type"),
-    ({"selection": runs_pb2.RunSelection(job_id="x" * 201)}, "selection.job_id"),
-    ({"limit": 10_001}, "limit"),
-    ({"limit": -1}, "limit"),
-    ({"page_token": "not-a-token"}, "page_token"),
+# Each bulk RPC: its stub's method, its request, and a valid action to start from.
+def _act_on_runs(channel: grpc.aio.Channel, **fields: object) -> object:
+    request = runs_pb2.ActOnRunsRequest(**{"action": runs_pb2.RUN_ACTION_CANCEL, **fields})
+    return runs_pb2_grpc.RunServiceStub(channel).ActOnRuns(request, timeout=10)
+
+
+def _act_on_jobs(channel: grpc.aio.Channel, **fields: object) -> object:
+    request = jobs_pb2.ActOnJobsRequest(**{"action": jobs_pb2.JOB_ACTION_PAUSE, **fields})
+    return jobs_pb2_grpc.JobServiceStub(channel).ActOnJobs(request, timeout=10)
+
+
+@pytest.mark.parametrize(("rpc", "request_fields", "named"), [
+    *((rpc, {"action": action}, "action") for rpc in (_act_on_runs, _act_on_jobs) for action in (0, 99)),
+    *((rpc, {"limit": limit}, "limit") for rpc in (_act_on_runs, _act_on_jobs) for limit in (10_001, -1)),
+    *((rpc, {"page_token": "not-a-token"}, "page_token") for rpc in (_act_on_runs, _act_on_jobs)),
+    (_act_on_runs, {"selection": runs_pb2.RunSelection(states=[common_pb2.RUN_STATE_DEAD, 99])}, "selection.states[1]"),
+    (_act_on_runs, {"selection": runs_pb2.RunSelection(job_type="not a type!")}, "selection.job_type"),
+    (_act_on_runs, {"selection": runs_pb2.RunSelection(job_id="x" * 201)}, "selection.job_id"),
+    (_act_on_jobs, {"selection": jobs_pb2.JobSelection(states=[common_pb2.JOB_STATE_PAUSED, 99])}, "selection.states[1]"),
+    (_act_on_jobs, {"selection": jobs_pb2.JobSelection(job_type="not a type!")}, "selection.job_type"),
+    (_act_on_jobs, {"reason": "tab\tinside"}, "reason"),
+    (_act_on_jobs, {"action": jobs_pb2.JOB_ACTION_DELETE, "reason": "why"}, "reason"),  # a pause's only
 ])
-async def test_a_bad_bulk_request_is_refused_naming_its_field(node: Running, request_fields, named) -> None:
-    fields = {"action": runs_pb2.RUN_ACTION_CANCEL, **request_fields}
+async def test_a_bad_bulk_request_is_refused_naming_its_field(node: Running, rpc, request_fields, named) -> None:
     async with open_channel(node.address) as channel:
         with pytest.raises(grpc.aio.AioRpcError) as refused:
-            await runs_pb2_grpc.RunServiceStub(channel).ActOnRuns(runs_pb2.ActOnRunsRequest(**fields), timeout=10)
+            await rpc(channel, **request_fields)
     assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert named in (refused.value.details() or "")
 
@@ -115,24 +127,6 @@ async def test_a_retry_over_the_tenants_waiting_quota_stops_and_says_why(node: R
     [outcome] = outcomes  # stopped short: the iterator ends there
     assert (outcome.matched, outcome.acted) == (2, 2)
     assert "max_waiting_runs" in outcome.stopped_because and outcome.next_page_token
-
-
-@pytest.mark.parametrize(("request_fields", "named"), [
-    ({"action": 0}, "action"),
-    ({"action": 99}, "action"),
-    ({"selection": jobs_pb2.JobSelection(states=[common_pb2.JOB_STATE_PAUSED, 99])}, "selection.states[1]"),
-    ({"selection": jobs_pb2.JobSelection(job_type="not a type!")}, "selection.job_type"),
-    ({"limit": 10_001}, "limit"),
-    ({"limit": -1}, "limit"),
-    ({"page_token": "not-a-token"}, "page_token"),
-])
-async def test_a_bad_bulk_request_on_jobs_is_refused_naming_its_field(node: Running, request_fields, named) -> None:
-    fields = {"action": jobs_pb2.JOB_ACTION_PAUSE, **request_fields}
-    async with open_channel(node.address) as channel:
-        with pytest.raises(grpc.aio.AioRpcError) as refused:
-            await jobs_pb2_grpc.JobServiceStub(channel).ActOnJobs(jobs_pb2.ActOnJobsRequest(**fields), timeout=10)
-    assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
-    assert named in (refused.value.details() or "")
 
 
 async def test_jobs_of_a_type_are_paused_resumed_and_deleted_call_after_call_each_audited(node: Running) -> None:
