@@ -131,11 +131,17 @@ class ListRunsResponse(_message.Message):
     def __init__(self, runs: _Optional[_Iterable[_Union[_common_pb2.Run, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class GetRunResponse(_message.Message):
-    __slots__ = ("run", "attempts", "checkpoint")
+    __slots__ = ("run", "attempts", "checkpoint", "payload", "output", "payloads_hidden")
     RUN_FIELD_NUMBER: _ClassVar[int]
     ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    PAYLOADS_HIDDEN_FIELD_NUMBER: _ClassVar[int]
     run: _common_pb2.Run
     attempts: _containers.RepeatedCompositeFieldContainer[_common_pb2.Attempt]
     checkpoint: bytes
-    def __init__(self, run: _Optional[_Union[_common_pb2.Run, _Mapping]] = ..., attempts: _Optional[_Iterable[_Union[_common_pb2.Attempt, _Mapping]]] = ..., checkpoint: _Optional[bytes] = ...) -> None: ...
+    payload: bytes
+    output: bytes
+    payloads_hidden: bool
+    def __init__(self, run: _Optional[_Union[_common_pb2.Run, _Mapping]] = ..., attempts: _Optional[_Iterable[_Union[_common_pb2.Attempt, _Mapping]]] = ..., checkpoint: _Optional[bytes] = ..., payload: _Optional[bytes] = ..., output: _Optional[bytes] = ..., payloads_hidden: _Optional[bool] = ...) -> None: ...

@@ -89,6 +89,11 @@ def register(commands: Any) -> None:
         "trusted hosts can reach (default: pseudonyms)",
     )
     serve.add_argument(
+        "--hide-payloads", action="store_true",
+        help="never show a job's payload or a run's input, output or checkpoint (API and console), to any role; "
+        "without it, every role but viewer sees them",
+    )
+    serve.add_argument(
         "--health", metavar="HOST:PORT",
         help="also serve the gRPC health service alone, without TLS or token, on this address (any address: it "
         "tells only SERVING or NOT_SERVING); for Kubernetes gRPC probes when the API uses TLS (default: off)",
@@ -326,6 +331,7 @@ def serve_node(args: argparse.Namespace) -> int:
         node_id=args.node_id or default_node_id(),
         metrics_listen=args.metrics,
         metrics_names=args.metrics_names,
+        hide_payloads=args.hide_payloads,
         health_listen=args.health,
         console_listen=args.console,
         auth=args.auth,

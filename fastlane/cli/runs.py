@@ -31,6 +31,8 @@ from fastlane.cli.views import (
     print_tracebacks,
     run_duration,
     run_fields,
+    run_io_fields,
+    run_io_view,
     run_lag,
     run_view,
 )
@@ -254,10 +256,10 @@ def get_run(args: argparse.Namespace) -> int:
         run, attempts = await client.get_run(await resolve_run(client, args.run_id))
         history = await fetch_history(client, AuditTarget.RUN, run.run_id)
         if args.json:
-            print_json({**run_view(run), "attempts": [attempt_view(attempt) for attempt in attempts],
+            print_json({**run_view(run), **run_io_view(run), "attempts": [attempt_view(attempt) for attempt in attempts],
                         "history": None if history is None else [audit_view(event) for event in history]})
             return 0
-        print_fields(run_fields(run))
+        print_fields(run_fields(run) + run_io_fields(run))
         if attempts:
             print()
             print_table(

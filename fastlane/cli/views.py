@@ -176,6 +176,25 @@ def run_view(run: Run) -> dict[str, Any]:
     }
 
 
+def run_io_view(run: Run) -> dict[str, Any]:
+    """What ``runs get`` adds to ``run_view``: the run's input (its payload, as :func:`payload_view`
+    gives it) and its ``output``, what its handler returned (JSON)."""
+    try:
+        output = orjson.loads(run.output) if run.output else None
+    except orjson.JSONDecodeError:  # the node keeps JSON only; a value from elsewhere is shown as text
+        output = run.output.decode(errors="replace") if run.output else None
+    return {**payload_view(run.payload), "output": output}
+
+
+def run_io_fields(run: Run) -> list[tuple[str, Any]]:
+    """``run_io_view`` for a person: JSON on one line, bytes that are not JSON by their size."""
+    view = run_io_view(run)
+    shown = "-" if view["payload"] is None else orjson.dumps(view["payload"]).decode()
+    if "payload_base64" in view:
+        shown = f"{len(run.payload):,} bytes, not JSON (--json has them, base64)"
+    return [("input", shown), ("output", "-" if view["output"] is None else orjson.dumps(view["output"]).decode())]
+
+
 def run_fields(run: Run) -> list[tuple[str, Any]]:
     """``run_view`` for a person: progress in percent, the checkpoint's size instead of its bytes."""
     view = run_view(run)

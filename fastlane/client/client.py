@@ -251,10 +251,9 @@ class Client:
 
     async def act_on_jobs(self, action: JobAction | str, selection: JobFilter = JobFilter(), *, dry_run: bool = False,
                           limit: int = 0, page_token: str = "", reason: str = "") -> BulkOutcome:
-        """Pause (with ``reason``, as :meth:`pause_job`), resume or delete (``action``) the jobs
-        ``selection`` takes, ``limit`` at most (0: the node's default, 1,000); with ``dry_run``,
-        how many it would take. One call: continue with the outcome's ``next_page_token``, or use
-        :meth:`act_on_all_jobs`."""
+        """Pause (with ``reason``), resume or delete (``action``) the jobs ``selection`` takes, ``limit``
+        at most (0: the node's default, 1,000); with ``dry_run``, how many it would take. One call:
+        go on with the outcome's ``next_page_token``, or use :meth:`act_on_all_jobs`."""
         request = jobs_pb2.ActOnJobsRequest(
             tenant=self.tenant, action=JOB_ACTION.named(action, "action"), dry_run=dry_run, limit=limit,
             page_token=page_token, selection=job_selection_pb(selection), reason=reason)
@@ -319,14 +318,15 @@ class Client:
         return Page(items=[wire.run_from_pb(run) for run in response.runs], next_page_token=response.next_page_token)
 
     async def get_run(self, run_id: str) -> tuple[Run, list[Attempt]]:
-        """A run and its attempts, first attempt first."""
+        """A run and its attempts, first attempt first; the run with its ``payload`` and ``output``
+        (JSON), both empty if the token may not read payloads (a viewer's) or the node hides them."""
         request = runs_pb2.GetRunRequest(tenant=self.tenant, run_id=run_id)
         detail = await self._connection.call(self._connection.stubs.runs.GetRun, request)
         attempts = [wire.attempt_from_pb(detail.run.run_id, attempt) for attempt in detail.attempts]
         # As listings say: when its first attempt's handler was entered, read from the attempts.
         started = next((attempt.started_at for attempt in attempts if attempt.started_at is not None), None)
         run = replace(wire.run_from_pb(detail.run), checkpoint=detail.checkpoint or None,
-                      first_started_at=started)
+                      first_started_at=started, payload=detail.payload, output=detail.output or None)
         return run, attempts
 
     async def cancel_run(self, run_id: str) -> Run:

@@ -6,6 +6,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import orjson
+
 
 def instant(value: datetime | None) -> str:
     """``2026-11-25 14:03:07.123Z``: UTC to the millisecond, the precision the scheduler keeps."""
@@ -39,6 +41,16 @@ def percent(value: float | None) -> str:
     return "—" if value is None else f"{value * 100:.0f}%"
 
 
+def data(value: bytes | None) -> str:
+    """A payload or an output for a page: JSON indented, other bytes by their size (the page escapes it)."""
+    if not value:
+        return "—"
+    try:
+        return orjson.dumps(orjson.loads(value), option=orjson.OPT_INDENT_2).decode()
+    except orjson.JSONDecodeError:
+        return f"{len(value):,} bytes, not JSON"
+
+
 FILTERS: dict[str, Callable[..., Any]] = {
-    "instant": instant, "duration": duration, "ms": milliseconds, "percent": percent,
+    "instant": instant, "duration": duration, "ms": milliseconds, "percent": percent, "data": data,
 }

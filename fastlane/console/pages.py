@@ -185,6 +185,7 @@ async def run(request: web.Request) -> web.Response:
     found = wire.run_from_pb(detail.run)
     attempts = [wire.attempt_from_pb(run_id, m) for m in detail.attempts]
     return render(request, "run.html", run=found, attempts=attempts, attempt_note=attempt_note, lag=run_lag(found),
+                  run_input=detail.payload, run_output=detail.output, payloads_hidden=detail.payloads_hidden,
                   took=run_duration(found), note=_note(request), **await _runs_and_history(request, run_id, "run"))
 
 

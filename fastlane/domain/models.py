@@ -347,6 +347,8 @@ class Run:
     workflow_run_id: str | None = None  # set on a step run of a workflow run
     step: str | None = None  # with workflow_run_id: which step (item: which item of a fan-out)
     item: int = 0
+    # What its handler returned, as JSON; read with the run alone (GetRun), None in listings.
+    output: bytes | None = None
 
     @property
     def idempotency_key(self) -> str:

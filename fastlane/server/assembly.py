@@ -169,8 +169,9 @@ def build(settings: Settings, store: Store, *, clock: Clock, metrics: Metrics, r
     report = NodeReport(settings, ownership=ownership, dispatcher=dispatcher, lane=lane, ready=ready)
     authenticator = Authenticator(store) if settings.auth else None
     quotas = QuotaGuard(store, settings.quotas)
-    jobs = JobServicer(store, operations, max_payload=settings.max_payload_bytes, quotas=quotas)
-    runs = RunServicer(store, operations, quotas=quotas)
+    jobs = JobServicer(store, operations, max_payload=settings.max_payload_bytes, quotas=quotas,
+                       hide_payloads=settings.hide_payloads)
+    runs = RunServicer(store, operations, quotas=quotas, hide_payloads=settings.hide_payloads)
     workflow_api = WorkflowServicer(store, operations, max_payload=settings.max_payload_bytes, quotas=quotas)
     admin = AdminServicer(store, report.status, settings.node_id, live_within=settings.shard_lease_ttl,
                           quotas=quotas, workers=report.workers)

@@ -60,6 +60,9 @@ class Settings:
     metrics_listen: str | None = None
     # Under --auth, /metrics shows tenants and job types as pseudonyms unless this is set.
     metrics_names: bool = False
+    # Never answer a job's payload, a run's input, output or checkpoint (GetJob, ListJobs, GetRun,
+    # the console), whatever the caller's role: for data no operator of the scheduler may read.
+    hide_payloads: bool = False
     # The HOST:PORT of the gRPC health service alone, in plain gRPC without a token (for probes);
     # None: not served apart from the API.
     health_listen: str | None = None

@@ -178,7 +178,9 @@ class RunStore(Protocol):
         """Replay a ``dead`` or ``lost`` run as a new attempt now, with the same idempotency key."""
         ...
 
-    async def get_run(self, tenant: str, run_id: str) -> Run: ...
+    async def get_run(self, tenant: str, run_id: str) -> Run:
+        """The run, with its ``output`` (what its handler returned)."""
+        ...
 
     async def list_runs(
         self,

@@ -2,7 +2,8 @@
 
 What the console shows and does is what the API lets the signed-in token see and do: tenants stay
 apart, a viewer cannot act, an action needs the session's CSRF token and this origin, a revoked
-token ends its sessions, and no token secret or payload is ever rendered.
+token ends its sessions, no token secret is ever rendered, and a payload only to a role that may
+read it (not a viewer), never in the edit form.
 """
 
 from __future__ import annotations
@@ -133,7 +134,8 @@ async def test_a_job_made_in_the_console_runs_the_api_rules_and_stays_in_its_ten
 
     status, page = await a.get(f"/jobs/{job_id}")
     assert status == 200 and "nightly-report" in page and "Europe/Berlin" in page
-    assert "DE-SECRET-IBAN" not in page  # payloads are never rendered
+    assert "DE-SECRET-IBAN" in page.split('id="job-payload"')[1].split("</pre>")[0]  # the owner's client sees it
+    assert "DE-SECRET-IBAN" not in (await viewer.get(f"/jobs/{job_id}"))[1]  # a viewer does not
     assert 'id="pause"' in page and 'id="fire-times"' in page and "CET" in page  # Berlin's winter time
     # Where daylight saving moves a fire time, the page says so: 02:30 on 2027-03-14 does not exist
     # in New York (clocks jump from 02:00 to 03:00).
@@ -402,7 +404,7 @@ async def test_sign_in_attempts_from_one_address_are_limited(console: SecuredNod
         await visitor.close()
 
 
-async def test_a_viewer_is_refused_the_edit_form_and_no_one_is_shown_a_payload(console: SecuredNode,
+async def test_a_viewer_is_refused_the_edit_form_and_it_shows_no_one_a_payload(console: SecuredNode,
                                                                                 visitors: dict[str, Visitor]):
     a, viewer = visitors["client-a"], visitors["viewer-a"]
     async with console.client("client-a") as api:

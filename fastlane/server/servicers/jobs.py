@@ -19,7 +19,7 @@ from fastlane.domain.limits import (
     MAX_PAUSE_REASON,
     MAX_PREVIEW,
 )
-from fastlane.domain.models import JobSpec, ScheduleKind
+from fastlane.domain.models import Job, JobSpec, ScheduleKind
 from fastlane.domain.records import JobAction, Page
 from fastlane.domain.workflows import WORKFLOW_JOB_TYPE
 from fastlane.engine.operations import Operations
@@ -28,17 +28,26 @@ from fastlane.rpc import wire
 from fastlane.rpc.enums import AUDIT_ACTION, AUDIT_TARGET, JOB_ACTION, JOB_STATE
 from fastlane.rpc.filters import job_filter_in
 from fastlane.server.guard import rpc, tenant_of
+from fastlane.server.payloads import payloads_shown
 from fastlane.server.quotas import QuotaGuard
 from fastlane.storage import Store
 
 
 class JobServicer(jobs_pb2_grpc.JobServiceServicer):
     def __init__(self, store: Store, operations: Operations, *, max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES,
-                 quotas: QuotaGuard | None = None) -> None:
+                 quotas: QuotaGuard | None = None, hide_payloads: bool = False) -> None:
         self._store = store
         self._operations = operations
         self._max_payload = max_payload
         self._quotas = quotas
+        self._hide_payloads = hide_payloads
+
+    def _answer(self, job: Job, *, with_payload: bool = True) -> common_pb2.Job:
+        """The job as a caller is told it: its payload only if asked for and the caller may see it."""
+        message = wire.job_to_pb(job)
+        if not (with_payload and payloads_shown(self._hide_payloads)):
+            message.spec.ClearField("payload")
+        return message
 
     def _spec(self, message: common_pb2.JobSpec) -> JobSpec:
         spec = wire.spec_from_pb(message, tenant=tenant_of(message.tenant))
@@ -58,7 +67,7 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
             # on every creation, and a tenant at its limit has other things to look at.
             await self._quotas.admit_job(spec.tenant, adds_a_run=spec.schedule.kind is ScheduleKind.NOW)
         job, created = await self._operations.create_job(spec)
-        return jobs_pb2.CreateJobResponse(job=wire.job_to_pb(job), created=created)
+        return jobs_pb2.CreateJobResponse(job=self._answer(job), created=created)
 
     @rpc
     async def GetJob(
@@ -66,7 +75,7 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
         context: grpc.aio.ServicerContext[jobs_pb2.GetJobRequest, jobs_pb2.GetJobResponse],
     ) -> jobs_pb2.GetJobResponse:
         job = await self._store.jobs.get_job(tenant_of(request.tenant), _job_id(request))
-        return jobs_pb2.GetJobResponse(job=wire.job_to_pb(job))
+        return jobs_pb2.GetJobResponse(job=self._answer(job))
 
     @rpc
     async def ListJobs(
@@ -94,10 +103,8 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
         else:
             page = await self._store.jobs.list_jobs(tenant, states=[state] if state else [], job_type=job_type, limit=limit,
                                                page_token=request.page_token, name=name)
-        jobs = [wire.job_to_pb(job) for job in page.items]
-        if not request.include_payload:
-            for job in jobs:  # a page of a thousand 1 MiB payloads would be a gigabyte: ask for it
-                job.spec.ClearField("payload")
+        # A page of a thousand 1 MiB payloads would be a gigabyte: a caller asks for them.
+        jobs = [self._answer(job, with_payload=request.include_payload) for job in page.items]
         return jobs_pb2.ListJobsResponse(jobs=jobs, next_page_token=page.next_page_token)
 
     @rpc
@@ -108,7 +115,7 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
     ) -> jobs_pb2.UpdateJobResponse:
         spec = self._spec(request.spec)
         job = await self._operations.update_job(spec.tenant, validation.identifier("job_id", request.job_id), spec)
-        return jobs_pb2.UpdateJobResponse(job=wire.job_to_pb(job))
+        return jobs_pb2.UpdateJobResponse(job=self._answer(job))
 
     @rpc
     async def PauseJob(
@@ -116,7 +123,7 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
         context: grpc.aio.ServicerContext[jobs_pb2.PauseJobRequest, jobs_pb2.PauseJobResponse],
     ) -> jobs_pb2.PauseJobResponse:
         job = await self._operations.pause_job(tenant_of(request.tenant), _job_id(request), _reason(request.reason))
-        return jobs_pb2.PauseJobResponse(job=wire.job_to_pb(job))
+        return jobs_pb2.PauseJobResponse(job=self._answer(job))
 
     @rpc
     async def ResumeJob(
@@ -124,7 +131,7 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
         context: grpc.aio.ServicerContext[jobs_pb2.ResumeJobRequest, jobs_pb2.ResumeJobResponse],
     ) -> jobs_pb2.ResumeJobResponse:
         job = await self._operations.resume_job(tenant_of(request.tenant), _job_id(request))
-        return jobs_pb2.ResumeJobResponse(job=wire.job_to_pb(job))
+        return jobs_pb2.ResumeJobResponse(job=self._answer(job))
 
     @rpc
     async def DeleteJob(

@@ -13,15 +13,18 @@ from fastlane.rpc import wire
 from fastlane.rpc.enums import RUN_ACTION
 from fastlane.rpc.filters import run_filter_in
 from fastlane.server.guard import rpc, tenant_of
+from fastlane.server.payloads import payloads_shown
 from fastlane.server.quotas import QuotaGuard
 from fastlane.storage import Store
 
 
 class RunServicer(runs_pb2_grpc.RunServiceServicer):
-    def __init__(self, store: Store, operations: Operations, *, quotas: QuotaGuard | None = None) -> None:
+    def __init__(self, store: Store, operations: Operations, *, quotas: QuotaGuard | None = None,
+                 hide_payloads: bool = False) -> None:
         self._store = store
         self._operations = operations
         self._quotas = quotas
+        self._hide_payloads = hide_payloads
 
     @rpc
     async def ListRuns(
@@ -54,8 +57,12 @@ class RunServicer(runs_pb2_grpc.RunServiceServicer):
     ) -> runs_pb2.GetRunResponse:
         run = await self._store.runs.get_run(tenant_of(request.tenant), _run_id(request))
         attempts = await self._store.runs.list_attempts(run.run_id)
-        return runs_pb2.GetRunResponse(run=wire.run_to_pb(run), attempts=[wire.attempt_to_pb(a) for a in attempts],
-                                       checkpoint=run.checkpoint or b"")
+        answer = runs_pb2.GetRunResponse(run=wire.run_to_pb(run), attempts=[wire.attempt_to_pb(a) for a in attempts])
+        if payloads_shown(self._hide_payloads):
+            answer.checkpoint, answer.payload, answer.output = run.checkpoint or b"", run.payload, run.output or b""
+        else:
+            answer.payloads_hidden = True
+        return answer
 
     @rpc
     async def CancelRun(

@@ -60,6 +60,10 @@ class PostgresDatabase(PostgresConnections):
         async with self._migration_transaction() as db:
             await db.execute(queries.LOCK_MIGRATIONS, queries.MIGRATION_LOCK)
             yield PostgresTx(db)  # type: ignore[arg-type]  # a plain connection speaks as a pooled one
+        # The pool's connections prepared their statements against the tables as they were: a column
+        # a migration added invalidates those plans, which PostgreSQL refuses inside a transaction.
+        if self._pool is not None:
+            await self._pool.expire_connections()
 
     @property
     def write_fault(self) -> str | None:

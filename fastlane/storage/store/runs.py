@@ -67,7 +67,7 @@ class SQLRuns(StorePart):
             row = await tx.fetchrow(self._q.GET_RUN, run_id, tenant)
         if row is None:
             raise RunNotFound(run_id)
-        return codec.build_run(row)
+        return codec.build_run_read_alone(row)
 
     async def list_runs(
         self,

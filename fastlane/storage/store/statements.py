@@ -295,8 +295,9 @@ class Statements:
           AND ($6::timestamptz IS NULL OR scheduled_for < $6)
     """
     LIST_ATTEMPTS = "SELECT * FROM attempts WHERE run_id = $1 ORDER BY attempt"
-    # A workflow step's output, kept for the steps after it (only results that carry one).
-    SET_OUTPUT = "UPDATE runs SET output = $2 WHERE run_id = $1 AND workflow_run_id IS NOT NULL"
+    # What a handler returned: shown with the run, and a workflow step's input to the steps after it
+    # (only results that carry one).
+    SET_OUTPUT = "UPDATE runs SET output = $2 WHERE run_id = $1"
     # Late reports (fastlane.storage.late_reports): which attempts of these runs have rows, the rows
     # made from the reports, and what they change on their runs and on the runs' other attempts.
     ATTEMPT_KEYS = "SELECT run_id, lease_token FROM attempts WHERE run_id = ANY($1::text[])"
