@@ -208,18 +208,20 @@ class ResumeWorkflowRunResponse(_message.Message):
     def __init__(self, run: _Optional[_Union[WorkflowRun, _Mapping]] = ...) -> None: ...
 
 class StepStatus(_message.Message):
-    __slots__ = ("name", "state", "run_ids", "error", "run_states")
+    __slots__ = ("name", "state", "run_ids", "error", "run_states", "outputs")
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     RUN_IDS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     RUN_STATES_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     name: str
     state: StepState
     run_ids: _containers.RepeatedScalarFieldContainer[str]
     error: str
     run_states: _containers.RepeatedScalarFieldContainer[_common_pb2.RunState]
-    def __init__(self, name: _Optional[str] = ..., state: _Optional[_Union[StepState, str]] = ..., run_ids: _Optional[_Iterable[str]] = ..., error: _Optional[str] = ..., run_states: _Optional[_Iterable[_Union[_common_pb2.RunState, str]]] = ...) -> None: ...
+    outputs: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[_Union[StepState, str]] = ..., run_ids: _Optional[_Iterable[str]] = ..., error: _Optional[str] = ..., run_states: _Optional[_Iterable[_Union[_common_pb2.RunState, str]]] = ..., outputs: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class GetWorkflowRunResponse(_message.Message):
     __slots__ = ("run", "workflow", "steps")

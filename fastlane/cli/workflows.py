@@ -202,7 +202,7 @@ def text_graph(run: WorkflowRun, workflow: Workflow, steps: list[StepView]) -> s
         fan = f"  for each of {spec.for_each}" if spec.for_each else ""
         error = f"  {view.error}" if view.error else ""
         lines.append(f"  [{_MARKS[view.state.value]}] {spec.name.ljust(width)}  {view.state.value:<9}"
-                     f"{counts}{edges}{fan}{error}")
+                     f"{counts}{edges}{fan}{error}{_returned(view)}")
     return "\n".join(lines)
 
 
@@ -262,9 +262,21 @@ def run_view(run: WorkflowRun) -> dict[str, Any]:
             "error": run.error, "created_at": rfc3339(run.created_at), "finished_at": rfc3339(run.finished_at)}
 
 
+def _returned(view: StepView, most: int = 60) -> str:
+    """What a step's one run returned, on one line (a fan-out's: how many returned something)."""
+    outputs = [output for output in view.outputs if output]
+    if not outputs:
+        return ""
+    if len(view.outputs) > 1:
+        return f"  → {len(outputs)} outputs (--json has them)"
+    text = outputs[0].decode(errors="replace")
+    return f"  → {text if len(text) <= most else text[:most - 1] + '…'}"
+
+
 def step_view(step: StepView) -> dict[str, Any]:
     return {"name": step.name, "state": step.state.value, "run_ids": list(step.run_ids),
-            "run_states": [state.value for state in step.run_states], "error": step.error}
+            "run_states": [state.value for state in step.run_states], "error": step.error,
+            "outputs": [orjson.loads(output) if output else None for output in step.outputs]}
 
 
 def _read(path: str) -> str:

@@ -69,8 +69,8 @@ def workflow_run_from_pb(message: workflows_pb2.WorkflowRun) -> WorkflowRun:
 def step_views_from_pb(detail: workflows_pb2.GetWorkflowRunResponse) -> list[StepView]:
     return [StepView(name=step.name, state=STEP_STATE.member(step.state, "state"), run_ids=tuple(step.run_ids),
                      run_states=tuple(RUN_STATE.member(state, "run_states") for state in step.run_states),
-                     items=len(step.run_ids),
-                     error=step.error or None) for step in detail.steps]
+                     items=len(step.run_ids), error=step.error or None,
+                     outputs=tuple(output or None for output in step.outputs)) for step in detail.steps]
 
 
 def run_selection_pb(selection: RunFilter) -> runs_pb2.RunSelection:

@@ -225,7 +225,8 @@ def step_views(spec: WorkflowSpec, runs: Sequence[StepRun], settled: Mapping[str
         error = settled[step.name].error if step.name in settled else next(
             (run.last_error for run in its if run.last_error and run.state is not RunState.SUCCEEDED), None)
         views.append(StepView(name=step.name, state=states[step.name], run_ids=tuple(run.run_id for run in its),
-                              run_states=tuple(run.state for run in its), items=len(its), error=error))
+                              run_states=tuple(run.state for run in its), items=len(its), error=error,
+                              outputs=tuple(run.output for run in its)))
     return views
 
 

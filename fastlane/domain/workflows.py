@@ -230,6 +230,7 @@ class StepView:
     run_states: tuple[RunState, ...] = ()  # of each run in run_ids
     items: int = 0
     error: str | None = None
+    outputs: tuple[bytes | None, ...] = ()  # what each run in run_ids returned (JSON), as far as shown
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -172,7 +172,8 @@ def build(settings: Settings, store: Store, *, clock: Clock, metrics: Metrics, r
     jobs = JobServicer(store, operations, max_payload=settings.max_payload_bytes, quotas=quotas,
                        hide_payloads=settings.hide_payloads)
     runs = RunServicer(store, operations, quotas=quotas, hide_payloads=settings.hide_payloads)
-    workflow_api = WorkflowServicer(store, operations, max_payload=settings.max_payload_bytes, quotas=quotas)
+    workflow_api = WorkflowServicer(store, operations, max_payload=settings.max_payload_bytes, quotas=quotas,
+                                    hide_payloads=settings.hide_payloads)
     admin = AdminServicer(store, report.status, settings.node_id, live_within=settings.shard_lease_ttl,
                           quotas=quotas, workers=report.workers)
     server = ApiServer(

@@ -1,7 +1,8 @@
 """A run's input and output, through a real node requiring tokens and a real worker, on both
 backends: what a handler returned is kept with the run and shown with its payload by GetRun, the
-SDK, ``runs get`` and the console, to every role that may read payloads (not a viewer), and to
-nobody on a node started with ``--hide-payloads``."""
+SDK, ``runs get`` and the console, and a workflow's step outputs by GetWorkflowRun, ``workflows
+show`` and the console, to every role that may read payloads (not a viewer), and to nobody on a
+node started with ``--hide-payloads``."""
 
 from __future__ import annotations
 
@@ -115,3 +116,42 @@ async def console_page(node: SecuredNode, who: str, path: str) -> str:
         async with browser.get(base + path) as answer:
             assert answer.status == 200
             return await answer.text()
+
+
+async def test_a_workflow_steps_outputs_are_shown_by_the_same_rule(node: SecuredNode,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    hidden = node.node.settings.hide_payloads
+    worker = Worker(node.address, worker_id="steps", concurrency=2, follow_cluster=False,
+                    token=node.secrets["worker-a"])
+
+    @worker.handler("ledger.sum")
+    async def total(ctx: RunContext) -> object:
+        return {"total": 42}
+
+    @worker.handler("ledger.mail")
+    async def mail(ctx: RunContext) -> None:
+        return None
+
+    definition = {"name": "close", "steps": [{"name": "sum", "job_type": "ledger.sum"},
+                                             {"name": "mail", "job_type": "ledger.mail", "after": ["sum"]}]}
+    task = asyncio.create_task(worker.run())
+    try:
+        async with node.client("client-a") as client, node.client("viewer-a") as viewer:
+            await client.create_workflow(definition)
+            started = await client.trigger_workflow("close")
+            async with asyncio.timeout(WAIT):
+                while (await client.get_workflow_run(started.workflow_run_id))[0].state.value != "succeeded":
+                    await asyncio.sleep(0.05)
+            _, _, steps = await client.get_workflow_run(started.workflow_run_id)
+            outputs = {step.name: step.outputs for step in steps}
+            assert outputs == ({"sum": (), "mail": ()} if hidden else {"sum": (b'{"total":42}',), "mail": (None,)})
+            _, _, seen_by_viewer = await viewer.get_workflow_run(started.workflow_run_id)
+            assert {step.name: step.outputs for step in seen_by_viewer} == {"sum": (), "mail": ()}
+    finally:
+        await asyncio.wait_for(worker.stop(), WAIT)
+        await asyncio.wait_for(task, WAIT)
+    code, out, err = await run_cli(capsys, node, "client-a", "workflows", "show", started.workflow_run_id)
+    assert code == 0, err
+    assert ('→ {"total":42}' in out) is not hidden
+    page = await console_page(node, "client-a", f"/workflow-runs/{started.workflow_run_id}")
+    assert ("&#34;total&#34;: 42" in page) is not hidden

@@ -16,6 +16,7 @@ from fastlane.engine.operations import Operations
 from fastlane.rpc import wire
 from fastlane.rpc.enums import RUN_STATE, STEP_STATE, WORKFLOW_RUN_STATE
 from fastlane.server.guard import rpc, tenant_of
+from fastlane.server.payloads import payloads_shown
 from fastlane.server.quotas import QuotaGuard
 from fastlane.storage import Store
 from fastlane.storage.workflows import WorkflowRunDetail
@@ -23,11 +24,12 @@ from fastlane.storage.workflows import WorkflowRunDetail
 
 class WorkflowServicer(workflows_pb2_grpc.WorkflowServiceServicer):
     def __init__(self, store: Store, operations: Operations, *, max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES,
-                 quotas: QuotaGuard | None = None) -> None:
+                 quotas: QuotaGuard | None = None, hide_payloads: bool = False) -> None:
         self._store = store
         self._operations = operations
         self._max_payload = max_payload
         self._quotas = quotas
+        self._hide_payloads = hide_payloads
 
     @rpc
     async def CreateWorkflow(
@@ -94,7 +96,7 @@ class WorkflowServicer(workflows_pb2_grpc.WorkflowServiceServicer):
         context: grpc.aio.ServicerContext[pb.GetWorkflowRunRequest, pb.GetWorkflowRunResponse],
     ) -> pb.GetWorkflowRunResponse:
         detail = await self._store.workflows.get_workflow_run(tenant_of(request.tenant), _run_id(request))
-        return detail_to_pb(detail)
+        return detail_to_pb(detail, outputs=payloads_shown(self._hide_payloads))
 
     @rpc
     async def CancelWorkflowRun(
@@ -137,11 +139,13 @@ def workflow_run_to_pb(run: wf.WorkflowRun) -> pb.WorkflowRun:
                           job_id=run.job_id)
 
 
-def detail_to_pb(detail: WorkflowRunDetail) -> pb.GetWorkflowRunResponse:
+def detail_to_pb(detail: WorkflowRunDetail, *, outputs: bool) -> pb.GetWorkflowRunResponse:
+    """The answer of GetWorkflowRun; with ``outputs``, what each step's runs returned."""
     views = step_views(detail.workflow.spec, detail.steps, detail.run.settled)
     return pb.GetWorkflowRunResponse(
         run=workflow_run_to_pb(detail.run), workflow=workflow_to_pb(detail.workflow),
         steps=[pb.StepStatus(name=view.name, state=STEP_STATE.number(view.state), run_ids=view.run_ids,
-                             error=view.error or "", run_states=[RUN_STATE.number(state) for state in view.run_states])
+                             error=view.error or "", run_states=[RUN_STATE.number(state) for state in view.run_states],
+                             outputs=[output or b"" for output in view.outputs] if outputs else [])
                for view in views],
     )
