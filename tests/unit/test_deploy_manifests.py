@@ -33,9 +33,11 @@ NAMESPACE = "fastlane"
 KUSTOMIZE_API = "kustomize.config.k8s.io/v1beta1"
 # Files that `kubectl apply -k` must not apply.
 NOT_FOR_PRODUCTION = {"dev-postgres.yaml", "secret.example.yaml", "worker.example.yaml"}
-# Applied by hand where it fits: cert-manager's kinds exist only where its CRDs are installed.
-OPTIONAL = {"cert-manager.yaml"}
+# Applied by hand where it fits: cert-manager's and the Prometheus Operator's kinds exist only
+# where their CRDs are installed.
+OPTIONAL = {"cert-manager.yaml", "prometheus-operator.yaml"}
 CERT_MANAGER_API = "cert-manager.io/v1"
+MONITORING_API = "monitoring.coreos.com/v1"
 CLUSTER_SCOPED = {"Namespace"}
 POD_NAME = "fastlane-1"
 SAMPLE_DSN = "postgresql://fastlane:s3cret@db.example.internal:5432/fastlane"
@@ -55,9 +57,11 @@ def _load_documents() -> list[tuple[Path, dict[str, Any]]]:
 
 DOCUMENTS = _load_documents()
 KUBERNETES_OBJECTS = [(path, doc) for path, doc in DOCUMENTS if doc.get("apiVersion") != KUSTOMIZE_API]
-# Kinds the bundled schemas know; cert-manager's are checked by hand below.
-BUILT_IN_OBJECTS = [(path, doc) for path, doc in KUBERNETES_OBJECTS if doc["apiVersion"] != CERT_MANAGER_API]
+# Kinds the bundled schemas know; cert-manager's and the Prometheus Operator's are checked by hand below.
+BUILT_IN_OBJECTS = [(path, doc) for path, doc in KUBERNETES_OBJECTS
+                    if doc["apiVersion"] not in {CERT_MANAGER_API, MONITORING_API}]
 CERT_MANAGER_OBJECTS = [(path, doc) for path, doc in KUBERNETES_OBJECTS if doc["apiVersion"] == CERT_MANAGER_API]
+MONITORING_OBJECTS = [(path, doc) for path, doc in KUBERNETES_OBJECTS if doc["apiVersion"] == MONITORING_API]
 
 
 def _document_id(entry: tuple[Path, dict[str, Any]]) -> str:
@@ -192,8 +196,9 @@ def test_kustomization_applies_every_production_file_and_nothing_else() -> None:
         assert name in comment, f"kustomization.yaml does not say why {name} is left out"
 
 
-def test_cert_manager_kinds_are_only_in_the_optional_file() -> None:
-    assert {path.name for path, _ in CERT_MANAGER_OBJECTS} == OPTIONAL
+def test_custom_kinds_are_only_in_the_optional_files() -> None:
+    assert {path.name for path, _ in CERT_MANAGER_OBJECTS} == {"cert-manager.yaml"}
+    assert {path.name for path, _ in MONITORING_OBJECTS} == {"prometheus-operator.yaml"}
 
 
 def test_kustomization_image_entry_names_the_container_image() -> None:
@@ -603,6 +608,44 @@ def test_client_service_selects_the_pods_and_targets_grpc() -> None:
     assert port.get("appProtocol") == "grpc"
 
 
+def test_console_is_served_over_tls_behind_its_own_service_that_keeps_a_browser_on_one_node() -> None:
+    args = container()["args"]
+    listen = flag_value(args, "--console")
+    assert listen is not None and int(listen.rsplit(":", 1)[1]) == container_port("console") == 8443
+    assert flag_value(args, "--tls-cert") and "--auth" in args  # HTTPS, and a token to sign in
+    service = find("Service", "fastlane-console")
+    assert selects(service["spec"]["selector"], pod_labels())
+    assert service["spec"]["sessionAffinity"] == "ClientIP"  # sessions live in the node that made them
+    [port] = service["spec"]["ports"]
+    assert port["targetPort"] == "console" and port["appProtocol"] == "https"
+
+
+def test_network_policy_admits_the_console_only_from_labelled_pods() -> None:
+    def console(peer: dict[str, Any]) -> bool:
+        return peer.get("podSelector", {}).get("matchLabels") == {"fastlane/console": "true"}
+
+    assert _ingress_ports(console) == {container_port("console")}
+    assert container_port("console") not in _ingress_ports(lambda peer: not console(peer))
+
+
+def test_service_monitor_scrapes_every_node_through_the_headless_service() -> None:
+    [(_, monitor)] = MONITORING_OBJECTS
+    assert monitor["kind"] == "ServiceMonitor" and set(monitor) == {"apiVersion", "kind", "metadata", "spec"}
+    spec = monitor["spec"]
+    assert set(spec) <= {"jobLabel", "selector", "namespaceSelector", "endpoints"}
+    assert spec["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    scraped = [name for name in ("fastlane-headless", "fastlane", "fastlane-console")
+               if selects(spec["selector"]["matchLabels"], find("Service", name)["metadata"]["labels"])
+               and any(port["name"] == "metrics" for port in find("Service", name)["spec"]["ports"])]
+    assert scraped == ["fastlane-headless"]  # one target per pod, not one per Service address
+    [endpoint] = spec["endpoints"]
+    assert set(endpoint) <= {"port", "path", "scheme", "interval"}
+    assert (endpoint["port"], endpoint["path"], endpoint["scheme"]) == ("metrics", "/metrics", "http")
+    assert _GO_DURATION.match(endpoint["interval"])
+    # The alert rules group by job="fastlane": the job label comes from the Service's name label.
+    assert find("Service", "fastlane-headless")["metadata"]["labels"][spec["jobLabel"]] == "fastlane"
+
+
 def test_disruption_budget_covers_the_pods() -> None:
     budget = find("PodDisruptionBudget", "fastlane")
     assert selects(budget["spec"]["selector"]["matchLabels"], pod_labels())
@@ -645,7 +688,7 @@ def test_network_policy_admits_grpc_only_from_clients_and_nodes() -> None:
 
     assert _ingress_ports(client) == {7070}
     assert _ingress_ports(node) == {7070}
-    assert _ingress_ports(lambda peer: not (client(peer) or node(peer))) == {9464}
+    assert _ingress_ports(lambda peer: not (client(peer) or node(peer))) == {9464, 8443}  # metrics, console
 
 
 def test_network_policy_admits_nobody_to_the_health_port() -> None:
