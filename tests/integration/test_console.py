@@ -169,7 +169,10 @@ async def test_a_job_made_in_the_console_runs_the_api_rules_and_stays_in_its_ten
                                csrf=viewer_csrf.group(1))
     assert forged.status == 403
     # An admin token acts across tenants through the API; its console pages are its own tenant's.
-    assert (await admin.get("/cluster"))[0] == 200
+    status, page = await admin.get("/cluster")
+    assert status == 200 and "4 shards, " in page
+    # The shard table is folded while every shard has its owner, open when one has none.
+    assert ('id="shard-details" open' in page) == ("without an owner" in page) != ("every one owned" in page)
     async with console.client("client-a") as api:
         assert (await api.get_job(job_id)).state is JobState.ACTIVE
         assert not [j for j in (await api.list_jobs()).items if j.name == "viewer-job"]
