@@ -599,14 +599,13 @@ class Family:
     buckets: tuple[float, ...] = ()
 
 
-def metric_families() -> tuple[list[Family], list[str]]:
-    """The families of a node's registry, as a scrape shows them; labels and buckets from their
-    collectors (a family without samples yet does not carry them)."""
+def metric_families(registry: Any) -> tuple[list[Family], list[str]]:
+    """The families of a registry (a node's, a worker's), as a scrape shows them; labels and
+    buckets from their collectors (a family without samples yet does not carry them)."""
     from prometheus_client.metrics import Histogram, MetricWrapperBase
 
-    from fastlane.runtime.metrics import Metrics, ReadWhenScraped
+    from fastlane.runtime.metrics import ReadWhenScraped
 
-    registry = Metrics().registry
     families, problems = [], []
     for collector in list(registry._collector_to_names):  # no public list of a registry's collectors
         if isinstance(collector, MetricWrapperBase):
@@ -627,13 +626,19 @@ def metric_families() -> tuple[list[Family], list[str]]:
 
 
 def metrics_page() -> Page:
-    from fastlane.runtime.metrics import NAMED_LABELS
+    from fastlane.runtime.metrics import NAMED_LABELS, Metrics
+    from fastlane.worker._metrics import WorkerMetrics
 
-    families, problems = metric_families()
-    rows = [(code(f.name), f.kind, ", ".join(code(label) for label in f.labels) or "none", inline(f.help))
-            for f in families]
+    families, problems = metric_families(Metrics().registry)
+    worker_families, worker_problems = metric_families(WorkerMetrics().registry)
+    problems += worker_problems
+
+    def rows_of(listed: list[Family]) -> list[tuple[str, ...]]:
+        return [(code(f.name), f.kind, ", ".join(code(label) for label in f.labels) or "none", inline(f.help))
+                for f in listed]
+
     by_buckets: dict[tuple[float, ...], list[str]] = {}
-    for family in families:
+    for family in families + worker_families:
         if family.kind == "histogram":
             by_buckets.setdefault(family.buckets, []).append(code(family.name))
     bucket_rows = [(", ".join(names), ", ".join(_bucket(bound) for bound in buckets))
@@ -649,8 +654,11 @@ def metrics_page() -> Page:
     )
     buckets = ("## Histogram buckets\n\nThe upper bounds of each histogram's buckets, in seconds; every histogram "
                "also has `+Inf`.\n\n" + table(("Histograms", "Buckets (s)"), bucket_rows))
+    worker = ("## A worker's families\n\nWhat `fastlane worker --metrics HOST:PORT` (`Worker(metrics=...)`) serves, "
+              "in the same format, over plain HTTP: a worker's job types are its own handlers', and it has no "
+              "tenant label.\n\n" + table(("Name", "Type", "Labels", "Description"), rows_of(worker_families)))
     return Page("metrics.md", page_text("Metrics", intro, "## Families\n\n" + table(
-        ("Name", "Type", "Labels", "Description"), rows), buckets), problems)
+        ("Name", "Type", "Labels", "Description"), rows_of(families)), worker, buckets), problems)
 
 
 def _bucket(bound: float) -> str:

@@ -295,6 +295,12 @@ def register(commands: Any) -> None:
         "off. Needs CAP_SYS_NICE or ulimit -r, else the worker says why and runs normally; a loop that runs "
         "250 ms without blocking is lowered to normal scheduling (default: the worker's own setting, normally off)",
     )
+    worker.add_argument(
+        "--metrics", metavar="HOST:PORT",
+        help="serve the worker's Prometheus metrics on HOST:PORT over plain HTTP (its attempts and handler "
+        "durations by job type, handlers running, credits free, reconnects); default: the worker's own setting, "
+        "normally none",
+    )
     security_flags(worker.add_argument_group("token and TLS (default: the worker's own settings)"))
     worker.set_defaults(handler=run_worker, command_parser=worker)
 
@@ -383,7 +389,7 @@ def run_worker(args: argparse.Namespace) -> int:
     servers = args.servers or servers_from_env()
     return _finish(run_worker_cli(args.target, servers, args.concurrency,
                                   token=load_token(args.token_file), tls=client_tls(args),
-                                  realtime_priority=args.realtime_priority))
+                                  realtime_priority=args.realtime_priority, metrics=args.metrics))
 
 
 def migrate_schema(args: argparse.Namespace) -> int:

@@ -30,6 +30,7 @@ def run_worker_cli(
     token: str | None = None,
     tls: ClientTls | None = None,
     realtime_priority: int | None = None,
+    metrics: str | None = None,
 ) -> int:
     """Run the worker named by ``target`` until SIGTERM or SIGINT; return the exit code.
 
@@ -42,6 +43,7 @@ def run_worker_cli(
         concurrency: Replaces the worker's concurrency if given.
         token, tls: Replace the worker's API token and TLS settings if given.
         realtime_priority: Replaces the worker's real-time priority if given.
+        metrics: Replaces the worker's metrics address if given.
 
     Returns:
         0 after a graceful stop, 1 after a forced exit, 2 if the target is unusable.
@@ -49,7 +51,7 @@ def run_worker_cli(
     try:
         worker = _load_worker(target)
         worker.override(servers=servers, concurrency=concurrency, token=token, tls=tls,
-                        realtime_priority=realtime_priority)
+                        realtime_priority=realtime_priority, metrics=metrics)
         if not worker.job_types:
             raise ConfigurationError(f"{target!r} has no handlers: register one with @worker.handler(job_type)")
     except ConfigurationError as exc:

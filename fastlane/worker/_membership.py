@@ -65,6 +65,10 @@ class ClusterStreams:
         """The addresses of the nodes the worker takes work from now (leaving streams excluded)."""
         return tuple(self._streams)
 
+    def credits_free(self, concurrency: int) -> int:
+        """Runs the streams taking work could be sent now: each connected one's credits less its runs in flight."""
+        return sum(max(0, concurrency - stream.in_flight) for stream in self._streams.values() if stream.connected)
+
     def clock_estimates(self) -> dict[str, ClockEstimate]:
         """Each node's clock relative to the worker's, for the streams taking work that have one."""
         return {address: estimate for address, stream in self._streams.items()

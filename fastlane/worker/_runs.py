@@ -25,6 +25,7 @@ from fastlane.rpc.enums import ATTEMPT_OUTCOME
 from fastlane.rpc.wire import timestamp
 from fastlane.worker._failures import FailureLog, format_traceback
 from fastlane.worker._hold import StartTimer
+from fastlane.worker._metrics import WorkerMetrics
 
 log = logging.getLogger("fastlane.worker")
 
@@ -82,7 +83,8 @@ FAILURES = FailureLog()  # one per worker process: its budget is per job type
 
 
 async def run_attempt(
-    slot: RunSlot, assignment: pb.Assignment, call: Callable[[], Awaitable[None]] | None, starts: StartTimer
+    slot: RunSlot, assignment: pb.Assignment, call: Callable[[], Awaitable[None]] | None, starts: StartTimer,
+    metrics: WorkerMetrics | None = None,
 ) -> None:
     """Run one assigned attempt (``call``, or ``None`` if no handler takes its type) and report it.
 
@@ -104,7 +106,8 @@ async def run_attempt(
         if instant is not None and not await _hold(slot, starts, instant, behind=True):
             return
     started_at = slot.begin()
-    verdict = await judge_attempt(call, slot, timeout or None)
+    attempt = judge_attempt(call, slot, timeout or None)
+    verdict = await (attempt if metrics is None else metrics.observed(assignment.job_type, attempt))
     slot.stream.finish(slot, verdict.result(slot, started_at, datetime.now(UTC)))
     if verdict.outcome in _LOGGED:
         error = f"{verdict.error_code}: {verdict.error_message}"

@@ -99,11 +99,11 @@ class NodeStream:
 
     Args:
         address: ``host:port`` of the node.
-        worker_id: Sent in every Hello.
-        job_types: The job types this worker has handlers for.
+        worker_id, job_types: Sent in every Hello: the worker, and the job types it has handlers for.
         concurrency: Credits for this stream: the most attempts it may have in flight.
         launch: Makes the coroutine that runs one assignment and ends with :meth:`finish`.
         open_channel: Opens the channel to a node (TLS and the API token, when configured).
+        on_reconnect: Told the address each time the stream is opened again (the worker's metrics).
 
     Attempts handed over from a leaving stream (:meth:`hand_over`) heartbeat and report here but
     free no credit: this node never granted them.
@@ -111,24 +111,23 @@ class NodeStream:
 
     def __init__(
         self, address: str, *, worker_id: str, job_types: Sequence[str], concurrency: int, launch: Launch,
-        open_channel: OpenChannel = plain_channel,
+        open_channel: OpenChannel = plain_channel, on_reconnect: Callable[[str], None] | None = None,
     ) -> None:
         self.address = address
+        self._on_reconnect = on_reconnect or (lambda address: None)
         self._open_channel = open_channel
         self._worker_id = worker_id
         self._job_types = list(job_types)
         self._concurrency = concurrency
         self._launch = launch
         self._runs = RunBook()
-        self._beat_wanted = asyncio.Event()
+        self._beat_wanted, self._closing = asyncio.Event(), asyncio.Event()
         self._next_beat: asyncio.Future[None] | None = None
-        self._closing = asyncio.Event()
         self._outbound: asyncio.Queue[pb.ConnectRequest | None] | None = None
-        self._welcomed = False
+        self._welcomed = self._draining = False
         self._credits_with_results = False  # this connection's node takes credits inside Results
         self._prompt_results = False  # this connection's node wants a result after a quiet spell at once
         self._session_ended = False  # since this stream was made: a connection failed or broke
-        self._draining = False
         self._heartbeat_interval = _DEFAULT_HEARTBEAT_INTERVAL
         self._last_end = ""  # why the last stream ended, for the reconnect log line
         self._refused: str | None = None  # the last stream was refused access: why
@@ -177,6 +176,7 @@ class NodeStream:
                 if self._closing.is_set():
                     break
                 failures += 1
+                self._on_reconnect(self.address)
                 pause = random.uniform(delay / 2, delay)
                 delay = min(delay * 2, _BACKOFF_CAP)
                 if self._refused:

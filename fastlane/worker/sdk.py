@@ -53,6 +53,7 @@ from fastlane.rpc.channel import load_token, open_channel
 from fastlane.worker._clock import ClockEstimate
 from fastlane.worker._hold import StartTimer
 from fastlane.worker._membership import ClusterStreams
+from fastlane.worker._metrics import WorkerMetrics
 from fastlane.worker._realtime import MAX_PRIORITY, RealtimeGrant, request_realtime
 from fastlane.worker._runs import RunSlot, run_attempt
 from fastlane.worker._slice import MAX_SLICE, MIN_SLICE, request_cpu_slice
@@ -184,6 +185,7 @@ class Worker:
         tls: ClientTls | None = None,
         cpu_slice: timedelta | None = DEFAULT_CPU_SLICE,
         realtime_priority: int | None = None,
+        metrics: str | None = None,
     ) -> None:
         if cpu_slice is not None and not MIN_SLICE <= cpu_slice <= MAX_SLICE:
             raise ConfigurationError(f"cpu_slice must be from {MIN_SLICE} to {MAX_SLICE} or None, got {cpu_slice}")
@@ -192,7 +194,9 @@ class Worker:
         self._concurrency = 0
         self._connection = Connection(token=token if token is not None else load_token(), tls=tls)
         self._realtime_priority: int | None = None
-        self.override(servers=servers, concurrency=concurrency, realtime_priority=realtime_priority)
+        self._metrics_listen: str | None = None  # HOST:PORT of /metrics; None: no metrics at all
+        self._metrics: WorkerMetrics | None = None  # from run(), when _metrics_listen is set
+        self.override(servers=servers, concurrency=concurrency, realtime_priority=realtime_priority, metrics=metrics)
         if drain_timeout < 0:
             raise ConfigurationError(f"drain_timeout must not be negative, got {drain_timeout}")
         self._drain_timeout = drain_timeout
@@ -295,6 +299,10 @@ class Worker:
                 log.info("this thread runs at real-time priority %d (SCHED_FIFO)", priority)
             log.info("worker %s serving %s, %d at once, on %s", self.worker_id, ", ".join(sorted(self._handlers)),
                      self._concurrency, ", ".join(self._servers))
+            if self._metrics_listen is not None:
+                self._metrics = WorkerMetrics(credits_free=self._credits_free)
+                self._metrics.serve(self._metrics_listen)
+                log.info("worker metrics on http://%s/metrics", self._metrics_listen)
             streams = self._streams = ClusterStreams(self._servers, self._open_stream, self._open_channel)
             for address in self._servers:
                 streams.add(address)
@@ -353,7 +361,12 @@ class Worker:
 
     def _open_stream(self, address: str) -> NodeStream:
         return NodeStream(address, worker_id=self._worker_id, job_types=self.job_types,
-                          concurrency=self._concurrency, launch=self._run_attempt, open_channel=self._open_channel)
+                          concurrency=self._concurrency, launch=self._run_attempt, open_channel=self._open_channel,
+                          on_reconnect=None if self._metrics is None else self._metrics.reconnected)
+
+    def _credits_free(self) -> float:
+        streams = self._streams
+        return 0.0 if streams is None else float(streams.credits_free(self._concurrency))
 
     def _open_channel(self, address: str) -> grpc.aio.Channel:
         connection = self._connection
@@ -363,7 +376,7 @@ class Worker:
         handler = self._handlers.get(assignment.job_type)
         # The context is made when the handler starts: a run sent ahead is held first.
         call = functools.partial(_call, handler, slot, assignment, received_at) if handler is not None else None
-        await run_attempt(slot, assignment, call, self._starts)
+        await run_attempt(slot, assignment, call, self._starts, self._metrics)
 
     def _request_cpu_slice(self) -> None:
         if self._cpu_slice is not None and request_cpu_slice(self._cpu_slice):
@@ -377,9 +390,10 @@ class Worker:
         token: str | None = None,
         tls: ClientTls | None = None,
         realtime_priority: int | None = None,
+        metrics: str | None = None,
     ) -> None:
-        """Replace the servers, concurrency, token, TLS or real-time priority given at
-        construction (``fastlane worker`` flags win); None leaves one as it is.
+        """Replace the servers, concurrency, token, TLS, real-time priority or metrics address
+        (``HOST:PORT``) given at construction (``fastlane worker`` flags win); None leaves one as it is.
 
         Raises:
             ConfigurationError: no server address is left, concurrency is below 1, or the
@@ -391,6 +405,11 @@ class Worker:
                 raise ConfigurationError(f"realtime_priority must be an integer from 0 (off) to {MAX_PRIORITY} "
                                          f"or None, got {realtime_priority!r}")
             self._realtime_priority = realtime_priority or None
+        if metrics is not None:
+            host, _, port = metrics.rpartition(":")
+            if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+                raise ConfigurationError(f"metrics must be HOST:PORT, got {metrics!r}")
+            self._metrics_listen = metrics
         if servers:
             parts = [servers] if isinstance(servers, str) else servers
             # "a:1,b:2" works wherever a list does ($FASTLANE_SERVER, say).

@@ -458,10 +458,14 @@ def test_serve_defaults_to_sqlite_in_the_working_directory(monkeypatch: pytest.M
 
 def test_worker_passes_only_the_overrides_given(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     calls: list[tuple[str, list[str], int | None, str | None, object, int | None]] = []
-    fake = SimpleNamespace(
-        run_worker_cli=lambda target, servers, concurrency, *, token, tls, realtime_priority: calls.append(
-            (target, servers, concurrency, token, tls, realtime_priority)) or 0
-    )
+    metrics: list[str | None] = []
+
+    def run_worker_cli(target, servers, concurrency, *, token, tls, realtime_priority, **given):  # type: ignore[no-untyped-def]
+        calls.append((target, servers, concurrency, token, tls, realtime_priority))
+        metrics.append(given.get("metrics"))
+        return 0
+
+    fake = SimpleNamespace(run_worker_cli=run_worker_cli)
     monkeypatch.setitem(sys.modules, "fastlane.worker", fake)
     monkeypatch.delenv("FASTLANE_SERVER", raising=False)
     monkeypatch.delenv("FASTLANE_TOKEN", raising=False)
@@ -475,6 +479,7 @@ def test_worker_passes_only_the_overrides_given(monkeypatch: pytest.MonkeyPatch,
     assert main(["worker", "app.tasks:worker", "--token-file", str(token_file), "--tls-ca", "ca.pem"]) == 0
     assert main(["worker", "app.tasks:worker", "--realtime-priority", "99"]) == 0
     assert main(["worker", "app.tasks:worker", "--realtime-priority", "0"]) == 0  # off, whatever the code says
+    assert main(["worker", "app.tasks:worker", "--metrics", "127.0.0.1:9465"]) == 0
 
     assert calls == [
         ("app.tasks:worker", [], None, None, None, None),
@@ -483,7 +488,9 @@ def test_worker_passes_only_the_overrides_given(monkeypatch: pytest.MonkeyPatch,
         ("app.tasks:worker", ["env:3"], None, "fl_secret-from-file", ClientTls(ca_file=Path("ca.pem")), None),
         ("app.tasks:worker", ["env:3"], None, None, None, 99),
         ("app.tasks:worker", ["env:3"], None, None, None, 0),
+        ("app.tasks:worker", ["env:3"], None, None, None, None),
     ]
+    assert metrics == [None] * 6 + ["127.0.0.1:9465"]
 
 
 def test_fastlane_server_may_name_several_nodes(monkeypatch: pytest.MonkeyPatch,

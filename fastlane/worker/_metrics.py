@@ -1,0 +1,75 @@
+"""A worker's Prometheus metrics, served on ``fastlane worker --metrics HOST:PORT``
+(``Worker(metrics="HOST:PORT")``): its handlers' attempts and durations by job type, what it is
+running, the credits it has free, and its reconnects to each node.
+
+Counted only when asked for: a worker without ``metrics`` has none of this on its run path. The
+job types are the worker's own (the handlers it registered), so their number is bounded by its
+code, and a worker serves one tenant's runs or any: there is no tenant label.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Protocol, TypeVar
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, start_http_server
+
+from fastlane.domain.models import AttemptOutcome
+from fastlane.errors import ConfigurationError
+
+
+class _Ended(Protocol):
+    @property
+    def outcome(self) -> AttemptOutcome: ...
+
+
+E = TypeVar("E", bound=_Ended)  # how an attempt ended (the worker's Verdict)
+
+# Handler durations: from a millisecond to an hour.
+_HANDLER_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0)
+
+
+class WorkerMetrics:
+    """One worker's registry, and what its run path reports into it."""
+
+    def __init__(self, credits_free: Callable[[], float] = lambda: 0.0) -> None:
+        self.registry = registry = CollectorRegistry(auto_describe=True)
+        self.attempts = Counter("fastlane_worker_attempts", "Attempts this worker's handlers ended, by job type "
+                                "and outcome (succeeded, failed, permanent_failure, timed_out, cancelled)",
+                                ["job_type", "outcome"], registry=registry)
+        self.handler_seconds = Histogram("fastlane_worker_handler_seconds", "How long each handler call took, "
+                                         "entered to ended, by job type", ["job_type"], buckets=_HANDLER_BUCKETS,
+                                         registry=registry)
+        self.running = Gauge("fastlane_worker_handlers_running", "Handlers running now", registry=registry)
+        self.credits = Gauge("fastlane_worker_credits_free",
+                             "Runs this worker could take now: its concurrency less what it runs or holds, over "
+                             "every node", registry=registry)
+        self.credits.set_function(credits_free)
+        self.reconnects = Counter("fastlane_worker_reconnects", "Times this worker dialled a node again after its "
+                                  "stream ended or could not be opened, by node address", ["node"], registry=registry)
+
+    async def observed(self, job_type: str, attempt: Awaitable[E]) -> E:
+        """``attempt`` (a handler's call, judged) awaited, counted and timed."""
+        self.running.inc()
+        began = time.perf_counter()
+        try:
+            ended = await attempt
+        finally:
+            self.running.dec()
+        self.handler_seconds.labels(job_type).observe(time.perf_counter() - began)
+        self.attempts.labels(job_type, ended.outcome.value).inc()
+        return ended
+
+    def reconnected(self, node: str) -> None:
+        self.reconnects.labels(node).inc()
+
+    def serve(self, listen: str) -> None:
+        """Expose /metrics over HTTP on ``HOST:PORT`` (a daemon thread), without ``_created`` series."""
+        host, _, port = listen.rpartition(":")
+        disable_created_metrics()  # type: ignore[no-untyped-call]  # the library leaves it unannotated
+        try:
+            start_http_server(int(port), addr=host.strip("[]") or "127.0.0.1", registry=self.registry)
+        except (OSError, ValueError) as error:
+            raise ConfigurationError(f"--metrics {listen}: cannot listen: {getattr(error, 'strerror', None) or error}") \
+                from error
