@@ -6,6 +6,7 @@ however many jobs and runs the tenant has.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -182,8 +183,10 @@ async def runs(request: web.Request) -> web.Response:
 async def run(request: web.Request) -> web.Response:
     run_id = request.match_info["run_id"]
     detail = await call_api(request, "RunService/GetRun", runs_pb2.GetRunRequest(run_id=run_id), runs_pb2.GetRunResponse)
-    found = wire.run_from_pb(detail.run)
     attempts = [wire.attempt_from_pb(run_id, m) for m in detail.attempts]
+    # As listings say (and the CLI): its lag is from when its first attempt's handler was entered.
+    started = next((attempt.started_at for attempt in attempts if attempt.started_at is not None), None)
+    found = replace(wire.run_from_pb(detail.run), first_started_at=started)
     return render(request, "run.html", run=found, attempts=attempts, attempt_note=attempt_note, lag=run_lag(found),
                   run_input=detail.payload, run_output=detail.output, payloads_hidden=detail.payloads_hidden,
                   took=run_duration(found), note=_note(request), **await _runs_and_history(request, run_id, "run"))

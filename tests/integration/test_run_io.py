@@ -77,8 +77,9 @@ async def test_a_runs_input_and_output_are_shown_to_the_roles_that_may_read_payl
     output_line = next(line for line in out.splitlines() if line.startswith("output"))
     assert output_line.split(None, 1)[1] == ("-" if hidden else '{"closed":3,"currency":"EUR"}')
 
-    # The console's run page: the same rule.
+    # The console's run page: the same rule; and its start lag, from its first attempt's start.
     page = await console_page(node, "client-a", f"/runs/{run.run_id}")
+    assert page.split("<dt>start lag</dt><dd>")[1].split("</dd>")[0] not in {"—", ""}
     if hidden:
         assert 'id="run-io-hidden"' in page and "EU-7" not in page
     else:
