@@ -364,6 +364,8 @@ async def test_workflow_pages_show_a_tenants_workflows_and_their_runs_only(conso
     assert status == 200 and "month-end/close" in page
     status, page = await a.get("/workflow?name=month-end%2Fclose")
     assert status == 200 and run.workflow_run_id[:8] in page
+    shown = page.split('id="workflow-definition">')[1].split("</pre>")[0]
+    assert '\n  &#34;steps&#34;: [' in shown  # the definition indented, one key a line
     status, page = await a.get(f"/workflow-runs/{run.workflow_run_id}")
     assert status == 200 and "debit" in page and "report" in page
     assert "month-end/close" not in (await b.get("/workflows"))[1]
