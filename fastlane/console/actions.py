@@ -66,6 +66,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/jobs/{job_id}/{action}", job_action)
     app.router.add_post("/runs/{run_id}/{action}", run_action)
     app.router.add_post("/workflow-runs/{workflow_run_id}/{action}", workflow_run_action)
+    app.router.add_post("/workflow/trigger", trigger_workflow)
 
 
 # -- signing in and out -------------------------------------------------------------------------
@@ -206,6 +207,14 @@ async def run_action(request: web.Request) -> web.StreamResponse:
     method, request_type, response_type, done = RUN_ACTIONS[action]
     await call_api(request, method, request_type(run_id=run_id), response_type)
     return see_other(f"/runs/{run_id}?done={done}")
+
+
+async def trigger_workflow(request: web.Request) -> web.StreamResponse:
+    """A run of the workflow's latest version, now, without input (the CLI and the API take one)."""
+    name = str((await request.post()).get("name", ""))
+    answer = await call_api(request, "WorkflowService/TriggerWorkflow", workflows_pb2.TriggerWorkflowRequest(name=name),
+                            workflows_pb2.TriggerWorkflowResponse)
+    return see_other(f"/workflow-runs/{answer.run.workflow_run_id}?done=triggered-workflow")
 
 
 async def workflow_run_action(request: web.Request) -> web.StreamResponse:

@@ -40,6 +40,7 @@ NOTES = {  # what an action just did, shown once after its redirect (a fixed set
     "created": "Job created.", "updated": "Job updated.", "paused": "Job paused.", "resumed": "Job resumed.",
     "triggered": "A run of the job was made, due now.", "deleted": "Job deleted.", "cancelled": "Cancellation asked.",
     "retried": "The run will be tried again now.", "resumed-workflow": "The workflow run goes on.",
+    "triggered-workflow": "A run of the workflow was started.",
 }
 
 

@@ -354,7 +354,7 @@ async def test_a_job_is_edited_from_its_form_and_keeps_what_the_form_does_not_sh
 
 async def test_workflow_pages_show_a_tenants_workflows_and_their_runs_only(console: SecuredNode,
                                                                           visitors: dict[str, Visitor]):
-    a, b = visitors["client-a"], visitors["client-b"]
+    a, b, viewer = visitors["client-a"], visitors["client-b"], visitors["viewer-a"]
     definition = {"name": "month-end/close", "steps": [{"name": "debit", "job_type": "t"},
                                                        {"name": "report", "job_type": "t", "after": ["debit"]}]}
     async with console.client("client-a") as api:
@@ -366,6 +366,13 @@ async def test_workflow_pages_show_a_tenants_workflows_and_their_runs_only(conso
     assert status == 200 and run.workflow_run_id[:8] in page
     shown = page.split('id="workflow-definition">')[1].split("</pre>")[0]
     assert '\n  &#34;steps&#34;: [' in shown  # the definition indented, one key a line
+    assert 'id="trigger-workflow"' in page and 'id="trigger-workflow"' not in (await viewer.get(
+        "/workflow?name=month-end%2Fclose"))[1]
+    started = await a.post("/workflow/trigger", {"name": "month-end/close"}, csrf=await a.csrf())
+    assert started.status == 303 and started.headers["Location"].endswith("?done=triggered-workflow")
+    status, page = await a.get(started.headers["Location"])
+    assert status == 200 and "A run of the workflow was started." in page
+    assert (await b.post("/workflow/trigger", {"name": "month-end/close"}, csrf=await b.csrf())).status == 404
     status, page = await a.get(f"/workflow-runs/{run.workflow_run_id}")
     assert status == 200 and "debit" in page and "report" in page
     assert "month-end/close" not in (await b.get("/workflows"))[1]
