@@ -17,6 +17,7 @@ from fastlane._proto import admin_pb2, jobs_pb2, runs_pb2, workflows_pb2
 from fastlane.auth.caller import Caller
 from fastlane.cli.views import attempt_note, describe_schedule, run_duration, run_lag
 from fastlane.client.convert import audit_event_from_pb, step_views_from_pb, workflow_run_from_pb
+from fastlane.console import timeline
 from fastlane.console.bulk import bulk_note
 from fastlane.console.chart import lag_chart
 from fastlane.console.gateway import CallRefused
@@ -36,6 +37,7 @@ _JOB_BULK_TAKES = {action.value: sorted(state.value for state in lifecycle.JOBS_
 ID_CHARS = frozenset("0123456789abcdefABCDEF-")
 PREVIEW_COUNT = 8
 HISTORY_EVENTS = 30
+TIMELINE_RUNS = 100  # step runs read for a workflow run's timeline (a wide fan-out shows its first ones)
 NOTES = {  # what an action just did, shown once after its redirect (a fixed set: no text from the URL)
     "created": "Job created.", "updated": "Job updated.", "paused": "Job paused.", "resumed": "Job resumed.",
     "triggered": "A run of the job was made, due now.", "deleted": "Job deleted.", "cancelled": "Cancellation asked.",
@@ -220,6 +222,12 @@ async def workflow(request: web.Request) -> web.Response:
 async def workflow_run(request: web.Request) -> web.Response:
     detail = await call_api(request, "WorkflowService/GetWorkflowRun", workflows_pb2.GetWorkflowRunRequest(
         workflow_run_id=request.match_info["workflow_run_id"]), workflows_pb2.GetWorkflowRunResponse)
-    return render(request, "workflow_run.html", run=workflow_run_from_pb(detail.run), steps=step_views_from_pb(detail),
-                  note=_note(request))
+    steps = step_views_from_pb(detail)
+    runs = {}
+    for run_id in [run_id for step in steps for run_id in step.run_ids][:TIMELINE_RUNS]:
+        shown = await call_api(request, "RunService/GetRun", runs_pb2.GetRunRequest(run_id=run_id),
+                               runs_pb2.GetRunResponse)
+        runs[run_id] = (wire.run_from_pb(shown.run), [wire.attempt_from_pb(run_id, m) for m in shown.attempts])
+    return render(request, "workflow_run.html", run=workflow_run_from_pb(detail.run), steps=steps,
+                  timeline=timeline.bars(steps, runs, datetime.now(UTC)), note=_note(request))
 
