@@ -16,8 +16,8 @@ from aiohttp import web
 from fastlane._proto import admin_pb2, jobs_pb2, runs_pb2, workflows_pb2
 from fastlane.auth.caller import Caller
 from fastlane.cli.views import attempt_note, describe_schedule, run_duration, run_lag
-from fastlane.client.convert import audit_event_from_pb, step_views_from_pb, workflow_run_from_pb
-from fastlane.console import timeline
+from fastlane.client.convert import audit_event_from_pb, step_views_from_pb, workflow_from_pb, workflow_run_from_pb
+from fastlane.console import dag, timeline
 from fastlane.console.bulk import bulk_note
 from fastlane.console.chart import lag_chart
 from fastlane.console.gateway import CallRefused
@@ -228,6 +228,7 @@ async def workflow_run(request: web.Request) -> web.Response:
         shown = await call_api(request, "RunService/GetRun", runs_pb2.GetRunRequest(run_id=run_id),
                                runs_pb2.GetRunResponse)
         runs[run_id] = (wire.run_from_pb(shown.run), [wire.attempt_from_pb(run_id, m) for m in shown.attempts])
-    return render(request, "workflow_run.html", run=workflow_run_from_pb(detail.run), steps=steps,
+    graph = dag.layout(workflow_from_pb(detail.workflow).spec, {step.name: step.state.value for step in steps})
+    return render(request, "workflow_run.html", run=workflow_run_from_pb(detail.run), steps=steps, graph=graph,
                   timeline=timeline.bars(steps, runs, datetime.now(UTC)), note=_note(request))
 

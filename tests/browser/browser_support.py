@@ -28,6 +28,7 @@ class ConsoleNode:
 
     url: str
     secrets: dict[str, str] = field(default_factory=dict)
+    api: str = ""  # the node's gRPC address, for what the console cannot do (define a workflow)
 
 
 def missing() -> str | None:

@@ -42,7 +42,7 @@ async def console_node(tmp_path: Path) -> AsyncIterator[ConsoleNode]:
         node.start()
         await node.wait_ready()
         worker.start()
-        yield ConsoleNode(url=f"http://{console_address}", secrets=secrets)
+        yield ConsoleNode(url=f"http://{console_address}", secrets=secrets, api=node.address)
     finally:
         worker.stop()
         node.stop()

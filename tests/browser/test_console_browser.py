@@ -19,6 +19,8 @@ from selenium.common.exceptions import NoSuchElementException, StaleElementRefer
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
+from fastlane.client import Client
+
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
 WAIT = 30.0
@@ -141,3 +143,28 @@ def test_a_user_steers_jobs_and_runs_from_the_browser(console_node: ConsoleNode,
     browser.get(node.url + "/cluster")
     screenshot(browser, screenshots / "cluster-other-tenant.png")
     assert "acme" not in browser.find_element(By.ID, "workers").text  # acme's worker is not shown to others
+
+
+async def test_a_user_starts_a_workflow_and_follows_its_graph_and_timeline(console_node: ConsoleNode,
+                                                                          chromium: webdriver.Chrome, screenshots: Path):
+    node, browser = console_node, chromium
+    definition = {"name": "month-end", "steps": [
+        {"name": "close-ledger", "job_type": "console.ok"},
+        {"name": "invoice", "job_type": "console.ok", "after": ["close-ledger"]},
+        {"name": "report", "job_type": "console.ok", "after": ["close-ledger"]},
+        {"name": "archive", "job_type": "console.ok", "after": ["invoice", "report"]},
+    ]}
+    async with Client(node.api, token=node.secrets["alice"]) as client:
+        await client.create_workflow(definition)
+    sign_in(browser, node, "alice")
+    browser.get(node.url + "/workflow?name=month-end")
+    browser.find_element(By.ID, "trigger-workflow").click()
+    eventually(browser, "the new workflow run's page",
+               lambda: browser.find_element(By.ID, "note").text == "A run of the workflow was started.")
+    eventually(browser, "every step succeeded, live", lambda: len(browser.find_elements(
+        By.CSS_SELECTOR, "#dag g.step.succeeded")) == 4)
+    steps = [box.get_attribute("data-step") for box in browser.find_elements(By.CSS_SELECTOR, "#dag g.step")]
+    assert steps == ["close-ledger", "invoice", "report", "archive"]
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#dag line.edge")) == 4
+    eventually(browser, "the timeline", lambda: len(browser.find_elements(By.CSS_SELECTOR, "#timeline .timeline-row")) == 4)
+    screenshot(browser, screenshots / "workflow-run.png")

@@ -157,5 +157,8 @@ async def test_a_workflow_steps_outputs_are_shown_by_the_same_rule(node: Secured
     page = await console_page(node, "client-a", f"/workflow-runs/{started.workflow_run_id}")
     assert ("&#34;total&#34;: 42" in page) is not hidden
     assert '<td class="error-text">None</td>' not in page  # a step without an error shows none
+    graph = page.split('id="dag"')[1].split("</svg>")[0]  # the graph, each step coloured by its state
+    assert '<g class="step succeeded" data-step="sum">' in graph and '<g class="step succeeded" data-step="mail">' in graph
+    assert graph.count("<line ") == 1
     drawn = page.split('id="timeline"')[1]  # both steps ran: both on the timeline, sum first
     assert drawn.index('<span class="timeline-step">sum</span>') < drawn.index('<span class="timeline-step">mail</span>')
