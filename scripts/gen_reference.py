@@ -602,23 +602,28 @@ class Family:
 def metric_families(registry: Any) -> tuple[list[Family], list[str]]:
     """The families of a registry (a node's, a worker's), as a scrape shows them; labels and
     buckets from their collectors (a family without samples yet does not carry them)."""
-    from prometheus_client.metrics import Histogram, MetricWrapperBase
+    from prometheus_client import ProcessCollector
+    from prometheus_client.metrics import Histogram, Info, MetricWrapperBase
 
     from fastlane.runtime.metrics import ReadWhenScraped
 
     families, problems = [], []
     for collector in list(registry._collector_to_names):  # no public list of a registry's collectors
-        if isinstance(collector, MetricWrapperBase):
+        if isinstance(collector, Info):
+            labels = tuple(sorted(next(iter(collector.collect())).samples[0].labels))  # its keys are its labels
+        elif isinstance(collector, MetricWrapperBase):
             labels = tuple(collector._labelnames)
         elif isinstance(collector, ReadWhenScraped):
             labels = tuple(collector._labels)
+        elif isinstance(collector, ProcessCollector):
+            labels = ()
         else:
             problems.append(f"metrics: a collector of type {type(collector).__name__}: the generator does not "
                             "know where its labels are")
             continue
         buckets = tuple(collector._upper_bounds) if isinstance(collector, Histogram) else ()
         for family in collector.collect():
-            name = family.name + ("_total" if family.type == "counter" else "")
+            name = family.name + {"counter": "_total", "info": "_info"}.get(family.type, "")
             families.append(Family(name, family.type, labels, family.documentation, buckets))
             if not family.documentation.strip():
                 problems.append(f"metrics: {name} has no help text")

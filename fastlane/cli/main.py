@@ -22,6 +22,7 @@ import grpc
 from fastlane.cli import cluster, completion, daemon, jobs, quotas, runs, tokens, workflows
 from fastlane.cli.arguments import DURATION_SYNTAX, TOKEN_ENV, UsageError, default_server
 from fastlane.errors import FastlaneError, RemoteError
+from fastlane.runtime.version import installed_version
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -80,14 +81,6 @@ def help_text(docstring: str | None) -> str:
     :role:`x` become x, a literal block's ``::`` becomes ``:``), its words kept."""
     text = _LITERAL.sub(r"\1", _ROLE.sub(r"\1", docstring or ""))
     return text.replace("::\n", ":\n")
-
-
-def installed_version() -> str:
-    """This fastlane's version, as installed (pyproject.toml's), or ``unknown`` from a bare source tree."""
-    try:
-        return importlib.metadata.version("fastlane")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
 
 
 def _register_demo(commands: Any) -> None:

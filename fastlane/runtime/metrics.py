@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import platform
 import secrets as random_source
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -22,6 +23,8 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    Info,
+    ProcessCollector,
     disable_created_metrics,
     start_http_server,
 )
@@ -29,6 +32,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from fastlane.errors import ConfigurationError
+from fastlane.runtime.version import installed_version
 
 # Labels whose values name a tenant's things, and the prefix of their pseudonyms.
 NAMED_LABELS = {"tenant": "t-", "job_type": "j-"}
@@ -227,6 +231,11 @@ class Metrics:
         self.write_lead = Gauge("fastlane_write_ahead_lead_seconds",
                                 "How long before their instant runs are written now (grows with slow writes)",
                                 registry=registry)
+        # The process: its RSS, CPU seconds, open files and start time (process_*), read from /proc
+        # when scraped; and which fastlane and Python answer (for a dashboard across an upgrade).
+        ProcessCollector(registry=registry)
+        Info("fastlane_build", "The fastlane and Python versions of this node", registry=registry).info(
+            {"version": installed_version(), "python": platform.python_version()})
 
     def exposed(self, *, names_in_clear: bool = False, secret: bytes | None = None) -> CollectorRegistry:
         """The registry ``/metrics`` serves: this one with names in clear, else a
