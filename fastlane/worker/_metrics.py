@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, start_http_server
 
@@ -46,6 +47,7 @@ class WorkerMetrics:
                              "Runs this worker could take now: its concurrency less what it runs or holds, over "
                              "every node", registry=registry)
         self.credits.set_function(credits_free)
+        self._server: WSGIServer | None = None
         self.reconnects = Counter("fastlane_worker_reconnects", "Times this worker dialled a node again after its "
                                   "stream ended or could not be opened, by node address", ["node"], registry=registry)
 
@@ -65,11 +67,19 @@ class WorkerMetrics:
         self.reconnects.labels(node).inc()
 
     def serve(self, listen: str) -> None:
-        """Expose /metrics over HTTP on ``HOST:PORT`` (a daemon thread), without ``_created`` series."""
+        """Expose /metrics over HTTP on ``HOST:PORT`` (a daemon thread) until :meth:`close`, without
+        ``_created`` series."""
         host, _, port = listen.rpartition(":")
         disable_created_metrics()  # type: ignore[no-untyped-call]  # the library leaves it unannotated
         try:
-            start_http_server(int(port), addr=host.strip("[]") or "127.0.0.1", registry=self.registry)
+            self._server, _ = start_http_server(int(port), addr=host.strip("[]") or "127.0.0.1", registry=self.registry)
         except (OSError, ValueError) as error:
             raise ConfigurationError(f"--metrics {listen}: cannot listen: {getattr(error, 'strerror', None) or error}") \
                 from error
+
+    def close(self) -> None:
+        """Stop serving (blocks until the server's thread has seen it: well under a second)."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None

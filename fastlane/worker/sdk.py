@@ -170,6 +170,8 @@ class Worker:
             normally. Every async handler then runs at that priority too. A loop that runs 250 ms
             without blocking is lowered to normal scheduling until the worker stops (see
             ``fastlane/worker/_realtime.py``). None or 0 (the default): normal scheduling.
+        metrics: ``HOST:PORT`` to serve this worker's Prometheus metrics on, over plain HTTP, while
+            :meth:`run` runs (see ``fastlane/worker/_metrics.py``); None (the default): none kept.
     """
 
     def __init__(
@@ -324,6 +326,8 @@ class Worker:
         finally:
             if realtime is not None:
                 realtime.release()
+            if self._metrics is not None:
+                await asyncio.to_thread(self._metrics.close)
             await self._starts.close()
             self._finished.set()
 

@@ -90,6 +90,7 @@ async def test_a_worker_counts_and_times_its_attempts_by_job_type_and_outcome(no
     assert samples["fastlane_worker_handlers_running"] == 0
     assert samples["fastlane_worker_credits_free"] == 4  # connected to one node, nothing in flight
     assert not [name for name in samples if "_created" in name]
+    assert await asyncio.to_thread(scrape, listen) == {}  # the worker stopped: so did its listener
 
 
 async def test_a_worker_that_cannot_reach_its_node_counts_its_reconnects() -> None:
