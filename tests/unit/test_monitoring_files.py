@@ -99,6 +99,29 @@ def test_rules_and_dashboard_read_only_metrics_a_node_exports() -> None:
         assert used <= exported, f"the {source} read metrics no node exports: {sorted(used - exported)}"
 
 
+def test_every_metric_an_alert_reads_is_on_the_dashboard() -> None:
+    """An alert that fires points at a panel that shows what it saw (through recording rules)."""
+    document = yaml.safe_load(RULES.read_text())
+    rules = [rule for group in document["groups"] for rule in group["rules"]]
+    recorded = {rule["record"]: rule["expr"] for rule in rules if "record" in rule}
+
+    def family(name: str) -> str:  # a histogram's series are one family
+        return re.sub(r"_(bucket|count|sum)$", "", name)
+
+    def read_by(expression: str) -> set[str]:
+        names = {family(name) for name in METRIC_NAME.findall(expression)}
+        for record, recorded_expression in recorded.items():
+            if record in expression:
+                names |= read_by(recorded_expression)
+        return names
+
+    shown = {family(name) for query in dashboard_queries() for name in METRIC_NAME.findall(query)}
+    for rule in rules:
+        if "alert" in rule:
+            unseen = read_by(rule["expr"]) - shown
+            assert not unseen, f"{rule['alert']} reads {sorted(unseen)}, which no dashboard panel shows"
+
+
 def test_the_dashboard_shows_the_event_loop_lag_histogram_and_the_trigger_lag_slo() -> None:
     panels = dashboard()["panels"]
     heatmaps = [panel for panel in panels if panel["type"] == "heatmap"]
