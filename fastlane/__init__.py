@@ -9,8 +9,10 @@ handlers without a daemon. Every other module is the daemon's and may change in 
 
 from fastlane.auth.tls import ClientTls
 from fastlane.client import Client, JobOptions
+from fastlane.client.bulk_calls import BackfillProgress
 from fastlane.domain.access import ApiToken, Role
 from fastlane.domain.audit import AuditAction, AuditEvent, AuditTarget
+from fastlane.domain.backfill import BackfillMode
 from fastlane.domain.cluster import ClusterStatus, NodeStatus, ShardStatus, WorkerStatus
 from fastlane.domain.models import (
     Attempt,
@@ -57,6 +59,8 @@ __all__ = [
     "AuditAction",
     "AuditEvent",
     "AuditTarget",
+    "BackfillMode",
+    "BackfillProgress",
     "BulkOutcome",
     "Client",
     "ClientTls",

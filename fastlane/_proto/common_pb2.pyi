@@ -105,16 +105,18 @@ ATTEMPT_OUTCOME_CANCELLED: AttemptOutcome
 ATTEMPT_OUTCOME_SUPERSEDED: AttemptOutcome
 
 class Schedule(_message.Message):
-    __slots__ = ("now", "at", "cron", "interval")
+    __slots__ = ("now", "at", "cron", "interval", "jitter")
     NOW_FIELD_NUMBER: _ClassVar[int]
     AT_FIELD_NUMBER: _ClassVar[int]
     CRON_FIELD_NUMBER: _ClassVar[int]
     INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    JITTER_FIELD_NUMBER: _ClassVar[int]
     now: Now
     at: _timestamp_pb2.Timestamp
     cron: Cron
     interval: Interval
-    def __init__(self, now: _Optional[_Union[Now, _Mapping]] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cron: _Optional[_Union[Cron, _Mapping]] = ..., interval: _Optional[_Union[Interval, _Mapping]] = ...) -> None: ...
+    jitter: _duration_pb2.Duration
+    def __init__(self, now: _Optional[_Union[Now, _Mapping]] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cron: _Optional[_Union[Cron, _Mapping]] = ..., interval: _Optional[_Union[Interval, _Mapping]] = ..., jitter: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class Now(_message.Message):
     __slots__ = ()
@@ -215,7 +217,7 @@ class Job(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[_Union[JobState, str]] = ..., next_fire_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., version: _Optional[int] = ..., shard_id: _Optional[int] = ..., error: _Optional[str] = ..., pause_reason: _Optional[str] = ...) -> None: ...
 
 class Run(_message.Message):
-    __slots__ = ("run_id", "job_id", "tenant", "job_type", "scheduled_for", "available_at", "state", "attempts", "manual", "worker_id", "progress", "last_error", "created_at", "finished_at", "idempotency_key", "shard_id", "checkpoint_bytes", "cancel_requested", "first_attempt_at", "first_started_at")
+    __slots__ = ("run_id", "job_id", "tenant", "job_type", "scheduled_for", "available_at", "state", "attempts", "manual", "worker_id", "progress", "last_error", "created_at", "finished_at", "idempotency_key", "shard_id", "checkpoint_bytes", "cancel_requested", "first_attempt_at", "first_started_at", "backfill_id")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
@@ -236,6 +238,7 @@ class Run(_message.Message):
     CANCEL_REQUESTED_FIELD_NUMBER: _ClassVar[int]
     FIRST_ATTEMPT_AT_FIELD_NUMBER: _ClassVar[int]
     FIRST_STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    BACKFILL_ID_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     job_id: str
     tenant: str
@@ -256,7 +259,8 @@ class Run(_message.Message):
     cancel_requested: bool
     first_attempt_at: _timestamp_pb2.Timestamp
     first_started_at: _timestamp_pb2.Timestamp
-    def __init__(self, run_id: _Optional[str] = ..., job_id: _Optional[str] = ..., tenant: _Optional[str] = ..., job_type: _Optional[str] = ..., scheduled_for: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., available_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., state: _Optional[_Union[RunState, str]] = ..., attempts: _Optional[int] = ..., manual: _Optional[bool] = ..., worker_id: _Optional[str] = ..., progress: _Optional[float] = ..., last_error: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., shard_id: _Optional[int] = ..., checkpoint_bytes: _Optional[int] = ..., cancel_requested: _Optional[bool] = ..., first_attempt_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., first_started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    backfill_id: str
+    def __init__(self, run_id: _Optional[str] = ..., job_id: _Optional[str] = ..., tenant: _Optional[str] = ..., job_type: _Optional[str] = ..., scheduled_for: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., available_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., state: _Optional[_Union[RunState, str]] = ..., attempts: _Optional[int] = ..., manual: _Optional[bool] = ..., worker_id: _Optional[str] = ..., progress: _Optional[float] = ..., last_error: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., shard_id: _Optional[int] = ..., checkpoint_bytes: _Optional[int] = ..., cancel_requested: _Optional[bool] = ..., first_attempt_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., first_started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., backfill_id: _Optional[str] = ...) -> None: ...
 
 class Attempt(_message.Message):
     __slots__ = ("attempt", "worker_id", "node_id", "outcome", "dispatched_at", "started_at", "finished_at", "error_code", "error_message", "reported_late", "redelivery", "error_traceback")

@@ -11,6 +11,12 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class BackfillMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    BACKFILL_MODE_UNSPECIFIED: _ClassVar[BackfillMode]
+    BACKFILL_MODE_MISSED: _ClassVar[BackfillMode]
+    BACKFILL_MODE_ALL: _ClassVar[BackfillMode]
+
 class JobAction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     JOB_ACTION_UNSPECIFIED: _ClassVar[JobAction]
@@ -35,6 +41,10 @@ class AuditAction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     AUDIT_ACTION_TRIGGERED: _ClassVar[AuditAction]
     AUDIT_ACTION_CANCELLED: _ClassVar[AuditAction]
     AUDIT_ACTION_RETRIED: _ClassVar[AuditAction]
+    AUDIT_ACTION_BACKFILLED: _ClassVar[AuditAction]
+BACKFILL_MODE_UNSPECIFIED: BackfillMode
+BACKFILL_MODE_MISSED: BackfillMode
+BACKFILL_MODE_ALL: BackfillMode
 JOB_ACTION_UNSPECIFIED: JobAction
 JOB_ACTION_PAUSE: JobAction
 JOB_ACTION_RESUME: JobAction
@@ -51,6 +61,45 @@ AUDIT_ACTION_DELETED: AuditAction
 AUDIT_ACTION_TRIGGERED: AuditAction
 AUDIT_ACTION_CANCELLED: AuditAction
 AUDIT_ACTION_RETRIED: AuditAction
+AUDIT_ACTION_BACKFILLED: AuditAction
+
+class BackfillJobRequest(_message.Message):
+    __slots__ = ("tenant", "job_id", "start", "end", "mode", "overlap", "dry_run", "limit", "page_token")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    OVERLAP_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    job_id: str
+    start: _timestamp_pb2.Timestamp
+    end: _timestamp_pb2.Timestamp
+    mode: BackfillMode
+    overlap: _common_pb2.OverlapPolicy
+    dry_run: bool
+    limit: int
+    page_token: str
+    def __init__(self, tenant: _Optional[str] = ..., job_id: _Optional[str] = ..., start: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., mode: _Optional[_Union[BackfillMode, str]] = ..., overlap: _Optional[_Union[_common_pb2.OverlapPolicy, str]] = ..., dry_run: _Optional[bool] = ..., limit: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class BackfillJobResponse(_message.Message):
+    __slots__ = ("backfill_id", "matched", "written", "already_run", "covered_until", "next_page_token")
+    BACKFILL_ID_FIELD_NUMBER: _ClassVar[int]
+    MATCHED_FIELD_NUMBER: _ClassVar[int]
+    WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    ALREADY_RUN_FIELD_NUMBER: _ClassVar[int]
+    COVERED_UNTIL_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    backfill_id: str
+    matched: int
+    written: int
+    already_run: int
+    covered_until: _timestamp_pb2.Timestamp
+    next_page_token: str
+    def __init__(self, backfill_id: _Optional[str] = ..., matched: _Optional[int] = ..., written: _Optional[int] = ..., already_run: _Optional[int] = ..., covered_until: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class JobSelection(_message.Message):
     __slots__ = ("job_type", "states")
@@ -219,22 +268,26 @@ class TriggerJobResponse(_message.Message):
     def __init__(self, run: _Optional[_Union[_common_pb2.Run, _Mapping]] = ...) -> None: ...
 
 class PreviewScheduleRequest(_message.Message):
-    __slots__ = ("schedule", "after", "count")
+    __slots__ = ("schedule", "after", "count", "job_id")
     SCHEDULE_FIELD_NUMBER: _ClassVar[int]
     AFTER_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
     schedule: _common_pb2.Schedule
     after: _timestamp_pb2.Timestamp
     count: int
-    def __init__(self, schedule: _Optional[_Union[_common_pb2.Schedule, _Mapping]] = ..., after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., count: _Optional[int] = ...) -> None: ...
+    job_id: str
+    def __init__(self, schedule: _Optional[_Union[_common_pb2.Schedule, _Mapping]] = ..., after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., count: _Optional[int] = ..., job_id: _Optional[str] = ...) -> None: ...
 
 class FireTime(_message.Message):
-    __slots__ = ("utc", "local")
+    __slots__ = ("utc", "local", "run_at")
     UTC_FIELD_NUMBER: _ClassVar[int]
     LOCAL_FIELD_NUMBER: _ClassVar[int]
+    RUN_AT_FIELD_NUMBER: _ClassVar[int]
     utc: _timestamp_pb2.Timestamp
     local: str
-    def __init__(self, utc: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., local: _Optional[str] = ...) -> None: ...
+    run_at: _timestamp_pb2.Timestamp
+    def __init__(self, utc: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., local: _Optional[str] = ..., run_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class PreviewScheduleResponse(_message.Message):
     __slots__ = ("fire_times",)

@@ -90,6 +90,11 @@ class JobServiceStub:
                 request_serializer=fastlane_dot_v1_dot_jobs__pb2.ActOnJobsRequest.SerializeToString,
                 response_deserializer=fastlane_dot_v1_dot_jobs__pb2.ActOnJobsResponse.FromString,
                 _registered_method=True)
+        self.BackfillJob = channel.unary_unary(
+                '/fastlane.v1.JobService/BackfillJob',
+                request_serializer=fastlane_dot_v1_dot_jobs__pb2.BackfillJobRequest.SerializeToString,
+                response_deserializer=fastlane_dot_v1_dot_jobs__pb2.BackfillJobResponse.FromString,
+                _registered_method=True)
 
 
 class JobServiceServicer:
@@ -180,6 +185,16 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BackfillJob(self, request, context):
+        """Run a recurring job's fire times over a past range now: each of them (or only those with no
+        run that ran) gets a run, at the instant a run for it has. A bounded number per call (continue
+        with next_page_token); the runs name the backfill (Run.backfill_id, RunSelection.backfill_id),
+        so its progress is theirs and cancelling them cancels it. Audited.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -237,6 +252,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.ActOnJobs,
                     request_deserializer=fastlane_dot_v1_dot_jobs__pb2.ActOnJobsRequest.FromString,
                     response_serializer=fastlane_dot_v1_dot_jobs__pb2.ActOnJobsResponse.SerializeToString,
+            ),
+            'BackfillJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.BackfillJob,
+                    request_deserializer=fastlane_dot_v1_dot_jobs__pb2.BackfillJobRequest.FromString,
+                    response_serializer=fastlane_dot_v1_dot_jobs__pb2.BackfillJobResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -537,6 +557,33 @@ class JobService:
             '/fastlane.v1.JobService/ActOnJobs',
             fastlane_dot_v1_dot_jobs__pb2.ActOnJobsRequest.SerializeToString,
             fastlane_dot_v1_dot_jobs__pb2.ActOnJobsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BackfillJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fastlane.v1.JobService/BackfillJob',
+            fastlane_dot_v1_dot_jobs__pb2.BackfillJobRequest.SerializeToString,
+            fastlane_dot_v1_dot_jobs__pb2.BackfillJobResponse.FromString,
             options,
             channel_credentials,
             insecure,

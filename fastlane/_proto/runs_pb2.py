@@ -26,37 +26,37 @@ from fastlane._proto import common_pb2 as fastlane_dot_v1_dot_common__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x66\x61stlane/v1/runs.proto\x12\x0b\x66\x61stlane.v1\x1a\x18\x66\x61stlane/v1/common.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc1\x01\n\x0cRunSelection\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08job_type\x18\x02 \x01(\t\x12%\n\x06states\x18\x03 \x03(\x0e\x32\x15.fastlane.v1.RunState\x12\x32\n\x0escheduled_from\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x34\n\x10scheduled_before\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xac\x01\n\x10\x41\x63tOnRunsRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12&\n\x06\x61\x63tion\x18\x02 \x01(\x0e\x32\x16.fastlane.v1.RunAction\x12,\n\tselection\x18\x03 \x01(\x0b\x32\x19.fastlane.v1.RunSelection\x12\x0f\n\x07\x64ry_run\x18\x04 \x01(\x08\x12\r\n\x05limit\x18\x05 \x01(\x05\x12\x12\n\npage_token\x18\x06 \x01(\t\"v\n\x11\x41\x63tOnRunsResponse\x12\x0f\n\x07matched\x18\x01 \x01(\x05\x12\r\n\x05\x61\x63ted\x18\x02 \x01(\x05\x12\x0f\n\x07skipped\x18\x03 \x01(\x05\x12\x17\n\x0fnext_page_token\x18\x04 \x01(\t\x12\x17\n\x0fstopped_because\x18\x05 \x01(\t\"/\n\rGetRunRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\"2\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\"2\n\x11\x43\x61ncelRunResponse\x12\x1d\n\x03run\x18\x01 \x01(\x0b\x32\x10.fastlane.v1.Run\"1\n\x0fRetryRunRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\"1\n\x10RetryRunResponse\x12\x1d\n\x03run\x18\x01 \x01(\x0b\x32\x10.fastlane.v1.Run\"\x8e\x02\n\x0fListRunsRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12%\n\x06states\x18\x03 \x03(\x0e\x32\x15.fastlane.v1.RunState\x12\x11\n\tpage_size\x18\x04 \x01(\x05\x12\x12\n\npage_token\x18\x05 \x01(\t\x12\x11\n\tid_prefix\x18\x06 \x01(\t\x12\x32\n\x0escheduled_from\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x34\n\x10scheduled_before\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08job_type\x18\t \x01(\t\"K\n\x10ListRunsResponse\x12\x1e\n\x04runs\x18\x01 \x03(\x0b\x32\x10.fastlane.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xa5\x01\n\x0eGetRunResponse\x12\x1d\n\x03run\x18\x01 \x01(\x0b\x32\x10.fastlane.v1.Run\x12&\n\x08\x61ttempts\x18\x02 \x03(\x0b\x32\x14.fastlane.v1.Attempt\x12\x12\n\ncheckpoint\x18\x03 \x01(\x0c\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\x12\x0e\n\x06output\x18\x05 \x01(\x0c\x12\x17\n\x0fpayloads_hidden\x18\x06 \x01(\x08*T\n\tRunAction\x12\x1a\n\x16RUN_ACTION_UNSPECIFIED\x10\x00\x12\x15\n\x11RUN_ACTION_CANCEL\x10\x01\x12\x14\n\x10RUN_ACTION_RETRY\x10\x02\x32\xf9\x02\n\nRunService\x12G\n\x08ListRuns\x12\x1c.fastlane.v1.ListRunsRequest\x1a\x1d.fastlane.v1.ListRunsResponse\x12\x41\n\x06GetRun\x12\x1a.fastlane.v1.GetRunRequest\x1a\x1b.fastlane.v1.GetRunResponse\x12J\n\tCancelRun\x12\x1d.fastlane.v1.CancelRunRequest\x1a\x1e.fastlane.v1.CancelRunResponse\x12G\n\x08RetryRun\x12\x1c.fastlane.v1.RetryRunRequest\x1a\x1d.fastlane.v1.RetryRunResponse\x12J\n\tActOnRuns\x12\x1d.fastlane.v1.ActOnRunsRequest\x1a\x1e.fastlane.v1.ActOnRunsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x66\x61stlane/v1/runs.proto\x12\x0b\x66\x61stlane.v1\x1a\x18\x66\x61stlane/v1/common.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd6\x01\n\x0cRunSelection\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08job_type\x18\x02 \x01(\t\x12%\n\x06states\x18\x03 \x03(\x0e\x32\x15.fastlane.v1.RunState\x12\x32\n\x0escheduled_from\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x34\n\x10scheduled_before\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0b\x62\x61\x63kfill_id\x18\x06 \x01(\t\"\xac\x01\n\x10\x41\x63tOnRunsRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12&\n\x06\x61\x63tion\x18\x02 \x01(\x0e\x32\x16.fastlane.v1.RunAction\x12,\n\tselection\x18\x03 \x01(\x0b\x32\x19.fastlane.v1.RunSelection\x12\x0f\n\x07\x64ry_run\x18\x04 \x01(\x08\x12\r\n\x05limit\x18\x05 \x01(\x05\x12\x12\n\npage_token\x18\x06 \x01(\t\"v\n\x11\x41\x63tOnRunsResponse\x12\x0f\n\x07matched\x18\x01 \x01(\x05\x12\r\n\x05\x61\x63ted\x18\x02 \x01(\x05\x12\x0f\n\x07skipped\x18\x03 \x01(\x05\x12\x17\n\x0fnext_page_token\x18\x04 \x01(\t\x12\x17\n\x0fstopped_because\x18\x05 \x01(\t\"/\n\rGetRunRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\"2\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\"2\n\x11\x43\x61ncelRunResponse\x12\x1d\n\x03run\x18\x01 \x01(\x0b\x32\x10.fastlane.v1.Run\"1\n\x0fRetryRunRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\"1\n\x10RetryRunResponse\x12\x1d\n\x03run\x18\x01 \x01(\x0b\x32\x10.fastlane.v1.Run\"\xa3\x02\n\x0fListRunsRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12%\n\x06states\x18\x03 \x03(\x0e\x32\x15.fastlane.v1.RunState\x12\x11\n\tpage_size\x18\x04 \x01(\x05\x12\x12\n\npage_token\x18\x05 \x01(\t\x12\x11\n\tid_prefix\x18\x06 \x01(\t\x12\x32\n\x0escheduled_from\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x34\n\x10scheduled_before\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08job_type\x18\t \x01(\t\x12\x13\n\x0b\x62\x61\x63kfill_id\x18\n \x01(\t\"K\n\x10ListRunsResponse\x12\x1e\n\x04runs\x18\x01 \x03(\x0b\x32\x10.fastlane.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xa5\x01\n\x0eGetRunResponse\x12\x1d\n\x03run\x18\x01 \x01(\x0b\x32\x10.fastlane.v1.Run\x12&\n\x08\x61ttempts\x18\x02 \x03(\x0b\x32\x14.fastlane.v1.Attempt\x12\x12\n\ncheckpoint\x18\x03 \x01(\x0c\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\x12\x0e\n\x06output\x18\x05 \x01(\x0c\x12\x17\n\x0fpayloads_hidden\x18\x06 \x01(\x08*T\n\tRunAction\x12\x1a\n\x16RUN_ACTION_UNSPECIFIED\x10\x00\x12\x15\n\x11RUN_ACTION_CANCEL\x10\x01\x12\x14\n\x10RUN_ACTION_RETRY\x10\x02\x32\xf9\x02\n\nRunService\x12G\n\x08ListRuns\x12\x1c.fastlane.v1.ListRunsRequest\x1a\x1d.fastlane.v1.ListRunsResponse\x12\x41\n\x06GetRun\x12\x1a.fastlane.v1.GetRunRequest\x1a\x1b.fastlane.v1.GetRunResponse\x12J\n\tCancelRun\x12\x1d.fastlane.v1.CancelRunRequest\x1a\x1e.fastlane.v1.CancelRunResponse\x12G\n\x08RetryRun\x12\x1c.fastlane.v1.RetryRunRequest\x1a\x1d.fastlane.v1.RetryRunResponse\x12J\n\tActOnRuns\x12\x1d.fastlane.v1.ActOnRunsRequest\x1a\x1e.fastlane.v1.ActOnRunsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fastlane.v1.runs_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_RUNACTION']._serialized_start=1362
-  _globals['_RUNACTION']._serialized_end=1446
+  _globals['_RUNACTION']._serialized_start=1404
+  _globals['_RUNACTION']._serialized_end=1488
   _globals['_RUNSELECTION']._serialized_start=99
-  _globals['_RUNSELECTION']._serialized_end=292
-  _globals['_ACTONRUNSREQUEST']._serialized_start=295
-  _globals['_ACTONRUNSREQUEST']._serialized_end=467
-  _globals['_ACTONRUNSRESPONSE']._serialized_start=469
-  _globals['_ACTONRUNSRESPONSE']._serialized_end=587
-  _globals['_GETRUNREQUEST']._serialized_start=589
-  _globals['_GETRUNREQUEST']._serialized_end=636
-  _globals['_CANCELRUNREQUEST']._serialized_start=638
-  _globals['_CANCELRUNREQUEST']._serialized_end=688
-  _globals['_CANCELRUNRESPONSE']._serialized_start=690
-  _globals['_CANCELRUNRESPONSE']._serialized_end=740
-  _globals['_RETRYRUNREQUEST']._serialized_start=742
-  _globals['_RETRYRUNREQUEST']._serialized_end=791
-  _globals['_RETRYRUNRESPONSE']._serialized_start=793
-  _globals['_RETRYRUNRESPONSE']._serialized_end=842
-  _globals['_LISTRUNSREQUEST']._serialized_start=845
-  _globals['_LISTRUNSREQUEST']._serialized_end=1115
-  _globals['_LISTRUNSRESPONSE']._serialized_start=1117
-  _globals['_LISTRUNSRESPONSE']._serialized_end=1192
-  _globals['_GETRUNRESPONSE']._serialized_start=1195
-  _globals['_GETRUNRESPONSE']._serialized_end=1360
-  _globals['_RUNSERVICE']._serialized_start=1449
-  _globals['_RUNSERVICE']._serialized_end=1826
+  _globals['_RUNSELECTION']._serialized_end=313
+  _globals['_ACTONRUNSREQUEST']._serialized_start=316
+  _globals['_ACTONRUNSREQUEST']._serialized_end=488
+  _globals['_ACTONRUNSRESPONSE']._serialized_start=490
+  _globals['_ACTONRUNSRESPONSE']._serialized_end=608
+  _globals['_GETRUNREQUEST']._serialized_start=610
+  _globals['_GETRUNREQUEST']._serialized_end=657
+  _globals['_CANCELRUNREQUEST']._serialized_start=659
+  _globals['_CANCELRUNREQUEST']._serialized_end=709
+  _globals['_CANCELRUNRESPONSE']._serialized_start=711
+  _globals['_CANCELRUNRESPONSE']._serialized_end=761
+  _globals['_RETRYRUNREQUEST']._serialized_start=763
+  _globals['_RETRYRUNREQUEST']._serialized_end=812
+  _globals['_RETRYRUNRESPONSE']._serialized_start=814
+  _globals['_RETRYRUNRESPONSE']._serialized_end=863
+  _globals['_LISTRUNSREQUEST']._serialized_start=866
+  _globals['_LISTRUNSREQUEST']._serialized_end=1157
+  _globals['_LISTRUNSRESPONSE']._serialized_start=1159
+  _globals['_LISTRUNSRESPONSE']._serialized_end=1234
+  _globals['_GETRUNRESPONSE']._serialized_start=1237
+  _globals['_GETRUNRESPONSE']._serialized_end=1402
+  _globals['_RUNSERVICE']._serialized_start=1491
+  _globals['_RUNSERVICE']._serialized_end=1868
 # @@protoc_insertion_point(module_scope)

@@ -21,18 +21,20 @@ RUN_ACTION_CANCEL: RunAction
 RUN_ACTION_RETRY: RunAction
 
 class RunSelection(_message.Message):
-    __slots__ = ("job_id", "job_type", "states", "scheduled_from", "scheduled_before")
+    __slots__ = ("job_id", "job_type", "states", "scheduled_from", "scheduled_before", "backfill_id")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_TYPE_FIELD_NUMBER: _ClassVar[int]
     STATES_FIELD_NUMBER: _ClassVar[int]
     SCHEDULED_FROM_FIELD_NUMBER: _ClassVar[int]
     SCHEDULED_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    BACKFILL_ID_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     job_type: str
     states: _containers.RepeatedScalarFieldContainer[_common_pb2.RunState]
     scheduled_from: _timestamp_pb2.Timestamp
     scheduled_before: _timestamp_pb2.Timestamp
-    def __init__(self, job_id: _Optional[str] = ..., job_type: _Optional[str] = ..., states: _Optional[_Iterable[_Union[_common_pb2.RunState, str]]] = ..., scheduled_from: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., scheduled_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    backfill_id: str
+    def __init__(self, job_id: _Optional[str] = ..., job_type: _Optional[str] = ..., states: _Optional[_Iterable[_Union[_common_pb2.RunState, str]]] = ..., scheduled_from: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., scheduled_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., backfill_id: _Optional[str] = ...) -> None: ...
 
 class ActOnRunsRequest(_message.Message):
     __slots__ = ("tenant", "action", "selection", "dry_run", "limit", "page_token")
@@ -101,7 +103,7 @@ class RetryRunResponse(_message.Message):
     def __init__(self, run: _Optional[_Union[_common_pb2.Run, _Mapping]] = ...) -> None: ...
 
 class ListRunsRequest(_message.Message):
-    __slots__ = ("tenant", "job_id", "states", "page_size", "page_token", "id_prefix", "scheduled_from", "scheduled_before", "job_type")
+    __slots__ = ("tenant", "job_id", "states", "page_size", "page_token", "id_prefix", "scheduled_from", "scheduled_before", "job_type", "backfill_id")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     STATES_FIELD_NUMBER: _ClassVar[int]
@@ -111,6 +113,7 @@ class ListRunsRequest(_message.Message):
     SCHEDULED_FROM_FIELD_NUMBER: _ClassVar[int]
     SCHEDULED_BEFORE_FIELD_NUMBER: _ClassVar[int]
     JOB_TYPE_FIELD_NUMBER: _ClassVar[int]
+    BACKFILL_ID_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     job_id: str
     states: _containers.RepeatedScalarFieldContainer[_common_pb2.RunState]
@@ -120,7 +123,8 @@ class ListRunsRequest(_message.Message):
     scheduled_from: _timestamp_pb2.Timestamp
     scheduled_before: _timestamp_pb2.Timestamp
     job_type: str
-    def __init__(self, tenant: _Optional[str] = ..., job_id: _Optional[str] = ..., states: _Optional[_Iterable[_Union[_common_pb2.RunState, str]]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., id_prefix: _Optional[str] = ..., scheduled_from: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., scheduled_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., job_type: _Optional[str] = ...) -> None: ...
+    backfill_id: str
+    def __init__(self, tenant: _Optional[str] = ..., job_id: _Optional[str] = ..., states: _Optional[_Iterable[_Union[_common_pb2.RunState, str]]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., id_prefix: _Optional[str] = ..., scheduled_from: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., scheduled_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., job_type: _Optional[str] = ..., backfill_id: _Optional[str] = ...) -> None: ...
 
 class ListRunsResponse(_message.Message):
     __slots__ = ("runs", "next_page_token")

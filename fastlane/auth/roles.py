@@ -25,6 +25,7 @@ ALLOWED: Final[dict[str, frozenset[Role]]] = {
     "/fastlane.v1.JobService/DeleteJob": WRITE,
     "/fastlane.v1.JobService/TriggerJob": WRITE,
     "/fastlane.v1.JobService/ActOnJobs": WRITE,
+    "/fastlane.v1.JobService/BackfillJob": WRITE,
     "/fastlane.v1.JobService/GetJob": READ,
     "/fastlane.v1.JobService/ListJobs": READ,
     "/fastlane.v1.JobService/PreviewSchedule": READ,

@@ -11,6 +11,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from fastlane.auth.tls import ClientTls
 from fastlane.domain import validation
 from fastlane.domain.limits import (
     MAX_HISTORY_RETENTION,
+    MAX_JITTER,
     MAX_TENANT_IN_FLIGHT,
     MAX_TENANT_WEIGHT,
     MIN_HISTORY_RETENTION,
@@ -165,6 +167,17 @@ def positive_seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a duration: {DURATION_SYNTAX}") from None
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{text} must be a positive duration")
+    return value
+
+
+def jitter_seconds(text: str) -> float:
+    """An argparse type: a schedule's jitter (:func:`duration_seconds`), 0 for none."""
+    try:
+        value = duration_seconds(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration: {DURATION_SYNTAX}") from None
+    if not 0 <= value <= MAX_JITTER.total_seconds():
+        raise argparse.ArgumentTypeError(f"{text} is out of range: 0 (none) to 24h")
     return value
 
 
@@ -356,6 +369,12 @@ def add_schedule_flags(parser: argparse.ArgumentParser, *, allow_now: bool, tz_h
         metavar="RFC3339",
         help=f"with --every: the instant the interval counts from (default: {anchor_default})",
     )
+    parser.add_argument(
+        "--jitter", metavar="DURATION", type=jitter_seconds,
+        help="with --cron or --every: start each run up to this long after its fire time (e.g. 5m, at most "
+             "24h; 0: on the fire time), by an offset fixed per job and fire time, so jobs on one schedule do "
+             "not all start at once",
+    )
 
 
 def schedule_from_flags(args: argparse.Namespace, *, tz_is_display_only: bool = False) -> Schedule:
@@ -368,6 +387,8 @@ def schedule_from_flags(args: argparse.Namespace, *, tz_is_display_only: bool = 
     """
     if args.anchor is not None and args.every is None:
         raise UsageError("--anchor only goes with --every")
+    if getattr(args, "jitter", None) and args.cron is None and args.every is None:
+        raise UsageError("--jitter only goes with --cron or --every (a one-shot job has one fire time to keep)")
     if args.tz is not None and args.cron is None and not tz_is_display_only:
         raise UsageError("--tz only goes with --cron (fire times of --at and --every do not depend on a zone)")
     if args.tz is not None:
@@ -381,6 +402,8 @@ def schedule_from_flags(args: argparse.Namespace, *, tz_is_display_only: bool = 
     else:
         anchor = instant_flag(args.anchor, "--anchor") if args.anchor is not None else None
         schedule = Schedule.interval(timedelta(seconds=args.every), anchor)
+    if getattr(args, "jitter", None):
+        schedule = replace(schedule, jitter=timedelta(seconds=args.jitter))
     validate_schedule(schedule)
     return schedule
 

@@ -89,8 +89,15 @@ def updated_spec(spec: JobSpec, args: argparse.Namespace) -> JobSpec:
     changes: dict[str, Any] = {}
     if any(getattr(args, kind, None) not in (None, False) for kind in ("now", "at", "cron", "every")):
         changes["schedule"] = schedule_from_flags(args)
+        if args.jitter is None and not changes["schedule"].is_one_shot:  # a new recurrence keeps the jitter
+            changes["schedule"] = replace(changes["schedule"], jitter=spec.schedule.jitter)
     elif args.tz is not None or args.anchor is not None:
         changes["schedule"] = _rezoned_or_reanchored(spec.schedule, args)
+    if args.jitter is not None and not any(getattr(args, kind, None) for kind in ("cron", "every")):
+        schedule = changes.get("schedule", spec.schedule)
+        if schedule.is_one_shot:
+            raise UsageError("--jitter only goes with a cron or interval schedule; this job fires once")
+        changes["schedule"] = replace(schedule, jitter=timedelta(seconds=args.jitter) if args.jitter else None)
     plain = {"job_type": args.job_type, "priority": args.priority, "concurrency_key": args.concurrency_key,
              "concurrency_limit": args.concurrency_limit, "overlap": args.overlap and OverlapPolicy(args.overlap),
              "delivery": args.delivery and Delivery(args.delivery),

@@ -11,16 +11,17 @@ from fastlane.cli.arguments import (
     add_json_flags,
     add_schedule_flags,
     client_flags,
-    instant_flag,
     json_flag,
     positive_int,
     positive_seconds,
     schedule_from_flags,
 )
+from fastlane.cli.backfill import add_backfill_parser
 from fastlane.cli.job_selection import BULK_ACTIONS, act_on_selection, add_bulk_flags, one_job_or_a_selection
 from fastlane.cli.job_specs import spec_from_flags, updated_spec
 from fastlane.cli.lookup import resolve_job
 from fastlane.cli.output import note, print_fields, print_json, print_table
+from fastlane.cli.preview import add_preview_parser
 from fastlane.cli.remote import collect_pages, run_remote
 from fastlane.cli.views import (
     audit_view,
@@ -34,7 +35,7 @@ from fastlane.cli.views import (
 )
 from fastlane.client import Client
 from fastlane.domain.audit import AuditTarget
-from fastlane.domain.limits import MAX_CONCURRENCY_LIMIT, MAX_PREVIEW
+from fastlane.domain.limits import MAX_CONCURRENCY_LIMIT
 from fastlane.domain.models import (
     Delivery,
     Job,
@@ -45,8 +46,7 @@ from fastlane.domain.models import (
     RetryPolicy,
 )
 from fastlane.domain.records import JobAction
-from fastlane.domain.schedules import fire_notes, local_time, preview
-from fastlane.errors import InvalidArgument, RemoteError
+from fastlane.errors import RemoteError
 from fastlane.rpc.wire import rfc3339
 
 
@@ -137,29 +137,9 @@ def register(commands: Any) -> None:
         json_flag(action)
         action.set_defaults(handler=act_on_job, command_parser=action)
 
-    preview_parser = actions.add_parser(
-        "preview",
-        help="show the next fire times of a schedule (computed locally, no daemon needed)",
-        description="Show the next fire times of a schedule in UTC and local time, without creating anything.",
-    )
-    add_schedule_flags(
-        preview_parser,
-        allow_now=False,
-        tz_help="IANA time zone: of the --cron expression, and of the local column (default: UTC)",
-        anchor_default="the --after instant",
-    )
-    preview_parser.add_argument(
-        "--after", metavar="RFC3339", help="list times strictly after this instant (default: now)"
-    )
-    preview_parser.add_argument(
-        "--count",
-        metavar="N",
-        type=positive_int,
-        default=5,
-        help=f"how many fire times to show, at most {MAX_PREVIEW} (default: 5)",
-    )
-    json_flag(preview_parser)
-    preview_parser.set_defaults(handler=preview_schedule, command_parser=preview_parser)
+    add_backfill_parser(actions, remote)
+
+    add_preview_parser(actions)
 
 
 def _add_policy_flags(parser: argparse.ArgumentParser) -> None:
@@ -279,7 +259,7 @@ async def _warn_if_unserved(client: Client, job: Job) -> None:
              "will wait until one does (`fastlane cluster` lists the workers and their job types)")
 
 
-_UPDATE_FLAGS = ("now", "at", "cron", "every", "tz", "anchor", "job_type", "payload", "payload_file", "priority",
+_UPDATE_FLAGS = ("now", "at", "cron", "every", "tz", "anchor", "jitter", "job_type", "payload", "payload_file", "priority",
                  "concurrency_key",
                  "concurrency_limit", "max_attempts", "max_retry_time", "backoff_base", "backoff_cap", "misfire",
                  "misfire_grace", "fire_all_cap", "overlap", "delivery", "timeout", "lease_ttl")
@@ -394,30 +374,3 @@ async def show_job(client: Client, args: argparse.Namespace) -> int:
     print_fields(job_fields(job))
     print_history(history, targets=True)
     return 0
-
-
-# -- preview -----------------------------------------------------------------------------------
-
-
-def preview_schedule(args: argparse.Namespace) -> int:
-    """Next fire times, computed here with :mod:`fastlane.domain.schedules` exactly as a node would."""
-    schedule = schedule_from_flags(args, tz_is_display_only=True)
-    if args.count > MAX_PREVIEW:
-        raise InvalidArgument("--count", f"{args.count} is over the limit of {MAX_PREVIEW}")
-    after = instant_flag(args.after, "--after") if args.after is not None else datetime.now(UTC)
-    display_zone = args.tz or "UTC"
-    instants = preview(schedule, after, args.count)
-    notes = fire_notes(schedule, instants, after)
-    fires = [(utc, local_time(utc, display_zone), why) for utc, why in zip(instants, notes, strict=True)]
-    if args.json:
-        print_json([{"utc": rfc3339(utc), "local": local.isoformat(), "note": why} for utc, local, why in fires])
-        return 0
-    if any(notes):  # a daylight saving transition moved, repeated or skipped something: say so
-        print_table(("UTC", f"LOCAL ({display_zone})", "NOTE"),
-                    [(rfc3339(utc), local.isoformat(), why or "") for utc, local, why in fires])
-    else:
-        print_table(("UTC", f"LOCAL ({display_zone})"), [(rfc3339(utc), local.isoformat()) for utc, local, _ in fires])
-    if not fires:
-        note(f"(this schedule fires no more times after {rfc3339(after)})")
-    return 0
-

@@ -17,7 +17,7 @@ from fastlane.domain.records import BulkOutcome, RunAction, RunFilter
 from fastlane.domain.schedules import parse_at
 from fastlane.errors import ScheduleError
 
-SELECTION_FLAGS = ("job_id", "job_type", "states", "since", "until")
+SELECTION_FLAGS = ("job_id", "job_type", "states", "since", "until", "backfill_id")
 _WORDS = {RunAction.CANCEL: Words("runs", "cancel", "cancelled", RunAction.CANCEL.value),
           RunAction.RETRY: Words("runs", "retry", "scheduled again", RunAction.RETRY.value)}
 
@@ -48,6 +48,8 @@ def add_selection_flags(parser: argparse.ArgumentParser, *, types: bool = True) 
                         help="only runs scheduled at or after WHEN: an RFC 3339 instant, or a duration ago (2h, 30m, 1d)")
     parser.add_argument("--until", metavar="WHEN", type=when,
                         help="only runs scheduled before WHEN (an instant, or a duration ago, as --since)")
+    parser.add_argument("--backfill", dest="backfill_id", metavar="ID",
+                        help="only the runs of this backfill (the id `fastlane jobs backfill` prints)")
 
 
 def add_bulk_flags(parser: argparse.ArgumentParser, action: RunAction) -> None:
@@ -72,7 +74,8 @@ async def selection_of(client: Client, args: argparse.Namespace) -> RunFilter:
     job_id = (await resolve_job(client, args.job_id)).job_id if args.job_id else None
     return RunFilter(job_id=job_id, job_type=getattr(args, "job_type", None) or None,
                      states=frozenset(RunState(state) for state in args.states or ()),
-                     scheduled_from=args.since, scheduled_before=args.until)
+                     scheduled_from=args.since, scheduled_before=args.until,
+                     backfill_id=getattr(args, "backfill_id", None) or None)
 
 
 async def act_on_selection(client: Client, args: argparse.Namespace, action: RunAction) -> int:

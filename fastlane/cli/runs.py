@@ -179,6 +179,7 @@ def list_runs(args: argparse.Namespace) -> int:
             lambda size, token: client.list_runs(
                 job_id=selection.job_id, job_type=selection.job_type, states=selection.states, page_size=size,
                 page_token=token, scheduled_from=selection.scheduled_from, scheduled_before=selection.scheduled_before,
+                backfill_id=selection.backfill_id,
             ),
             args.limit,
         )

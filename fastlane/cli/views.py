@@ -35,6 +35,8 @@ def schedule_view(schedule: Schedule) -> dict[str, Any]:
         view.update(cron=schedule.cron, timezone=schedule.timezone)
     elif schedule.kind is ScheduleKind.INTERVAL:
         view.update(every_seconds=seconds(schedule.every), anchor=rfc3339(schedule.anchor))
+    if schedule.jitter is not None:
+        view["jitter_seconds"] = seconds(schedule.jitter)
     return view
 
 
@@ -42,11 +44,12 @@ def describe_schedule(schedule: Schedule) -> str:
     """One short line for tables: ``cron "30 2 * * *" America/New_York``, ``every 60s``..."""
     if schedule.kind is ScheduleKind.AT:
         return f"at {rfc3339(schedule.at)}"
+    jitter = f", jitter {format_seconds(schedule.jitter)}" if schedule.jitter is not None else ""
     if schedule.kind is ScheduleKind.CRON:
-        return f'cron "{schedule.cron}" {schedule.timezone}'
+        return f'cron "{schedule.cron}" {schedule.timezone}{jitter}'
     if schedule.kind is ScheduleKind.INTERVAL:
         anchor = f" from {rfc3339(schedule.anchor)}" if schedule.anchor else ""
-        return f"every {format_seconds(schedule.every)}{anchor}"
+        return f"every {format_seconds(schedule.every)}{anchor}{jitter}"
     return "now"
 
 
@@ -161,6 +164,7 @@ def run_view(run: Run) -> dict[str, Any]:
         "state": run.state.value,
         "attempts": run.attempts,
         "manual": run.manual,
+        "backfill_id": run.backfill_id,
         "worker_id": run.worker_id,
         "progress": run.progress,
         "last_error": run.last_error,
@@ -206,8 +210,11 @@ def run_fields(run: Run) -> list[tuple[str, Any]]:
 
 def run_lag(run: Run) -> timedelta | None:
     """How late the run's first attempt started (its handler entered) after the scheduled time:
-    the lag a job sees (None before it started, or from a node that does not say)."""
-    return None if run.first_started_at is None else run.first_started_at - run.scheduled_for
+    the lag a job sees (None before it started, or from a node that does not say). A backfill's
+    run stands for a past fire time: its lag counts from when the backfill wrote it."""
+    if run.first_started_at is None:
+        return None
+    return run.first_started_at - (run.created_at if run.backfill_id else run.scheduled_for)
 
 
 def run_duration(run: Run) -> timedelta | None:

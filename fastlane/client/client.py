@@ -13,7 +13,7 @@ Every method returns domain models (:mod:`fastlane.domain.models`); a failed cal
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import fields, replace
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
@@ -23,13 +23,11 @@ import orjson
 
 from fastlane._proto import admin_pb2, jobs_pb2, runs_pb2, workflows_pb2
 from fastlane.auth.tls import ClientTls
+from fastlane.client.bulk_calls import BulkCalls
 from fastlane.client.connection import Connection
 from fastlane.client.convert import (
     audit_event_from_pb,
-    bulk_outcome_from_pb,
     cluster_from_pb,
-    job_selection_pb,
-    run_selection_pb,
     step_views_from_pb,
     workflow_from_pb,
     workflow_run_from_pb,
@@ -52,11 +50,11 @@ from fastlane.domain.models import (
     Schedule,
 )
 from fastlane.domain.quotas import TenantQuota
-from fastlane.domain.records import BulkOutcome, JobAction, JobFilter, Page, RunAction, RunFilter
+from fastlane.domain.records import Page
 from fastlane.domain.workflows import StepView, Workflow, WorkflowRun
 from fastlane.rpc import wire
 from fastlane.rpc.channel import DEFAULT_SERVER
-from fastlane.rpc.enums import AUDIT_TARGET, JOB_ACTION, JOB_STATE, ROLE, RUN_ACTION, RUN_STATE
+from fastlane.rpc.enums import AUDIT_TARGET, JOB_STATE, ROLE, RUN_STATE
 
 # Keyword arguments of Client.create that go straight into the JobSpec.
 _POLICY_FIELDS: Final = frozenset(f.name for f in fields(JobSpec)) - {
@@ -86,7 +84,7 @@ class JobOptions(TypedDict, total=False):
     lease_ttl: timedelta
 
 
-class Client:
+class Client(BulkCalls):
     """A connection to one fastlane daemon, scoped to one tenant.
 
     Use it as an async context manager, or call :meth:`close` when done. The channel is opened
@@ -249,23 +247,6 @@ class Client:
         await self._connection.call(self._connection.stubs.jobs.DeleteJob,
                                     jobs_pb2.DeleteJobRequest(tenant=self.tenant, job_id=job_id))
 
-    async def act_on_jobs(self, action: JobAction | str, selection: JobFilter = JobFilter(), *, dry_run: bool = False,
-                          limit: int = 0, page_token: str = "", reason: str = "") -> BulkOutcome:
-        """Pause (with ``reason``), resume or delete (``action``) the jobs ``selection`` takes, ``limit``
-        at most (0: the node's default, 1,000); with ``dry_run``, how many it would take. One call:
-        go on with the outcome's ``next_page_token``, or use :meth:`act_on_all_jobs`."""
-        request = jobs_pb2.ActOnJobsRequest(
-            tenant=self.tenant, action=JOB_ACTION.named(action, "action"), dry_run=dry_run, limit=limit,
-            page_token=page_token, selection=job_selection_pb(selection), reason=reason)
-        return bulk_outcome_from_pb(await self._connection.call(self._connection.stubs.jobs.ActOnJobs, request))
-
-    def act_on_all_jobs(self, action: JobAction | str, selection: JobFilter = JobFilter(), *, limit: int = 0,
-                        reason: str = "") -> AsyncIterator[BulkOutcome]:
-        """:meth:`act_on_jobs` call after call until the selection is done: each call's outcome
-        as it comes, for progress."""
-        return _call_after_call(
-            lambda token: self.act_on_jobs(action, selection, limit=limit, page_token=token, reason=reason))
-
     async def trigger_job(self, job_id: str) -> Run:
         """Run the job once, now, outside its schedule; returns the new run."""
         request = jobs_pb2.TriggerJobRequest(tenant=self.tenant, job_id=job_id)
@@ -299,10 +280,12 @@ class Client:
         scheduled_from: datetime | None = None,
         scheduled_before: datetime | None = None,
         job_type: str | None = None,
+        backfill_id: str | None = None,
     ) -> Page[Run]:
         """One page of runs, newest scheduled time first; with ``id_prefix``, the runs whose id
         starts with it, in id order (one page only); with ``scheduled_from`` and
-        ``scheduled_before``, only the runs scheduled in ``[scheduled_from, scheduled_before)``."""
+        ``scheduled_before``, only the runs scheduled in ``[scheduled_from, scheduled_before)``;
+        with ``backfill_id``, only the runs that backfill wrote (:meth:`backfill_job`)."""
         request = runs_pb2.ListRunsRequest(
             tenant=self.tenant,
             job_id=job_id or "",
@@ -313,6 +296,7 @@ class Client:
             id_prefix=id_prefix or "",
             scheduled_from=wire.timestamp(scheduled_from),
             scheduled_before=wire.timestamp(scheduled_before),
+            backfill_id=backfill_id or "",
         )
         response = await self._connection.call(self._connection.stubs.runs.ListRuns, request)
         return Page(items=[wire.run_from_pb(run) for run in response.runs], next_page_token=response.next_page_token)
@@ -338,22 +322,6 @@ class Client:
         """Replay a dead or lost run now, as a new attempt with the same idempotency key."""
         request = runs_pb2.RetryRunRequest(tenant=self.tenant, run_id=run_id)
         return wire.run_from_pb((await self._connection.call(self._connection.stubs.runs.RetryRun, request)).run)
-
-    async def act_on_runs(self, action: RunAction | str, selection: RunFilter = RunFilter(), *, dry_run: bool = False,
-                          limit: int = 0, page_token: str = "") -> BulkOutcome:
-        """Cancel or retry (``action``) the runs ``selection`` takes, ``limit`` at most (0: the node's
-        default, 1,000); with ``dry_run``, how many it would take. One call: continue with the
-        outcome's ``next_page_token``, or use :meth:`act_on_all_runs`."""
-        request = runs_pb2.ActOnRunsRequest(
-            tenant=self.tenant, action=RUN_ACTION.named(action, "action"), dry_run=dry_run, limit=limit,
-            page_token=page_token, selection=run_selection_pb(selection))
-        return bulk_outcome_from_pb(await self._connection.call(self._connection.stubs.runs.ActOnRuns, request))
-
-    def act_on_all_runs(self, action: RunAction | str, selection: RunFilter = RunFilter(), *,
-                        limit: int = 0) -> AsyncIterator[BulkOutcome]:
-        """:meth:`act_on_runs` call after call until the selection is done (or a call stops short,
-        its ``stopped_because`` set): each call's outcome as it comes, for progress."""
-        return _call_after_call(lambda token: self.act_on_runs(action, selection, limit=limit, page_token=token))
 
     # -- workflows ------------------------------------------------------------------------------
 
@@ -487,14 +455,3 @@ class Client:
         # token's own, decided by the node).
         return spec if spec.tenant == self.tenant else replace(spec, tenant=self.tenant)
 
-
-async def _call_after_call(call: Callable[[str], Awaitable[BulkOutcome]]) -> AsyncIterator[BulkOutcome]:
-    """A bulk action's calls, each from the token the last one returned, until the selection is
-    done or a call stops short."""
-    token = ""
-    while True:
-        outcome = await call(token)
-        yield outcome
-        token = outcome.next_page_token
-        if not token or outcome.stopped_because:
-            return

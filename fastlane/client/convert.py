@@ -77,7 +77,8 @@ def run_selection_pb(selection: RunFilter) -> runs_pb2.RunSelection:
     return runs_pb2.RunSelection(
         job_id=selection.job_id or "", job_type=selection.job_type or "",
         states=[RUN_STATE.number(state) for state in sorted(selection.states)],
-        scheduled_from=wire.timestamp(selection.scheduled_from), scheduled_before=wire.timestamp(selection.scheduled_before))
+        scheduled_from=wire.timestamp(selection.scheduled_from), scheduled_before=wire.timestamp(selection.scheduled_before),
+        backfill_id=selection.backfill_id or "")
 
 
 def job_selection_pb(selection: JobFilter) -> jobs_pb2.JobSelection:

@@ -30,6 +30,7 @@ class AuditAction(StrEnum):
     TRIGGERED = "triggered"  # the target is the run the trigger made
     CANCELLED = "cancelled"
     RETRIED = "retried"
+    BACKFILLED = "backfilled"  # a part of a backfill wrote runs of the job
 
 
 class AuditTarget(StrEnum):

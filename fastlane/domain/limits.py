@@ -21,6 +21,7 @@ LAST_INSTANT = datetime(9000, 1, 1, tzinfo=UTC)
 
 MIN_INTERVAL = timedelta(milliseconds=100)
 MAX_INTERVAL = timedelta(days=100 * 366)
+MAX_JITTER = timedelta(hours=24)  # a schedule's jitter: runs start at most this long after their fire time
 # Workers heartbeat every second: a lease of three seconds survives two lost heartbeats.
 MIN_LEASE_TTL = timedelta(seconds=3)
 # How long a shard lease lasts unrenewed (--shard-lease-ttl): the node's loops, its database

@@ -134,6 +134,9 @@ class Schedule:
     - ``at``: once, at ``at``;
     - ``cron``: ``cron`` (5 fields, or 6 with seconds first) read in ``timezone`` (IANA);
     - ``interval``: every ``every`` from ``anchor`` (default: the creation time).
+
+    ``jitter`` (cron and interval only): each run starts up to this long after its fire time, by
+    an offset fixed per job and fire time (:mod:`fastlane.domain.jitter`); None: on the fire time.
     """
 
     kind: ScheduleKind
@@ -142,6 +145,7 @@ class Schedule:
     timezone: str = "UTC"
     every: timedelta | None = None
     anchor: datetime | None = None
+    jitter: timedelta | None = None
 
     @property
     def is_one_shot(self) -> bool:
@@ -159,14 +163,14 @@ class Schedule:
         return Schedule(kind=ScheduleKind.AT, at=at)
 
     @staticmethod
-    def cron_expr(expr: str, timezone: str = "UTC") -> Schedule:
+    def cron_expr(expr: str, timezone: str = "UTC", *, jitter: timedelta | None = None) -> Schedule:
         """Fire on the cron expression ``expr`` (5 fields, or 6 with seconds first), read in the IANA ``timezone``."""
-        return Schedule(kind=ScheduleKind.CRON, cron=expr, timezone=timezone)
+        return Schedule(kind=ScheduleKind.CRON, cron=expr, timezone=timezone, jitter=jitter)
 
     @staticmethod
-    def interval(every: timedelta, anchor: datetime | None = None) -> Schedule:
+    def interval(every: timedelta, anchor: datetime | None = None, *, jitter: timedelta | None = None) -> Schedule:
         """Fire every ``every`` from ``anchor`` (default: the job's creation time)."""
-        return Schedule(kind=ScheduleKind.INTERVAL, every=every, anchor=anchor)
+        return Schedule(kind=ScheduleKind.INTERVAL, every=every, anchor=anchor, jitter=jitter)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -349,6 +353,7 @@ class Run:
     item: int = 0
     # What its handler returned, as JSON; read with the run alone (GetRun), None in listings.
     output: bytes | None = None
+    backfill_id: str | None = None  # the backfill that wrote it (a manual run of a past fire time)
 
     @property
     def idempotency_key(self) -> str:

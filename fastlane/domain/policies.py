@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 from datetime import datetime, timedelta
 
+from fastlane.domain.jitter import jitter_offset
 from fastlane.domain.models import DueJob, MisfireKind, RetryPolicy, Schedule
 from fastlane.domain.records import Occurrence
 from fastlane.domain.schedules import next_fire_after
@@ -30,22 +31,32 @@ def plan_occurrence(job: DueJob, now: datetime, horizon: datetime) -> Occurrence
       skipped (occurrences still within the grace fire as usual);
     - ``fire_all``: each missed occurrence fires, the latest ``fire_all_cap`` of them;
     - ``skip``: none fires.
+
+    Runs are written for the instants of the occurrences (:mod:`fastlane.domain.jitter`); the
+    job's ``next_fire_at`` stays a fire time of its schedule.
     """
     due = job.next_fire_at
     policy = job.timing.misfire
     recurrence = job.timing.recurrence
+    jitter = None if recurrence is None else recurrence.jitter
     missed: list[datetime] = []
     on_time: list[datetime] = []
     occurrence: datetime | None = due
     walked = 0
-    while occurrence is not None and occurrence <= horizon:
-        (missed if now - occurrence > policy.grace else on_time).append(occurrence)
+    while occurrence is not None:
+        # A run's instant is its fire time, or later by its jitter (never past the next fire time,
+        # so instants grow with fire times and the loop may stop at the first past the horizon).
+        following = _next(recurrence, occurrence) if jitter is not None else None
+        instant = occurrence if jitter is None else occurrence + jitter_offset(job.job_id, occurrence, following, jitter)
+        if instant > horizon:
+            break
+        (missed if now - instant > policy.grace else on_time).append(instant)
         walked += 1
         if walked >= MAX_OCCURRENCES_WALKED:
             # Jump over the rest of a very long outage: they count as missed but are not listed.
             occurrence = _next(recurrence, max(occurrence, now - policy.grace))
             continue
-        occurrence = _next(recurrence, occurrence)
+        occurrence = following if jitter is not None else _next(recurrence, occurrence)
 
     fire: list[datetime]
     skipped: list[datetime]

@@ -128,10 +128,12 @@ class RunFilter:
     states: frozenset[RunState] = field(default_factory=frozenset)
     scheduled_from: datetime | None = None  # at or after
     scheduled_before: datetime | None = None
+    backfill_id: str | None = None  # the runs one backfill wrote
 
     def matches(self, run: Run) -> bool:
         """Whether ``run`` is one this filter takes (what the store's statements select)."""
         return ((self.job_id is None or run.job_id == self.job_id)
+                and (self.backfill_id is None or run.backfill_id == self.backfill_id)
                 and (self.job_type is None or run.job_type == self.job_type)
                 and (not self.states or run.state in self.states)
                 and (self.scheduled_from is None or run.scheduled_for >= self.scheduled_from)

@@ -315,6 +315,8 @@ def validate_schedule(s: Schedule) -> None:
     for name in ("at", "cron", "every", "anchor"):
         if name not in _OWN_FIELDS[kind] and getattr(s, name) is not None:
             raise ScheduleError(name, f"must not be set for a {kind} schedule")
+    if s.jitter is not None and s.is_one_shot:
+        raise ScheduleError("jitter", f"spreads the runs of a recurring schedule: a {kind} schedule takes none")
     if kind != ScheduleKind.CRON and s.timezone != "UTC":
         raise ScheduleError("timezone", f"only cron schedules take a time zone, got {s.timezone!r}")
     if kind == ScheduleKind.AT:

@@ -40,6 +40,7 @@ from fastlane.domain.limits import (
     MAX_FIRE_ALL_CAP,
     MAX_ID_LENGTH,
     MAX_INTERVAL,
+    MAX_JITTER,
     MAX_LEASE_TTL,
     MAX_MISFIRE_GRACE,
     MAX_NAME_LENGTH,
@@ -190,7 +191,7 @@ def validate_spec(spec: JobSpec, *, max_payload: int = PAYLOAD_CEILING_BYTES) ->
 # The proto path of each Schedule field, for the errors of ``schedules.validate_schedule``.
 _SCHEDULE_FIELDS = {
     "kind": "", "at": ".at", "cron": ".cron.expression", "timezone": ".cron.timezone",
-    "every": ".interval.every", "anchor": ".interval.anchor",
+    "every": ".interval.every", "anchor": ".interval.anchor", "jitter": ".jitter",
 }
 
 
@@ -209,6 +210,8 @@ def validate_schedule(schedule: Schedule, field: str = "spec.schedule") -> Sched
             duration(f"{field}.interval.every", schedule.every, MIN_INTERVAL, MAX_INTERVAL)
         if schedule.anchor is not None:
             instant(f"{field}.interval.anchor", schedule.anchor)
+    if schedule.jitter is not None:
+        duration(f"{field}.jitter", schedule.jitter, timedelta(0), MAX_JITTER)
     return schedule
 
 

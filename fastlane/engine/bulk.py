@@ -47,7 +47,7 @@ async def act_on_runs(
     async def page(token: str, most: int) -> Page[Run]:
         return await store.runs.list_runs(
             tenant, job_id=taken.job_id, job_type=taken.job_type, states=taken.states, limit=most, page_token=token,
-            scheduled_from=taken.scheduled_from, scheduled_before=taken.scheduled_before)
+            scheduled_from=taken.scheduled_from, scheduled_before=taken.scheduled_before, backfill_id=taken.backfill_id)
 
     async def act(run: Run) -> bool:
         return await verb(tenant, run.run_id)

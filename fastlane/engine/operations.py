@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection
 from dataclasses import replace
+from datetime import datetime
 from functools import partial
 
 from fastlane.auth.caller import current_caller
@@ -27,6 +28,7 @@ from fastlane.domain.records import BulkOutcome, JobAction, JobFilter, RunAction
 from fastlane.domain.workflows import WORKFLOW_JOB_TYPE, Workflow, WorkflowRun, WorkflowSpec
 from fastlane.engine import bulk
 from fastlane.engine.audit_trail import AuditTrail
+from fastlane.engine.backfill import BackfillOutcome, BackfillRequest, backfill_part
 from fastlane.engine.bulk import Admit
 from fastlane.engine.dispatch.dispatcher import Dispatcher
 from fastlane.engine.lane import FastLane
@@ -119,6 +121,19 @@ class Operations:
         # history shows it too (it lists its runs' events).
         await self._audit(AuditAction.TRIGGERED, run)
         return run
+
+    async def backfill_job(self, tenant: str, job_id: str, request: BackfillRequest, now: datetime) -> BackfillOutcome:
+        """The next part of a backfill of the job (see :mod:`.backfill`); the runs it frees to
+        start now go to the lane, and the part is audited on the job."""
+        outcome = await backfill_part(self._store, tenant, job_id, request, now)
+        for run in outcome.written.scheduled:  # also announced to every node: released as read back
+            self.run_scheduled(run, recovered=True)
+        if outcome.written.written and not request.dry_run:
+            detail = (f"backfill {outcome.backfill_id}: {outcome.written.written} runs, fire times before "
+                      f"{outcome.covered_until.isoformat().replace('+00:00', 'Z')}")
+            await self._record(AuditEvent(tenant=tenant, action=AuditAction.BACKFILLED, target_kind=AuditTarget.JOB,
+                                          target_id=job_id, job_id=job_id, detail=detail))
+        return outcome
 
     # -- runs -----------------------------------------------------------------------------------
 

@@ -1,7 +1,8 @@
 """Write-ahead: the jobs of the window due soon, and their runs written a lead before they are due.
 
 The *planned* heap holds jobs whose ``next_fire_at`` falls inside the window (before the
-``horizon``), as slim :class:`DueJob` entries. At least the *lead* (plus the send-ahead lead)
+``horizon``), as slim :class:`DueJob` entries, in the order they are due (a fire time, or later by
+the schedule's jitter). At least the *lead* (plus the send-ahead lead)
 before each is due, their runs are materialised in a fenced batch and the job advanced; when more
 jobs are due soon than can be written by then at the measured rate (a crowd at one instant),
 writing starts early enough to finish. A batch that fails for a reason other than the database
@@ -22,6 +23,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 from fastlane.domain.errors import StaleFence, StorageError, StorageUnavailable, new_error_id
+from fastlane.domain.jitter import due_instant
 from fastlane.domain.limits import FIRST_INSTANT, MAX_ERROR_TEXT
 from fastlane.domain.models import DueJob, Job, JobState, Run, ShardLease
 from fastlane.domain.policies import plan_occurrence
@@ -217,10 +219,10 @@ class WriteAhead:
             await self._set_aside(job, "loading it into the window", raised)
 
     def _plan(self, job: DueJob) -> None:
-        fire_at = job.next_fire_at
         live = self._planned_at.get(job.job_id)
-        if live is not None and live.next_fire_at == fire_at:
+        if live is not None and live.next_fire_at == job.next_fire_at:
             return
+        fire_at = due_instant(job)  # its fire time, or later by its schedule's jitter
         slot = _slot(fire_at)  # first: a fire time the heap cannot order raises before any change
         self._planned_at[job.job_id] = job
         heapq.heappush(self._planned, (fire_at, job.job_id, job))
@@ -346,7 +348,7 @@ class WriteAhead:
         for shard_id in fences:
             for job in by_shard[shard_id]:
                 try:
-                    planned.append((job, plan_occurrence(job, now, max(horizon, job.next_fire_at))))
+                    planned.append((job, plan_occurrence(job, now, max(horizon, due_instant(job)))))
                 except Exception as error:  # one job's bad timing must not stop the others
                     await self._set_aside(job, "planning its occurrences", error)
         await self._write(planned, fences)

@@ -17,6 +17,7 @@ from fastlane._proto import admin_pb2, jobs_pb2, runs_pb2, workflows_pb2
 from fastlane._proto import common_pb2 as pb
 from fastlane.domain.access import Role
 from fastlane.domain.audit import AuditAction, AuditTarget
+from fastlane.domain.backfill import BackfillMode
 from fastlane.domain.models import AttemptOutcome, Delivery, JobState, MisfireKind, OverlapPolicy, RunState
 from fastlane.domain.records import JobAction, RunAction
 from fastlane.domain.workflows import StepState, WorkflowRunState
@@ -89,6 +90,7 @@ WORKFLOW_RUN_STATE = WireEnum(WorkflowRunState, workflows_pb2.WorkflowRunState, 
 STEP_STATE = WireEnum(StepState, workflows_pb2.StepState, "STEP_STATE")
 RUN_ACTION = WireEnum(RunAction, runs_pb2.RunAction, "RUN_ACTION")
 JOB_ACTION = WireEnum(JobAction, jobs_pb2.JobAction, "JOB_ACTION")
+BACKFILL_MODE = WireEnum(BackfillMode, jobs_pb2.BackfillMode, "BACKFILL_MODE")
 
 # What a worker may report, by its wire value. The rest of AttemptOutcome is the node's to decide;
 # anything else a worker sends (unspecified, one of those, a number this version does not know)
@@ -105,4 +107,4 @@ def reported_outcome(number: int) -> AttemptOutcome:
 
 
 ALL = (JOB_STATE, RUN_STATE, ATTEMPT_OUTCOME, OVERLAP_POLICY, MISFIRE_KIND, DELIVERY, ROLE, AUDIT_ACTION,
-       AUDIT_TARGET, WORKFLOW_RUN_STATE, STEP_STATE)
+       AUDIT_TARGET, WORKFLOW_RUN_STATE, STEP_STATE, BACKFILL_MODE)

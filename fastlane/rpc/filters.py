@@ -28,6 +28,7 @@ def run_filter_in(
     states: Sequence[int] = (),
     scheduled_from: Timestamp | None = None,
     scheduled_before: Timestamp | None = None,
+    backfill_id: str = "",
 ) -> RunFilter:
     """The filter these fields of a request give; ``field`` prefixes their names in errors
     (``""`` for a request's own fields, ``"selection."`` for a nested message's). A timestamp
@@ -41,6 +42,7 @@ def run_filter_in(
         job_id=validation.identifier(f"{field}job_id", job_id, required=False) or None,
         job_type=validation.name(f"{field}job_type", job_type) if job_type else None,
         states=members, scheduled_from=begins, scheduled_before=ends,
+        backfill_id=validation.identifier(f"{field}backfill_id", backfill_id, required=False) or None,
     )
 
 

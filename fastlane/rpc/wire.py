@@ -9,6 +9,7 @@ are checked against their members. The ranges a field may take are :mod:`fastlan
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar, overload
 
@@ -106,16 +107,27 @@ def duration(delta: timedelta | None) -> Duration | None:
 
 
 def schedule_to_pb(schedule: Schedule) -> pb.Schedule:
+    jitter = duration(schedule.jitter)
     if schedule.kind is ScheduleKind.NOW:
-        return pb.Schedule(now=pb.Now())
+        return pb.Schedule(now=pb.Now(), jitter=jitter)
     if schedule.kind is ScheduleKind.AT:
-        return pb.Schedule(at=timestamp(schedule.at))
+        return pb.Schedule(at=timestamp(schedule.at), jitter=jitter)
     if schedule.kind is ScheduleKind.CRON:
-        return pb.Schedule(cron=pb.Cron(expression=schedule.cron or "", timezone=schedule.timezone))
-    return pb.Schedule(interval=pb.Interval(every=duration(schedule.every), anchor=timestamp(schedule.anchor)))
+        return pb.Schedule(cron=pb.Cron(expression=schedule.cron or "", timezone=schedule.timezone), jitter=jitter)
+    return pb.Schedule(interval=pb.Interval(every=duration(schedule.every), anchor=timestamp(schedule.anchor)),
+                       jitter=jitter)
 
 
 def schedule_from_pb(message: pb.Schedule, field: str = "spec.schedule") -> Schedule:
+    schedule = _schedule_kind_from_pb(message, field)
+    if message.HasField("jitter"):
+        jitter = duration_in(f"{field}.jitter", message.jitter)
+        if jitter:  # a zero jitter is none
+            schedule = replace(schedule, jitter=jitter)
+    return schedule
+
+
+def _schedule_kind_from_pb(message: pb.Schedule, field: str) -> Schedule:
     kind = message.WhichOneof("kind")
     if kind == "now":
         return Schedule.now()
@@ -239,6 +251,7 @@ def run_to_pb(run: Run) -> pb.Run:
         cancel_requested=run.cancel_requested,
         first_attempt_at=timestamp(run.first_attempt_at),
         first_started_at=timestamp(run.first_started_at),
+        backfill_id=run.backfill_id or "",
     )
 
 
@@ -307,6 +320,7 @@ def run_from_pb(message: pb.Run) -> Run:
         cancel_requested=message.cancel_requested,
         first_attempt_at=instant(message.first_attempt_at, message.HasField("first_attempt_at")),
         first_started_at=instant(message.first_started_at, message.HasField("first_started_at")),
+        backfill_id=message.backfill_id or None,
     )
 
 

@@ -29,6 +29,7 @@ from fastlane.domain.records import (
     RunFilter,
 )
 from fastlane.domain.workflows import Workflow, WorkflowRun, WorkflowSpec
+from fastlane.storage.backfills import BackfillStore
 from fastlane.storage.capabilities import Capabilities
 from fastlane.storage.late_reports import ReporterOf
 from fastlane.storage.results import Cancellation, Materialised, ResultOutcome, TrimmedHistory
@@ -193,9 +194,11 @@ class RunStore(Protocol):
         scheduled_from: datetime | None = None,
         scheduled_before: datetime | None = None,
         job_type: str | None = None,
+        backfill_id: str | None = None,
     ) -> Page[Run]:
         """Runs newest first (by scheduled time); with ``scheduled_from`` and ``scheduled_before``,
-        only those scheduled in ``[scheduled_from, scheduled_before)``."""
+        only those scheduled in ``[scheduled_from, scheduled_before)``; with ``backfill_id``, only
+        the runs that backfill wrote."""
         ...
 
     def page_token_after(self, run: Run) -> str:
@@ -447,6 +450,7 @@ class Store(Protocol):
     quotas: QuotaStore
     history: HistoryStore
     workflows: WorkflowStore
+    backfills: BackfillStore
 
     @property
     def capabilities(self) -> Capabilities:

@@ -54,7 +54,7 @@ def _instant(text: str | None) -> datetime | None:
 
 
 def schedule_to_dict(schedule: Schedule) -> dict[str, Any]:
-    return {
+    doc = {
         "kind": schedule.kind.value,
         "at": schedule.at.isoformat() if schedule.at else None,
         "cron": schedule.cron,
@@ -62,6 +62,9 @@ def schedule_to_dict(schedule: Schedule) -> dict[str, Any]:
         "every": _seconds(schedule.every),
         "anchor": schedule.anchor.isoformat() if schedule.anchor else None,
     }
+    if schedule.jitter is not None:  # absent otherwise: a schedule without one is stored as before jitter existed
+        doc["jitter"] = _seconds(schedule.jitter)
+    return doc
 
 
 def schedule_from_dict(doc: dict[str, Any]) -> Schedule:
@@ -72,6 +75,7 @@ def schedule_from_dict(doc: dict[str, Any]) -> Schedule:
         timezone=doc.get("timezone") or "UTC",
         every=_delta(doc.get("every")),
         anchor=_instant(doc.get("anchor")),
+        jitter=_delta(doc.get("jitter")),
     )
 
 
@@ -284,6 +288,7 @@ def build_run(row: Row, previous: Run | None = None, job_ids: Mapping[str, str] 
         workflow_run_id=optional_column(row, "workflow_run_id"),
         step=optional_column(row, "step"),
         item=optional_column(row, "item") or 0,
+        backfill_id=optional_column(row, "backfill_id"),  # schema version 17
     )
 
 

@@ -8,7 +8,7 @@ import sys
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from old_schemas import read_jobs_without_later_columns
+from old_schemas import read_without_later_columns
 
 from fastlane.domain.models import AttemptOutcome, JobSpec, RetryPolicy, RunState, Schedule
 from fastlane.domain.records import KeyCap
@@ -53,7 +53,7 @@ async def test_a_database_with_jobs_migrates_and_their_runs_have_no_key(make_sto
     store = make_store(shard_count=SHARDS)
     store_module = sys.modules[SQLStore.__module__]
     monkeypatch.setattr(store_module, "migrations_for", lambda dialect: migrations_for(dialect)[:7])
-    read_jobs_without_later_columns(monkeypatch)
+    read_without_later_columns(monkeypatch)
     try:
         assert await store.migrate() == 7
         job, _ = await store.jobs.create_job(JobSpec(name="old", job_type="t", schedule=Schedule.cron_expr("* * * * *")))

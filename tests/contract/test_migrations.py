@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 import aiosqlite
 import asyncpg
 import pytest
-from old_schemas import read_jobs_without_later_columns
+from old_schemas import read_without_later_columns
 
 from fastlane.domain.models import DueJob, JobSpec, RunState, Schedule
 from fastlane.domain.policies import plan_occurrence
@@ -73,7 +73,7 @@ async def test_a_populated_version_11_database_migrates_with_every_run_where_it_
 
     # Version 11, and version 11's insert of scheduled runs.
     monkeypatch.setattr(f"{store_module}.migrations_for", lambda name: migrations_for(name)[:11])
-    read_jobs_without_later_columns(monkeypatch)
+    read_without_later_columns(monkeypatch)
     monkeypatch.setattr(statements, "INSERT_RUNS", statements.INSERT_RUNS.replace(V12_CONFLICT, V11_CONFLICT[dialect]))
     store = make_store(shard_count=SHARDS)
     try:

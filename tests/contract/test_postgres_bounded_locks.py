@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
-from old_schemas import read_jobs_without_later_columns
+from old_schemas import read_without_later_columns
 
 from fastlane.domain.errors import StaleFence, StorageUnavailable
 from fastlane.domain.models import AttemptOutcome, JobSpec, Schedule, ShardLease
@@ -303,7 +303,7 @@ async def test_a_populated_database_migrates_to_vacuuming_its_churning_tables_of
     that already holds jobs and runs."""
     store = open_store(pg_dsn, shard_count=4)
     monkeypatch.setattr("fastlane.storage.store.migrations_for", lambda dialect: migrations_for(dialect)[:9])
-    read_jobs_without_later_columns(monkeypatch)
+    read_without_later_columns(monkeypatch)
     reader = await asyncpg.connect(pg_dsn)
     try:
         assert await store.migrate() == 9
@@ -329,7 +329,7 @@ async def test_a_populated_database_migrates_to_attempts_with_one_index(pg_dsn: 
     indexed column changed, room in the page) is heap-only."""
     store = open_store(pg_dsn, shard_count=4)
     monkeypatch.setattr("fastlane.storage.store.migrations_for", lambda dialect: migrations_for(dialect)[:10])
-    read_jobs_without_later_columns(monkeypatch)
+    read_without_later_columns(monkeypatch)
     reader = await asyncpg.connect(pg_dsn)
     try:
         assert await store.migrate() == 10

@@ -95,7 +95,7 @@ async def materialise_job(store, leases, job_id: str):
 
 
 async def test_migrate_is_idempotent_and_creates_the_shards(store):
-    assert await store.migrate() == 16  # 0016: a paused job keeps the reason of its pause
+    assert await store.migrate() == 17  # 0017: a run names the backfill that wrote it
     shards = await store.shards.list_shards()
     assert [shard.shard_id for shard in shards] == list(range(SHARDS))
     assert all(shard.owner == "" and shard.token == 0 for shard in shards)

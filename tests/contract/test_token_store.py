@@ -7,7 +7,7 @@ import sys
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from old_schemas import read_jobs_without_later_columns
+from old_schemas import read_without_later_columns
 
 from fastlane.domain.access import ApiToken, Role
 from fastlane.domain.errors import Conflict, StorageError, TokenNotFound
@@ -221,7 +221,7 @@ async def test_a_database_at_version_3_with_jobs_migrates_to_version_5(db_url, m
     # it is made to see only the first three, as a node of the previous release would.
     store_module = sys.modules[SQLStore.__module__]
     monkeypatch.setattr(store_module, "migrations_for", lambda dialect: migrations_for(dialect)[:3])
-    read_jobs_without_later_columns(monkeypatch)
+    read_without_later_columns(monkeypatch)
     try:
         assert await store.migrate() == 3
         job, _ = await store.jobs.create_job(

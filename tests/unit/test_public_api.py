@@ -16,7 +16,7 @@ from fastlane import Client
 ROOT = Path(__file__).resolve().parents[2]
 
 PUBLIC = [
-    "ApiToken", "Attempt", "AttemptOutcome", "AuditAction", "AuditEvent", "AuditTarget", "BulkOutcome", "Client", "ClientTls",
+    "ApiToken", "Attempt", "AttemptOutcome", "AuditAction", "AuditEvent", "AuditTarget", "BackfillMode", "BackfillProgress", "BulkOutcome", "Client", "ClientTls",
     "ClockEstimate", "ClusterStatus", "ConfigurationError", "Delivery", "EffectResult", "FastlaneError", "Handler",
     "InvalidArgument", "Job", "JobAction", "JobFilter", "JobOptions", "JobSpec", "JobState", "MisfireKind", "MisfirePolicy", "NodeStatus",
     "OverlapPolicy", "Page", "PermanentError", "RemoteAlreadyExists", "RemoteError", "RemoteInvalidArgument",

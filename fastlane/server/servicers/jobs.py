@@ -12,6 +12,7 @@ import grpc
 from fastlane._proto import common_pb2, jobs_pb2, jobs_pb2_grpc
 from fastlane.domain import schedules, validation
 from fastlane.domain.audit import AuditEvent
+from fastlane.domain.backfill import DEFAULT_BACKFILL_BATCH, MAX_BACKFILL_BATCH
 from fastlane.domain.limits import (
     DEFAULT_BULK_LIMIT,
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -22,10 +23,11 @@ from fastlane.domain.limits import (
 from fastlane.domain.models import Job, JobSpec, ScheduleKind
 from fastlane.domain.records import JobAction, Page
 from fastlane.domain.workflows import WORKFLOW_JOB_TYPE
+from fastlane.engine.backfill import BackfillRequest
 from fastlane.engine.operations import Operations
 from fastlane.errors import InvalidArgument
 from fastlane.rpc import wire
-from fastlane.rpc.enums import AUDIT_ACTION, AUDIT_TARGET, JOB_ACTION, JOB_STATE
+from fastlane.rpc.enums import AUDIT_ACTION, AUDIT_TARGET, BACKFILL_MODE, JOB_ACTION, JOB_STATE, OVERLAP_POLICY
 from fastlane.rpc.filters import job_filter_in
 from fastlane.server.guard import rpc, tenant_of
 from fastlane.server.payloads import payloads_shown
@@ -169,6 +171,28 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
         return jobs_pb2.TriggerJobResponse(run=wire.run_to_pb(run))
 
     @rpc
+    async def BackfillJob(
+        self, request: jobs_pb2.BackfillJobRequest,
+        context: grpc.aio.ServicerContext[jobs_pb2.BackfillJobRequest, jobs_pb2.BackfillJobResponse],
+    ) -> jobs_pb2.BackfillJobResponse:
+        tenant = tenant_of(request.tenant)
+        asked = BackfillRequest(
+            start=wire.instant_in("start", request.start) if request.HasField("start") else None,
+            end=wire.instant_in("end", request.end) if request.HasField("end") else None,
+            mode=BACKFILL_MODE.optional(request.mode, "mode"),
+            overlap=OVERLAP_POLICY.optional(request.overlap, "overlap"),
+            dry_run=request.dry_run,
+            limit=validation.count("limit", request.limit, 0, MAX_BACKFILL_BATCH) or DEFAULT_BACKFILL_BATCH,
+            page_token=request.page_token)
+        if self._quotas is not None and not request.dry_run:
+            await self._quotas.admit_run(tenant)
+        outcome = await self._operations.backfill_job(tenant, _job_id(request), asked, datetime.now(UTC))
+        return jobs_pb2.BackfillJobResponse(
+            backfill_id=outcome.backfill_id, matched=outcome.matched, written=outcome.written.written,
+            already_run=outcome.written.already_run, covered_until=wire.timestamp(outcome.covered_until),
+            next_page_token=outcome.next_page_token)
+
+    @rpc
     async def PreviewSchedule(
         self,
         request: jobs_pb2.PreviewScheduleRequest,
@@ -207,7 +231,7 @@ def _audit_event_to_pb(event: AuditEvent) -> jobs_pb2.AuditEvent:
 
 
 JobNamed = (jobs_pb2.GetJobRequest | jobs_pb2.PauseJobRequest | jobs_pb2.ResumeJobRequest | jobs_pb2.DeleteJobRequest
-            | jobs_pb2.TriggerJobRequest)
+            | jobs_pb2.TriggerJobRequest | jobs_pb2.BackfillJobRequest)
 
 
 def _job_id(request: JobNamed) -> str:

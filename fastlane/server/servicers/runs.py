@@ -35,7 +35,8 @@ class RunServicer(runs_pb2_grpc.RunServiceServicer):
         selected = run_filter_in(
             "", job_id=request.job_id, job_type=request.job_type, states=request.states,
             scheduled_from=request.scheduled_from if request.HasField("scheduled_from") else None,
-            scheduled_before=request.scheduled_before if request.HasField("scheduled_before") else None)
+            scheduled_before=request.scheduled_before if request.HasField("scheduled_before") else None,
+            backfill_id=request.backfill_id)
         tenant, limit = tenant_of(request.tenant), validation.page_size(request.page_size)
         if request.id_prefix:  # one page, in id order: for finding a run by the start of its id
             prefix = validation.identifier("id_prefix", request.id_prefix)
@@ -46,6 +47,7 @@ class RunServicer(runs_pb2_grpc.RunServiceServicer):
             tenant, job_id=selected.job_id, job_type=selected.job_type, states=selected.states, limit=limit,
             page_token=request.page_token,
             scheduled_from=selected.scheduled_from, scheduled_before=selected.scheduled_before,
+            backfill_id=selected.backfill_id,
         )
         return runs_pb2.ListRunsResponse(runs=[wire.run_to_pb(run) for run in page.items],
                                          next_page_token=page.next_page_token)
@@ -82,7 +84,8 @@ class RunServicer(runs_pb2_grpc.RunServiceServicer):
         selection = run_filter_in(
             "selection.", job_id=given.job_id, job_type=given.job_type, states=given.states,
             scheduled_from=given.scheduled_from if given.HasField("scheduled_from") else None,
-            scheduled_before=given.scheduled_before if given.HasField("scheduled_before") else None)
+            scheduled_before=given.scheduled_before if given.HasField("scheduled_before") else None,
+            backfill_id=given.backfill_id)
         limit = validation.count("limit", request.limit, 0, MAX_BULK_LIMIT) or DEFAULT_BULK_LIMIT
         tenant = tenant_of(request.tenant)
         admit = self._quotas.admit_run if self._quotas is not None and action is RunAction.RETRY else None

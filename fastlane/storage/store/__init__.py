@@ -24,6 +24,7 @@ from fastlane.storage.base import Store
 from fastlane.storage.capabilities import Capabilities
 from fastlane.storage.migrations import migrations_for
 from fastlane.storage.store.attempts import SQLAttempts, release_buffered
+from fastlane.storage.store.backfills import SQLBackfills
 from fastlane.storage.store.database import Database, Tx
 from fastlane.storage.store.jobs import SQLJobs
 from fastlane.storage.store.lane import SQLLane
@@ -58,6 +59,7 @@ class SQLStore(Store):
         self.quotas = SQLQuotas(database, count, rng)
         self.history = SQLHistory(database, count, rng)
         self.workflows = SQLWorkflows(self._workflow_tx, self.jobs, count)
+        self.backfills = SQLBackfills(database, count, rng)
 
     @property
     def database(self) -> Database:

@@ -80,6 +80,7 @@ class SQLRuns(StorePart):
         scheduled_from: datetime | None = None,
         scheduled_before: datetime | None = None,
         job_type: str | None = None,
+        backfill_id: str | None = None,
     ) -> Page[Run]:
         before_time, before_id = None, ""
         if page_token:
@@ -89,7 +90,7 @@ class SQLRuns(StorePart):
             rows = await tx.fetch(
                 self._q.LIST_RUNS,
                 tenant, job_id, [s.value for s in states], before_time, before_id, scheduled_from, scheduled_before,
-                common.page_limit(limit) + 1, job_type,
+                common.page_limit(limit) + 1, job_type, backfill_id,
             )
         return common.page_of([codec.build_listed_run(row) for row in rows], limit, common.run_page_key)
 
@@ -101,7 +102,7 @@ class SQLRuns(StorePart):
             return int(await tx.fetchval(
                 self._q.COUNT_RUNS, tenant, selection.job_id, selection.job_type,
                 sorted(state.value for state in selection.states), selection.scheduled_from,
-                selection.scheduled_before,
+                selection.scheduled_before, selection.backfill_id,
             ))
 
     async def runs_by_id_prefix(self, tenant: str, prefix: str, limit: int) -> list[Run]:

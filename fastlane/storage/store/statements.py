@@ -284,6 +284,7 @@ class Statements:
           AND ($6::timestamptz IS NULL OR scheduled_for >= $6)
           AND ($7::timestamptz IS NULL OR scheduled_for < $7)
           AND ($9::text IS NULL OR job_type = $9)
+          AND ($10::text IS NULL OR backfill_id = $10)
         ORDER BY scheduled_for DESC, run_id DESC LIMIT $8
     """
     # How many of a tenant's runs a filter takes (a bulk action's dry run).
@@ -293,6 +294,7 @@ class Statements:
           AND state = ANY($4::text[])
           AND ($5::timestamptz IS NULL OR scheduled_for >= $5)
           AND ($6::timestamptz IS NULL OR scheduled_for < $6)
+          AND ($7::text IS NULL OR backfill_id = $7)
     """
     LIST_ATTEMPTS = "SELECT * FROM attempts WHERE run_id = $1 ORDER BY attempt"
     # What a handler returned: shown with the run, and a workflow step's input to the steps after it
