@@ -14,77 +14,52 @@ Every method returns domain models (:mod:`fastlane.domain.models`); a failed cal
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable, Mapping
-from dataclasses import fields, replace
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
-from typing import Any, Final, TypedDict, Unpack
+from typing import Any, Unpack
 
 import orjson
 
 from fastlane._proto import admin_pb2, jobs_pb2, runs_pb2, workflows_pb2
 from fastlane.auth.tls import ClientTls
-from fastlane.client.bulk_calls import BulkCalls
+from fastlane.client.bulk_calls import BackfillProgress, backfill_progress, backfill_request, call_after_call
 from fastlane.client.connection import Connection
 from fastlane.client.convert import (
     audit_event_from_pb,
+    bulk_outcome_from_pb,
     cluster_from_pb,
+    job_selection_pb,
+    run_selection_pb,
     step_views_from_pb,
     workflow_from_pb,
     workflow_run_from_pb,
 )
+from fastlane.client.options import POLICY_FIELDS, JobOptions
 from fastlane.client.payloads import encode_payload
 from fastlane.domain.access import ApiToken, Role
 from fastlane.domain.audit import DEFAULT_AUDIT_LIMIT, AuditEvent, AuditTarget
+from fastlane.domain.backfill import BackfillMode
 from fastlane.domain.cluster import ClusterStatus
 from fastlane.domain.models import (
     Attempt,
-    Delivery,
     Job,
     JobSpec,
     JobState,
-    MisfirePolicy,
     OverlapPolicy,
-    RetryPolicy,
     Run,
     RunState,
     Schedule,
 )
 from fastlane.domain.quotas import TenantQuota
-from fastlane.domain.records import Page
+from fastlane.domain.records import BulkOutcome, JobAction, JobFilter, Page, RunAction, RunFilter
 from fastlane.domain.workflows import StepView, Workflow, WorkflowRun
 from fastlane.rpc import wire
 from fastlane.rpc.channel import DEFAULT_SERVER
-from fastlane.rpc.enums import AUDIT_TARGET, JOB_STATE, ROLE, RUN_STATE
-
-# Keyword arguments of Client.create that go straight into the JobSpec.
-_POLICY_FIELDS: Final = frozenset(f.name for f in fields(JobSpec)) - {
-    "name",
-    "job_type",
-    "schedule",
-    "tenant",
-    "payload",
-}
+from fastlane.rpc.enums import AUDIT_TARGET, JOB_ACTION, JOB_STATE, ROLE, RUN_ACTION, RUN_STATE
 
 
-class JobOptions(TypedDict, total=False):
-    """The keyword arguments of :meth:`Client.create`: the :class:`JobSpec` fields it passes on.
-
-    A type checker verifies ``JobSpec(**options)``, so a key here that the spec lacks, or of
-    another type, is an error.
-    """
-
-    priority: int
-    concurrency_key: str | None
-    concurrency_limit: int | None
-    retry: RetryPolicy
-    misfire: MisfirePolicy
-    overlap: OverlapPolicy
-    delivery: Delivery
-    timeout: timedelta | None
-    lease_ttl: timedelta
-
-
-class Client(BulkCalls):
+class Client:
     """A connection to one fastlane daemon, scoped to one tenant.
 
     Use it as an async context manager, or call :meth:`close` when done. The channel is opened
@@ -159,9 +134,9 @@ class Client(BulkCalls):
                 ``concurrency_key``, ``concurrency_limit``, ``retry``, ``misfire``, ``overlap``, ``delivery``,
                 ``timeout``, ``lease_ttl``.
         """
-        unknown = set(policies) - _POLICY_FIELDS
+        unknown = set(policies) - POLICY_FIELDS
         if unknown:
-            raise TypeError(f"unknown job option(s) {sorted(unknown)}; expected some of {sorted(_POLICY_FIELDS)}")
+            raise TypeError(f"unknown job option(s) {sorted(unknown)}; expected some of {sorted(POLICY_FIELDS)}")
         spec = JobSpec(
             tenant=self.tenant,
             name=name,
@@ -247,10 +222,52 @@ class Client(BulkCalls):
         await self._connection.call(self._connection.stubs.jobs.DeleteJob,
                                     jobs_pb2.DeleteJobRequest(tenant=self.tenant, job_id=job_id))
 
+    async def act_on_jobs(self, action: JobAction | str, selection: JobFilter = JobFilter(), *, dry_run: bool = False,
+                          limit: int = 0, page_token: str = "", reason: str = "") -> BulkOutcome:
+        """Pause (with ``reason``), resume or delete (``action``) the jobs ``selection`` takes, ``limit``
+        at most (0: the node's default, 1,000); with ``dry_run``, how many it would take. One call:
+        go on with the outcome's ``next_page_token``, or use :meth:`act_on_all_jobs`."""
+        request = jobs_pb2.ActOnJobsRequest(
+            tenant=self.tenant, action=JOB_ACTION.named(action, "action"), dry_run=dry_run, limit=limit,
+            page_token=page_token, selection=job_selection_pb(selection), reason=reason)
+        return bulk_outcome_from_pb(await self._connection.call(self._connection.stubs.jobs.ActOnJobs, request))
+
+    def act_on_all_jobs(self, action: JobAction | str, selection: JobFilter = JobFilter(), *, limit: int = 0,
+                        reason: str = "") -> AsyncIterator[BulkOutcome]:
+        """:meth:`act_on_jobs` call after call until the selection is done: each call's outcome
+        as it comes, for progress."""
+        return call_after_call(
+            lambda token: self.act_on_jobs(action, selection, limit=limit, page_token=token, reason=reason))
+
     async def trigger_job(self, job_id: str) -> Run:
         """Run the job once, now, outside its schedule; returns the new run."""
         request = jobs_pb2.TriggerJobRequest(tenant=self.tenant, job_id=job_id)
         return wire.run_from_pb((await self._connection.call(self._connection.stubs.jobs.TriggerJob, request)).run)
+
+    async def backfill_job(
+        self, job_id: str, start: datetime | None = None, end: datetime | None = None, *,
+        mode: BackfillMode | str | None = None, overlap: OverlapPolicy | str | None = None, dry_run: bool = False,
+        limit: int = 0, page_token: str = "",
+    ) -> BackfillProgress:
+        """Run the job's fire times in ``[start, end)`` (``end`` at most now) now: ``mode``
+        ``missed`` (the default) those with no run that ran, ``all`` every one; ``overlap``
+        ``buffer_all`` (the default: one at a time, oldest first) or ``allow``. One call takes
+        ``limit`` fire times at most (0: 1,000); go on with ``page_token`` (the range and the
+        policies are the token's), or use :meth:`backfill_all`."""
+        request = backfill_request(self.tenant, job_id, start, end, mode=mode, overlap=overlap, dry_run=dry_run,
+                                   limit=limit, page_token=page_token)
+        return backfill_progress(await self._connection.call(self._connection.stubs.jobs.BackfillJob, request))
+
+    async def backfill_all(
+        self, job_id: str, start: datetime, end: datetime, *, mode: BackfillMode | str | None = None,
+        overlap: OverlapPolicy | str | None = None, dry_run: bool = False, limit: int = 0,
+    ) -> AsyncIterator[BackfillProgress]:
+        """:meth:`backfill_job` call after call until the range is done: each call's progress as it comes."""
+        progress = await self.backfill_job(job_id, start, end, mode=mode, overlap=overlap, dry_run=dry_run, limit=limit)
+        yield progress
+        while progress.next_page_token:
+            progress = await self.backfill_job(job_id, dry_run=dry_run, limit=limit, page_token=progress.next_page_token)
+            yield progress
 
     async def preview(
         self, schedule: Schedule, *, after: datetime | None = None, count: int = 5
@@ -322,6 +339,22 @@ class Client(BulkCalls):
         """Replay a dead or lost run now, as a new attempt with the same idempotency key."""
         request = runs_pb2.RetryRunRequest(tenant=self.tenant, run_id=run_id)
         return wire.run_from_pb((await self._connection.call(self._connection.stubs.runs.RetryRun, request)).run)
+
+    async def act_on_runs(self, action: RunAction | str, selection: RunFilter = RunFilter(), *, dry_run: bool = False,
+                          limit: int = 0, page_token: str = "") -> BulkOutcome:
+        """Cancel or retry (``action``) the runs ``selection`` takes, ``limit`` at most (0: the node's
+        default, 1,000); with ``dry_run``, how many it would take. One call: continue with the
+        outcome's ``next_page_token``, or use :meth:`act_on_all_runs`."""
+        request = runs_pb2.ActOnRunsRequest(
+            tenant=self.tenant, action=RUN_ACTION.named(action, "action"), dry_run=dry_run, limit=limit,
+            page_token=page_token, selection=run_selection_pb(selection))
+        return bulk_outcome_from_pb(await self._connection.call(self._connection.stubs.runs.ActOnRuns, request))
+
+    def act_on_all_runs(self, action: RunAction | str, selection: RunFilter = RunFilter(), *,
+                        limit: int = 0) -> AsyncIterator[BulkOutcome]:
+        """:meth:`act_on_runs` call after call until the selection is done (or a call stops short,
+        its ``stopped_because`` set): each call's outcome as it comes, for progress."""
+        return call_after_call(lambda token: self.act_on_runs(action, selection, limit=limit, page_token=token))
 
     # -- workflows ------------------------------------------------------------------------------
 

@@ -124,9 +124,10 @@ def _resumed(job_id: str, request: BackfillRequest) -> BackfillPart:
     backfill_id, token_job, start_us, end_us, mode, overlap, cursor_us = codec.decode_page_token(
         request.page_token, str, str, int, int, str, str, int)
     try:
+        start, end, cursor = (validation.instant("page_token", from_micros(us)) for us in (start_us, end_us, cursor_us))
         part = BackfillPart(backfill_id=validation.identifier("page_token", backfill_id), job_id=token_job,
-                            start=from_micros(start_us), end=from_micros(end_us), mode=BackfillMode(mode),
-                            overlap=OverlapPolicy(overlap), cursor=from_micros(cursor_us))
+                            start=start, end=end, mode=BackfillMode(mode), overlap=OverlapPolicy(overlap),
+                            cursor=cursor)
     except (ValueError, OverflowError, InvalidArgument):
         raise refused from None
     if token_job != job_id or not part.start <= part.cursor <= part.end or part.overlap not in BACKFILL_OVERLAPS:

@@ -291,6 +291,7 @@ SCHEDULE_MUTATIONS: dict[str, st.SearchStrategy[Mutator]] = {
     "schedule.cron.timezone": _setter("cron.timezone", st.one_of(st.sampled_from(TIMEZONE_EDGES), strings())),
     "schedule.interval.every": _setter("interval.every", durations()),
     "schedule.interval.anchor": _setter("interval.anchor", timestamps()),
+    "schedule.jitter": _setter("jitter", durations()),
 }
 
 SPEC_MUTATIONS: dict[str, st.SearchStrategy[Mutator]] = {
@@ -360,7 +361,10 @@ def valid_schedules(draw: st.DrawFn) -> common_pb2.Schedule:
     interval = common_pb2.Interval(every=Duration(seconds=draw(st.sampled_from((60, 600, 86_400)))))
     if draw(st.booleans()):
         interval.anchor.CopyFrom(_now_plus(-draw(st.integers(0, 86_400))))
-    return common_pb2.Schedule(interval=interval)
+    schedule = common_pb2.Schedule(interval=interval)
+    if draw(st.booleans()):  # a valid jitter, up to the largest: the fuzzed ones are SCHEDULE_MUTATIONS'
+        schedule.jitter.CopyFrom(Duration(seconds=draw(st.sampled_from((1, 30, 3600, 86_400)))))
+    return schedule
 
 
 @st.composite
@@ -534,6 +538,9 @@ def preview_schedule(draw: st.DrawFn) -> Probe:
     if draw(st.booleans()):
         request.count = draw(int32s())
         fields.append("count")
+    if draw(st.integers(1, 3)) == 1:
+        request.job_id = draw(st.one_of(strings(), st.sampled_from(("job-1", "a" * 201))))
+        fields.append("job_id")
     return Probe("JobService", "PreviewSchedule", tuple(fields), lambda memory: request)
 
 
@@ -563,6 +570,9 @@ def list_runs(draw: st.DrawFn) -> Probe:
     if draw(st.booleans()):
         request.job_type = draw(st.one_of(strings(), st.sampled_from(("fuzz", "fuzz-wf", "a" * 201))))
         fields.append("job_type")
+    if draw(st.integers(1, 4)) == 1:
+        request.backfill_id = draw(st.one_of(strings(), st.sampled_from(("a" * 201, "b\x00f"))))
+        fields.append("backfill_id")
     job_id = _pick(draw, strings(), fuzz_one_in=2)
     token = _pick(draw, st.one_of(st.sampled_from(PAGE_TOKEN_EDGES), strings()), fuzz_one_in=2)
     index = draw(st.integers(0, 10**6))
@@ -623,6 +633,9 @@ def act_on_runs(draw: st.DrawFn) -> Probe:
         if draw(st.booleans()):
             getattr(selection, bound).CopyFrom(draw(timestamps()))
             fields.append(f"selection.{bound}")
+    if draw(st.integers(1, 4)) == 1:
+        selection.backfill_id = draw(st.one_of(strings(), st.sampled_from(("a" * 201, "b\x00f"))))
+        fields.append("selection.backfill_id")
     if draw(st.booleans()):
         request.limit = draw(int32s())
         fields.append("limit")
@@ -641,6 +654,50 @@ def act_on_runs(draw: st.DrawFn) -> Probe:
         return built
 
     return Probe("RunService", "ActOnRuns", tuple(fields), build)
+
+
+BACKFILL_MODES = (0, 1, 2)
+
+
+@st.composite
+def backfill_job(draw: st.DrawFn) -> Probe:
+    """A backfill: a known job (a one-shot one is refused) or a fuzzed id, any range, mode, overlap,
+    limit and page token; a dry run mostly, and a real one over a short past range, so that a fuzz
+    run does not fill the node with runs."""
+    request = jobs_pb2.BackfillJobRequest(dry_run=draw(st.integers(1, 4)) > 1)
+    tenant = _pick(draw, strings(), fuzz_one_in=5)
+    fields: list[str] = [] if tenant is KNOWN else ["tenant"]
+    for bound, default in (("start", -3600), ("end", -60)):
+        if draw(st.integers(1, 3)) == 1:
+            getattr(request, bound).CopyFrom(draw(timestamps()))
+            fields.append(bound)
+        elif draw(st.integers(1, 6)) > 1:
+            getattr(request, bound).CopyFrom(_now_plus(default))
+    if draw(st.booleans()):
+        request.mode = draw(enum_numbers(BACKFILL_MODES))
+        fields.append("mode")
+    if draw(st.booleans()):
+        request.overlap = draw(enum_numbers(OVERLAPS))
+        fields.append("overlap")
+    if draw(st.booleans()):
+        request.limit = draw(int32s())
+        fields.append("limit")
+    if token := draw(st.one_of(st.just(""), st.sampled_from(PAGE_TOKEN_EDGES), strings())):
+        request.page_token = token
+        fields.append("page_token")
+    job_id = _pick(draw, strings(), fuzz_one_in=3)
+    index = draw(st.integers(0, 10**6))
+    fields += ["job_id"] if job_id is not KNOWN else []
+
+    def build(memory: Memory) -> Message:
+        built = jobs_pb2.BackfillJobRequest()
+        built.CopyFrom(request)
+        known = memory.job(index) or ("", "no-such-job", "")
+        built.tenant = known[0] if tenant is KNOWN else tenant  # type: ignore[assignment]
+        built.job_id = known[1] if job_id is KNOWN else job_id  # type: ignore[assignment]
+        return built
+
+    return Probe("JobService", "BackfillJob", tuple(fields), build)
 
 
 @st.composite
@@ -732,7 +789,7 @@ def api_probes() -> st.SearchStrategy[Probe]:
         job_ref("GetJob"), job_ref("PauseJob"), job_ref("ResumeJob"), job_ref("DeleteJob"), job_ref("TriggerJob"),
         list_jobs(), preview_schedule(), preview_schedule(),
         list_runs(), run_ref("GetRun"), run_ref("CancelRun"), run_ref("RetryRun"), act_on_runs(),
-        act_on_jobs(),
+        act_on_jobs(), backfill_job(), backfill_job(),
         get_cluster(), create_token(), token_listing(), revoke_token(), set_quota(), get_quota(),
         create_workflow(), create_workflow(), trigger_workflow(), workflow_run_ref("GetWorkflowRun"),
         workflow_run_ref("CancelWorkflowRun"), workflow_run_ref("ResumeWorkflowRun"), list_workflow_runs(),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import re
 import urllib.request
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import grpc
 import pytest
@@ -139,6 +139,38 @@ async def test_a_bulk_action_on_jobs_takes_only_the_callers_jobs(secured):
         assert (await b.act_on_jobs(JobAction.PAUSE, same_type, dry_run=True)).matched == 3
     async with node.client("viewer-a") as viewer:  # a viewer may look, not act
         await refused(viewer.act_on_jobs(JobAction.PAUSE, same_type, dry_run=True), grpc.StatusCode.PERMISSION_DENIED)
+
+
+async def test_a_backfill_reaches_only_the_callers_jobs_and_its_runs_only_the_callers_listings(secured):
+    node = secured
+    start = datetime.now(UTC) - timedelta(hours=2, minutes=30)  # fire times start, +1 h, +2 h
+    hourly = Schedule.interval(timedelta(hours=1), start)
+    async with node.client("client-a") as a, node.client("client-b") as b:
+        theirs = await b.create("payroll", "shared.type", hourly)
+        await refused(a.backfill_job(theirs.job_id, start, datetime.now(UTC)), grpc.StatusCode.NOT_FOUND)
+        await refused(a.backfill_job(theirs.job_id, start, datetime.now(UTC), dry_run=True),
+                      grpc.StatusCode.NOT_FOUND)
+        async with node.client("client-a", tenant="b") as a_as_b:
+            await refused(a_as_b.backfill_job(theirs.job_id, start, datetime.now(UTC)),
+                          grpc.StatusCode.PERMISSION_DENIED)
+        first = await b.backfill_job(theirs.job_id, start, datetime.now(UTC), limit=1)
+        assert first.written == 1 and first.next_page_token
+        # b's token, in a's hands: not for a's job, and b's job is not a's.
+        mine = await a.create("reports", "shared.type", hourly)
+        await refused(a.backfill_job(mine.job_id, page_token=first.next_page_token),
+                      grpc.StatusCode.INVALID_ARGUMENT)
+        await refused(a.backfill_job(theirs.job_id, page_token=first.next_page_token), grpc.StatusCode.NOT_FOUND)
+        rest = await b.backfill_job(theirs.job_id, page_token=first.next_page_token)
+        assert rest.written == 2 and rest.backfill_id == first.backfill_id and not rest.next_page_token
+        # b's backfill id, given by a: no run of it to see, count or cancel.
+        assert (await a.list_runs(backfill_id=first.backfill_id)).items == []
+        by_backfill = RunFilter(backfill_id=first.backfill_id)
+        assert (await a.act_on_runs(RunAction.CANCEL, by_backfill, dry_run=True)).matched == 0
+        assert len((await b.list_runs(backfill_id=first.backfill_id)).items) == 3
+        assert (await b.act_on_runs(RunAction.CANCEL, by_backfill, dry_run=True)).matched == 3
+    async with node.client("viewer-a") as viewer:  # a viewer may look, not backfill
+        await refused(viewer.backfill_job(mine.job_id, start, datetime.now(UTC), dry_run=True),
+                      grpc.StatusCode.PERMISSION_DENIED)
 
 
 async def test_a_worker_receives_only_the_runs_of_its_token_tenant(secured):

@@ -5,6 +5,7 @@ Also the audit trail of jobs and runs (ListAudit), read from the store.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import grpc
@@ -13,6 +14,7 @@ from fastlane._proto import common_pb2, jobs_pb2, jobs_pb2_grpc
 from fastlane.domain import schedules, validation
 from fastlane.domain.audit import AuditEvent
 from fastlane.domain.backfill import DEFAULT_BACKFILL_BATCH, MAX_BACKFILL_BATCH
+from fastlane.domain.jitter import run_instant
 from fastlane.domain.limits import (
     DEFAULT_BULK_LIMIT,
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -201,9 +203,13 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
         count = validation.count("count", request.count or 5, 1, MAX_PREVIEW)
         schedule = validation.validate_schedule(wire.schedule_from_pb(request.schedule, "schedule"), "schedule")
         after = wire.instant_in("after", request.after) if request.HasField("after") else datetime.now(UTC)
+        job_id = validation.identifier("job_id", request.job_id, required=False)
         zone_name = schedule.timezone if schedule.kind is ScheduleKind.CRON else "UTC"
+        if schedule.kind is ScheduleKind.INTERVAL and schedule.anchor is None:
+            schedule = replace(schedule, anchor=after)  # as preview() counts it
         fire_times = [
-            jobs_pb2.FireTime(utc=wire.timestamp(instant), local=schedules.local_time(instant, zone_name).isoformat())
+            jobs_pb2.FireTime(utc=wire.timestamp(instant), local=schedules.local_time(instant, zone_name).isoformat(),
+                              run_at=wire.timestamp(run_instant(job_id, schedule, instant)) if job_id else None)
             for instant in schedules.preview(schedule, after, count)
         ]
         return jobs_pb2.PreviewScheduleResponse(fire_times=fire_times)

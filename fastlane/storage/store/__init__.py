@@ -3,7 +3,8 @@
 
 Its parts, one concept each: ``jobs``, ``lane`` (the fast lane), ``runs``, ``attempts``
 (dispatches, heartbeats, results), ``shards`` (leases and membership), ``records`` (API tokens,
-the audit trail, quotas, history retention) and the workflow methods of
+the audit trail, quotas, history retention), ``backfills`` (runs of past fire times) and the
+workflow methods of
 :mod:`fastlane.storage.workflows`; ``statements`` holds the SQL, written once.
 """
 
