@@ -31,6 +31,7 @@ from fastlane.bench.usage import (
 )
 
 from fastlane.client import Client
+from fastlane.testing.processes import summed
 
 WORKER_TARGET = "fastlane.bench.lag_worker:worker"
 WORKER_CONCURRENCY = 1000
@@ -182,8 +183,11 @@ class FastlaneCluster:
 
     @staticmethod
     def metric(name: str, daemon: Daemon) -> float:
-        """One sample of a node's metrics (0 when absent)."""
-        return daemon.metrics().get(name, 0.0)
+        """One sample of a node's metrics, as ``family{label="value",...}``: the sum of the
+        family's samples with those labels, whatever their others (0 when absent)."""
+        family, _, labels = name.partition("{")
+        wanted = dict(pair.split("=", 1) for pair in labels.rstrip("}").split(",") if pair)
+        return summed(daemon.metrics(), family, **{key: value.strip('"') for key, value in wanted.items()})
 
     async def scrape_first(self) -> dict[str, float]:
         """Every sample of the first node's metrics (empty if it is not running)."""

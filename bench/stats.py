@@ -178,9 +178,10 @@ def histogram_quantiles(before: Mapping[str, float], after: Mapping[str, float],
 
 
 def stall_causes(before: Mapping[str, float], after: Mapping[str, float], metric: str,
-                 most: int = 5) -> dict[str, float]:
-    """The ``cause`` labels of a counter with the most increments between two scrapes."""
-    prefix = f'{metric}{{cause="'
+                 most: int = 5, label: str = "cause") -> dict[str, float]:
+    """The values of a counter's one label (``cause``; ``site`` for the busy stalls' sites) with
+    the most increments between two scrapes."""
+    prefix = f'{metric}{{{label}="'
     grown = {name[len(prefix):-2]: after[name] - before.get(name, 0.0) for name in after if name.startswith(prefix)}
     return dict(sorted(((cause, n) for cause, n in grown.items() if n > 0), key=lambda item: -item[1])[:most])
 

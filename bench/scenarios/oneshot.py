@@ -163,9 +163,12 @@ async def measure_fastlane(bench: Bench, name: str, offsets: list[float], url: s
     figures["node_loop_lag_ms"] = histogram_quantiles(
         scraped_before, scraped_after, "fastlane_event_loop_lag_seconds", {"p50": 0.5, "p99": 0.99, "p999": 0.999})
     figures["node_loop_stalls"] = stall_causes(scraped_before, scraped_after, "fastlane_event_loop_stalls_total")
+    figures["node_loop_stall_sites"] = stall_causes(scraped_before, scraped_after,
+                                                    "fastlane_event_loop_stall_sites_total", label="site")
     lag = figures["node_loop_lag_ms"]
     bench.note(f"{system} node-1 event-loop lag p50/p99/p99.9 ≤ {lag['p50']}/{lag['p99']}/{lag['p999']} ms "
-               f"(bucket bounds); stalls ≥ 2 ms by cause: {figures['node_loop_stalls'] or 'none'}")
+               f"(bucket bounds); stalls ≥ 2 ms by cause: {figures['node_loop_stalls'] or 'none'}; busy ones by "
+               f"site: {figures['node_loop_stall_sites'] or 'none'}")
     if name == "burst":
         figures["last_delivery_after_instant_s"] = _last_after(got, micros(first))
     if got.delivered < jobs:

@@ -89,8 +89,9 @@ class Activity:
         outcomes: dict[str, float] = {}
         for family in self._metrics.runs.collect():
             for sample in family.samples:
-                if sample.name.endswith("_total"):
-                    outcomes[sample.labels["outcome"]] = sample.value
+                if sample.name.endswith("_total"):  # summed over job types and tenants
+                    outcome = sample.labels["outcome"]
+                    outcomes[outcome] = outcomes.get(outcome, 0.0) + sample.value
         return _Sample(
             at=self._wall(), buckets=tuple(sorted(buckets)),
             finished=sum(outcomes.get(name, 0.0) for name in FINISHED),

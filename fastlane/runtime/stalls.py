@@ -10,7 +10,9 @@ most of it. It is put down to ``cpu_wait`` when the loop thread was runnable but
 loop suffered that stall rather than caused it. Otherwise a watchdog thread, which looks at the
 loop thread's stack whenever the probe has not ticked for a while, names the function the loop was
 in (the innermost fastlane frame): so a stall is counted by cause — ``gc``, ``cpu_wait``,
-``module:function`` or ``other`` — and the worst is logged, which says not only that the loop
+``busy`` (the loop was running fastlane code, which the watchdog names) or ``other`` (it could
+not say) —, a busy one also by the ``module:function`` it was in (a family of its own, for
+diagnosis rather than dashboards), and the worst is logged, which says not only that the loop
 stalled but where.
 """
 
@@ -38,6 +40,8 @@ PROBE_INTERVAL = 0.005  # 200 wake-ups a second: a few tens of microseconds of w
 STALL = 0.002  # a wake-up later than this is a stall worth attributing
 REPORT_EVERY = 60.0  # at most one log line a minute, naming the worst stall since the last
 WATCH_EVERY = 0.004  # how often the watchdog thread looks whether the loop is overdue
+BUSY = "busy"
+CAUSES = frozenset({"gc", "cpu_wait", BUSY, "other"})  # the values of fastlane_event_loop_stalls_total{cause}
 MAX_SITES = 24  # distinct stall sites named in the metric; later ones count as "other"
 _PACKAGE_DIR = __file__.rsplit("/", 2)[0]  # fastlane/, of which this is runtime/stalls.py
 
@@ -146,6 +150,7 @@ class LoopLagProbe:
         *,
         lag: Histogram | None = None,
         stalls: Counter | None = None,
+        sites: Counter | None = None,
         gc_pauses: GcPauses | None = None,
         watchdog: bool = False,
         interval: float = PROBE_INTERVAL,
@@ -153,6 +158,7 @@ class LoopLagProbe:
     ) -> None:
         self._lag = lag
         self._stalls = stalls
+        self._stall_sites = sites
         self._gc = gc_pauses
         self._watchdog = StallWatchdog(interval) if watchdog else None
         self._sites: set[str] = set()
@@ -194,7 +200,9 @@ class LoopLagProbe:
         if lag >= STALL:
             cause = self._cause(asked, woke, lag, site, cpu_wait)
             if self._stalls is not None:
-                self._stalls.labels(cause).inc()
+                self._stalls.labels(cause if cause in CAUSES else BUSY).inc()
+            if self._stall_sites is not None and cause not in CAUSES:
+                self._stall_sites.labels(cause).inc()
             if lag > self.worst[0]:
                 self.worst = (lag, cause)
         if woke - self._reported_at >= REPORT_EVERY and self.worst[0] > 0:

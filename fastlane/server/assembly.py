@@ -212,7 +212,8 @@ def build(settings: Settings, store: Store, *, clock: Clock, metrics: Metrics, r
         operations=operations, workflows=workflows, follower=follower, authenticator=authenticator,
         server=server, health=HealthReporter(server, ownership, store, metrics),
         # Measures the loop's own lag until the node stops (it never returns by itself).
-        probe=LoopLagProbe(lag=metrics.loop_lag, stalls=metrics.loop_stalls, gc_pauses=GcPauses(metrics.gc_pauses),
+        probe=LoopLagProbe(lag=metrics.loop_lag, stalls=metrics.loop_stalls, sites=metrics.loop_stall_sites,
+                           gc_pauses=GcPauses(metrics.gc_pauses),
                            watchdog=True),
         trimmer=trimmer, console=console, activity=activity, stopping=stopping, shards_ready=asyncio.Event(),
     )

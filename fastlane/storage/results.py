@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fastlane.domain.models import Job, Run, RunState
+from fastlane.domain.models import Job, Run, RunState, queue_of
 from fastlane.storage import codec
 
 
@@ -40,6 +40,14 @@ class ResultOutcome:
     @property
     def state(self) -> RunState:
         return self._run.state if self._run is not None else codec.run_state(self._held_row())
+
+    @property
+    def queue(self) -> tuple[str, str]:
+        """The run's (job type, tenant), read without building the run."""
+        if self._run is not None:
+            return queue_of(self._run.job_type, self._run.tenant)
+        row = self._held_row()
+        return queue_of(row["job_type"], row["tenant"])
 
     @property
     def workflow_run_id(self) -> str | None:

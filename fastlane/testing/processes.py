@@ -9,6 +9,7 @@ SIGKILL after a bounded wait. ``kill()`` is a crash (SIGKILL), not a shutdown.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -115,8 +116,14 @@ class Daemon(Process):
             except Exception as error:
                 raise RuntimeError(f"daemon not ready: {error}\n{self.log_tail()}") from error
 
+    def metric_sum(self, family: str, **labels: str) -> float:
+        """The sum of the node's samples of ``family`` that have these labels (and any others),
+        e.g. ``metric_sum("fastlane_runs_total", outcome="succeeded")`` over every job type and tenant."""
+        return summed(self.metrics(), family, **labels)
+
     def metrics(self) -> dict[str, float]:
-        """The node's Prometheus samples by name with labels, e.g. 'fastlane_runs_total{outcome="succeeded"}'."""
+        """The node's Prometheus samples by name with labels, e.g.
+        'fastlane_runs_total{outcome="succeeded",job_type="e2e",tenant="default"}'."""
         with urllib.request.urlopen(f"http://{self.metrics_address}/metrics", timeout=5) as response:
             text = response.read().decode()
         samples: dict[str, float] = {}
@@ -139,3 +146,21 @@ class WorkerProcess(Process):
         if concurrency is not None:
             argv += ["--concurrency", str(concurrency)]
         super().__init__(argv, log_path, env)
+
+
+_SAMPLE = re.compile(r'^(?P<family>[^{]+)(?:\{(?P<labels>.*)\})?$')
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def summed(samples: Mapping[str, float], family: str, **labels: str) -> float:
+    """The sum of the ``samples`` (as :meth:`Daemon.metrics` reads them) of ``family`` whose
+    labels include ``labels``."""
+    total = 0.0
+    for key, value in samples.items():
+        match = _SAMPLE.match(key)
+        if match is None or match["family"] != family:
+            continue
+        have = dict(_LABEL.findall(match["labels"] or ""))
+        if all(have.get(name) == wanted for name, wanted in labels.items()):
+            total += value
+    return total

@@ -10,6 +10,7 @@ import pytest
 from e2e_support import ROOT, Daemon, Recorder, child_environment, wait_for
 
 from fastlane.storage import open_store
+from fastlane.testing.processes import summed
 
 pytestmark = pytest.mark.e2e
 
@@ -51,10 +52,13 @@ async def test_metrics_report_lag_outcomes_heap_and_workers(daemon: Daemon, reco
 
     def settled() -> dict[str, float] | None:
         samples = daemon.metrics()
-        done = samples.get('fastlane_runs_total{outcome="succeeded"}', 0)
+        done = summed(samples, "fastlane_runs_total", outcome="succeeded")
         return samples if done >= 3 and samples.get("fastlane_workers_connected") == 1 else None
 
     samples = await wait_for(settled, 20, "metrics of three succeeded runs")
+    # Runs by outcome, job type and tenant; the lag resolved from 50 microseconds up.
+    assert samples['fastlane_runs_total{outcome="succeeded",job_type="e2e",tenant="default"}'] >= 3
+    assert 'fastlane_trigger_lag_seconds_bucket{le="5e-05"}' in samples
     assert samples["fastlane_trigger_lag_seconds_count"] >= 3
     assert samples["fastlane_heap_size"] >= 1
     assert samples["fastlane_shards_owned"] == 8

@@ -8,7 +8,7 @@ import urllib.request
 
 from prometheus_client import generate_latest
 
-from fastlane.runtime.metrics import Metrics, Pseudonyms
+from fastlane.runtime.metrics import OTHER, Metrics, Pseudonyms, QueueLabels
 from fastlane.testing.processes import free_port
 
 PSEUDONYM = re.compile(r'(tenant|job_type)="([^"]*)"')
@@ -60,3 +60,15 @@ def test_a_scrape_of_a_node_given_no_choice_names_nothing():
     with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as response:
         everything = response.read().decode()
     assert "fastlane_runs_total" in everything and "_created" not in everything  # no doubled series
+
+
+def test_series_by_job_type_and_tenant_are_bounded_and_the_rest_counted_as_other():
+    labels = QueueLabels(most=3)
+    named = [("billing", "acme"), ("reports", "acme"), ("billing", "globex")]
+    assert [labels.of(queue) for queue in named] == named
+    assert labels.of(("fourth", "acme")) == (OTHER, OTHER)
+    assert labels.of(("billing", "acme")) == ("billing", "acme")  # the first ones keep their names
+    # The catch-all is the same in the pseudonymised view: an operator can tell it from a name.
+    pseudonyms = Pseudonyms(b"secret")
+    assert pseudonyms.labels({"job_type": OTHER, "tenant": OTHER}) == {"job_type": OTHER, "tenant": OTHER}
+    assert pseudonyms.of("job_type", "billing").startswith("j-")

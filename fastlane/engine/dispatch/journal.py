@@ -396,24 +396,27 @@ class Journal:
         for session, refs in acks.values():
             if session.connected:
                 session.outbox.put_nowait(Acknowledge(refs))
-        counted: Counter[str] = Counter()  # one metric update per outcome kind and batch
+        # One metric update per outcome kind, job type and tenant, and batch.
+        counted: Counter[tuple[str, str, str]] = Counter()
+        labels_of = self._metrics.queue_labels.of
         workflows: set[str] = set()
         for outcome in outcomes:
+            job_type, tenant = labels_of(outcome.queue)
             if not outcome.accepted:
-                counted["superseded"] += 1
+                counted["superseded", job_type, tenant] += 1
                 continue
             state = outcome.state
             if outcome.released:
-                counted["released_from_buffer"] += 1
+                counted["released_from_buffer", job_type, tenant] += 1
             elif state is RunState.SCHEDULED:
-                counted["retry"] += 1
+                counted["retry", job_type, tenant] += 1
             else:
-                counted[state.value] += 1
+                counted[state.value, job_type, tenant] += 1
             if state is RunState.SCHEDULED:
                 self._reschedule(outcome.run)
             elif state.is_final and (workflow_run_id := outcome.workflow_run_id) is not None:
                 workflows.add(workflow_run_id)
         if workflows and self._workflows is not None:
             self._workflows.ended(workflows)
-        for kind, count in counted.items():
-            self._metrics.runs.labels(outcome=kind).inc(count)
+        for (kind, job_type, tenant), count in counted.items():
+            self._metrics.runs.labels(outcome=kind, job_type=job_type, tenant=tenant).inc(count)
