@@ -2,7 +2,8 @@
 # Tools the test suite needs besides Python packages: Chromium and ChromeDriver, for the web
 # console's browser tests (Debian's chromium and chromium-driver, installed system-wide: a browser
 # cannot be unpacked into a folder), libfaketime (Debian's faketime), which shifts and steps the
-# wall clock of a node or worker process in the clock tests, and promtool, to check and unit-test the alert rules in
+# wall clock of a node or worker process in the clock tests, fish (the shell), to test the
+# completion script made for it, and promtool, to check and unit-test the alert rules in
 # deploy/prometheus. Where none is on PATH or in DIR (the first argument, default
 # .venv/bin), the distribution's prometheus package is downloaded and only its promtool binary
 # extracted into DIR: nothing is installed system-wide and no Prometheus server is set up. Needs
@@ -40,6 +41,20 @@ if ! ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1; then
         "${as_root[@]}" apt-get install -y -q --no-install-recommends faketime >/dev/null
     fi
     ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null
+fi
+
+if ! command -v fish >/dev/null 2>&1; then
+    if ! command -v apt-get >/dev/null 2>&1; then
+        echo "fish is missing: install it (the fish shell) for the test of \`fastlane completion fish\`" >&2
+        exit 1
+    fi
+    echo "installing fish (the distribution's package), to test its completion script" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    if ! "${as_root[@]}" apt-get install -y -q --no-install-recommends fish >/dev/null 2>&1; then
+        "${as_root[@]}" apt-get update -q >/dev/null
+        "${as_root[@]}" apt-get install -y -q --no-install-recommends fish >/dev/null
+    fi
+    fish --version >/dev/null
 fi
 
 if command -v promtool >/dev/null 2>&1 || [ -x "$into/promtool" ]; then

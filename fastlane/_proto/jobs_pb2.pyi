@@ -250,8 +250,10 @@ class DeleteJobRequest(_message.Message):
     def __init__(self, tenant: _Optional[str] = ..., job_id: _Optional[str] = ...) -> None: ...
 
 class DeleteJobResponse(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("already_deleted",)
+    ALREADY_DELETED_FIELD_NUMBER: _ClassVar[int]
+    already_deleted: bool
+    def __init__(self, already_deleted: _Optional[bool] = ...) -> None: ...
 
 class TriggerJobRequest(_message.Message):
     __slots__ = ("tenant", "job_id")

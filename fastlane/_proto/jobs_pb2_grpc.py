@@ -147,7 +147,8 @@ class JobServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def DeleteJob(self, request, context):
-        """Delete a job: its runs waiting to start are cancelled; its runs stay in the history.
+        """Delete a job: its runs waiting to start are cancelled; its runs stay in the history. A job
+        deleted before is answered with already_deleted.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

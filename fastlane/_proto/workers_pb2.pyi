@@ -50,18 +50,20 @@ class Heartbeats(_message.Message):
     def __init__(self, beats: _Optional[_Iterable[_Union[RunHeartbeat, _Mapping]]] = ...) -> None: ...
 
 class RunHeartbeat(_message.Message):
-    __slots__ = ("run_id", "lease_token", "started", "progress", "checkpoint")
+    __slots__ = ("run_id", "lease_token", "started", "progress", "checkpoint", "started_at")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     STARTED_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     lease_token: int
     started: bool
     progress: float
     checkpoint: bytes
-    def __init__(self, run_id: _Optional[str] = ..., lease_token: _Optional[int] = ..., started: _Optional[bool] = ..., progress: _Optional[float] = ..., checkpoint: _Optional[bytes] = ...) -> None: ...
+    started_at: _timestamp_pb2.Timestamp
+    def __init__(self, run_id: _Optional[str] = ..., lease_token: _Optional[int] = ..., started: _Optional[bool] = ..., progress: _Optional[float] = ..., checkpoint: _Optional[bytes] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class Results(_message.Message):
     __slots__ = ("results", "credits")

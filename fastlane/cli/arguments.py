@@ -20,6 +20,7 @@ import orjson
 from fastlane.auth.tls import ClientTls
 from fastlane.domain import validation
 from fastlane.domain.limits import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
     MAX_HISTORY_RETENTION,
     MAX_JITTER,
     MAX_TENANT_IN_FLIGHT,
@@ -464,5 +465,6 @@ def add_json_flags(parser: argparse._ActionsContainer, flag: str, what: str, exa
     either = parser.add_mutually_exclusive_group()
     either.add_argument(flag, metavar="JSON", help=f"{what}, as JSON, e.g. '{example}'; '-' reads it from standard input")
     either.add_argument(f"{flag}-file", metavar="FILE",
-                        help=f"{what}, read from a JSON file ('-': standard input), up to "
-                             f"{PAYLOAD_CEILING_BYTES >> 20} MiB: for a document too large for a command line")
+                        help=f"{what}, read from a JSON file ('-': standard input): for a document too large "
+                             f"for a command line; a node takes {DEFAULT_MAX_PAYLOAD_BYTES >> 20} MiB by default "
+                             f"(serve --max-payload-bytes, at most {PAYLOAD_CEILING_BYTES >> 20} MiB)")

@@ -1,4 +1,4 @@
-"""``fastlane completion bash|zsh``: a shell completion script, made from the command line's own parser.
+"""``fastlane completion bash|zsh|fish``: a shell completion script, made from the command line's own parser.
 
 The script is generated from the argparse tree, so it knows every command, subcommand and flag
 of this version and never drifts from them; it completes words only (commands and flags), not
@@ -6,6 +6,7 @@ values such as job ids, which would need a node. Install it once::
 
     fastlane completion bash > ~/.local/share/bash-completion/completions/fastlane
     fastlane completion zsh > "${fpath[1]}/_fastlane"     # or: source <(fastlane completion zsh)
+    fastlane completion fish > ~/.config/fish/completions/fastlane.fish
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import argparse
 from collections.abc import Iterator
 from typing import Any
 
-SHELLS = ("bash", "zsh")
+SHELLS = ("bash", "zsh", "fish")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,9 +67,49 @@ def zsh_script(parser: argparse.ArgumentParser) -> str:
     return "#compdef fastlane\nautoload -U +X bashcompinit && bashcompinit\n" + bash_script(parser)
 
 
+def fish_script(parser: argparse.ArgumentParser) -> str:
+    """fish completions for ``fastlane``: ``__fastlane_path`` finds the command typed so far (the
+    same walk as the bash function's), and each command offers its subcommands and flags."""
+    known, offered = [], []
+    for path, subcommands, flags in commands_of(parser):
+        known += [f'            case "{path}"', f"                set subs {' '.join(subcommands)}".rstrip()]
+        condition = f"'__fastlane_at \"{path}\"'"
+        if subcommands:
+            offered.append(f"complete -c fastlane -n {condition} -a '{' '.join(subcommands)}'")
+        offered += [f"complete -c fastlane -n {condition} -l {flag.removeprefix('--')}" for flag in flags]
+    return "\n".join([
+        "# fastlane completion for fish (made by `fastlane completion fish`)",
+        "function __fastlane_path",
+        "    set -l words (commandline -opc)",
+        "    set -e words[1]",
+        '    set -l path ""',
+        "    for word in $words",
+        "        set -l subs",
+        '        switch "$path"',
+        *known,
+        "        end",
+        "        if contains -- $word $subs",
+        '            set path (string trim -- "$path $word")',
+        "        end",
+        "    end",
+        '    echo "$path"',
+        "end",
+        "function __fastlane_at",
+        "    set -l path (__fastlane_path)",
+        '    test "$path" = "$argv[1]"',
+        "end",
+        "complete -c fastlane -f",
+        *offered,
+        "",
+    ])
+
+
+SCRIPTS = {"bash": bash_script, "zsh": zsh_script, "fish": fish_script}
+
+
 def run(args: argparse.Namespace) -> int:
     """Print the script for ``args.shell``; ``args.whole_parser`` builds the command line's parser
     (set by the command's registration, which this module must not import)."""
     parser: Any = args.whole_parser()
-    print(bash_script(parser) if args.shell == "bash" else zsh_script(parser), end="")
+    print(SCRIPTS[args.shell](parser), end="")
     return 0

@@ -46,7 +46,7 @@ from fastlane.domain.models import (
     RetryPolicy,
 )
 from fastlane.domain.records import JobAction
-from fastlane.errors import RemoteError
+from fastlane.errors import FastlaneError, RemoteError, RemoteNotFound
 from fastlane.rpc.wire import rfc3339
 
 
@@ -318,6 +318,27 @@ def list_jobs(args: argparse.Namespace) -> int:
     return run_remote(args, collect)
 
 
+async def _delete_again(client: Client, args: argparse.Namespace) -> int:
+    """``jobs delete ID`` of a job deleted before: said so, exit 0, as a second pause is; an id
+    never used (or a name, which a deleted job no longer has) is refused as not found."""
+    try:
+        deleted = await client.delete_job(args.job_id)
+    except RemoteNotFound:
+        await resolve_job(client, args.job_id)  # raises the look-up's own message
+        raise
+    _print_deleted(args, deleted)
+    return 0
+
+
+def _print_deleted(args: argparse.Namespace, deleted: bool) -> None:
+    if args.json:
+        print_json({"job_id": args.job_id, "deleted": deleted, "already_deleted": not deleted})
+    elif deleted:
+        print(f"deleted job {args.job_id}")
+    else:
+        print(f"job {args.job_id} was deleted before; nothing changed")
+
+
 def act_on_job(args: argparse.Namespace) -> int:
     """``get``, ``pause``, ``resume``, ``delete`` and ``trigger``: one job by id or name (the
     middle three, or a selection)."""
@@ -325,7 +346,12 @@ def act_on_job(args: argparse.Namespace) -> int:
         return run_remote(args, lambda client: act_on_selection(client, args))
 
     async def act(client: Client) -> int:
-        found = await resolve_job(client, args.job_id)
+        try:
+            found = await resolve_job(client, args.job_id)
+        except FastlaneError:
+            if args.action == "delete":  # by the id of a job deleted before: done already
+                return await _delete_again(client, args)
+            raise
         args.job_id = found.job_id
         if args.action == "trigger":
             run = await client.trigger_job(args.job_id)
@@ -335,11 +361,7 @@ def act_on_job(args: argparse.Namespace) -> int:
                 print(f"triggered run {run.run_id} of job {run.job_id}, scheduled for {rfc3339(run.scheduled_for)}")
             return 0
         if args.action == "delete":
-            await client.delete_job(args.job_id)
-            if args.json:
-                print_json({"job_id": args.job_id, "deleted": True})
-            else:
-                print(f"deleted job {args.job_id}")
+            _print_deleted(args, await client.delete_job(args.job_id))
             return 0
         if args.action == "get":
             return await show_job(client, args)

@@ -27,8 +27,10 @@ async def by_id_prefix(
             return found[0]
         if found:
             raise FastlaneError(f"more than one {kind} id starts with {reference!r}: give more of it")
+    looked = ("nor one whose id starts so" if len(reference) >= MIN_ID_PREFIX
+              else f"a start of an id needs {MIN_ID_PREFIX} characters or more")
     raise FastlaneError(f"no {kind} with the id{' or name' if kind == 'job' else ''} {reference!r} in this tenant "
-                        f"(nor one whose id starts so; {hint})")
+                        f"({looked}; {hint})")
 
 
 async def resolve_job(client: Client, reference: str) -> Job:

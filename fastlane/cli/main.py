@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     quotas.register(commands)
     _register_demo(commands)
     _register_bench(commands)
-    shell = commands.add_parser("completion", help="print a shell completion script (bash or zsh)",
+    shell = commands.add_parser("completion", help="print a shell completion script (bash, zsh or fish)",
                                 description=help_text(completion.__doc__),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     completion.add_arguments(shell)
@@ -171,16 +171,18 @@ def _report(message: str) -> int:
 
 def _report_remote(error: RemoteError, args: argparse.Namespace) -> int:
     server = getattr(args, "server", None) or default_server()
+    # The transport's own words (gRPC's, with its status names) only for -v and --json.
+    technical = getattr(args, "json", False) or getattr(args, "verbose", False)
     if error.code is grpc.StatusCode.UNAVAILABLE:
         problem = _connection_problem(error.details, server, args)
-        if problem is not None:
-            print(f"error: {problem}\n  ({error})", file=sys.stderr)
-            return EXIT_ERROR
-        print(
-            f"error: cannot reach the fastlane daemon at {server} — is `fastlane serve` running?\n  ({error})",
-            file=sys.stderr,
-        )
+        if problem is None:
+            problem = f"cannot reach the fastlane daemon at {server} — is `fastlane serve` running?"
+        print(f"error: {problem}" + (f"\n  ({error})" if technical else ""), file=sys.stderr)
         return EXIT_ERROR
+    if error.code is grpc.StatusCode.RESOURCE_EXHAUSTED and (size := _TOO_LARGE.search(error.details or "")):
+        return _report(f"the request is {int(size[1]):,} bytes, more than the daemon at {server} takes "
+                       f"({int(size[2]):,}: its --max-payload-bytes and some room): send a smaller payload"
+                       + (f" ({error.details})" if technical else ""))
     if error.code is grpc.StatusCode.DEADLINE_EXCEEDED:
         return _report(f"the fastlane daemon at {server} did not answer in time (raise --rpc-timeout?)")
     if error.code is grpc.StatusCode.UNAUTHENTICATED:
@@ -198,6 +200,8 @@ def _report_remote(error: RemoteError, args: argparse.Namespace) -> int:
     return _report(error.details or error.code.name)
 
 
+# What gRPC's transport says of a message over the receiver's limit (its text is all there is).
+_TOO_LARGE = re.compile(r"larger than max \((\d+) vs\. (\d+)\)")
 # What gRPC's transport says when TLS goes wrong; matched on its text, the only place it is told.
 _VERIFY_FAILED = re.compile(r"CERTIFICATE_VERIFY_FAILED: ([^:]+)")
 _CLOSED = ("socket closed", "connection reset", "end of tcp stream", "broken pipe")

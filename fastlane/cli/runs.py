@@ -239,12 +239,13 @@ def tail_runs(args: argparse.Namespace) -> int:
 
 
 # The widths of ``runs tail``'s columns: rows come one at a time, so they cannot be measured as a
-# table's are; a longer cell pushes only its own row (the last column, the error, is never padded).
+# table's are. A longer cell (a long job name) is cut to its column's width with "…", so every row
+# stays aligned (--json has it whole); the last column, the error, is never padded.
 TAIL_WIDTHS = (36, 20, 10, 27, 9, 9, 8, 8)
 
 
 def tail_line(cells: Sequence[str]) -> str:
-    padded = [text.ljust(width) for text, width in zip(cells, TAIL_WIDTHS, strict=False)]
+    padded = [(_shorten(text, width) or "").ljust(width) for text, width in zip(cells, TAIL_WIDTHS, strict=False)]
     return "  ".join([*padded, *cells[len(TAIL_WIDTHS):]]).rstrip()
 
 

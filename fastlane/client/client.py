@@ -217,10 +217,12 @@ class Client:
         request = jobs_pb2.ResumeJobRequest(tenant=self.tenant, job_id=job_id)
         return wire.job_from_pb((await self._connection.call(self._connection.stubs.jobs.ResumeJob, request)).job)
 
-    async def delete_job(self, job_id: str) -> None:
-        """Delete a job. Its runs stay in history; queued ones are cancelled."""
-        await self._connection.call(self._connection.stubs.jobs.DeleteJob,
-                                    jobs_pb2.DeleteJobRequest(tenant=self.tenant, job_id=job_id))
+    async def delete_job(self, job_id: str) -> bool:
+        """Delete a job. Its runs stay in history; queued ones are cancelled. False when it was
+        deleted before (nothing changed); an id the tenant never had raises RemoteNotFound."""
+        answer = await self._connection.call(self._connection.stubs.jobs.DeleteJob,
+                                             jobs_pb2.DeleteJobRequest(tenant=self.tenant, job_id=job_id))
+        return not answer.already_deleted
 
     async def act_on_jobs(self, action: JobAction | str, selection: JobFilter = JobFilter(), *, dry_run: bool = False,
                           limit: int = 0, page_token: str = "", reason: str = "") -> BulkOutcome:

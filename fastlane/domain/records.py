@@ -73,6 +73,7 @@ class Heartbeat:
     progress: float | None = None
     checkpoint: bytes | None = None
     started: bool = False
+    started_at: datetime | None = None  # with started: when the handler began (node clock); None: not said
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

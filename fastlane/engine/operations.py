@@ -77,11 +77,21 @@ class Operations:
         await self._audit(AuditAction.RESUMED, job)
         return job
 
-    async def delete_job(self, tenant: str, job_id: str) -> None:
-        await self._store.jobs.delete_job(tenant, job_id)
+    async def delete_job(self, tenant: str, job_id: str) -> bool:
+        """Delete the job; False when it was deleted before (its history says so), as a repeated
+        pause is answered. Raises :class:`JobNotFound` for an id the tenant never had."""
+        try:
+            await self._store.jobs.delete_job(tenant, job_id)
+        except JobNotFound:
+            history = await self._store.audit.list_audit(tenant, target_kind=AuditTarget.JOB, target_id=job_id,
+                                                         limit=10)
+            if any(event.action is AuditAction.DELETED and event.target_id == job_id for event in history):
+                return False
+            raise
         self.job_deleted(job_id)
         await self._record(AuditEvent(tenant=tenant, action=AuditAction.DELETED, target_kind=AuditTarget.JOB,
                                       target_id=job_id, job_id=job_id))
+        return True
 
     async def act_on_jobs(self, tenant: str, action: JobAction, selection: JobFilter, *, dry_run: bool, limit: int,
                           page_token: str = "", reason: str | None = None) -> BulkOutcome:
@@ -110,8 +120,7 @@ class Operations:
         return True
 
     async def _deletes(self, tenant: str, listed: Job) -> bool:
-        await self.delete_job(tenant, listed.job_id)  # one already deleted raises JobNotFound: skipped
-        return True
+        return await self.delete_job(tenant, listed.job_id)  # one deleted meanwhile is skipped
 
     async def trigger_job(self, tenant: str, job_id: str) -> Run:
         """A run of the job due now, outside its schedule."""

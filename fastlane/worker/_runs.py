@@ -265,7 +265,8 @@ class RunSlot:
         await self.stream.beat_now(self)
 
     def beat(self) -> pb.RunHeartbeat:
-        beat = pb.RunHeartbeat(run_id=self.run_id, lease_token=self.lease_token, started=not self.held)
+        beat = pb.RunHeartbeat(run_id=self.run_id, lease_token=self.lease_token, started=not self.held,
+                               started_at=timestamp(self.started_at) if self.started_at is not None else None)
         if self.progress is not None and self.progress != self.sent_progress:
             beat.progress = self.sent_progress = self.progress
         if self.unsent_checkpoint is not None:

@@ -998,13 +998,16 @@ def heartbeats(draw: st.DrawFn) -> Step:
                          floats32())
         checkpoint = field("heartbeats.beats.checkpoint",
                            st.one_of(st.none(), st.sampled_from((b"", b"1", b"x" * MIB))), byte_strings())
-        beats.append((target, draw(st.booleans()), progress, checkpoint))
+        started_at = field("heartbeats.beats.started_at", st.one_of(st.none(), st.just(_now_plus(0))), timestamps())
+        beats.append((target, draw(st.booleans()), progress, checkpoint, started_at))
 
     def build(memory: Memory, assigned: list[workers_pb2.Assignment]) -> workers_pb2.ConnectRequest:
         message = workers_pb2.ConnectRequest(heartbeats=workers_pb2.Heartbeats())
-        for target, started, progress, checkpoint in beats:
+        for target, started, progress, checkpoint, started_at in beats:
             run_id, token = target(memory, assigned)
             beat = message.heartbeats.beats.add(run_id=run_id, lease_token=token, started=started)
+            if started_at is not None:
+                beat.started_at.CopyFrom(started_at)
             if progress is not None:
                 beat.progress = progress
             if checkpoint is not None:

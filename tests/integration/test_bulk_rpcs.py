@@ -212,3 +212,27 @@ async def test_a_pause_reason_over_its_bounds_is_refused_naming_it(node: Running
         with pytest.raises(RemoteInvalidArgument, match="reason"):
             await client.act_on_jobs(JobAction.PAUSE, JobFilter(), reason=reason)
         assert (await client.get_job(job.job_id)).state is JobState.ACTIVE
+
+
+async def test_a_second_delete_succeeds_as_a_second_pause_does_and_an_unknown_id_is_still_refused(
+        node: Running, capsys: pytest.CaptureFixture[str]) -> None:
+    remote = ("--server", node.address)
+    async with Client(node.address) as client, Client(node.address, tenant="globex") as other_tenant:
+        job = await client.create("nightly-export", "export", HOURLY)
+        code, out, err = await run_cli(capsys, "jobs", "delete", job.job_id, *remote)
+        assert (code, out.strip()) == (0, f"deleted job {job.job_id}"), err
+        code, out, err = await run_cli(capsys, "jobs", "delete", job.job_id, *remote)
+        assert (code, out.strip()) == (0, f"job {job.job_id} was deleted before; nothing changed"), err
+        code, out, _ = await run_cli(capsys, "jobs", "delete", job.job_id, "--json", *remote)
+        assert orjson.loads(out) == {"job_id": job.job_id, "deleted": False, "already_deleted": True}
+        assert await client.delete_job(job.job_id) is False  # the API says so too
+        # Only the history of its own tenant says so: another tenant's delete of that id is refused.
+        with pytest.raises(RemoteNotFound):
+            await other_tenant.delete_job(job.job_id)
+        # An id never used, and a deleted job's name (it no longer has one), are refused.
+        code, _, err = await run_cli(capsys, "jobs", "delete", "7d1e0a52-0000-4000-8000-000000000000", *remote)
+        assert code == 1 and "no job with the id or name" in err
+        code, _, err = await run_cli(capsys, "jobs", "delete", "nightly-export", *remote)
+        assert code == 1 and "no job with the id or name 'nightly-export'" in err
+        # One audited delete: the repeated ones changed nothing.
+        assert [event.action.value for event in await client.list_audit("job", job.job_id)].count("deleted") == 1

@@ -615,6 +615,7 @@ async def test_cli_create_then_list_runs_as_json(daemon: FakeDaemon, capsys: pyt
         "state": "dead",
         "attempts": 2,
         "manual": False,
+        "backfill_id": None,
         "worker_id": "worker-1",
         "progress": 0.0,
         "last_error": "boom",

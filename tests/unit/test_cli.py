@@ -774,3 +774,15 @@ def test_a_bulk_action_wants_one_run_or_job_or_a_selection_and_says_which_before
 ) -> None:
     code, _, err = run(capsys, *argv)
     assert code == 2 and said in err
+
+
+def test_a_tail_row_with_a_long_job_name_stays_in_its_columns() -> None:
+    from fastlane.cli.runs import RUN_COLUMNS, tail_line
+
+    header = tail_line(RUN_COLUMNS)
+    long_name = "a-very-very-long-job-name-that-exceeds-forty-characters"
+    row = tail_line(["0778b5e0-8c1d-4f7e-9a55-5a3f0d2b9c11", long_name, "succeeded", "2026-12-03T12:07:09.930345Z",
+                     "0.1 ms", "-", "1", "-", "-"])
+    starts = [header.index(title) for title in ("STATE", "SCHEDULED_FOR", "LAG", "DURATION")]
+    assert all(row[start - 2:start] == "  " and row[start] != " " for start in starts), row
+    assert "a-very-very-long-jo…" in row and long_name not in row

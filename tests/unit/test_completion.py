@@ -50,3 +50,28 @@ def test_zsh_gets_the_same_function_through_bashcompinit(capsys: pytest.CaptureF
     assert main(["completion", "zsh"]) == 0
     text = capsys.readouterr().out
     assert text.startswith("#compdef fastlane\n") and "bashcompinit" in text and "complete -o default -F _fastlane" in text
+
+
+def fish_completions(script: Path, line: str) -> list[str]:
+    """What a real fish offers at the end of ``line``, with the script sourced."""
+    done = subprocess.run(["fish", "--no-config", "-c", f"source '{script}'; complete -C '{line}'"],
+                          capture_output=True, text=True, timeout=30, check=True)
+    return [entry.split("\t")[0] for entry in done.stdout.splitlines()]
+
+
+def test_fish_completes_commands_subcommands_and_flags_where_they_belong(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    if shutil.which("fish") is None:
+        pytest.fail("fish is needed to test its completion script (make tools installs it)")
+    assert main(["completion", "fish"]) == 0
+    script = tmp_path / "fastlane.fish"
+    script.write_text(capsys.readouterr().out)
+    assert fish_completions(script, "fastlane jo") == ["jobs"]
+    assert fish_completions(script, "fastlane jobs up") == ["update"]
+    assert fish_completions(script, "fastlane jobs create --concurrency-l") == ["--concurrency-limit"]
+    assert fish_completions(script, "fastlane --server node-2 runs t") == ["tail"]  # values skipped
+    assert fish_completions(script, "fastlane jobs backfill --ov") == ["--overlap"]
+    assert "--jitter" not in fish_completions(script, "fastlane jobs backfill --")  # each its own flags
+    commands = {name for action in build_parser()._actions if hasattr(action, "choices") and action.choices
+                for name in action.choices}
+    assert set(fish_completions(script, "fastlane ")) >= commands

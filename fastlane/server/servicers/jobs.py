@@ -142,8 +142,8 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
         self, request: jobs_pb2.DeleteJobRequest,
         context: grpc.aio.ServicerContext[jobs_pb2.DeleteJobRequest, jobs_pb2.DeleteJobResponse],
     ) -> jobs_pb2.DeleteJobResponse:
-        await self._operations.delete_job(tenant_of(request.tenant), _job_id(request))
-        return jobs_pb2.DeleteJobResponse()
+        deleted = await self._operations.delete_job(tenant_of(request.tenant), _job_id(request))
+        return jobs_pb2.DeleteJobResponse(already_deleted=not deleted)
 
     @rpc
     async def ActOnJobs(

@@ -121,7 +121,7 @@ class WorkerServicer(workers_pb2_grpc.WorkerServiceServicer):
             if body == "credit":
                 self._dispatcher.grant(session, validation.count("credit.credits", message.credit.credits, 0, MAX_CREDITS))
             elif body == "heartbeats":
-                self._dispatcher.heartbeats(session, heartbeats_of(message.heartbeats))
+                self._dispatcher.heartbeats(session, heartbeats_of(message.heartbeats, worker_offset=session.clock_offset))
             elif body == "results":
                 results = results_of(message.results, worker_offset=session.clock_offset)
                 freed = validation.count("results.credits", message.results.credits, 0, MAX_CREDITS)
@@ -187,8 +187,11 @@ def validate_hello(hello: workers_pb2.Hello) -> None:
         validation.name("hello.tenant", hello.tenant)
 
 
-def heartbeats_of(message: workers_pb2.Heartbeats) -> list[Heartbeat]:
-    return _each("heartbeats.beats", message.beats, _heartbeat)
+def heartbeats_of(message: workers_pb2.Heartbeats, *, worker_offset: timedelta | None = None) -> list[Heartbeat]:
+    """The heartbeats of a batch; a handler's start they report is put on this node's clock as a
+    result's times are (see :func:`results_of`)."""
+    offset = worker_offset or _NO_OFFSET
+    return _each("heartbeats.beats", message.beats, lambda beat: _heartbeat(beat, offset))
 
 
 def results_of(message: workers_pb2.Results, *, worker_offset: timedelta | None = None) -> list[AttemptResult]:
@@ -238,7 +241,7 @@ def _each(field: str, items: Iterable[M], convert: Callable[[M], T]) -> list[T]:
     return converted
 
 
-def _heartbeat(beat: workers_pb2.RunHeartbeat) -> Heartbeat:
+def _heartbeat(beat: workers_pb2.RunHeartbeat, offset: timedelta = _NO_OFFSET) -> Heartbeat:
     progress = None
     if beat.HasField("progress"):
         progress = validation.progress(beat.progress)
@@ -250,6 +253,8 @@ def _heartbeat(beat: workers_pb2.RunHeartbeat) -> Heartbeat:
         run_id=validation.identifier("run_id", beat.run_id),
         lease_token=_lease_token("lease_token", beat.lease_token),
         started=beat.started,
+        started_at=(wire.instant_in("started_at", beat.started_at) + offset
+                    if beat.started and beat.HasField("started_at") else None),
         progress=progress,
         checkpoint=checkpoint,
     )

@@ -123,8 +123,8 @@ class SQLiteStatements(Statements):
         GROUP BY r.tenant, r.concurrency_key
     """
     MARK_ATTEMPTS_STARTED = f"""
-        UPDATE attempts SET started_at = coalesce(attempts.started_at, {NOW})
-        FROM {_batch("run_id", "lease_token")} AS s
+        UPDATE attempts SET started_at = coalesce(attempts.started_at, s.started_at, {NOW})
+        FROM {_batch("run_id", "lease_token", "started_at")} AS s
         WHERE attempts.run_id = s.run_id AND attempts.lease_token = s.lease_token
     """
     APPLY_RUN_RESULTS = f"""

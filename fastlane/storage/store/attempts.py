@@ -42,8 +42,8 @@ class SQLAttempts(StorePart):
             return []
         async with self._db.write() as tx:
             live = await tx.extend_leases(heartbeats)
-            if started := [(h.run_id, h.lease_token) for h in live if h.started]:
-                await tx.execute(self._q.MARK_ATTEMPTS_STARTED, Batch(started, 2))
+            if started := [(h.run_id, h.lease_token, h.started_at) for h in live if h.started]:
+                await tx.execute(self._q.MARK_ATTEMPTS_STARTED, Batch(started, 3))
         current = {h.run_id for h in live}
         return [h.run_id for h in heartbeats if h.run_id not in current]
 

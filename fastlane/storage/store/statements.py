@@ -236,9 +236,10 @@ class Statements:
         GROUP BY r.tenant, r.concurrency_key
     """
     # Batch(run_id, lease_token).
+    # When the handler began, as the worker said (corrected to the node's clock), else now.
     MARK_ATTEMPTS_STARTED = """
-        UPDATE attempts a SET started_at = coalesce(a.started_at, clock_timestamp())
-        FROM unnest($1::text[], $2::bigint[]) AS s(run_id, lease_token)
+        UPDATE attempts a SET started_at = coalesce(a.started_at, s.started_at, clock_timestamp())
+        FROM unnest($1::text[], $2::bigint[], $3::timestamptz[]) AS s(run_id, lease_token, started_at)
         WHERE a.run_id = s.run_id AND a.lease_token = s.lease_token
     """
     RESULT_RUNS = "SELECT * FROM runs WHERE run_id = ANY($1::text[]) ORDER BY run_id FOR UPDATE"
