@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import replace
@@ -142,19 +143,28 @@ def priority_reserve(text: str) -> PriorityReserve:
 
 # Every duration a command takes is written one way: seconds, or a number with one of these units.
 DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0}
-DURATION_SYNTAX = "a number of seconds, or a number and a unit: 500ms, 90s, 15m, 2h, 1d"
+DURATION_SYNTAX = "a number of seconds, or numbers with units: 500ms, 90s, 15m, 2h, 1d, 1h30m"
 MAX_DURATION_S = 100 * 365 * 86_400.0  # a century: beyond any bound the API takes, within what a timedelta holds
 
 
-def duration_seconds(text: str) -> float:
-    """``text`` as seconds: ``90`` (seconds) or ``90s``, ``1.5m``, ``2h``, ``1d``, ``250ms``.
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|s|m|h|d)")
+
+
+def duration_seconds(text: str, bare_unit: float = 1.0) -> float:
+    """``text`` as seconds: ``90`` (a bare number, in ``bare_unit`` seconds: seconds unless a flag
+    says otherwise) or ``90s``, ``1.5m``, ``2h``, ``1d``, ``250ms``, and sums of them: ``1h30m``.
 
     Raises:
-        ValueError: not a finite number, with or without a known unit.
+        ValueError: not a finite number, nor numbers with known units.
     """
     body = text.strip().lower()
-    unit = next((name for name in sorted(DURATION_UNITS, key=len, reverse=True) if body.endswith(name)), "")
-    value = float(body[: len(body) - len(unit)] if unit else body) * DURATION_UNITS.get(unit, 1.0)
+    try:
+        value = float(body) * bare_unit
+    except ValueError:
+        parts = _DURATION_PART.findall(body)
+        if not parts or "".join(number + unit for number, unit in parts) != body.lstrip("+"):
+            raise ValueError(text) from None
+        value = sum(float(number) * DURATION_UNITS[unit] for number, unit in parts)
     if not abs(value) <= MAX_DURATION_S:  # NaN and infinities fail here too
         raise ValueError(text)
     return value
@@ -183,11 +193,12 @@ def jitter_seconds(text: str) -> float:
 
 
 def history_retention_days(text: str) -> float:
-    """An argparse type: days of history to keep, 0 (for ever) or within the retention bounds."""
+    """An argparse type: days of history to keep (a bare number is days; with a unit, a duration
+    as everywhere: ``36h``, ``30d``), 0 (for ever) or within the retention bounds."""
     try:
-        days = float(text)
+        days = duration_seconds(text, bare_unit=86_400.0) / 86_400.0
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of days") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of days nor a duration ({DURATION_SYNTAX})") from None
     low, high = MIN_HISTORY_RETENTION / timedelta(days=1), MAX_HISTORY_RETENTION / timedelta(days=1)
     if days != 0 and not low <= days <= high:  # NaN and infinities fail here too
         raise argparse.ArgumentTypeError(f"{text} is out of range ({low:.3g}..{high:g} days, or 0 to keep all)")
@@ -237,21 +248,32 @@ def seconds_up_to(maximum: float) -> Callable[[str], float]:
 
 
 def milliseconds_up_to(maximum: float) -> Callable[[str], float]:
-    """An argparse type: a number of milliseconds in ``0..maximum``."""
-    return _number_up_to(maximum, "milliseconds", "ms")
+    """An argparse type: a duration in ``0..maximum`` milliseconds, as milliseconds: a bare number
+    is milliseconds, one with a unit (``0.3s``, ``250ms``) is read as everywhere."""
 
-
-def _number_up_to(maximum: float, unit: str, symbol: str) -> Callable[[str], float]:
-    def number(text: str) -> float:
+    def milliseconds(text: str) -> float:
         try:
-            value = float(text)
+            value = duration_seconds(text, bare_unit=0.001) * 1000
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number of {unit}") from None
-        if not 0 <= value <= maximum:  # NaN fails too
-            raise argparse.ArgumentTypeError(f"{text} is out of range (0..{maximum:g} {symbol})")
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of milliseconds nor a duration "
+                                             f"({DURATION_SYNTAX})") from None
+        if not 0 <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"{text} is out of range (0..{maximum:g} ms)")
         return value
 
-    return number
+    return milliseconds
+
+
+def positive_milliseconds(text: str) -> float:
+    """An argparse type: a positive duration as milliseconds (a bare number is milliseconds)."""
+    try:
+        value = duration_seconds(text, bare_unit=0.001) * 1000
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of milliseconds nor a duration "
+                                         f"({DURATION_SYNTAX})") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} must be a positive duration")
+    return value
 
 
 # -- shared flag groups ------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from fastlane.cli.arguments import (
     history_retention_days,
     milliseconds_up_to,
     positive_int,
+    positive_milliseconds,
     positive_seconds,
     priority_reserve,
     rate_or_unlimited,
@@ -153,10 +154,10 @@ def register(commands: Any) -> None:
     serve.add_argument(
         "--max-clock-offset",
         metavar="MS",
-        type=positive_seconds,
+        type=positive_milliseconds,
         default=defaults.max_clock_offset.total_seconds() * 1000,
         help="a node whose wall clock is further than this from the database's owns no shards (within it, "
-        "the node fires on its clock corrected to the database's) "
+        "the node fires on its clock corrected to the database's): milliseconds, or a duration such as 0.5s "
         f"(default: {defaults.max_clock_offset.total_seconds() * 1000:g})",
     )
     serve.add_argument(
@@ -215,7 +216,8 @@ def register(commands: Any) -> None:
         help="send a run up to this many milliseconds before its instant to a worker whose clock is known to "
         "agree with this node's to within that; the worker holds the run and starts it on the instant, so "
         "network and queueing delay stay out of its lag. Workers that do not measure their clock get runs on "
-        f"the instant. 0 turns it off (default: {defaults.send_ahead.total_seconds() * 1000:g}, at most "
+        f"the instant. Milliseconds, or a duration such as 0.2s; 0 turns it off (default: "
+        f"{defaults.send_ahead.total_seconds() * 1000:g}, at most "
         f"{max_ahead_ms:g})",
     )
     serve.add_argument(
@@ -258,7 +260,8 @@ def register(commands: Any) -> None:
         type=history_retention_days,
         default=retention_days,
         help="delete finished runs (succeeded, failed, dead, skipped, cancelled, lost) and their attempts once they "
-        "ended this many days ago, a small batch at a time in the background; runs not finished are never deleted. "
+        "ended this many days ago (or a duration: 36h, 30d), a small batch at a time in the background; runs not "
+        "finished are never deleted. "
         f"Fractions allowed (0.5 is 12 hours; at least an hour, {MIN_HISTORY_RETENTION / timedelta(days=1):.3g}; at most "
         f"{MAX_HISTORY_RETENTION.days}); 0 keeps history for ever (default: {retention_days:g})",
     )

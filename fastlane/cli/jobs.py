@@ -275,12 +275,13 @@ def update_job(args: argparse.Namespace) -> int:
     async def update(client: Client) -> int:
         job = await resolve_job(client, args.job_id)
         spec = updated_spec(job.spec, args)
-        if spec == job.spec:
-            note(f"job {job.job_id} ({job.name}) already has this spec; nothing changed")
-        else:
+        unchanged = spec == job.spec
+        if not unchanged:
             job = await client.update_job(job.job_id, spec)
         if args.json:
             print_json(job_view(job))
+        elif unchanged:  # as a repeated pause says it
+            print(f"job {job.job_id} ({job.name}) already has this spec; nothing changed")
         else:
             print(f"updated job {job.job_id} ({job.name}), next fire at {rfc3339(job.next_fire_at) or '-'}")
         await _warn_if_unserved(client, job)
@@ -374,8 +375,11 @@ def act_on_job(args: argparse.Namespace) -> int:
                 job = await client.pause_job(args.job_id, args.reason)
             else:
                 job = await client.resume_job(args.job_id)
-            next_fire = rfc3339(job.next_fire_at) or "-"
-            message = f"{args.action}d job {job.job_id} ({job.name}): now {job.state.value}, next fire at {next_fire}"
+            if job.state is JobState.PAUSED:
+                message = f"paused job {job.job_id} ({job.name}): it fires no more until resumed"
+            else:
+                message = (f"resumed job {job.job_id} ({job.name}): now {job.state.value}, next fire at "
+                           f"{rfc3339(job.next_fire_at) or '-'}")
             message += f"; reason: {job.pause_reason}" if job.pause_reason else ""
         if args.json:
             print_json(job_view(job))

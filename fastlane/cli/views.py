@@ -54,9 +54,20 @@ def describe_schedule(schedule: Schedule) -> str:
 
 
 def format_seconds(delta: timedelta | None) -> str | None:
+    """A duration as the flags take one: ``1h30m``, ``1m30s``, ``1.5s``, ``0s``."""
     if delta is None:
         return None
-    return f"{delta.total_seconds():g}s"
+    left = delta.total_seconds()
+    if left <= 0 or left >= 100 * 366 * 86_400:
+        return f"{left:g}s"
+    parts = []
+    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
+        count, left = divmod(left, size)
+        if count:
+            parts.append(f"{count:.0f}{unit}")
+    if round(left, 6):
+        parts.append(f"{round(left, 6):g}s")
+    return "".join(parts)
 
 
 def payload_view(payload: bytes) -> dict[str, Any]:

@@ -694,6 +694,7 @@ def test_output_cut_short_by_its_reader_ends_quietly(monkeypatch: pytest.MonkeyP
 
 @pytest.mark.parametrize(("text", "seconds"), [
     ("90", 90.0), ("90s", 90.0), ("1.5m", 90.0), ("2h", 7200.0), ("1d", 86_400.0), ("250ms", 0.25), (" 15M ", 900.0),
+    ("1h30m", 5400.0), ("2d12h", 216_000.0), ("1m30s500ms", 90.5),
 ])
 def test_every_duration_is_written_one_way(text: str, seconds: float) -> None:
     assert arguments.duration_seconds(text) == seconds
@@ -702,7 +703,8 @@ def test_every_duration_is_written_one_way(text: str, seconds: float) -> None:
         assert arguments.lifetime(text) == timedelta(seconds=seconds)
 
 
-@pytest.mark.parametrize("text", ["", "m", "90x", "ninety", "nan", "inf", "1e400", "-5m", "0", "0s", "1e20", "1e12d"])
+@pytest.mark.parametrize("text", ["", "m", "90x", "ninety", "nan", "inf", "1e400", "-5m", "0", "0s", "1e20", "1e12d",
+                                  "1h30", "1h 30m", "h30m", "1e3s"])
 def test_a_duration_that_is_none_is_refused_with_the_syntax(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError, match="duration"):
         arguments.positive_seconds(text)
@@ -786,3 +788,19 @@ def test_a_tail_row_with_a_long_job_name_stays_in_its_columns() -> None:
     starts = [header.index(title) for title in ("STATE", "SCHEDULED_FOR", "LAG", "DURATION")]
     assert all(row[start - 2:start] == "  " and row[start] != " " for start in starts), row
     assert "a-very-very-long-jo…" in row and long_name not in row
+
+
+def test_the_flags_in_milliseconds_or_days_take_durations_too_and_output_is_written_as_input() -> None:
+    # A bare number keeps the flag's own unit; a number with a unit means what it does everywhere.
+    assert arguments.milliseconds_up_to(1000)("300") == arguments.milliseconds_up_to(1000)("0.3s") == 300.0
+    assert arguments.positive_milliseconds("500") == arguments.positive_milliseconds("0.5s") == 500.0
+    assert arguments.history_retention_days("30") == arguments.history_retention_days("30d") == 30.0
+    assert arguments.history_retention_days("36h") == 1.5
+    with pytest.raises(argparse.ArgumentTypeError, match="out of range"):
+        arguments.milliseconds_up_to(1000)("2s")
+    from fastlane.cli.views import format_seconds
+
+    for seconds in (5400, 90, 1.5, 0.5, 30, 86_400.5, 300):
+        shown = format_seconds(timedelta(seconds=seconds))
+        assert shown is not None and arguments.duration_seconds(shown) == seconds, shown
+    assert format_seconds(timedelta(seconds=5400)) == "1h30m"
