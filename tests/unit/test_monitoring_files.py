@@ -142,3 +142,19 @@ def test_every_alert_has_a_runbook_section() -> None:
     assert alerts, "no alert found in the rules file"
     assert sorted(alerts - sections) == [], "alerts without a section in docs/runbook.md"
     assert sorted(sections - alerts) == [], "runbook sections for alerts that no longer exist"
+
+
+RUNBOOK_BASE = "https://fastlane.invalid/runbook/#"
+
+
+def test_every_alert_links_its_runbook_section() -> None:
+    """Alertmanager shows runbook_url: each is the placeholder base and the anchor mkdocs gives
+    the alert's section (its name in lower case), which the runbook has."""
+    document = yaml.safe_load(RULES.read_text())
+    rules = [rule for group in document["groups"] for rule in group["rules"] if "alert" in rule]
+    runbook = (REPO / "docs" / "runbook.md").read_text()
+    anchors = {title.lower() for title in re.findall(r"^## (\w+)$", runbook, re.M)}
+    for rule in rules:
+        url = rule["annotations"].get("runbook_url", "")
+        assert url == RUNBOOK_BASE + rule["alert"].lower(), rule["alert"]
+        assert url.removeprefix(RUNBOOK_BASE) in anchors
