@@ -26,6 +26,7 @@ from fastlane.domain import lifecycle, schedules
 from fastlane.domain.access import Role
 from fastlane.domain.models import Job, JobState, RunState, ScheduleKind
 from fastlane.domain.records import JobAction, RunAction
+from fastlane.domain.workflows import WORKFLOW_JOB_TYPE
 from fastlane.errors import InvalidArgument
 from fastlane.rpc import wire
 from fastlane.rpc.enums import AUDIT_TARGET, JOB_STATE, RUN_STATE, WireEnum
@@ -96,7 +97,9 @@ async def overview(request: web.Request) -> web.Response:
         request, "overview.html", chart=lag_chart(points, datetime.now(UTC)), points=points,
         last=points[-1] if points else None, released_per_second=released_per_second,
         failed_last_hour=sum(p.failed for p in points),
-        dead=[wire.run_from_pb(m) for m in dead.runs], dead_more=bool(dead.next_page_token),
+        # A workflow run's own run ends dead with it: the workflow's page shows that, not this list.
+        dead=[wire.run_from_pb(m) for m in dead.runs if m.job_type != WORKFLOW_JOB_TYPE],
+        dead_more=bool(dead.next_page_token),
         errored=[wire.job_from_pb(m) for m in errored.jobs], errored_more=bool(errored.next_page_token),
         unserved=unserved, nodes=list(status.nodes), workers=len(status.workers),
     )

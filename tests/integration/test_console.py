@@ -23,10 +23,12 @@ from secured_nodes import ENGINE_SHARDS, SecuredNode, secured_node
 from tls_certs import new_authority
 
 from fastlane.auth.tls import ClientTls
-from fastlane.domain.models import JobState, OverlapPolicy, RunState, Schedule
+from fastlane.domain.models import AttemptOutcome, JobSpec, JobState, OverlapPolicy, RunState, Schedule
+from fastlane.domain.workflows import WORKFLOW_JOB_TYPE
 from fastlane.errors import ConfigurationError
 from fastlane.server.node import Node
 from fastlane.server.settings import Settings
+from fastlane.storage import AttemptResult, Dispatch
 from fastlane.testing.processes import free_port
 
 HOURLY = Schedule.interval(timedelta(hours=1))
@@ -383,6 +385,29 @@ async def test_workflow_pages_show_a_tenants_workflows_and_their_runs_only(conso
     assert (await a.post(f"/workflow-runs/{run.workflow_run_id}/cancel", {}, csrf=await a.csrf())).status == 303
     async with console.client("client-a") as api:
         assert (await api.get_workflow_run(run.workflow_run_id))[0].state == "cancelled"
+
+
+async def test_the_overview_lists_dead_runs_but_not_a_workflow_runs_own(console: SecuredNode,
+                                                                         visitors: dict[str, Visitor]):
+    a = visitors["client-a"]
+    async with console.client("client-a") as api:
+        job = await api.create("fragile", "t", Schedule.interval(timedelta(hours=1)))
+        mine = await api.trigger_job(job.job_id)
+    # A workflow run's own run (its internal job type) ends dead with the workflow run: made here
+    # in the store, as a failed workflow run leaves it.
+    internal, _ = await console.store.jobs.create_job(JobSpec(
+        tenant="a", name="nightly", job_type=WORKFLOW_JOB_TYPE, schedule=Schedule.interval(timedelta(hours=1))))
+    own = await console.store.runs.create_manual_run("a", internal.job_id)
+    for run in (mine, own):
+        await console.store.attempts.record_dispatches([Dispatch(
+            run_id=run.run_id, lease_token=1, worker_id="w", node_id="n", lease_ttl=timedelta(seconds=30),
+            dispatched_at=run.created_at)])
+        await console.store.attempts.record_results([AttemptResult(
+            run_id=run.run_id, lease_token=1, outcome=AttemptOutcome.PERMANENT_FAILURE)])
+    assert {(await console.store.runs.get_run("a", r.run_id)).state for r in (mine, own)} == {RunState.DEAD}
+    status, page = await a.get("/")
+    assert status == 200 and mine.run_id[:8] in page
+    assert own.run_id[:8] not in page  # the workflow's own pages tell of it
 
 
 async def test_a_console_address_in_use_stops_the_node_with_a_reason_and_frees_the_api(db_url: str):

@@ -629,8 +629,8 @@ def test_network_policy_admits_the_console_only_from_labelled_pods() -> None:
 
 
 def test_service_monitor_scrapes_every_node_through_the_headless_service() -> None:
-    [(_, monitor)] = MONITORING_OBJECTS
-    assert monitor["kind"] == "ServiceMonitor" and set(monitor) == {"apiVersion", "kind", "metadata", "spec"}
+    [monitor] = [doc for _, doc in MONITORING_OBJECTS if doc["kind"] == "ServiceMonitor"]
+    assert set(monitor) == {"apiVersion", "kind", "metadata", "spec"}
     spec = monitor["spec"]
     assert set(spec) <= {"jobLabel", "selector", "namespaceSelector", "endpoints"}
     assert spec["namespaceSelector"] == {"matchNames": [NAMESPACE]}
@@ -644,6 +644,23 @@ def test_service_monitor_scrapes_every_node_through_the_headless_service() -> No
     assert _GO_DURATION.match(endpoint["interval"])
     # The alert rules group by job="fastlane": the job label comes from the Service's name label.
     assert find("Service", "fastlane-headless")["metadata"]["labels"][spec["jobLabel"]] == "fastlane"
+
+
+def test_pod_monitor_scrapes_the_workers_own_metrics_and_no_node() -> None:
+    assert sorted(doc["kind"] for _, doc in MONITORING_OBJECTS) == ["PodMonitor", "ServiceMonitor"]
+    [monitor] = [doc for _, doc in MONITORING_OBJECTS if doc["kind"] == "PodMonitor"]
+    spec = monitor["spec"]
+    assert set(spec) <= {"jobLabel", "selector", "namespaceSelector", "podMetricsEndpoints"}
+    worker = find("Deployment", "acme-worker", "worker.example.yaml")["spec"]["template"]
+    assert selects(spec["selector"]["matchLabels"], worker["metadata"]["labels"])
+    assert not selects(spec["selector"]["matchLabels"], pod_labels())  # nodes have their ServiceMonitor
+    [endpoint] = spec["podMetricsEndpoints"]
+    assert (endpoint["port"], endpoint["path"], endpoint["scheme"]) == ("metrics", "/metrics", "http")
+    [container] = worker["spec"]["containers"]
+    [port] = [p for p in container["ports"] if p["name"] == endpoint["port"]]
+    # The worker serves its metrics on that port, on every address of its pod.
+    args = container["args"]
+    assert args[args.index("--metrics") + 1] == f"0.0.0.0:{port['containerPort']}"
 
 
 def test_disruption_budget_covers_the_pods() -> None:
