@@ -1,6 +1,7 @@
 """A worker's Prometheus metrics, served on ``fastlane worker --metrics HOST:PORT``
 (``Worker(metrics="HOST:PORT")``): its handlers' attempts and durations by job type, what it is
-running, the credits it has free, and its reconnects to each node.
+running, the credits it has free, its reconnects to each node and each node's clock as it
+measures it (the offset and its uncertainty, which decide whether runs are sent to it ahead).
 
 Counted only when asked for: a worker without ``metrics`` has none of this on its run path. The
 job types are the worker's own (the handlers it registered), so their number is bounded by its
@@ -10,7 +11,7 @@ code, and a worker serves one tenant's runs or any: there is no tenant label.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol, TypeVar
 from wsgiref.simple_server import WSGIServer
 
@@ -18,6 +19,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 
 from fastlane.domain.models import AttemptOutcome
 from fastlane.errors import ConfigurationError
+from fastlane.runtime.metrics import ReadWhenScraped
+from fastlane.worker._clock import ClockEstimate
 
 
 class _Ended(Protocol):
@@ -34,7 +37,8 @@ _HANDLER_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5
 class WorkerMetrics:
     """One worker's registry, and what its run path reports into it."""
 
-    def __init__(self, credits_free: Callable[[], float] = lambda: 0.0) -> None:
+    def __init__(self, credits_free: Callable[[], float] = lambda: 0.0,
+                 clock_estimates: Callable[[], Mapping[str, ClockEstimate]] = dict) -> None:
         self.registry = registry = CollectorRegistry(auto_describe=True)
         self.attempts = Counter("fastlane_worker_attempts", "Attempts this worker's handlers ended, by job type "
                                 "and outcome (succeeded, failed, permanent_failure, timed_out, cancelled)",
@@ -50,6 +54,14 @@ class WorkerMetrics:
         self._server: WSGIServer | None = None
         self.reconnects = Counter("fastlane_worker_reconnects", "Times this worker dialled a node again after its "
                                   "stream ended or could not be opened, by node address", ["node"], registry=registry)
+        offsets = ReadWhenScraped("fastlane_worker_clock_offset_seconds", "Each node's clock minus this worker's, "
+                                  "as the worker measured it, by node address", ["node"])
+        uncertainties = ReadWhenScraped("fastlane_worker_clock_uncertainty_seconds", "How far each clock offset "
+                                        "may be off (half its best round trip), by node address", ["node"])
+        offsets.read = lambda: {(node, ): estimate.offset_s for node, estimate in clock_estimates().items()}
+        uncertainties.read = lambda: {(node, ): estimate.uncertainty_s for node, estimate in clock_estimates().items()}
+        registry.register(offsets)
+        registry.register(uncertainties)
 
     async def observed(self, job_type: str, attempt: Awaitable[E]) -> E:
         """``attempt`` (a handler's call, judged) awaited, counted and timed."""

@@ -302,7 +302,7 @@ class Worker:
             log.info("worker %s serving %s, %d at once, on %s", self.worker_id, ", ".join(sorted(self._handlers)),
                      self._concurrency, ", ".join(self._servers))
             if self._metrics_listen is not None:
-                self._metrics = WorkerMetrics(credits_free=self._credits_free)
+                self._metrics = WorkerMetrics(credits_free=self._credits_free, clock_estimates=self.clock_estimates)
                 self._metrics.serve(self._metrics_listen)
                 log.info("worker metrics on http://%s/metrics", self._metrics_listen)
             streams = self._streams = ClusterStreams(self._servers, self._open_stream, self._open_channel)

@@ -80,6 +80,8 @@ async def test_a_worker_counts_and_times_its_attempts_by_job_type_and_outcome(no
                 return set(states) <= {RunState.SUCCEEDED, RunState.DEAD}
 
             await until(all_ended, WAIT, "the three runs to end")
+            # The node's clock as the worker measures it (one host: nothing between them), once probed.
+            await until(lambda: bool(worker.clock_estimates()), WAIT, "the worker to measure the node's clock")
         samples = await asyncio.to_thread(scrape, listen)
     finally:
         await asyncio.wait_for(worker.stop(), WAIT)
@@ -89,6 +91,9 @@ async def test_a_worker_counts_and_times_its_attempts_by_job_type_and_outcome(no
     assert samples['fastlane_worker_handler_seconds_count{job_type="ledger.close"}'] == 3
     assert samples["fastlane_worker_handlers_running"] == 0
     assert samples["fastlane_worker_credits_free"] == 4  # connected to one node, nothing in flight
+    offset = samples[f'fastlane_worker_clock_offset_seconds{{node="{node_address}"}}']
+    uncertainty = samples[f'fastlane_worker_clock_uncertainty_seconds{{node="{node_address}"}}']
+    assert abs(offset) <= uncertainty + 0.005 and 0 <= uncertainty < 1
     assert not [name for name in samples if "_created" in name]
     assert await asyncio.to_thread(scrape, listen) == {}  # the worker stopped: so did its listener
 
