@@ -18,6 +18,7 @@ from fastlane.domain import validation
 from fastlane.domain.backfill import BACKFILL_OVERLAPS, BackfillMode, Occurrence, occurrences
 from fastlane.domain.models import Job, OverlapPolicy, new_id
 from fastlane.domain.schedules import next_fire_after
+from fastlane.domain.workflows import WORKFLOW_JOB_TYPE
 from fastlane.errors import InvalidArgument
 from fastlane.runtime.clock import from_micros, to_micros
 from fastlane.storage import Store, codec
@@ -76,6 +77,9 @@ async def backfill_part(store: Store, tenant: str, job_id: str, request: Backfil
     if schedule.is_one_shot:
         raise InvalidArgument("job_id", f"job {job_id} fires once ({schedule.kind}): a backfill runs the past fire "
                                         "times of a cron or interval job")
+    if job.spec.job_type == WORKFLOW_JOB_TYPE:  # its runs start workflow runs, which a backfill does not make
+        raise InvalidArgument("job_id", f"job {job_id} is a workflow's schedule, which has no backfill: trigger the "
+                                        "workflow (`fastlane workflows trigger`) for the past fire times it needs")
     part = _resumed(job_id, request) if request.page_token else _begun(job_id, request, now)
     found: list[Occurrence] = []
     cursor = part.cursor

@@ -13,6 +13,7 @@ from fastlane.domain.backfill import BackfillMode, Occurrence, fire_times
 from fastlane.domain.errors import JobNotFound
 from fastlane.domain.jitter import run_instant
 from fastlane.domain.models import Job, JobSpec, JobState, OverlapPolicy, Schedule
+from fastlane.domain.workflows import WORKFLOW_JOB_TYPE
 from fastlane.engine.backfill import BackfillRequest, backfill_part
 from fastlane.errors import InvalidArgument
 from fastlane.storage import codec
@@ -127,10 +128,15 @@ async def test_a_new_backfill_refuses_a_range_or_policy_it_cannot_run(asked, fie
     assert store.writes == []
 
 
-async def test_a_one_shot_job_and_another_tenants_job_have_no_backfill():
+async def test_a_one_shot_job_a_workflows_job_and_another_tenants_job_have_no_backfill():
     once = _Store(_job(Schedule.at_instant(NOW - MINUTE), next_fire_at=None))
     with pytest.raises(InvalidArgument, match="fires once"):
         await _part(once, start=NOW - timedelta(hours=1), end=NOW)
+    workflow = _Store(replace(_job(Schedule.interval(MINUTE, ANCHOR)), spec=JobSpec(
+        name="nightly", job_type=WORKFLOW_JOB_TYPE, schedule=Schedule.interval(MINUTE, ANCHOR))))
+    with pytest.raises(InvalidArgument, match="workflow's schedule"):
+        await _part(workflow, start=NOW - timedelta(hours=1), end=NOW)
+    assert workflow.writes == []
     store = _Store(_job(Schedule.interval(MINUTE, ANCHOR)))
     with pytest.raises(JobNotFound):
         await backfill_part(store, "acme", "job-1", BackfillRequest(start=NOW - MINUTE, end=NOW), NOW)  # type: ignore[arg-type]
