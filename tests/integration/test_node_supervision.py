@@ -85,11 +85,12 @@ async def test_a_node_measures_its_event_loop_lag_and_names_a_stall(tmp_path):
     async with running(node) as task:
         await asyncio.wait_for(node.ready.wait(), 20)
         async with asyncio.timeout(10):
-            while not registry.get_sample_value("fastlane_event_loop_stalls_total", {"cause": _HELD_SITE}):
+            while not registry.get_sample_value("fastlane_event_loop_stall_sites_total", {"site": _HELD_SITE}):
                 # Held again until named: on a loaded machine the watchdog thread may first look only
                 # once the hold is over, and a stall it saw elsewhere is rightly named elsewhere.
                 hold_the_node_loop(0.05)  # as a long callback inside the node would
                 await asyncio.sleep(0.02)
+        assert registry.get_sample_value("fastlane_event_loop_stalls_total", {"cause": "busy"}) >= 1
         assert registry.get_sample_value("fastlane_event_loop_lag_seconds_count") > 0
         assert not task.done()
     # Stopped: the probe task ended with the node rather than keeping it alive.
