@@ -53,6 +53,7 @@ def add_backfill_parser(actions: Any, remote: argparse.ArgumentParser) -> None:
 
 def backfill_job(args: argparse.Namespace) -> int:
     end = args.end or datetime.now(UTC)
+    so_far = {"written": 0, "backfill_id": ""}  # for a Ctrl-C: what the parts done wrote
 
     async def backfill(client: Client) -> int:
         job = await resolve_job(client, args.job_id)
@@ -64,6 +65,7 @@ def backfill_job(args: argparse.Namespace) -> int:
         ):
             backfill_id, written, already, matched = (part.backfill_id, written + part.written,
                                                       already + part.already_run, matched + part.matched)
+            so_far.update(written=written, backfill_id=backfill_id)
             if part.next_page_token and not args.json:
                 done = _share(args.start, part.covered_until, end)
                 note(f"{written:,} runs {'to write' if args.dry_run else 'written'} so far, fire times before "
@@ -81,7 +83,14 @@ def backfill_job(args: argparse.Namespace) -> int:
                  f"stop it: fastlane runs cancel --backfill {backfill_id} --yes")
         return 0
 
-    return run_remote(args, backfill)
+    try:
+        return run_remote(args, backfill)
+    except KeyboardInterrupt:  # the parts written stay: a backfill of the missed ones goes on from them
+        if so_far["written"] and not args.dry_run:
+            note(f"stopped: backfill {so_far['backfill_id']} wrote {so_far['written']:,} runs; run the command again "
+                 "(without --all) to write the rest, or cancel them with "
+                 f"`fastlane runs cancel --backfill {so_far['backfill_id']} --yes`")
+        return 130
 
 
 def _share(start: datetime, reached: datetime, end: datetime) -> float:
