@@ -15,45 +15,34 @@ into="${1:-.venv/bin}"
 as_root=()
 [ "$(id -u)" -eq 0 ] || as_root=(sudo -n)
 
-if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
+# apt_install WHAT PACKAGE...: install the distribution's packages, or say what is missing and fail.
+apt_install() {
+    local what="$1"
+    shift
     if ! command -v apt-get >/dev/null 2>&1; then
-        echo "Chromium and ChromeDriver are missing: install them (/usr/bin/chromium, /usr/bin/chromedriver) for the console's browser tests" >&2
+        echo "$what is missing: install it (Debian's $*)" >&2
         exit 1
     fi
-    echo "installing Chromium and ChromeDriver (the distribution's packages), for the console's browser tests" >&2
+    echo "installing $what (the distribution's $*)" >&2
     export DEBIAN_FRONTEND=noninteractive
-    if ! "${as_root[@]}" apt-get install -y -q --no-install-recommends chromium chromium-driver >/dev/null 2>&1; then
+    if ! "${as_root[@]}" apt-get install -y -q --no-install-recommends "$@" >/dev/null 2>&1; then
         "${as_root[@]}" apt-get update -q >/dev/null
-        "${as_root[@]}" apt-get install -y -q --no-install-recommends chromium chromium-driver >/dev/null
+        "${as_root[@]}" apt-get install -y -q --no-install-recommends "$@" >/dev/null
     fi
+}
+
+if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
+    apt_install "Chromium and ChromeDriver, for the console's browser tests," chromium chromium-driver
     /usr/bin/chromedriver --version >/dev/null
 fi
 
 if ! ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1; then
-    if ! command -v apt-get >/dev/null 2>&1; then
-        echo "libfaketime is missing: install it (Debian's faketime package) for the clock tests" >&2
-        exit 1
-    fi
-    echo "installing libfaketime (the distribution's faketime package), for the clock tests" >&2
-    export DEBIAN_FRONTEND=noninteractive
-    if ! "${as_root[@]}" apt-get install -y -q --no-install-recommends faketime >/dev/null 2>&1; then
-        "${as_root[@]}" apt-get update -q >/dev/null
-        "${as_root[@]}" apt-get install -y -q --no-install-recommends faketime >/dev/null
-    fi
+    apt_install "libfaketime, for the clock tests," faketime
     ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null
 fi
 
 if ! command -v fish >/dev/null 2>&1; then
-    if ! command -v apt-get >/dev/null 2>&1; then
-        echo "fish is missing: install it (the fish shell) for the test of \`fastlane completion fish\`" >&2
-        exit 1
-    fi
-    echo "installing fish (the distribution's package), to test its completion script" >&2
-    export DEBIAN_FRONTEND=noninteractive
-    if ! "${as_root[@]}" apt-get install -y -q --no-install-recommends fish >/dev/null 2>&1; then
-        "${as_root[@]}" apt-get update -q >/dev/null
-        "${as_root[@]}" apt-get install -y -q --no-install-recommends fish >/dev/null
-    fi
+    apt_install "fish, to test the completion script made for it," fish
     fish --version >/dev/null
 fi
 

@@ -247,16 +247,21 @@ def seconds_up_to(maximum: float) -> Callable[[str], float]:
     return seconds
 
 
+def _milliseconds(text: str) -> float:
+    """A duration as milliseconds: a bare number is milliseconds, one with a unit (``0.3s``,
+    ``250ms``) is read as everywhere."""
+    try:
+        return duration_seconds(text, bare_unit=0.001) * 1000
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of milliseconds nor a duration "
+                                         f"({DURATION_SYNTAX})") from None
+
+
 def milliseconds_up_to(maximum: float) -> Callable[[str], float]:
-    """An argparse type: a duration in ``0..maximum`` milliseconds, as milliseconds: a bare number
-    is milliseconds, one with a unit (``0.3s``, ``250ms``) is read as everywhere."""
+    """An argparse type: a duration in ``0..maximum`` milliseconds (:func:`_milliseconds`)."""
 
     def milliseconds(text: str) -> float:
-        try:
-            value = duration_seconds(text, bare_unit=0.001) * 1000
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number of milliseconds nor a duration "
-                                             f"({DURATION_SYNTAX})") from None
+        value = _milliseconds(text)
         if not 0 <= value <= maximum:
             raise argparse.ArgumentTypeError(f"{text} is out of range (0..{maximum:g} ms)")
         return value
@@ -265,12 +270,8 @@ def milliseconds_up_to(maximum: float) -> Callable[[str], float]:
 
 
 def positive_milliseconds(text: str) -> float:
-    """An argparse type: a positive duration as milliseconds (a bare number is milliseconds)."""
-    try:
-        value = duration_seconds(text, bare_unit=0.001) * 1000
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of milliseconds nor a duration "
-                                         f"({DURATION_SYNTAX})") from None
+    """An argparse type: a positive duration as milliseconds (:func:`_milliseconds`)."""
+    value = _milliseconds(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{text} must be a positive duration")
     return value
