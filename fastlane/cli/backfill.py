@@ -9,7 +9,7 @@ started yet.
 from __future__ import annotations
 
 import argparse
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fastlane.cli.arguments import json_flag, positive_int
@@ -68,8 +68,10 @@ def backfill_job(args: argparse.Namespace) -> int:
             so_far.update(written=written, backfill_id=backfill_id)
             if part.next_page_token and not args.json:
                 done = _share(args.start, part.covered_until, end)
-                note(f"{written:,} runs {'to write' if args.dry_run else 'written'} so far, fire times before "
-                     f"{rfc3339(part.covered_until)} ({done:.0%} of the range)…")
+                # Done: the fire times before covered_until, so through the last one, a microsecond before.
+                through = rfc3339(part.covered_until - timedelta(microseconds=1))
+                note(f"{written:,} runs {'to write' if args.dry_run else 'written'} so far, fire times through "
+                     f"{through} ({done:.0%} of the range)…")
         if args.json:
             print_json({"backfill_id": None if args.dry_run else backfill_id, "job_id": job.job_id,
                         "dry_run": args.dry_run, "fire_times": matched, "written": written, "already_run": already})
