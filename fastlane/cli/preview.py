@@ -20,7 +20,7 @@ from fastlane.domain.schedules import fire_notes, local_time, next_fire_after, p
 from fastlane.errors import InvalidArgument
 from fastlane.rpc.wire import rfc3339
 
-MAX_COUNTED = 1_000_000  # fire times a range is counted up to (--until)
+MAX_COUNTED = 100_000  # fire times a range is counted up to (--until): a second or so of cron arithmetic
 
 
 def add_preview_parser(actions: Any) -> None:

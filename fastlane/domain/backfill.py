@@ -20,15 +20,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
+from itertools import takewhile
 
 from fastlane.domain.jitter import run_instant
 from fastlane.domain.models import OverlapPolicy, Schedule
-from fastlane.domain.schedules import next_fire_after
+from fastlane.domain.schedules import fires_after
 
 _MICROSECOND = timedelta(microseconds=1)
-
-MAX_BACKFILL_RANGE_OCCURRENCES = 100_000
-"""The most fire times one backfill covers: a longer range is refused, to be split."""
 
 DEFAULT_BACKFILL_BATCH = 1_000
 MAX_BACKFILL_BATCH = 10_000
@@ -56,10 +54,7 @@ class Occurrence:
 def fire_times(schedule: Schedule, start: datetime, end: datetime) -> Iterator[datetime]:
     """The fire times ``t`` of a recurring ``schedule`` (an interval one with its anchor) with
     ``start <= t < end``, in order."""
-    fire = next_fire_after(schedule, start - _MICROSECOND)
-    while fire is not None and fire < end:
-        yield fire
-        fire = next_fire_after(schedule, fire)
+    return takewhile(lambda fire: fire < end, fires_after(schedule, start - _MICROSECOND))
 
 
 def occurrences(job_id: str, schedule: Schedule, start: datetime, end: datetime, limit: int) -> list[Occurrence]:
@@ -83,6 +78,6 @@ def count_fire_times(schedule: Schedule, start: datetime, end: datetime, at_most
 
 
 __all__ = [
-    "BACKFILL_OVERLAPS", "DEFAULT_BACKFILL_BATCH", "MAX_BACKFILL_BATCH", "MAX_BACKFILL_RANGE_OCCURRENCES",
-    "BackfillMode", "Occurrence", "count_fire_times", "fire_times", "occurrences",
+    "BACKFILL_OVERLAPS", "DEFAULT_BACKFILL_BATCH", "MAX_BACKFILL_BATCH", "BackfillMode", "Occurrence",
+    "count_fire_times", "fire_times", "occurrences",
 ]

@@ -372,6 +372,12 @@ def _fires(s: Schedule, after: datetime) -> Iterator[datetime]:
     return iter([])  # "now" has no fire time of its own: it fires at creation
 
 
+def fires_after(s: Schedule, after: datetime) -> Iterator[datetime]:
+    """Every fire time strictly after the aware ``after``, in order, from one iterator (cheaper
+    than :func:`next_fire_after` again and again over a long range)."""
+    return _fires(s, after)
+
+
 def next_fire_after(s: Schedule, after: datetime) -> datetime | None:
     """The first fire time strictly after the aware ``after``, as aware UTC.
 
@@ -476,6 +482,7 @@ def _skipped_note(cron: CronExpr, tz: ZoneInfo, previous: datetime, instant: dat
 
 
 __all__ = [
-    "MIN_INTERVAL", "CronExpr", "fire_notes", "first_fire", "local_time", "next_fire_after", "parse_at", "parse_cron",
+    "MIN_INTERVAL", "CronExpr", "fire_notes", "fires_after", "first_fire", "local_time", "next_fire_after", "parse_at",
+    "parse_cron",
     "preview", "validate_schedule", "zone",
 ]
