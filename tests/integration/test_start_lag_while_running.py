@@ -17,6 +17,7 @@ from fastlane.client import Client
 from fastlane.domain.models import Run, RunState, Schedule
 from fastlane.server.node import Node
 from fastlane.server.settings import Settings
+from fastlane.testing import until
 from fastlane.testing.processes import free_port
 from fastlane.worker import RunContext, Worker
 
@@ -30,11 +31,11 @@ async def address(db_url: str) -> AsyncIterator[str]:
     node = Node(Settings(db_url=db_url, listen=listen, node_id="lag-node", shard_count=4))
     task = asyncio.create_task(node.run(), name="lag-node")
     try:
-        async with asyncio.timeout(WAIT):
-            while not node.ready.is_set():
-                if task.done():
-                    await task
-                await asyncio.sleep(0.02)
+        ready = asyncio.create_task(node.ready.wait())
+        await asyncio.wait({ready, task}, timeout=WAIT, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            await task  # it stopped before it was ready: its error is the test's
+        assert ready.done(), "the node was not ready in time"
         yield listen
     finally:
         node.request_stop()
@@ -64,18 +65,18 @@ async def test_a_running_runs_start_is_when_its_handler_began_not_when_the_node_
                 [listed] = [r for r in (await client.list_runs(job_id=job.job_id)).items if r.run_id == run.run_id]
                 return listed if listed.state is RunState.RUNNING and listed.first_started_at else None
 
-            async with asyncio.timeout(WAIT):
-                while (listed := await running()) is None:
-                    await asyncio.sleep(0.05)
+            listed = await until(running, WAIT, "the run to be running with its start recorded")
             assert listed.first_started_at is not None and began
             # The worker's own start, within a few milliseconds (one clock, an estimated offset),
             # not the heartbeat's arrival, at least HELD later.
             assert abs((listed.first_started_at - began[0]).total_seconds()) < HELD / 4
             release.set()
-            async with asyncio.timeout(WAIT):
-                while (await client.get_run(run.run_id))[0].state is not RunState.SUCCEEDED:
-                    await asyncio.sleep(0.05)
-            finished, _ = await client.get_run(run.run_id)
+
+            async def succeeded() -> Run | None:
+                seen, _ = await client.get_run(run.run_id)
+                return seen if seen.state is RunState.SUCCEEDED else None
+
+            finished = await until(succeeded, WAIT, "the run to succeed")
             assert finished.first_started_at is not None
             assert abs((finished.first_started_at - began[0]).total_seconds()) < HELD / 4
     finally:
