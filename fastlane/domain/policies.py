@@ -23,7 +23,8 @@ MAX_SKIPPED_RECORDED = 1_000
 def plan_occurrence(job: DueJob, now: datetime, horizon: datetime) -> Occurrence:
     """Decide which occurrences of a due job to fire and which to record as skipped.
 
-    Occurrences from ``job.next_fire_at`` up to ``horizon`` are considered. One found more than
+    Occurrences from ``job.next_fire_at`` up to ``horizon`` are considered, and the first always:
+    its caller took the job because it is due (a crowd's jobs are taken before their instants). One found more than
     the misfire grace after its time was *missed* (the node was down, the shard unowned, or the
     job paused); the job's misfire policy decides what becomes of missed ones:
 
@@ -48,7 +49,7 @@ def plan_occurrence(job: DueJob, now: datetime, horizon: datetime) -> Occurrence
         # so instants grow with fire times and the loop may stop at the first past the horizon).
         following = _next(recurrence, occurrence) if jitter is not None else None
         instant = occurrence if jitter is None else occurrence + jitter_offset(job.job_id, occurrence, following, jitter)
-        if instant > horizon:
+        if instant > horizon and walked:
             break
         (missed if now - instant > policy.grace else on_time).append(instant)
         walked += 1

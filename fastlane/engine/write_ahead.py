@@ -342,13 +342,13 @@ class WriteAhead:
             by_shard[job.shard_id].append(job)
         fences = {fence.shard_id: fence for shard_id in by_shard if (fence := self._fence(shard_id)) is not None}
         # Occurrences up to the lead are written now; a job taken earlier than that (with its
-        # slot, or ahead of a crowd) gets at least its own occurrence.
+        # slot, or ahead of a crowd) gets its own occurrence (plan_occurrence writes the first always).
         horizon = now + self._lead
         planned: list[tuple[DueJob, Occurrence]] = []
         for shard_id in fences:
             for job in by_shard[shard_id]:
                 try:
-                    planned.append((job, plan_occurrence(job, now, max(horizon, due_instant(job)))))
+                    planned.append((job, plan_occurrence(job, now, horizon)))
                 except Exception as error:  # one job's bad timing must not stop the others
                     await self._set_aside(job, "planning its occurrences", error)
         await self._write(planned, fences)
