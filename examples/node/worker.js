@@ -38,7 +38,7 @@ const OUTCOME = {
 // Every field this worker sends or reads: checked when it starts (see fastlane.js), so that an
 // API change fails it at once, not at the first run that would use the field.
 const USES = {
-  'fastlane.v1.ConnectRequest': ['hello', 'credit', 'heartbeats', 'results', 'clock_probe'],
+  'fastlane.v1.ConnectRequest': ['hello', 'credit', 'heartbeats', 'results', 'clock_probe', 'drain'],
   'fastlane.v1.Hello': ['worker_id', 'job_types', 'credits', 'tenant'],
   'fastlane.v1.CreditGrant': ['credits'],
   'fastlane.v1.Heartbeats': ['beats'],
@@ -50,7 +50,7 @@ const USES = {
   ],
   'fastlane.v1.ClockProbe': ['probe_id', 'sent_at', 'uncertainty', 'offset'],
   'fastlane.v1.ConnectResponse': ['welcome', 'assignments', 'acks', 'cancel', 'clock_echo'],
-  'fastlane.v1.Welcome': ['node_id', 'heartbeat_interval', 'takes_credits_with_results', 'prompt_results'],
+  'fastlane.v1.Welcome': ['node_id', 'heartbeat_interval', 'takes_credits_with_results', 'prompt_results', 'takes_drain'],
   'fastlane.v1.Assignments': ['assignments'],
   'fastlane.v1.Assignment': [
     'run_id', 'job_id', 'job_type', 'tenant', 'attempt', 'payload', 'scheduled_for', 'idempotency_key',
@@ -221,7 +221,7 @@ class Worker {
     const call = this._stub.Connect(api.callMetadata());
     const session = {
       call, welcomed: false, ended: false, error: null, nodeId: '', resent: 0, heartbeatMs: DEFAULT_HEARTBEAT_MS,
-      creditsWithResults: false, promptResults: false, echoed: false, lastResultsNs: -RESULT_COALESCE_NS,
+      creditsWithResults: false, promptResults: false, takesDrain: false, echoed: false, lastResultsNs: -RESULT_COALESCE_NS,
       heartbeatTimer: null, probeTimer: null, flushTimer: null, flushDue: null,
     };
     this._session = session;
@@ -307,6 +307,8 @@ class Worker {
     session.heartbeatMs = intervalNs > 0n ? Number(intervalNs / NS_PER_MS) : DEFAULT_HEARTBEAT_MS;
     session.creditsWithResults = Boolean(welcome.takes_credits_with_results);
     session.promptResults = Boolean(welcome.prompt_results);
+    session.takesDrain = Boolean(welcome.takes_drain);
+    if (this._draining) this._sendDrain(session); // reconnected while stopping
     session.nodeId = welcome.node_id || '?';
     const first = !session.welcomed;
     session.welcomed = true;
@@ -634,6 +636,7 @@ class Worker {
   async _drain() {
     log('info', `stopping: ${this._inFlight.size} runs in flight, ${this._unacked.size} results unacknowledged`);
     this._draining = true;
+    if (this._session !== null && this._session.welcomed) this._sendDrain(this._session);
     if (!(await this._until(() => this._inFlight.size === 0, this._drainTimeoutMs))) {
       log('warn', `drain timeout (${this._drainTimeoutMs / 1000} s) passed with ${this._inFlight.size} runs in flight: stopping them`);
       for (const slot of [...this._inFlight.values()]) this._stopSlot(slot, SHUTDOWN);
@@ -651,6 +654,11 @@ class Worker {
     this._starts.close();
     this._stub.close();
     log('info', 'worker stopped');
+  }
+
+  /** Take back the credits granted on this stream: the node sends nothing more to a stopping worker. */
+  _sendDrain(session) {
+    if (session.takesDrain) this._send(session, { drain: {} });
   }
 
   _until(condition, timeoutMs) {

@@ -27,7 +27,7 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x66\x61stlane/v1/workers.proto\x12\x0b\x66\x61stlane.v1\x1a\x18\x66\x61stlane/v1/common.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf1\x01\n\x0e\x43onnectRequest\x12#\n\x05hello\x18\x01 \x01(\x0b\x32\x12.fastlane.v1.HelloH\x00\x12*\n\x06\x63redit\x18\x02 \x01(\x0b\x32\x18.fastlane.v1.CreditGrantH\x00\x12-\n\nheartbeats\x18\x03 \x01(\x0b\x32\x17.fastlane.v1.HeartbeatsH\x00\x12\'\n\x07results\x18\x04 \x01(\x0b\x32\x14.fastlane.v1.ResultsH\x00\x12.\n\x0b\x63lock_probe\x18\x05 \x01(\x0b\x32\x17.fastlane.v1.ClockProbeH\x00\x42\x06\n\x04\x62ody\"N\n\x05Hello\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x11\n\tjob_types\x18\x02 \x03(\t\x12\x0f\n\x07\x63redits\x18\x03 \x01(\x05\x12\x0e\n\x06tenant\x18\x04 \x01(\t\"\x1e\n\x0b\x43reditGrant\x12\x0f\n\x07\x63redits\x18\x01 \x01(\x05\"6\n\nHeartbeats\x12(\n\x05\x62\x65\x61ts\x18\x01 \x03(\x0b\x32\x19.fastlane.v1.RunHeartbeat\"\xc0\x01\n\x0cRunHeartbeat\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x13\n\x0blease_token\x18\x02 \x01(\x03\x12\x0f\n\x07started\x18\x03 \x01(\x08\x12\x15\n\x08progress\x18\x04 \x01(\x02H\x00\x88\x01\x01\x12\x17\n\ncheckpoint\x18\x05 \x01(\x0cH\x01\x88\x01\x01\x12.\n\nstarted_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x0b\n\t_progressB\r\n\x0b_checkpoint\"C\n\x07Results\x12\'\n\x07results\x18\x01 \x03(\x0b\x32\x16.fastlane.v1.RunResult\x12\x0f\n\x07\x63redits\x18\x02 \x01(\x05\"\x93\x02\n\tRunResult\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x13\n\x0blease_token\x18\x02 \x01(\x03\x12,\n\x07outcome\x18\x03 \x01(\x0e\x32\x1b.fastlane.v1.AttemptOutcome\x12\x12\n\nerror_code\x18\x04 \x01(\t\x12\x15\n\rerror_message\x18\x05 \x01(\t\x12.\n\nstarted_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\x0f\x65rror_traceback\x18\x08 \x01(\t\x12\x0e\n\x06output\x18\t \x01(\x0c\"\xf5\x01\n\x0f\x43onnectResponse\x12\'\n\x07welcome\x18\x01 \x01(\x0b\x32\x14.fastlane.v1.WelcomeH\x00\x12/\n\x0b\x61ssignments\x18\x02 \x01(\x0b\x32\x18.fastlane.v1.AssignmentsH\x00\x12\'\n\x04\x61\x63ks\x18\x03 \x01(\x0b\x32\x17.fastlane.v1.ResultAcksH\x00\x12)\n\x06\x63\x61ncel\x18\x04 \x01(\x0b\x32\x17.fastlane.v1.CancelRunsH\x00\x12,\n\nclock_echo\x18\x05 \x01(\x0b\x32\x16.fastlane.v1.ClockEchoH\x00\x42\x06\n\x04\x62ody\"\x8d\x01\n\x07Welcome\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x35\n\x12heartbeat_interval\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\"\n\x1atakes_credits_with_results\x18\x03 \x01(\x08\x12\x16\n\x0eprompt_results\x18\x04 \x01(\x08\";\n\x0b\x41ssignments\x12,\n\x0b\x61ssignments\x18\x01 \x03(\x0b\x32\x17.fastlane.v1.Assignment\"\xc3\x03\n\nAssignment\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x10\n\x08job_type\x18\x03 \x01(\t\x12\x0e\n\x06tenant\x18\x04 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x05 \x01(\x05\x12\x0f\n\x07payload\x18\x06 \x01(\x0c\x12\x31\n\rscheduled_for\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\x0fidempotency_key\x18\x08 \x01(\t\x12\x13\n\x0blease_token\x18\t \x01(\x03\x12,\n\tlease_ttl\x18\n \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x17\n\ncheckpoint\x18\x0b \x01(\x0cH\x00\x88\x01\x01\x12*\n\x07timeout\x18\x0c \x01(\x0b\x32\x19.google.protobuf.Duration\x12/\n\x0breleased_at\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08start_at\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07\x61waited\x18\x0f \x01(\x08\x42\r\n\x0b_checkpoint\"2\n\nResultAcks\x12$\n\x04\x61\x63ks\x18\x01 \x03(\x0b\x32\x16.fastlane.v1.ResultAck\"0\n\tResultAck\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x13\n\x0blease_token\x18\x02 \x01(\x03\"Z\n\nCancelRuns\x12$\n\x04runs\x18\x01 \x03(\x0b\x32\x16.fastlane.v1.ResultAck\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x16\n\x0eunstarted_only\x18\x03 \x01(\x08\"\xa6\x01\n\nClockProbe\x12\x10\n\x08probe_id\x18\x01 \x01(\x04\x12+\n\x07sent_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x0buncertainty\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12)\n\x06offset\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x7f\n\tClockEcho\x12\x10\n\x08probe_id\x18\x01 \x01(\x04\x12\x31\n\rprobe_sent_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12-\n\tnode_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp2Y\n\rWorkerService\x12H\n\x07\x43onnect\x12\x1b.fastlane.v1.ConnectRequest\x1a\x1c.fastlane.v1.ConnectResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x66\x61stlane/v1/workers.proto\x12\x0b\x66\x61stlane.v1\x1a\x18\x66\x61stlane/v1/common.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x96\x02\n\x0e\x43onnectRequest\x12#\n\x05hello\x18\x01 \x01(\x0b\x32\x12.fastlane.v1.HelloH\x00\x12*\n\x06\x63redit\x18\x02 \x01(\x0b\x32\x18.fastlane.v1.CreditGrantH\x00\x12-\n\nheartbeats\x18\x03 \x01(\x0b\x32\x17.fastlane.v1.HeartbeatsH\x00\x12\'\n\x07results\x18\x04 \x01(\x0b\x32\x14.fastlane.v1.ResultsH\x00\x12.\n\x0b\x63lock_probe\x18\x05 \x01(\x0b\x32\x17.fastlane.v1.ClockProbeH\x00\x12#\n\x05\x64rain\x18\x06 \x01(\x0b\x32\x12.fastlane.v1.DrainH\x00\x42\x06\n\x04\x62ody\"N\n\x05Hello\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x11\n\tjob_types\x18\x02 \x03(\t\x12\x0f\n\x07\x63redits\x18\x03 \x01(\x05\x12\x0e\n\x06tenant\x18\x04 \x01(\t\"\x1e\n\x0b\x43reditGrant\x12\x0f\n\x07\x63redits\x18\x01 \x01(\x05\"\x07\n\x05\x44rain\"6\n\nHeartbeats\x12(\n\x05\x62\x65\x61ts\x18\x01 \x03(\x0b\x32\x19.fastlane.v1.RunHeartbeat\"\xc0\x01\n\x0cRunHeartbeat\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x13\n\x0blease_token\x18\x02 \x01(\x03\x12\x0f\n\x07started\x18\x03 \x01(\x08\x12\x15\n\x08progress\x18\x04 \x01(\x02H\x00\x88\x01\x01\x12\x17\n\ncheckpoint\x18\x05 \x01(\x0cH\x01\x88\x01\x01\x12.\n\nstarted_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x0b\n\t_progressB\r\n\x0b_checkpoint\"C\n\x07Results\x12\'\n\x07results\x18\x01 \x03(\x0b\x32\x16.fastlane.v1.RunResult\x12\x0f\n\x07\x63redits\x18\x02 \x01(\x05\"\x93\x02\n\tRunResult\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x13\n\x0blease_token\x18\x02 \x01(\x03\x12,\n\x07outcome\x18\x03 \x01(\x0e\x32\x1b.fastlane.v1.AttemptOutcome\x12\x12\n\nerror_code\x18\x04 \x01(\t\x12\x15\n\rerror_message\x18\x05 \x01(\t\x12.\n\nstarted_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\x0f\x65rror_traceback\x18\x08 \x01(\t\x12\x0e\n\x06output\x18\t \x01(\x0c\"\xf5\x01\n\x0f\x43onnectResponse\x12\'\n\x07welcome\x18\x01 \x01(\x0b\x32\x14.fastlane.v1.WelcomeH\x00\x12/\n\x0b\x61ssignments\x18\x02 \x01(\x0b\x32\x18.fastlane.v1.AssignmentsH\x00\x12\'\n\x04\x61\x63ks\x18\x03 \x01(\x0b\x32\x17.fastlane.v1.ResultAcksH\x00\x12)\n\x06\x63\x61ncel\x18\x04 \x01(\x0b\x32\x17.fastlane.v1.CancelRunsH\x00\x12,\n\nclock_echo\x18\x05 \x01(\x0b\x32\x16.fastlane.v1.ClockEchoH\x00\x42\x06\n\x04\x62ody\"\xa2\x01\n\x07Welcome\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x35\n\x12heartbeat_interval\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\"\n\x1atakes_credits_with_results\x18\x03 \x01(\x08\x12\x16\n\x0eprompt_results\x18\x04 \x01(\x08\x12\x13\n\x0btakes_drain\x18\x05 \x01(\x08\";\n\x0b\x41ssignments\x12,\n\x0b\x61ssignments\x18\x01 \x03(\x0b\x32\x17.fastlane.v1.Assignment\"\xc3\x03\n\nAssignment\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x10\n\x08job_type\x18\x03 \x01(\t\x12\x0e\n\x06tenant\x18\x04 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x05 \x01(\x05\x12\x0f\n\x07payload\x18\x06 \x01(\x0c\x12\x31\n\rscheduled_for\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\x0fidempotency_key\x18\x08 \x01(\t\x12\x13\n\x0blease_token\x18\t \x01(\x03\x12,\n\tlease_ttl\x18\n \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x17\n\ncheckpoint\x18\x0b \x01(\x0cH\x00\x88\x01\x01\x12*\n\x07timeout\x18\x0c \x01(\x0b\x32\x19.google.protobuf.Duration\x12/\n\x0breleased_at\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08start_at\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07\x61waited\x18\x0f \x01(\x08\x42\r\n\x0b_checkpoint\"2\n\nResultAcks\x12$\n\x04\x61\x63ks\x18\x01 \x03(\x0b\x32\x16.fastlane.v1.ResultAck\"0\n\tResultAck\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x13\n\x0blease_token\x18\x02 \x01(\x03\"Z\n\nCancelRuns\x12$\n\x04runs\x18\x01 \x03(\x0b\x32\x16.fastlane.v1.ResultAck\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x16\n\x0eunstarted_only\x18\x03 \x01(\x08\"\xa6\x01\n\nClockProbe\x12\x10\n\x08probe_id\x18\x01 \x01(\x04\x12+\n\x07sent_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x0buncertainty\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12)\n\x06offset\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x7f\n\tClockEcho\x12\x10\n\x08probe_id\x18\x01 \x01(\x04\x12\x31\n\rprobe_sent_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12-\n\tnode_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp2Y\n\rWorkerService\x12H\n\x07\x43onnect\x12\x1b.fastlane.v1.ConnectRequest\x1a\x1c.fastlane.v1.ConnectResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,37 +35,39 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fastlane.v1.workers_pb2', _
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_CONNECTREQUEST']._serialized_start=134
-  _globals['_CONNECTREQUEST']._serialized_end=375
-  _globals['_HELLO']._serialized_start=377
-  _globals['_HELLO']._serialized_end=455
-  _globals['_CREDITGRANT']._serialized_start=457
-  _globals['_CREDITGRANT']._serialized_end=487
-  _globals['_HEARTBEATS']._serialized_start=489
-  _globals['_HEARTBEATS']._serialized_end=543
-  _globals['_RUNHEARTBEAT']._serialized_start=546
-  _globals['_RUNHEARTBEAT']._serialized_end=738
-  _globals['_RESULTS']._serialized_start=740
-  _globals['_RESULTS']._serialized_end=807
-  _globals['_RUNRESULT']._serialized_start=810
-  _globals['_RUNRESULT']._serialized_end=1085
-  _globals['_CONNECTRESPONSE']._serialized_start=1088
-  _globals['_CONNECTRESPONSE']._serialized_end=1333
-  _globals['_WELCOME']._serialized_start=1336
-  _globals['_WELCOME']._serialized_end=1477
-  _globals['_ASSIGNMENTS']._serialized_start=1479
-  _globals['_ASSIGNMENTS']._serialized_end=1538
-  _globals['_ASSIGNMENT']._serialized_start=1541
-  _globals['_ASSIGNMENT']._serialized_end=1992
-  _globals['_RESULTACKS']._serialized_start=1994
-  _globals['_RESULTACKS']._serialized_end=2044
-  _globals['_RESULTACK']._serialized_start=2046
-  _globals['_RESULTACK']._serialized_end=2094
-  _globals['_CANCELRUNS']._serialized_start=2096
-  _globals['_CANCELRUNS']._serialized_end=2186
-  _globals['_CLOCKPROBE']._serialized_start=2189
-  _globals['_CLOCKPROBE']._serialized_end=2355
-  _globals['_CLOCKECHO']._serialized_start=2357
-  _globals['_CLOCKECHO']._serialized_end=2484
-  _globals['_WORKERSERVICE']._serialized_start=2486
-  _globals['_WORKERSERVICE']._serialized_end=2575
+  _globals['_CONNECTREQUEST']._serialized_end=412
+  _globals['_HELLO']._serialized_start=414
+  _globals['_HELLO']._serialized_end=492
+  _globals['_CREDITGRANT']._serialized_start=494
+  _globals['_CREDITGRANT']._serialized_end=524
+  _globals['_DRAIN']._serialized_start=526
+  _globals['_DRAIN']._serialized_end=533
+  _globals['_HEARTBEATS']._serialized_start=535
+  _globals['_HEARTBEATS']._serialized_end=589
+  _globals['_RUNHEARTBEAT']._serialized_start=592
+  _globals['_RUNHEARTBEAT']._serialized_end=784
+  _globals['_RESULTS']._serialized_start=786
+  _globals['_RESULTS']._serialized_end=853
+  _globals['_RUNRESULT']._serialized_start=856
+  _globals['_RUNRESULT']._serialized_end=1131
+  _globals['_CONNECTRESPONSE']._serialized_start=1134
+  _globals['_CONNECTRESPONSE']._serialized_end=1379
+  _globals['_WELCOME']._serialized_start=1382
+  _globals['_WELCOME']._serialized_end=1544
+  _globals['_ASSIGNMENTS']._serialized_start=1546
+  _globals['_ASSIGNMENTS']._serialized_end=1605
+  _globals['_ASSIGNMENT']._serialized_start=1608
+  _globals['_ASSIGNMENT']._serialized_end=2059
+  _globals['_RESULTACKS']._serialized_start=2061
+  _globals['_RESULTACKS']._serialized_end=2111
+  _globals['_RESULTACK']._serialized_start=2113
+  _globals['_RESULTACK']._serialized_end=2161
+  _globals['_CANCELRUNS']._serialized_start=2163
+  _globals['_CANCELRUNS']._serialized_end=2253
+  _globals['_CLOCKPROBE']._serialized_start=2256
+  _globals['_CLOCKPROBE']._serialized_end=2422
+  _globals['_CLOCKECHO']._serialized_start=2424
+  _globals['_CLOCKECHO']._serialized_end=2551
+  _globals['_WORKERSERVICE']._serialized_start=2553
+  _globals['_WORKERSERVICE']._serialized_end=2642
 # @@protoc_insertion_point(module_scope)

@@ -12,18 +12,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ConnectRequest(_message.Message):
-    __slots__ = ("hello", "credit", "heartbeats", "results", "clock_probe")
+    __slots__ = ("hello", "credit", "heartbeats", "results", "clock_probe", "drain")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     CREDIT_FIELD_NUMBER: _ClassVar[int]
     HEARTBEATS_FIELD_NUMBER: _ClassVar[int]
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     CLOCK_PROBE_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     credit: CreditGrant
     heartbeats: Heartbeats
     results: Results
     clock_probe: ClockProbe
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., credit: _Optional[_Union[CreditGrant, _Mapping]] = ..., heartbeats: _Optional[_Union[Heartbeats, _Mapping]] = ..., results: _Optional[_Union[Results, _Mapping]] = ..., clock_probe: _Optional[_Union[ClockProbe, _Mapping]] = ...) -> None: ...
+    drain: Drain
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., credit: _Optional[_Union[CreditGrant, _Mapping]] = ..., heartbeats: _Optional[_Union[Heartbeats, _Mapping]] = ..., results: _Optional[_Union[Results, _Mapping]] = ..., clock_probe: _Optional[_Union[ClockProbe, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("worker_id", "job_types", "credits", "tenant")
@@ -42,6 +44,10 @@ class CreditGrant(_message.Message):
     CREDITS_FIELD_NUMBER: _ClassVar[int]
     credits: int
     def __init__(self, credits: _Optional[int] = ...) -> None: ...
+
+class Drain(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class Heartbeats(_message.Message):
     __slots__ = ("beats",)
@@ -110,16 +116,18 @@ class ConnectResponse(_message.Message):
     def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., assignments: _Optional[_Union[Assignments, _Mapping]] = ..., acks: _Optional[_Union[ResultAcks, _Mapping]] = ..., cancel: _Optional[_Union[CancelRuns, _Mapping]] = ..., clock_echo: _Optional[_Union[ClockEcho, _Mapping]] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("node_id", "heartbeat_interval", "takes_credits_with_results", "prompt_results")
+    __slots__ = ("node_id", "heartbeat_interval", "takes_credits_with_results", "prompt_results", "takes_drain")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     TAKES_CREDITS_WITH_RESULTS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_RESULTS_FIELD_NUMBER: _ClassVar[int]
+    TAKES_DRAIN_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     heartbeat_interval: _duration_pb2.Duration
     takes_credits_with_results: bool
     prompt_results: bool
-    def __init__(self, node_id: _Optional[str] = ..., heartbeat_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., takes_credits_with_results: _Optional[bool] = ..., prompt_results: _Optional[bool] = ...) -> None: ...
+    takes_drain: bool
+    def __init__(self, node_id: _Optional[str] = ..., heartbeat_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., takes_credits_with_results: _Optional[bool] = ..., prompt_results: _Optional[bool] = ..., takes_drain: _Optional[bool] = ...) -> None: ...
 
 class Assignments(_message.Message):
     __slots__ = ("assignments",)

@@ -106,7 +106,8 @@ class FakeWorkerService(pb_grpc.WorkerServiceServicer):
     With ``clock_ahead_ns`` set, the node echoes clock probes with a clock that much ahead of the
     machine's; without, it ignores them, as a node from before clock probes does. Its Welcome says
     it takes credits inside Results only with ``credits_with_results`` (an older node's does not),
-    and asks for prompt results only with ``prompt_results``. ``changed`` is notified on every
+    and asks for prompt results only with ``prompt_results``; it reads Drain only with
+    ``takes_drain``. ``changed`` is notified on every
     stream and message; several services may share one (a fake cluster's).
     """
 
@@ -118,6 +119,7 @@ class FakeWorkerService(pb_grpc.WorkerServiceServicer):
         self.clock_ahead_ns: int | None = None
         self.credits_with_results = False
         self.prompt_results = False
+        self.takes_drain = False
         self.streams: list[FakeStream] = []
         self.changed = changed if changed is not None else asyncio.Condition()
         self.address = ""  # set by start_server
@@ -140,7 +142,8 @@ class FakeWorkerService(pb_grpc.WorkerServiceServicer):
 
     def welcome(self) -> pb.Welcome:
         return pb.Welcome(node_id=self.node_id, heartbeat_interval=duration(self.heartbeat_interval),
-                          takes_credits_with_results=self.credits_with_results, prompt_results=self.prompt_results)
+                          takes_credits_with_results=self.credits_with_results, prompt_results=self.prompt_results,
+                          takes_drain=self.takes_drain)
 
     async def Connect(self, request_iterator: AsyncIterable[pb.ConnectRequest],
                       context: grpc.aio.ServicerContext[pb.ConnectRequest, pb.ConnectResponse]) -> AsyncIterator[pb.ConnectResponse]:

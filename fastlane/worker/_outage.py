@@ -1,10 +1,17 @@
-"""When a worker warns that a node is out of reach: at growing intervals through one outage."""
+"""Why a worker's stream to a node ended, and when the worker warns that the node is out of reach:
+at growing intervals through one outage."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
+import grpc
+
+_ACCESS_REFUSALS = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED})
+# How gRPC's transport words a failed TLS handshake (its details are the only place it says so).
+_TLS_FAILURE_SIGNS = ("handshake failed", "certificate_verify_failed", "ssl_error")
 # How long into an outage a warning is logged: then each this many seconds apart, once past the list.
 _OUTAGE_WARNINGS = (10.0, 30.0, 60.0, 120.0, 300.0)
 
@@ -42,3 +49,24 @@ def unreachable(address: str, lasted: float, attempts: int, last: str | None) ->
     return (f"cannot reach {address} for {lasted:.0f} s ({attempts} attempts; last: {last}): check that a node "
             f"listens there (`fastlane cluster --server {address}`), the address (--server, $FASTLANE_SERVER) and "
             "that the TLS flags match the node's; its runs wait until then")
+
+
+@dataclass(frozen=True)
+class StreamEnd:
+    """How a stream ended (``error``: None when the node closed it): the words for the reconnect
+    lines, and whether the node refused the worker's token or the TLS handshake failed."""
+
+    text: str
+    refused: bool = False
+    tls_failed: bool = False
+
+    @classmethod
+    def of(cls, error: BaseException | None) -> StreamEnd:
+        if error is None:
+            return cls("the node ended the stream")
+        if not isinstance(error, grpc.aio.AioRpcError):
+            return cls(f"{type(error).__name__}: {error}")
+        code = error.code()
+        tls_failed = (code is grpc.StatusCode.UNAVAILABLE
+                      and any(sign in (error.details() or "").lower() for sign in _TLS_FAILURE_SIGNS))
+        return cls(f"{code.name}: {error.details()}", refused=code in _ACCESS_REFUSALS, tls_failed=tls_failed)

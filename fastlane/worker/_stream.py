@@ -27,8 +27,9 @@ from fastlane._proto import workers_pb2_grpc as pb_grpc
 from fastlane.domain.models import AttemptOutcome
 from fastlane.runtime.clock import StepWatch
 from fastlane.worker._clock import ClockEstimate, ClockEstimator
-from fastlane.worker._outage import Outage, unreachable
+from fastlane.worker._outage import Outage, StreamEnd, unreachable
 from fastlane.worker._runs import Launch, RunBook, RunSlot, Verdict, heartbeat_messages, result_messages
+from fastlane.worker._terms import NodeTerms
 
 log = logging.getLogger("fastlane.worker")
 
@@ -61,9 +62,6 @@ def coalesce_wait(pending: int, node_credits_left: int, since_last_sent: float, 
     if awaited or pending >= RESULT_COALESCE_ENOUGH or node_credits_left <= 0:
         return 0.0
     return max(RESULT_COALESCE - since_last_sent, 0.0)
-_ACCESS_REFUSALS = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED})
-# How gRPC's transport words a failed TLS handshake (its details are the only place it says so).
-_TLS_FAILURE_SIGNS = ("handshake failed", "certificate_verify_failed", "ssl_error")
 CHANNEL_OPTIONS: Sequence[tuple[str, Any]] = (
     # gRPC's own reconnect backoff (1 s growing to 120 s) would keep failing our calls long after
     # the node is back; hold it to the same schedule as ours.
@@ -125,8 +123,7 @@ class NodeStream:
         self._next_beat: asyncio.Future[None] | None = None
         self._outbound: asyncio.Queue[pb.ConnectRequest | None] | None = None
         self._welcomed = self._draining = False
-        self._credits_with_results = False  # this connection's node takes credits inside Results
-        self._prompt_results = False  # this connection's node wants a result after a quiet spell at once
+        self._terms = NodeTerms()  # what this connection's node reads (its Welcome)
         self._session_ended = False  # since this stream was made: a connection failed or broke
         self._heartbeat_interval = _DEFAULT_HEARTBEAT_INTERVAL
         self._last_end = ""  # why the last stream ended, for the reconnect log line
@@ -209,8 +206,15 @@ class NodeStream:
             await channel.close()
 
     def begin_drain(self) -> None:
-        """Grant no more credits, here or in a later Hello: the node runs down what it sent."""
+        """Grant no more credits, here or in a later Hello, and take back those granted (Drain):
+        the node sends nothing more, and the worker runs down what it was sent."""
         self._draining = True
+        if self._welcomed:
+            self._send_drain()
+
+    def _send_drain(self) -> None:
+        if self._terms.takes_drain and self._outbound is not None:
+            self._outbound.put_nowait(pb.ConnectRequest(drain=pb.Drain()))
 
     async def drain(self, successor: Callable[[], NodeStream | None] | None = None) -> None:
         """Wait until nothing is in flight or unacknowledged, then close the sending side.
@@ -338,8 +342,7 @@ class NodeStream:
     def _close_session(self) -> None:
         self._outbound = None
         self._welcomed = False
-        self._credits_with_results = False
-        self._prompt_results = False
+        self._terms = NodeTerms()
         self._session_ended = True
         self._runs.settled.set()  # a leaving stream hands its work over once it is down
         waiter, self._next_beat = self._next_beat, None
@@ -347,12 +350,10 @@ class NodeStream:
             waiter.set_result(None)
 
     def _log_end(self, welcomed: bool, error: BaseException | None) -> None:
-        self._last_end = _describe(error) if error is not None else "the node ended the stream"
-        refused = isinstance(error, grpc.aio.AioRpcError) and error.code() in _ACCESS_REFUSALS
-        self._refused = self._last_end if refused else None
-        tls_failed = (isinstance(error, grpc.aio.AioRpcError) and error.code() is grpc.StatusCode.UNAVAILABLE
-                      and any(sign in (error.details() or "").lower() for sign in _TLS_FAILURE_SIGNS))
-        self._tls_failure = self._last_end if tls_failed else None
+        end = StreamEnd.of(error)
+        self._last_end = end.text
+        self._refused = end.text if end.refused else None
+        self._tls_failure = end.text if end.tls_failed else None
         if error is not None and not isinstance(error, grpc.aio.AioRpcError):
             log.error("worker stream to %s crashed", self.address, exc_info=error)
         if welcomed and self._closing.is_set() and error is None:
@@ -394,7 +395,7 @@ class NodeStream:
             await self._runs.results_ready.wait()
             runs = self._runs
             credits_left = self._concurrency - runs.own_in_flight - runs.pending_credits
-            quiet_for = loop.time() - last_sent if self._prompt_results else 0.0
+            quiet_for = loop.time() - last_sent if self._terms.prompt_results else 0.0
             if wait := coalesce_wait(runs.pending_count, credits_left, quiet_for, awaited=runs.pending_awaited):
                 await asyncio.sleep(wait)
             last_sent = loop.time()
@@ -405,7 +406,7 @@ class NodeStream:
             for message in beats:  # on the same stream just before the results: the node records them first
                 outbound.put_nowait(message)
             grant = 0 if self._draining else credits
-            if grant and messages and self._credits_with_results:
+            if grant and messages and self._terms.credits_with_results:
                 messages[-1].results.credits, grant = grant, 0  # one message: a node that says it reads them
             for message in messages:
                 outbound.put_nowait(message)
@@ -462,8 +463,9 @@ class NodeStream:
                 self.address, welcome.node_id or "?", self._heartbeat_interval, len(self._runs.in_flight),
             )
         self._welcomed = True
-        self._credits_with_results = welcome.takes_credits_with_results
-        self._prompt_results = welcome.prompt_results
+        self._terms = NodeTerms.of(welcome)
+        if self._draining:
+            self._send_drain()  # reconnected while stopping: the Hello granted nothing, but say so
         welcomed.set()
 
     def _clock_echo(self, echo: pb.ClockEcho, received_ns: int) -> None:
@@ -492,9 +494,3 @@ class NodeStream:
             log.warning("this worker's wall clock stepped %+.1f ms: the estimate of %s's clock moved with it",
                         jump / 1e6, self.address)
         return wall
-
-
-def _describe(error: BaseException) -> str:
-    if isinstance(error, grpc.aio.AioRpcError):
-        return f"{error.code().name}: {error.details()}"
-    return f"{type(error).__name__}: {error}"

@@ -17,6 +17,7 @@ import asyncio
 import base64
 import json
 import shutil
+import signal
 import subprocess
 import time
 from datetime import timedelta
@@ -253,6 +254,27 @@ async def test_the_node_worker_keeps_a_result_until_a_node_acknowledges_it(db_ur
     assert done.state is RunState.SUCCEEDED and [a.outcome for a in attempts] == [AttemptOutcome.SUCCEEDED]
     assert any(run.run_id in entry["run_ids"] for entry in worker.events("resent"))
     assert len(worker.events("connected")) >= 2 and worker.alive()
+
+
+async def test_the_node_worker_stopping_on_sigterm_takes_its_credits_back(db_url: str, tmp_path: Path,
+                                                                             processes: list[Process]) -> None:
+    """SIGTERM with a handler running: the Node worker says Drain, so the node sends it nothing
+    more, finishes the run, and exits 0."""
+    daemon, worker = await start_node_and_worker(db_url, tmp_path, processes)
+    node = node_binary()
+    created = await node_client(node, daemon.address, "create", "--name", "sleepy", "--type", "node.echo", "--now",
+                                "--payload", '{"sleep_ms": 1500}')
+    job_id = created["job"]["job_id"]
+    [started] = await wait_for(lambda: worker.events("started", job_id=job_id), 20, "the handler to start")
+    assert worker.popen is not None
+    worker.popen.send_signal(signal.SIGTERM)
+    daemon_log = tmp_path / "daemon.log"
+    await wait_for(lambda: "worker node-worker is stopping" in daemon_log.read_text(), 10, "the node to hear the Drain")
+    assert worker.popen.wait(20) == 0, worker.log_tail()
+    assert worker.events("ended", run_id=started["run_id"])
+    async with Client(daemon.address) as client:
+        done, attempts = await run_of(client, job_id, {RunState.SUCCEEDED, RunState.DEAD})
+    assert [a.outcome for a in attempts] == [AttemptOutcome.SUCCEEDED]
 
 
 @pytest.mark.parametrize(("edit", "script", "refusal"), [

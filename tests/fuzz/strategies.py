@@ -1085,13 +1085,18 @@ def clock_probes(draw: st.DrawFn) -> Step:
                 pause=draw(st.sampled_from((0.0, 0.0, 0.03))))
 
 
+def drains() -> st.SearchStrategy[Step]:
+    """A Drain: the worker takes its credits back, at any point of its stream, more than once too."""
+    return st.just(Step("drain", lambda memory, assigned: workers_pb2.ConnectRequest(drain=workers_pb2.Drain()), ()))
+
+
 def empty_messages() -> st.SearchStrategy[Step]:
     return st.just(Step("empty", lambda memory, assigned: workers_pb2.ConnectRequest(), ("body (unset)",)))
 
 
 def _followers() -> st.SearchStrategy[Step]:
     return st.one_of(credits(), heartbeats(), heartbeats(), results(), results(), results(), hellos(one_in=2),
-                     clock_probes(), clock_probes(), empty_messages())
+                     clock_probes(), clock_probes(), drains(), empty_messages())
 
 
 @st.composite
@@ -1102,7 +1107,7 @@ def sessions(draw: st.DrawFn) -> Session:
     if opening == "hello":
         steps.append(draw(hellos()))
     elif opening == "other":
-        steps.append(draw(st.one_of(credits(), heartbeats(), results(), clock_probes(), empty_messages())))
+        steps.append(draw(st.one_of(credits(), heartbeats(), results(), clock_probes(), drains(), empty_messages())))
     if opening != "nothing":
         steps += draw(st.lists(_followers(), max_size=6))
     ending = draw(st.sampled_from(("half_close", "half_close", "cancel", "cancel_after_linger")))

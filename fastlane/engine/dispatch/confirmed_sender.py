@@ -82,7 +82,8 @@ class ConfirmedSender:
             if item.run.run_id not in started:
                 # Already taken by another attempt, blocked by its key, or the write failed: never sent twice.
                 self._in_flight.pop((item.run.run_id, item.lease_token), None)
-                session.credits += 1
+                if not session.draining:
+                    session.credits += 1
         sendable = [item for item in assigned if item.run.run_id in started]
         self._gate.started([(item.run.run_id, item.lease_token) for item in sendable if item.run.concurrency_key])
         self._gate.block([item.run for item in assigned if item.run.run_id in blocked])

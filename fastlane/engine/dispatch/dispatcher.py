@@ -158,8 +158,18 @@ class Dispatcher:
         log.info("worker %s disconnected", session.worker_id)
 
     def grant(self, session: WorkerSession, credits: int) -> None:
+        if session.draining:
+            return  # granted before the worker's Drain reached the stream's reader: no more runs
         session.credits += max(credits, 0)
         self._assign_ready(session)
+
+    def drain(self, session: WorkerSession) -> None:
+        """The worker is stopping: send it nothing more, whatever it granted before. What it was
+        sent it still runs and reports; what would have gone to it waits for another worker."""
+        if not session.draining:
+            log.info("worker %s is stopping: %d credits taken back, no more runs for it", session.worker_id,
+                     session.credits)
+        session.draining, session.credits = True, 0
 
     # -- runs -----------------------------------------------------------------------------------
 

@@ -69,6 +69,7 @@ class WorkerSession:
     credits: int
     outbox: asyncio.Queue[Outgoing] = field(default_factory=asyncio.Queue)
     connected: bool = True
+    draining: bool = False  # the worker is stopping (Drain): it has no credits and is granted none
     # The worker's last reported clock estimate against this node's (None: none reported yet).
     clock_uncertainty: timedelta | None = None
     clock_offset: timedelta | None = None

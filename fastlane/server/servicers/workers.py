@@ -90,7 +90,7 @@ class WorkerServicer(workers_pb2_grpc.WorkerServiceServicer):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(error))
         await context.write(workers_pb2.ConnectResponse(welcome=workers_pb2.Welcome(
             node_id=self._node_id, heartbeat_interval=wire.duration(self._heartbeat_interval),
-            takes_credits_with_results=True, prompt_results=self._prompt_results)))
+            takes_credits_with_results=True, prompt_results=self._prompt_results, takes_drain=True)))
         # Under a tenant's token, the worker id is qualified by the tenant: reports are checked by
         # worker id, so a worker of one tenant can never pass for another tenant's worker.
         session = self._dispatcher.connect(qualified_worker_id(hello.worker_id), hello.job_types, hello.credits, tenant)
@@ -130,6 +130,8 @@ class WorkerServicer(workers_pb2_grpc.WorkerServiceServicer):
                     self._dispatcher.grant(session, freed)
             elif body == "clock_probe":
                 self._dispatcher.clock_probed(session, clock_probe_of(message.clock_probe))
+            elif body == "drain":
+                self._dispatcher.drain(session)
             else:
                 log.warning("worker %s sent an unexpected %s message", session.worker_id, body)
 
