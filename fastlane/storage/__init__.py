@@ -50,7 +50,8 @@ def open_store(url: str, *, shard_count: int = DEFAULT_SHARD_COUNT, lease_ttl: t
     ``node``: the store of a node (not of a one-shot command such as ``fastlane migrate``). On
     SQLite, which is for one node, its first use takes a lock on the file that it holds until it
     is closed, and a second node's store fails with :class:`ConfigurationError` naming the
-    first's process. PostgreSQL takes any number of nodes.
+    first's process. PostgreSQL takes any number of nodes; a node's store keeps a fixed pool of
+    sessions (see :class:`~fastlane.storage.postgres.PostgresStore`).
 
     ``lease_ttl`` is the node's shard lease TTL (default: the default of ``--shard-lease-ttl``).
     On PostgreSQL every connection's ``idle_in_transaction_session_timeout``, ``lock_timeout``
@@ -70,8 +71,8 @@ def open_store(url: str, *, shard_count: int = DEFAULT_SHARD_COUNT, lease_ttl: t
         from fastlane.storage.postgres import PostgresStore
 
         if lease_ttl is None:
-            return PostgresStore(url, shard_count=shard_count)
-        return PostgresStore(url, shard_count=shard_count, lease_ttl=lease_ttl)
+            return PostgresStore(url, shard_count=shard_count, fixed_pool=node)
+        return PostgresStore(url, shard_count=shard_count, lease_ttl=lease_ttl, fixed_pool=node)
     raise ConfigurationError(
         f"unsupported database URL {url!r}: use sqlite:///path/to/file.db or postgresql://user@host/db"
     )

@@ -29,8 +29,12 @@ class PostgresStore(SQLStore):
         pool_size: int = 10,
         rng: random.Random | None = None,
         lease_ttl: timedelta = DEFAULT_SHARD_LEASE_TTL,
+        fixed_pool: bool = False,
     ) -> None:
         """``lease_ttl`` is the nodes' shard lease TTL: the session limits of every connection
-        derive from it (see :class:`~fastlane.storage.postgres.connection.SessionLimits`)."""
-        super().__init__(PostgresDatabase(url, pool_size=pool_size, lease_ttl=lease_ttl, rng=rng),
+        derive from it (see :class:`~fastlane.storage.postgres.connection.SessionLimits`).
+        ``fixed_pool`` (a node's store): all ``pool_size`` sessions are opened at first use and
+        kept, instead of one that grows on demand and shrinks when idle."""
+        super().__init__(PostgresDatabase(url, pool_size=pool_size, lease_ttl=lease_ttl, rng=rng,
+                                          fixed_pool=fixed_pool),
                          shard_count=shard_count, rng=rng)

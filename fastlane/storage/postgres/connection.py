@@ -117,9 +117,11 @@ class PostgresConnections:
     promoted standby (see ``hosts``).
     """
 
-    def __init__(self, url: str, *, pool_size: int, lease_ttl: timedelta = DEFAULT_SHARD_LEASE_TTL) -> None:
+    def __init__(self, url: str, *, pool_size: int, lease_ttl: timedelta = DEFAULT_SHARD_LEASE_TTL,
+                 fixed_pool: bool = False) -> None:
         self.url = url
         self._pool_size = pool_size
+        self._fixed_pool = fixed_pool
         self._limits = SessionLimits.for_lease(lease_ttl)
         self._pool: asyncpg.Pool | None = None
         self._hosts = HostRotation(url)
@@ -135,8 +137,13 @@ class PostgresConnections:
             try:
                 self._pool = await asyncpg.create_pool(
                     self.url,
-                    min_size=1,
+                    # A node's pool is fixed: it opens every session at start and keeps them
+                    # (no idle timeout), so its connections and open files are the same at any
+                    # load, and a server that cannot take them all says so at start-up, not
+                    # under the first busy minute. A one-shot command opens only what it uses.
+                    min_size=self._pool_size if self._fixed_pool else 1,
                     max_size=self._pool_size,
+                    max_inactive_connection_lifetime=0 if self._fixed_pool else 300.0,
                     command_timeout=self._limits.call_seconds,
                     timeout=self._limits.call_seconds,
                     server_settings=self._limits.server_settings(),

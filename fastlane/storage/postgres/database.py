@@ -30,10 +30,10 @@ class PostgresDatabase(PostgresConnections):
     statements = queries.STATEMENTS
 
     def __init__(self, url: str, *, pool_size: int = 10, lease_ttl: timedelta = DEFAULT_SHARD_LEASE_TTL,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, fixed_pool: bool = False) -> None:
         """``lease_ttl`` is the nodes' shard lease TTL: the session limits of every connection
         derive from it (see :class:`~fastlane.storage.postgres.connection.SessionLimits`)."""
-        super().__init__(url, pool_size=pool_size, lease_ttl=lease_ttl)
+        super().__init__(url, pool_size=pool_size, lease_ttl=lease_ttl, fixed_pool=fixed_pool)
         self._changes = ChangeListener(self._hosts, self._limits, rng or random.Random())
 
     async def watch_changes(self, on_change: Callable[[Change], None]) -> None:
