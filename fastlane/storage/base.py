@@ -18,21 +18,17 @@ from fastlane.domain.audit import DEFAULT_AUDIT_LIMIT, AuditEvent
 from fastlane.domain.models import Attempt, DueJob, Job, JobSpec, JobState, NodeInfo, Run, RunState, ShardLease
 from fastlane.domain.quotas import TenantQuota
 from fastlane.domain.records import (
-    AttemptResult,
-    CappedDispatches,
     Change,
-    Dispatch,
-    Heartbeat,
     JobFilter,
     Occurrence,
     Page,
     RunFilter,
 )
 from fastlane.domain.workflows import Workflow, WorkflowRun, WorkflowSpec
+from fastlane.storage.attempts import AttemptStore
 from fastlane.storage.backfills import BackfillStore
 from fastlane.storage.capabilities import Capabilities
-from fastlane.storage.late_reports import ReporterOf
-from fastlane.storage.results import Cancellation, Materialised, ResultOutcome, TrimmedHistory
+from fastlane.storage.results import Cancellation, Materialised, TrimmedHistory
 from fastlane.storage.workflows import WorkflowChanges, WorkflowRunDetail
 
 DEFAULT_SHARD_COUNT = 64
@@ -214,33 +210,6 @@ class RunStore(Protocol):
 
     async def runs_by_id_prefix(self, tenant: str, prefix: str, limit: int) -> list[Run]:
         """Up to ``limit`` of the tenant's runs whose id starts with ``prefix``, in id order."""
-        ...
-
-
-class AttemptStore(Protocol):
-    """What the dispatch journal records: dispatches, heartbeats and results of attempts."""
-
-    async def record_dispatches(self, dispatches: Sequence[Dispatch]) -> list[Attempt]:
-        """Start an attempt for each run still ``scheduled``; others are ignored (and not returned)."""
-        ...
-
-    async def record_capped_dispatches(self, dispatches: Sequence[Dispatch]) -> CappedDispatches:
-        """As :meth:`record_dispatches`, for runs with a concurrency key (``Dispatch.cap``): in
-        the same transaction, under a lock per key, a run is started only while fewer than its
-        limit of its key's runs are ``dispatched`` or ``running``; the others stay ``scheduled``
-        and come back in ``blocked``, in the order given. Runs are admitted in the order given."""
-        ...
-
-    async def record_heartbeats(self, heartbeats: Sequence[Heartbeat]) -> list[str]:
-        """Extend leases; return the run ids whose attempt is no longer current (worker should stop)."""
-        ...
-
-    async def record_results(
-        self, results: Sequence[AttemptResult], *, reporter_of: ReporterOf | None = None
-    ) -> list[ResultOutcome]:
-        """Apply the results of current attempts; record stale ones as superseded. With
-        ``reporter_of``, a result whose attempt has no row (its node died before recording the
-        dispatch) is recorded as an attempt of its own: see :mod:`fastlane.storage.late_reports`."""
         ...
 
 

@@ -21,6 +21,7 @@ from fastlane.engine.dispatch import JOURNAL_STOP_GRACE, MAX_LEASE_TOKEN, Acknow
 from fastlane.runtime.clock import SystemClock
 from fastlane.runtime.metrics import Metrics
 from fastlane.storage import AttemptResult, Dispatch, Heartbeat
+from fastlane.storage.attempts import RoundWritten
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
 WAIT = 5.0
@@ -67,6 +68,19 @@ class ScriptedStore:
         self._weather("results", [r.run_id for r in results])
         self.recorded += results
         return []
+
+    async def record_round(self, dispatches: Sequence[Dispatch], beats: Sequence[Heartbeat],
+                           results: Sequence[AttemptResult], *, reporter_of: Any = None) -> RoundWritten:
+        """The three in one transaction: all land, or (on any error) none do."""
+        self.calls["rounds"] += 1
+        kept = (list(self.dispatched), list(self.beats), list(self.recorded))
+        try:
+            return RoundWritten(await self.record_dispatches(dispatches) if dispatches else [],
+                                await self.record_heartbeats(beats) if beats else [],
+                                await self.record_results(results, reporter_of=reporter_of) if results else [])
+        except BaseException:
+            self.dispatched, self.beats, self.recorded = kept
+            raise
 
     async def list_attempts(self, run_id: str) -> list[Any]:
         # Every attempt asked about was sent to worker "w" with token 7.

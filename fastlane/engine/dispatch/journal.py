@@ -245,7 +245,20 @@ class Journal:
         """Write one batch: dispatches first (a result is never written before its dispatch).
 
         What lands is removed from ``batch`` as it lands, so that after a failure the batch holds
-        exactly what is left to write."""
+        exactly what is left to write. A batch of more than one kind goes in one transaction
+        (:meth:`_write_together`); should that fail for a reason of its data, each kind is then
+        written apart, split until the record that fails is found."""
+        kinds = sum(1 for part in (batch.dispatches, batch.heartbeats, batch.results) if part)
+        if kinds > 1 and not batch.unvouched:
+            try:
+                await self._write_together(batch)
+                return
+            except StorageUnavailable:
+                raise
+            except Exception as error:
+                log.warning("journal round of %d dispatches, %d heartbeats and %d results failed (%s): "
+                            "writing them apart to find the record that fails", len(batch.dispatches),
+                            len(batch.heartbeats), len(batch.results), error)
         if batch.dispatches:
             await write_isolating(batch.dispatches, self._store.attempts.record_dispatches,
                                   landed=self._dispatches_landed, rejected=self._dispatch_rejected)
@@ -261,6 +274,20 @@ class Journal:
         if batch.results:
             await write_isolating(batch.results, self._record_results, landed=self._settle,
                                   rejected=self._result_rejected)
+
+    async def _write_together(self, batch: JournalBatch) -> None:
+        beats = list(batch.heartbeats.values())
+        written = await self._store.attempts.record_round(
+            batch.dispatches, [beat for _, beat in beats], [result for _, result in batch.results],
+            reporter_of=self._reporters(batch.results))
+        dispatches, results = batch.dispatches, batch.results
+        batch.dispatches, batch.heartbeats, batch.results = [], {}, []
+        if dispatches:
+            self._dispatches_landed(dispatches, written.attempts)
+        if beats:
+            self._cancel_stale(beats, set(written.stale))
+        if results:
+            self._settle(results, written.outcomes)
 
     async def _record_heartbeats(self, beats: list[tuple[WorkerSession, Heartbeat]]) -> set[str]:
         return set(await self._store.attempts.record_heartbeats([beat for _, beat in beats]))

@@ -15,10 +15,10 @@ import sqlite3
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import aiosqlite
 import orjson
@@ -29,6 +29,8 @@ from fastlane.runtime.clock import from_micros, to_micros
 from fastlane.storage.driver_errors import SQLITE_DRIVER_ERRORS, classify_sqlite, sqlite_write_fault
 from fastlane.storage.sqlite.node_lock import NodeLock
 from fastlane.storage.turns import WriteTurns
+
+T = TypeVar("T")
 
 # How much lower than the rest of the process SQLite's connection threads run (Linux nice levels).
 # Their work has a deadline of the write lead (250 ms or more ahead), while the event loop's timers
@@ -145,13 +147,16 @@ class SQLiteConnections:
             db = self._writer
             changes = db.total_changes
             try:
-                await db.execute("BEGIN IMMEDIATE")
+                # BEGIN IMMEDIATE goes with the transaction's first statement, in the same hop to
+                # the connection's thread (SQLiteTx, begin=True): the write turn is this
+                # process's already, and a transaction that ran nothing has nothing to commit.
                 try:
                     yield db
                 except BaseException:
                     await self._roll_back(db)
                     raise
-                await db.execute("COMMIT")
+                if db.in_transaction:
+                    await db.execute("COMMIT")
             except SQLITE_DRIVER_ERRORS as error:
                 if self._writer is db and db.in_transaction:  # a failed COMMIT leaves it open
                     await self._roll_back(db)
@@ -296,6 +301,17 @@ def with_instants(rows: Iterable[Sequence[Any]], instants: Sequence[int]) -> lis
                 values[index] = from_micros(values[index])
         converted.append(values)
     return converted
+
+
+async def in_thread(db: aiosqlite.Connection, work: Callable[[sqlite3.Connection], T]) -> T:
+    """``work(connection)`` in the connection's own thread: one hop there and back for as many
+    statements as ``work`` runs. Each hop wakes that thread and then the event loop, and costs
+    more than a small statement itself; the hot path's procedures are several statements each.
+
+    aiosqlite has no public call for this: its ``_execute`` queues a function for the
+    connection's thread, as each of its own methods does (a test holds it to that).
+    """
+    return cast(T, await db._execute(work, db._conn))  # type: ignore[no-untyped-call]
 
 
 async def fetch_all(db: aiosqlite.Connection, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:

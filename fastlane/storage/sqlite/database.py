@@ -30,7 +30,7 @@ class SQLiteDatabase(SQLiteConnections):
     @contextlib.asynccontextmanager
     async def write(self, *, urgent: bool = False, one_statement: bool = False) -> AsyncIterator[Tx]:
         async with self._transaction(urgent=urgent) as db:
-            yield SQLiteTx(db)
+            yield SQLiteTx(db, begin=True)
 
     @contextlib.asynccontextmanager
     async def read(self) -> AsyncIterator[Tx]:

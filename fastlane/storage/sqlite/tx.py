@@ -8,9 +8,10 @@ updates runs and inserts attempts, and a row at a time where a value is bytes.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Collection, Sequence
+import sqlite3
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from datetime import datetime
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import aiosqlite
 import orjson
@@ -20,8 +21,10 @@ from fastlane.runtime.clock import from_micros, to_micros
 from fastlane.storage import common
 from fastlane.storage.codec import Row
 from fastlane.storage.sqlite import queries
-from fastlane.storage.sqlite.connection import fetch_all, fetch_one, fetch_value, instant_columns, with_instants
+from fastlane.storage.sqlite.connection import in_thread, instant_columns, row_dict, row_dicts, with_instants
 from fastlane.storage.store.database import Batch
+
+T = TypeVar("T")
 
 
 def _micros(value: Any) -> int:
@@ -51,35 +54,62 @@ def _bind(params: Sequence[Any]) -> list[Any]:
 
 
 class SQLiteTx:
-    """One transaction (or the read connection) of :class:`~fastlane.storage.sqlite.connection.SQLiteDatabase`."""
+    """One transaction (or the read connection) of :class:`~fastlane.storage.sqlite.connection.SQLiteDatabase`.
 
-    __slots__ = ("_db",)
+    Every call is one hop to the connection's thread (:func:`in_thread`), however many statements
+    it runs; a write transaction's ``BEGIN IMMEDIATE`` (``begin``) rides with its first.
+    """
 
-    def __init__(self, db: aiosqlite.Connection) -> None:
+    __slots__ = ("_db", "_begin")
+
+    def __init__(self, db: aiosqlite.Connection, *, begin: bool = False) -> None:
         self._db = db
+        self._begin = begin
+
+    async def _run(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        if not self._begin:
+            return await in_thread(self._db, work)
+        self._begin = False
+
+        def begun(connection: sqlite3.Connection) -> T:
+            connection.execute("BEGIN IMMEDIATE")
+            return work(connection)
+
+        return await in_thread(self._db, begun)
+
+    async def _rows(self, sql: str, params: Sequence[Any]) -> list[sqlite3.Row]:
+        bound = _bind(params)
+        return await self._run(lambda connection: connection.execute(sql, bound).fetchall())
 
     async def fetch(self, sql: str, *params: Any) -> list[Row]:
-        return cast("list[Row]", await fetch_all(self._db, sql, _bind(params)))
+        return cast("list[Row]", row_dicts(await self._rows(sql, params)))
 
     async def fetchrow(self, sql: str, *params: Any) -> Row | None:
-        return await fetch_one(self._db, sql, _bind(params))
+        # Every row is read, so a RETURNING statement completes before the transaction ends.
+        rows = await self._rows(sql, params)
+        return row_dict(rows[0]) if rows else None
 
     async def fetchval(self, sql: str, *params: Any) -> Any:
-        return await fetch_value(self._db, sql, _bind(params))
+        rows = await self._rows(sql, params)
+        return rows[0][0] if rows else None
 
     async def execute(self, sql: str, *params: Any) -> None:
-        await self._db.execute(sql, _bind(params))
+        bound = _bind(params)
+        await self._run(lambda connection: connection.execute(sql, bound).close())
 
     async def execute_each(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-        await self._db.executemany(sql, [_bind(row) for row in rows])
+        bound = [_bind(row) for row in rows]
+        await self._run(lambda connection: connection.executemany(sql, bound).close())
 
     async def now(self) -> datetime:
-        return from_micros(await fetch_value(self._db, queries.STATEMENTS.DB_NOW))
+        return from_micros(await self.fetchval(queries.STATEMENTS.DB_NOW))
 
     async def notify(self, change: Change) -> None:
         """One node uses the file: it learns of its own changes by direct call."""
 
     async def stream(self, sql: str, *params: Any, chunk: int) -> AsyncIterator[list[tuple[Any, ...]]]:
+        if self._begin:
+            await self._run(lambda connection: None)  # the cursor below is aiosqlite's own
         async with self._db.execute(sql, _bind(params)) as cursor:
             instants = instant_columns([column[0] for column in cursor.description])
             while rows := await cursor.fetchmany(chunk):
@@ -87,44 +117,54 @@ class SQLiteTx:
 
     async def run_script(self, sql: str) -> None:
         for statement in _statements(sql):
-            await self._db.execute(statement)
+            await self.execute(statement)
 
     async def dispatch(self, dispatches: Sequence[Dispatch]) -> list[Row]:
-        started = await self.fetch(queries.DISPATCH_RUNS, Batch(
-            ((d.run_id, d.lease_token, d.worker_id, common.micros_of_delta(d.lease_ttl), d.dispatched_at)
-             for d in dispatches), 5))
-        if not started:
-            return []
         sent = {d.run_id: d for d in dispatches}
-        return await self.fetch(queries.INSERT_ATTEMPTS, Batch(
-            ((run["run_id"], run["attempts"], run["lease_token"], run["worker_id"], sent[run["run_id"]].node_id,
-              sent[run["run_id"]].dispatched_at) for run in started), 6))
+        runs = _bind([Batch(((d.run_id, d.lease_token, d.worker_id, common.micros_of_delta(d.lease_ttl),
+                              d.dispatched_at) for d in dispatches), 5)])
+
+        def start_and_insert(connection: sqlite3.Connection) -> list[sqlite3.Row]:
+            started = connection.execute(queries.DISPATCH_RUNS, runs).fetchall()
+            if not started:
+                return []
+            attempts = [(run["run_id"], run["attempts"], run["lease_token"], run["worker_id"],
+                         sent[run["run_id"]].node_id, sent[run["run_id"]].dispatched_at) for run in started]
+            return connection.execute(queries.INSERT_ATTEMPTS, _bind([Batch(attempts, 6)])).fetchall()
+
+        return cast("list[Row]", row_dicts(await self._run(start_and_insert)))
 
     async def extend_leases(self, heartbeats: Sequence[Heartbeat]) -> list[Heartbeat]:
-        current = await self._current_attempts(h.run_id for h in heartbeats)
-        live = [h for h in heartbeats if (h.run_id, h.lease_token) in current]
-        await self._db.executemany(
-            queries.EXTEND_LEASES, [(h.run_id, h.lease_token, h.progress, h.checkpoint, h.started) for h in live]
-        )
-        return live
+        run_ids = [_json(list({h.run_id for h in heartbeats}))]
+
+        def extend(connection: sqlite3.Connection) -> list[Heartbeat]:
+            current = _attempt_keys(connection, run_ids)
+            live = [h for h in heartbeats if (h.run_id, h.lease_token) in current]
+            connection.executemany(queries.EXTEND_LEASES, [
+                (h.run_id, h.lease_token, h.progress, h.checkpoint, h.started) for h in live]).close()
+            return live
+
+        return await self._run(extend)
 
     async def succeed(self, successes: Sequence[AttemptResult]) -> list[Row]:
-        current = await self._current_attempts(r.run_id for r in successes)
-        applied = {r.run_id: r for r in successes if (r.run_id, r.lease_token) in current}
-        if not applied:
-            return []
-        rows = await fetch_all(self._db, queries.SUCCEED_RUNS, [_json(list(applied))])
-        await self._db.executemany(queries.SUCCEED_ATTEMPTS, [
-            (r.run_id, r.lease_token, r.error_code, r.error_message, _bound(r.started_at), _bound(r.finished_at))
-            for r in applied.values()
-        ])
-        for row in rows:
-            row["attempt_token"] = applied[row["run_id"]].lease_token
-        return cast("list[Row]", rows)
+        run_ids = [_json(list({r.run_id for r in successes}))]
 
-    async def _current_attempts(self, run_ids: Any) -> set[tuple[str, int]]:
-        rows = await fetch_all(self._db, queries.CURRENT_ATTEMPTS, [_json(list(set(run_ids)))])
-        return {(row["run_id"], row["lease_token"]) for row in rows}
+        def succeed_current(connection: sqlite3.Connection) -> tuple[dict[str, AttemptResult], list[sqlite3.Row]]:
+            current = _attempt_keys(connection, run_ids)
+            applied = {r.run_id: r for r in successes if (r.run_id, r.lease_token) in current}
+            if not applied:
+                return applied, []
+            rows = connection.execute(queries.SUCCEED_RUNS, [_json(list(applied))]).fetchall()
+            connection.executemany(queries.SUCCEED_ATTEMPTS, [
+                (r.run_id, r.lease_token, r.error_code, r.error_message, _bound(r.started_at), _bound(r.finished_at))
+                for r in applied.values()]).close()
+            return applied, rows
+
+        applied, rows = await self._run(succeed_current)
+        succeeded = row_dicts(rows)
+        for row in succeeded:
+            row["attempt_token"] = applied[row["run_id"]].lease_token
+        return cast("list[Row]", succeeded)
 
     async def lock_concurrency_keys(self, keys: Sequence[tuple[str, str]]) -> None:
         """BEGIN IMMEDIATE already keeps every other writer from counting meanwhile."""
@@ -137,6 +177,11 @@ class SQLiteTx:
         await self.execute(queries.DELETE_ATTEMPTS, doomed)
         await self.execute(queries.DELETE_RUNS, doomed)
         return len(doomed)
+
+
+def _attempt_keys(connection: sqlite3.Connection, run_ids: list[str]) -> set[tuple[str, int]]:
+    """The (run id, lease token) of the current attempt of each run in the JSON array ``run_ids``."""
+    return {(row["run_id"], row["lease_token"]) for row in connection.execute(queries.CURRENT_ATTEMPTS, run_ids)}
 
 
 def _statements(script: str) -> list[str]:

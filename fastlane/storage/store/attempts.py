@@ -11,6 +11,7 @@ from datetime import datetime
 from fastlane.domain.models import Attempt, Run, RunState
 from fastlane.domain.records import AttemptResult, CappedDispatches, Change, ChangeKind, Dispatch, Heartbeat
 from fastlane.storage import codec, common, late_reports
+from fastlane.storage.attempts import RoundWritten
 from fastlane.storage.late_reports import ReporterOf
 from fastlane.storage.results import ResultOutcome
 from fastlane.storage.store.database import Batch, StorePart, Tx
@@ -22,7 +23,7 @@ class SQLAttempts(StorePart):
         if not dispatches:
             return []
         async with self._db.write(one_statement=True) as tx:
-            return [codec.build_attempt(row) for row in await tx.dispatch(dispatches)]
+            return await _dispatch(tx, dispatches)
 
     async def record_capped_dispatches(self, dispatches: Sequence[Dispatch]) -> CappedDispatches:
         if not dispatches:
@@ -34,46 +35,68 @@ class SQLAttempts(StorePart):
             rows = await tx.fetch(self._q.COUNT_ACTIVE_BY_KEY, Batch(keys, 2))
             active = {(row["tenant"], row["concurrency_key"]): row["active"] for row in rows}
             admitted, blocked = common.admit_under_caps(dispatches, scheduled, active)
-            attempts = [codec.build_attempt(row) for row in await tx.dispatch(admitted)] if admitted else []
+            attempts = await _dispatch(tx, admitted) if admitted else []
         return CappedDispatches(attempts, blocked)
 
     async def record_heartbeats(self, heartbeats: Sequence[Heartbeat]) -> list[str]:
         if not heartbeats:
             return []
         async with self._db.write() as tx:
-            live = await tx.extend_leases(heartbeats)
-            if started := [(h.run_id, h.lease_token, h.started_at) for h in live if h.started]:
-                await tx.execute(self._q.MARK_ATTEMPTS_STARTED, Batch(started, 3))
-        current = {h.run_id for h in live}
-        return [h.run_id for h in heartbeats if h.run_id not in current]
+            return await self._beat(tx, heartbeats)
 
     async def record_results(
         self, results: Sequence[AttemptResult], *, reporter_of: ReporterOf | None = None
     ) -> list[ResultOutcome]:
         if not results:
             return []
+        async with self._db.write() as tx:
+            return await self._settle(tx, results, reporter_of)
+
+    async def record_round(
+        self, dispatches: Sequence[Dispatch], heartbeats: Sequence[Heartbeat], results: Sequence[AttemptResult], *,
+        reporter_of: ReporterOf | None = None,
+    ) -> RoundWritten:
+        # One commit where there were up to three: on a busy node each round carries dispatches
+        # and results, and a commit (a WAL append, on PostgreSQL a flush) costs more than either.
+        async with self._db.write() as tx:
+            attempts = await _dispatch(tx, dispatches) if dispatches else []
+            stale = await self._beat(tx, heartbeats) if heartbeats else []
+            outcomes = await self._settle(tx, results, reporter_of) if results else []
+        return RoundWritten(attempts, stale, outcomes)
+
+    async def _beat(self, tx: Tx, heartbeats: Sequence[Heartbeat]) -> list[str]:
+        live = await tx.extend_leases(heartbeats)
+        if started := [(h.run_id, h.lease_token, h.started_at) for h in live if h.started]:
+            await tx.execute(self._q.MARK_ATTEMPTS_STARTED, Batch(started, 3))
+        current = {h.run_id for h in live}
+        return [h.run_id for h in heartbeats if h.run_id not in current]
+
+    async def _settle(self, tx: Tx, results: Sequence[AttemptResult], reporter_of: ReporterOf | None) -> list[ResultOutcome]:
         successes, others = common.successes_first(results)
         q = self._q
-        async with self._db.write() as tx:
-            # Successes of current attempts set-wise (see common.successes_first); the rest are
-            # decided against their runs as read here.
-            succeeded = await tx.succeed(successes) if successes else []
-            current = {(row["run_id"], row["attempt_token"]) for row in succeeded}
-            if outputs := [(r.run_id, r.output) for r in successes if r.output and (r.run_id, r.lease_token) in current]:
-                await tx.execute_each(q.SET_OUTPUT, outputs)
-            outcomes = [ResultOutcome(row=row, accepted=True) for row in succeeded]
-            released = await release_buffered(tx, q, {row["job_id"] for row in succeeded})
-            await _notify_runs(tx, released)
-            outcomes += [ResultOutcome(run=run, accepted=True, released=True) for run in released]
-            rest = [r for r in successes if (r.run_id, r.lease_token) not in current] + others
-            if rest:
-                rows = await tx.fetch(q.RESULT_RUNS, list({r.run_id for r in rest}))
-                now = await tx.now()
-                runs = {row["run_id"]: codec.build_run(row) for row in rows}
-                if reporter_of is not None:
-                    rest = await _record_late_reports(tx, q, runs, rest, reporter_of, now, outcomes)
-                outcomes += await apply_results(tx, q, runs, rest, now, self._rng)
-            return outcomes
+        # Successes of current attempts set-wise (see common.successes_first); the rest are
+        # decided against their runs as read here.
+        succeeded = await tx.succeed(successes) if successes else []
+        current = {(row["run_id"], row["attempt_token"]) for row in succeeded}
+        if outputs := [(r.run_id, r.output) for r in successes if r.output and (r.run_id, r.lease_token) in current]:
+            await tx.execute_each(q.SET_OUTPUT, outputs)
+        outcomes = [ResultOutcome(row=row, accepted=True) for row in succeeded]
+        released = await release_buffered(tx, q, {row["job_id"] for row in succeeded})
+        await _notify_runs(tx, released)
+        outcomes += [ResultOutcome(run=run, accepted=True, released=True) for run in released]
+        rest = [r for r in successes if (r.run_id, r.lease_token) not in current] + others
+        if rest:
+            rows = await tx.fetch(q.RESULT_RUNS, list({r.run_id for r in rest}))
+            now = await tx.now()
+            runs = {row["run_id"]: codec.build_run(row) for row in rows}
+            if reporter_of is not None:
+                rest = await _record_late_reports(tx, q, runs, rest, reporter_of, now, outcomes)
+            outcomes += await apply_results(tx, q, runs, rest, now, self._rng)
+        return outcomes
+
+
+async def _dispatch(tx: Tx, dispatches: Sequence[Dispatch]) -> list[Attempt]:
+    return [codec.build_attempt(row) for row in await tx.dispatch(dispatches)]
 
 
 async def _record_late_reports(
