@@ -13,12 +13,11 @@ modules, never copied) and the node's transactions:
   ``ADVANCE_JOBS``, ``ACTIVE_RUNS_OF_JOBS`` for jobs that guard overlap (none here: the default is
   ``allow``), ``INSERT_RUNS``; in batches of :data:`MATERIALISE_BATCH` occurrences, the most the
   node puts in one (``LaneSettings.max_batch``);
-- **dispatch** (a journal round's first write, ``SQLAttempts.record_dispatches``): PostgreSQL's
-  ``DISPATCH_RUNS`` alone, outside a transaction as the node runs it; SQLite's ``DISPATCH_RUNS`` and
-  ``INSERT_ATTEMPTS`` in one;
-- **result** (the round's second, ``SQLAttempts.record_results`` of successes): ``SUCCEED_RUNS``
-  and ``SUCCEED_ATTEMPTS`` (SQLite: ``CURRENT_ATTEMPTS`` first, and the attempts a row at a time,
-  as its store does), then ``RELEASE_BUFFERED`` of the jobs that ended runs;
+- **a journal round** (``SQLAttempts.record_round``), one transaction: the dispatches of the
+  runs sent now (PostgreSQL's ``DISPATCH_RUNS``; SQLite's ``DISPATCH_RUNS`` and ``INSERT_ATTEMPTS``),
+  then the results of those the round before sent (``SUCCEED_RUNS`` and ``SUCCEED_ATTEMPTS``;
+  SQLite: ``CURRENT_ATTEMPTS`` first, and the attempts a row at a time, as its store does), then
+  ``RELEASE_BUFFERED`` of the jobs that ended runs;
 
 dispatches and results in batches of at most :data:`JOURNAL_BATCH` runs, the credits of one
 bench worker (the most runs it holds at once, so the most one round can send it). As in the node,
@@ -140,6 +139,16 @@ class Sent:
     lease_token: int
 
 
+@dataclass(frozen=True, slots=True)
+class Round:
+    """One journal round: what it sent, how many results it recorded, the seconds in each part."""
+
+    sent: list[Sent]
+    succeeded: int
+    dispatch_s: float
+    result_s: float
+
+
 class Driver(Protocol):
     """One dialect's database work for the floor, on the raw driver."""
 
@@ -148,8 +157,7 @@ class Driver(Protocol):
     async def acquire_shards(self) -> dict[int, int]: ...
     async def load_due(self, limit: int) -> list[Due]: ...
     async def materialise(self, fences: dict[int, int], jobs: Sequence[Due]) -> list[Written]: ...
-    async def dispatch(self, runs: Sequence[Written]) -> list[Sent]: ...
-    async def succeed(self, sent: Sequence[Sent]) -> int: ...
+    async def round(self, runs: Sequence[Written], previous: Sequence[Sent]) -> Round: ...
     async def close(self) -> None: ...
 
 
@@ -216,19 +224,21 @@ async def pipeline(driver: Driver, fences: dict[int, int], due: list[Due],
             more.set()
 
     async def journal() -> None:
+        # Each round dispatches a batch and records the results of the one the round before sent,
+        # as a busy node's journal does (a bench worker's no-op handlers end within the round).
         nonlocal succeeded
-        while written or writing:
-            if not written:
+        previous: Sequence[Sent] = []
+        while written or writing or previous:
+            if not written and writing:
                 more.clear()
                 await more.wait()
                 continue
             batch = [written.popleft() for _ in range(min(JOURNAL_BATCH, len(written)))]
-            started = time.perf_counter()
-            sent = await driver.dispatch(batch)
-            dispatched = time.perf_counter()
-            succeeded += await driver.succeed(sent)
-            stages["dispatch"] += dispatched - started
-            stages["result"] += time.perf_counter() - dispatched
+            done = await driver.round(batch, previous)
+            previous = done.sent
+            succeeded += done.succeeded
+            stages["dispatch"] += done.dispatch_s
+            stages["result"] += done.result_s
             bench.progress.update(succeeded, len(due))
 
     started = time.perf_counter()
@@ -292,26 +302,32 @@ class PostgresFloor:
                                   [job.fire_at for job in jobs], ["scheduled"] * len(jobs), [None] * len(jobs))
         return [Written(row["run_id"], row["job_id"], row["lease_ttl_ms"]) for row in rows]
 
-    async def dispatch(self, runs: Sequence[Written]) -> list[Sent]:
+    async def round(self, runs: Sequence[Written], previous: Sequence[Sent]) -> Round:
+        started = time.perf_counter()
+        async with self._journal.transaction():
+            sent = await self._dispatch(runs) if runs else []
+            dispatched = time.perf_counter()
+            succeeded = await self._succeed(previous) if previous else 0
+        return Round(sent, succeeded, dispatched - started, time.perf_counter() - dispatched)
+
+    async def _dispatch(self, runs: Sequence[Written]) -> list[Sent]:
         now = datetime.now(UTC)
         job_of = {run.run_id: run.job_id for run in runs}
-        # One statement: the node runs it outside a transaction (write(one_statement=True)).
         rows = await self._journal.fetch(
             postgres_sql.DISPATCH_RUNS, list(job_of), [new_lease_token() for _ in runs], [WORKER_ID] * len(runs),
             [OWNER] * len(runs), [run.lease_ttl_ms * 1000 for run in runs], [now] * len(runs))
         return [Sent(row["run_id"], job_of[row["run_id"]], row["attempt"], row["lease_token"]) for row in rows]
 
-    async def succeed(self, sent: Sequence[Sent]) -> int:
+    async def _succeed(self, sent: Sequence[Sent]) -> int:
         db = self._journal
         now = datetime.now(UTC)
-        async with db.transaction():
-            rows = await db.fetch(postgres_sql.SUCCEED_RUNS, [s.run_id for s in sent], [s.lease_token for s in sent])
-            ended = {row["run_id"] for row in rows}
-            done = [s for s in sent if s.run_id in ended]
-            await db.fetch(postgres_sql.SUCCEED_ATTEMPTS, [s.run_id for s in done], [s.attempt for s in done],
-                           [s.lease_token for s in done], [None] * len(done), [None] * len(done),
-                           [now] * len(done), [now] * len(done))
-            await db.fetch(PG.RELEASE_BUFFERED, list({row["job_id"] for row in rows}))
+        rows = await db.fetch(postgres_sql.SUCCEED_RUNS, [s.run_id for s in sent], [s.lease_token for s in sent])
+        ended = {row["run_id"] for row in rows}
+        done = [s for s in sent if s.run_id in ended]
+        await db.fetch(postgres_sql.SUCCEED_ATTEMPTS, [s.run_id for s in done], [s.attempt for s in done],
+                       [s.lease_token for s in done], [None] * len(done), [None] * len(done),
+                       [now] * len(done), [now] * len(done))
+        await db.fetch(PG.RELEASE_BUFFERED, list({row["job_id"] for row in rows}))
         return len(rows)
 
     async def close(self) -> None:
@@ -370,27 +386,34 @@ class SQLiteFloor:
                                                         for job in jobs]),)).fetchall()
         return [Written(row["run_id"], row["job_id"], row["lease_ttl_ms"]) for row in rows]
 
-    async def dispatch(self, runs: Sequence[Written]) -> list[Sent]:
+    async def round(self, runs: Sequence[Written], previous: Sequence[Sent]) -> Round:
+        started = time.perf_counter()
+        with self._write() as db:
+            sent = self._dispatch(db, runs) if runs else []
+            dispatched = time.perf_counter()
+            succeeded = self._succeed(db, previous) if previous else 0
+        return Round(sent, succeeded, dispatched - started, time.perf_counter() - dispatched)
+
+    @staticmethod
+    def _dispatch(db: sqlite3.Connection, runs: Sequence[Written]) -> list[Sent]:
         now = time.time_ns() // 1000
         job_of = {run.run_id: run.job_id for run in runs}
-        with self._write() as db:
-            started = db.execute(sqlite_sql.DISPATCH_RUNS, (_json([
-                (run.run_id, new_lease_token(), WORKER_ID, run.lease_ttl_ms * 1000, now) for run in runs]),)).fetchall()
-            rows = db.execute(sqlite_sql.INSERT_ATTEMPTS, (_json([
-                (row["run_id"], row["attempts"], row["lease_token"], row["worker_id"], OWNER, now)
-                for row in started]),)).fetchall()
+        started = db.execute(sqlite_sql.DISPATCH_RUNS, (_json([
+            (run.run_id, new_lease_token(), WORKER_ID, run.lease_ttl_ms * 1000, now) for run in runs]),)).fetchall()
+        rows = db.execute(sqlite_sql.INSERT_ATTEMPTS, (_json([
+            (row["run_id"], row["attempts"], row["lease_token"], row["worker_id"], OWNER, now)
+            for row in started]),)).fetchall()
         return [Sent(row["run_id"], job_of[row["run_id"]], row["attempt"], row["lease_token"]) for row in rows]
 
-    async def succeed(self, sent: Sequence[Sent]) -> int:
+    @staticmethod
+    def _succeed(db: sqlite3.Connection, sent: Sequence[Sent]) -> int:
         now = time.time_ns() // 1000
-        with self._write() as db:
-            ids = _json([s.run_id for s in sent])
-            current = {(row["run_id"], row["lease_token"])
-                       for row in db.execute(sqlite_sql.CURRENT_ATTEMPTS, (ids,)).fetchall()}
-            applied = [s for s in sent if (s.run_id, s.lease_token) in current]
-            rows = db.execute(sqlite_sql.SUCCEED_RUNS, (_json([s.run_id for s in applied]),)).fetchall()
-            db.executemany(sqlite_sql.SUCCEED_ATTEMPTS, [(s.run_id, s.lease_token, None, None, now, now) for s in applied])
-            db.execute(LITE.RELEASE_BUFFERED, (_json(list({row["job_id"] for row in rows})),)).fetchall()
+        ids = _json([s.run_id for s in sent])
+        current = {(row["run_id"], row["lease_token"]) for row in db.execute(sqlite_sql.CURRENT_ATTEMPTS, (ids,)).fetchall()}
+        applied = [s for s in sent if (s.run_id, s.lease_token) in current]
+        rows = db.execute(sqlite_sql.SUCCEED_RUNS, (_json([s.run_id for s in applied]),)).fetchall()
+        db.executemany(sqlite_sql.SUCCEED_ATTEMPTS, [(s.run_id, s.lease_token, None, None, now, now) for s in applied])
+        db.execute(LITE.RELEASE_BUFFERED, (_json(list({row["job_id"] for row in rows})),)).fetchall()
         return len(rows)
 
     async def close(self) -> None:

@@ -13,8 +13,9 @@ Offering ahead: while a connected worker can hold runs (its clock is known to wi
 dispatcher's lead, ``--send-ahead``), the timer wakes a little less than that lead before an
 instant (:data:`GATHER_SHARE` of it less) and offers every run due within the lead to the
 dispatcher, which sends ahead what it can place, with ``start_at`` set (see
-:mod:`.dispatch.send_ahead`): at 1,000 runs a second that is one message per five runs instead of
-one per run, and each message costs the node's loop more than the runs it carries. What it cannot
+:mod:`.dispatch.send_ahead`): at 1,000 runs a second that is one message per ten runs instead of
+one per run, and each message costs the node's loop (and the worker's) more than the runs it
+carries. What it cannot
 place (at-most-once runs, which the dispatcher declines, among them) moves to *on instant*.
 Catch-ups are already late, so they are released at once and never offered.
 """
@@ -35,9 +36,10 @@ from fastlane.runtime.clock import Clock, CorrectedClock, SystemClock, to_micros
 from fastlane.runtime.metrics import Metrics
 
 # Runs are offered ahead once the earliest is this share of the lead less than the lead away, with
-# every run due within the lead: they go out gathered, held by the worker between 75 % and 100 %
-# of the lead (15-20 ms by default).
-GATHER_SHARE = 0.25
+# every run due within the lead: they go out gathered, held by the worker between 50 % and 100 %
+# of the lead (10-20 ms by default). Half the lead halves the messages of a quarter, and held runs
+# start on their instant however long they were held.
+GATHER_SHARE = 0.5
 # A run already this late when the node first has it in memory (a missed occurrence fired by the
 # misfire policy, an `at` in the past, a resumed job, a run recovered after a failover) is a
 # catch-up: its lag is counted apart, so the trigger-lag SLO measures only what the node could
