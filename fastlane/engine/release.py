@@ -15,9 +15,8 @@ instant (:data:`GATHER_SHARE` of it less) and offers every run due within the le
 dispatcher, which sends ahead what it can place, with ``start_at`` set (see
 :mod:`.dispatch.send_ahead`): at 1,000 runs a second that is one message per ten runs instead of
 one per run, and each message costs the node's loop (and the worker's) more than the runs it
-carries. What it cannot
-place (at-most-once runs, which the dispatcher declines, among them) moves to *on instant*.
-Catch-ups are already late, so they are released at once and never offered.
+carries. What it cannot place (at-most-once runs, which the dispatcher declines, among them)
+moves to *on instant*. Catch-ups are already late, so they are released at once and never offered.
 """
 
 from __future__ import annotations

@@ -312,23 +312,3 @@ async def in_thread(db: aiosqlite.Connection, work: Callable[[sqlite3.Connection
     connection's thread, as each of its own methods does (a test holds it to that).
     """
     return cast(T, await db._execute(work, db._conn))  # type: ignore[no-untyped-call]
-
-
-async def fetch_all(db: aiosqlite.Connection, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
-    # One hop to the connection's thread for the statement and all its rows. A cursor (execute,
-    # fetch, close) costs three, each a wake-up of that thread and then of the event loop: on the
-    # single writer a workflow hand-over runs a dozen statements in a row.
-    # aiosqlite annotates execute_fetchall as Iterable: it returns sqlite3's list.
-    return row_dicts(cast("list[sqlite3.Row]", await db.execute_fetchall(sql, params)))
-
-
-async def fetch_one(db: aiosqlite.Connection, sql: str, params: Sequence[Any] = ()) -> dict[str, Any] | None:
-    """The first row of a statement that returns at most a few (all are read, so a RETURNING
-    statement completes before the transaction ends)."""
-    rows = cast("list[sqlite3.Row]", await db.execute_fetchall(sql, params))
-    return row_dict(rows[0]) if rows else None
-
-
-async def fetch_value(db: aiosqlite.Connection, sql: str, params: Sequence[Any] = ()) -> Any:
-    rows = cast("list[sqlite3.Row]", await db.execute_fetchall(sql, params))
-    return rows[0][0] if rows else None
