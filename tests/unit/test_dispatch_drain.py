@@ -38,3 +38,21 @@ async def test_drain_takes_back_credits_twice_without_harm():
         assert assigned_names(session) == []
     finally:
         await drained(dispatcher, journal)
+
+
+async def test_a_tenants_drain_takes_back_only_its_own_streams_credits():
+    """Drain acts on the stream it arrives on: another tenant's worker of the same job type keeps
+    its credits and its runs."""
+    dispatcher = dispatcher_on(ScriptedStore())
+    journal = asyncio.create_task(dispatcher.run())
+    try:
+        mine = dispatcher.connect("acme#w", ["t"], 5, "acme")
+        theirs = dispatcher.connect("globex#w", ["t"], 5, "globex")
+        dispatcher.drain(mine)
+        assert (theirs.credits, theirs.draining) == (5, False)
+        dispatcher.release([run_of("acme-run", "acme"), run_of("globex-run", "globex")])
+        assert assigned_names(mine) == []
+        assert assigned_names(theirs) == ["globex-run"]
+        assert dispatcher.ready_depth == 1  # acme's run waits for an acme worker, never globex's
+    finally:
+        await drained(dispatcher, journal)
